@@ -1,0 +1,44 @@
+"""What every command-line entry point shares: config arguments, quiet start-up, and the error contract
+(bad input -> one clear message on stderr, exit code 2, a traceback only with --debug)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+import warnings
+from typing import Callable, Optional, Sequence
+
+from minilm.errors import MinilmError
+
+
+def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument("--config", required=required, help="YAML experiment file (may name a 'base:' YAML)")
+    parser.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. model.n_layers=2 run.dir=/tmp/x")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def quiet_libraries() -> None:
+    """Keep the console to what a user acts on: Lightning's tips and worker-count hints go."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*Checkpoint directory.*exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=".*You're resuming from a checkpoint that ended before the epoch.*")
+
+
+def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argparse.ArgumentParser,
+            argv: Optional[Sequence[str]] = None) -> int:
+    args = parser.parse_args(argv)
+    quiet_libraries()
+    try:
+        return main(args) or 0
+    except MinilmError as e:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; continue with --resume", file=sys.stderr)
+        return 130

@@ -1,0 +1,446 @@
+"""The typed config schema and the one loader.
+
+Three layers, one merge (the lingua / OmegaConf structured-config pattern):
+
+    dataclass defaults  <  YAML chain (a YAML may name a ``base:`` YAML, relative to itself)  <  CLI dotlist
+
+Unknown keys and wrong types are errors naming the key and the layer (file or command line) that set it; value
+checks run once, in ``validate``; the loaded config is read-only. Values derived from others are computed in
+this module only (``ffn_dim``, ``phase_config``, ``phase_names``), so a grep for a key finds its one meaning.
+
+Two parts of the schema are open mappings validated by their owners rather than by a dataclass here:
+``model.position`` (``name`` plus that encoding's parameters, checked by ``minilm.positions``) and
+``data.sources`` (source name -> ``{kind, weight, ...}``, checked by ``minilm.data``).
+
+Merge rule for ``model.position``: a layer that sets a different ``name`` starts a fresh position block, so
+``model.position.name=alibi`` on the command line does not inherit RoPE's ``base`` from the YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from minilm.errors import ConfigError
+
+# --------------------------------------------------------------------------------------------------- schema
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    dir: str = "runs/${run.name}"  # where everything of this run goes
+    seed: int = 1337
+
+
+@dataclass
+class ModelConfig:
+    n_layers: int = 4
+    d_model: int = 256
+    n_heads: int = 4
+    n_kv_heads: Optional[int] = None  # grouped-query attention; None = n_heads (plain multi-head)
+    d_ff: Optional[int] = None  # None: 8/3·d_model rounded up to 64 for swiglu, 4·d_model for gelu (ffn_dim)
+    mlp: str = "swiglu"  # swiglu | gelu
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    init_std: float = 0.02
+    # ``name`` picks the encoding from minilm.positions.REGISTRY; the other keys are its parameters.
+    position: Dict[str, Any] = field(default_factory=lambda: {"name": "rope"})
+
+
+@dataclass
+class TokenizerConfig:
+    type: str = "bpe"  # bpe | unigram (sentencepiece model types)
+    vocab_size: int = 4096
+    byte_fallback: bool = True
+    model_file: Optional[str] = None  # an existing sentencepiece .model instead of training one
+    sample_chars: int = 10_000_000  # characters of the mixture the tokenizer is trained on
+
+
+@dataclass
+class SyntheticConfig:
+    fraction: float = 0.0  # share of each batch replaced by generated retrieval sequences
+    tasks: List[str] = field(default_factory=lambda: ["passkey", "kv"])  # passkey | kv (minilm.data.synthetic)
+    style: str = "auto"  # code | text | auto (code when an embedded source is present)
+
+
+@dataclass
+class DataConfig:
+    # source name -> {kind: embedded | files | hf, weight: float, ...kind-specific keys}; NAME: null removes one
+    sources: Dict[str, Any] = field(default_factory=lambda: {"embedded": {"kind": "embedded", "weight": 1.0}})
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    cache_dir: str = "data/cache"
+    val_fraction: float = 0.02  # share of documents held out (by a hash of the document's name)
+    num_proc: int = 2  # processes for tokenization
+    # sampling (a phase may override these under its own ``data:``)
+    long_fraction: float = 0.0  # share of sequences drawn as windows of long documents
+    long_min_tokens: Optional[int] = None  # a "long" document has at least this many tokens; None = seq_len
+    document_mask: bool = False  # attend only within each packed document
+    restart_positions: bool = False  # positions restart at 0 in each packed document (needs document_mask)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # final lr = lr · min_lr_ratio
+    warmup_steps: int = 100
+    decay: str = "cosine"  # cosine | linear | constant
+    weight_decay: float = 0.1  # applied to matrices only (not norms, not biases)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = 256
+    batch_size: int = 16  # sequences per optimizer step (per device)
+    micro_batch_size: Optional[int] = None  # None = batch_size; smaller values accumulate gradients
+    steps: int = 1000
+    tokens: Optional[int] = None  # when set, wins over steps: steps = ceil(tokens / (batch_size · seq_len))
+    precision: str = "auto"  # auto (bf16-mixed on GPU, 32 on CPU) | 32 | bf16-mixed | 16-mixed
+    compile: bool = False
+    val_every: int = 100  # steps between validations (0: only at the end)
+    val_batches: int = 8
+    log_every: int = 10
+    ckpt_every: int = 100  # steps between resumable checkpoints (0: only at phase end)
+    keep_checkpoints: int = 2
+    max_bad_steps: int = 0  # NaN/inf losses skipped before the phase stops (0: stop at the first)
+
+
+@dataclass
+class TrainerConfig:
+    """Passed through to lightning.Trainer."""
+
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    strategy: str = "auto"
+    num_nodes: int = 1
+
+
+@dataclass
+class EvalConfig:
+    lengths: List[int] = field(default_factory=list)  # end-of-phase evaluation lengths; empty = none
+    batches: int = 4
+
+
+@dataclass
+class PhaseConfig:
+    """One training phase: states only what changes from the run's ``train`` / ``optim`` / ``data`` / model
+    position. ``None`` means "as the run's defaults"."""
+
+    seq_len: Optional[int] = None
+    steps: Optional[int] = None
+    tokens: Optional[int] = None
+    batch_size: Optional[int] = None
+    micro_batch_size: Optional[int] = None
+    lr: Optional[float] = None
+    min_lr_ratio: Optional[float] = None
+    warmup_steps: Optional[int] = None
+    decay: Optional[str] = None
+    position: Dict[str, Any] = field(default_factory=dict)  # merged onto model.position (e.g. base, scaling)
+    data: Dict[str, Any] = field(default_factory=dict)  # merged onto data (long_fraction, sources, ...)
+    carry_optimizer: bool = False  # weights always carry; optimizer state only if asked; schedule restarts
+    eval_lengths: Optional[List[int]] = None
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    # phase name -> PhaseConfig, run in order; empty = one phase named "train" with the run's defaults
+    phases: Dict[str, PhaseConfig] = field(default_factory=dict)
+
+
+DEFAULT_PHASE = "train"
+PRECISIONS = ("auto", "32", "bf16-mixed", "16-mixed")
+DECAYS = ("cosine", "linear", "constant")
+MLPS = ("swiglu", "gelu")
+
+# ---------------------------------------------------------------------------------------------------- loading
+
+
+def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
+    """The YAML chain root-first: [(label, layer), ...]; ``base:`` is relative to the file naming it."""
+    path = path.resolve()
+    if path in chain:
+        cycle = " -> ".join(str(p) for p in chain + [path])
+        raise ConfigError(f"config 'base:' chain has a cycle: {cycle}")
+    if not path.is_file():
+        where = f" (named by 'base:' in {chain[-1]})" if chain else ""
+        raise ConfigError(f"config file not found: {path}{where}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a config must be a mapping of sections, got {type(raw).__name__}")
+    base = raw.pop("base", None)
+    layers: List[tuple[str, DictConfig]] = []
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"{path}: 'base' must be a path to a YAML file, got {base!r}")
+        layers = _read_yaml(path.parent / base, chain + [path])
+    layers.append((str(path), OmegaConf.create(raw)))
+    return layers
+
+
+def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
+    new_name = OmegaConf.select(layer, "model.position.name", default=None)
+    if new_name is not None and new_name != cfg.model.position.get("name"):
+        cfg.model.position = {}  # a different encoding starts from a fresh parameter block
+    try:
+        return OmegaConf.merge(cfg, layer)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{label}: bad config key '{key}': {msg}") from None
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> DictConfig:
+    """Defaults < YAML chain < CLI dotlist (``key.sub=value``); validated and read-only."""
+    cfg = OmegaConf.structured(Config)
+    if path is not None:
+        for label, layer in _read_yaml(Path(path), []):
+            cfg = _merge_layer(cfg, layer, label)
+    if overrides:
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"command line: override '{item}' must look like key.sub=value")
+        try:
+            dot = OmegaConf.from_dotlist(list(overrides))
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"command line: cannot parse overrides: {e}") from None
+        cfg = _merge_layer(cfg, dot, "command line")
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"cannot resolve config: {e}") from None
+    _drop_null_sources(cfg.data)
+    validate(cfg)
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def _drop_null_sources(data: DictConfig) -> None:
+    """``data.sources.NAME: null`` removes a source inherited from a base YAML (a merge cannot delete keys)."""
+    for name in [n for n, v in data.sources.items() if v is None]:
+        del data.sources[name]
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def save_config(cfg: DictConfig, path: Path) -> None:
+    """Write the resolved config atomically (temporary file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(to_yaml(cfg))
+    tmp.replace(path)
+
+
+# ------------------------------------------------------------------------------------------- derived values
+
+
+def ffn_dim(model: DictConfig) -> int:
+    if model.d_ff is not None:
+        return model.d_ff
+    if model.mlp == "swiglu":  # keep the parameter count of a 4·d GELU MLP (LLaMA), rounded to 64
+        return 64 * ((int(8 * model.d_model / 3) + 63) // 64)
+    return 4 * model.d_model
+
+
+def head_dim(model: DictConfig) -> int:
+    return model.d_model // model.n_heads
+
+
+def phase_names(cfg: DictConfig) -> List[str]:
+    return list(cfg.phases.keys()) if len(cfg.phases) else [DEFAULT_PHASE]
+
+
+_PHASE_TO_SECTION = {
+    "seq_len": "train", "steps": "train", "tokens": "train", "batch_size": "train", "micro_batch_size": "train",
+    "lr": "optim", "min_lr_ratio": "optim", "warmup_steps": "optim", "decay": "optim",
+}  # fmt: skip
+
+
+def phase_config(cfg: DictConfig, name: str) -> DictConfig:
+    """The full, read-only config a phase trains with: the run's config with the phase's overrides applied."""
+    if name == DEFAULT_PHASE and not len(cfg.phases):
+        return cfg
+    if name not in cfg.phases:
+        raise ConfigError(f"no phase named '{name}'; phases are: {', '.join(phase_names(cfg))}")
+    phase = cfg.phases[name]
+    out = OmegaConf.to_container(cfg, resolve=True)
+    for key, section in _PHASE_TO_SECTION.items():
+        if phase[key] is not None:
+            out[section][key] = phase[key]
+    if phase.steps is not None and phase.tokens is None:  # a phase's own step count beats a run-level budget
+        out["train"]["tokens"] = None
+    if phase.eval_lengths is not None:
+        out["eval"]["lengths"] = list(phase.eval_lengths)
+    pos = dict(out["model"]["position"])
+    overrides = OmegaConf.to_container(phase.position, resolve=True)
+    if "name" in overrides and overrides["name"] != pos["name"]:
+        raise ConfigError(
+            f"phases.{name}.position.name: a phase cannot change the encoding "
+            f"({pos['name']} -> {overrides['name']}); weights carry over between phases"
+        )
+    out["model"]["position"] = OmegaConf.to_container(OmegaConf.merge(pos, overrides), resolve=True)
+    base = OmegaConf.structured(Config)
+    try:
+        merged = OmegaConf.merge(base, out)
+        merged.data = OmegaConf.merge(merged.data, phase.data)
+        _drop_null_sources(merged.data)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(f"phases.{name}.data: bad key '{key}': {str(e).splitlines()[0]}") from None
+    merged.phases = {}
+    _validate_train(merged, where=f"phases.{name}")
+    from minilm.positions import validate_position  # positions imports nothing from config
+
+    validate_position(merged.model.position, where=f"phases.{name}.position")
+    OmegaConf.set_readonly(merged, True)
+    return merged
+
+
+def phase_steps(pcfg: DictConfig) -> int:
+    """Optimizer steps of a phase: ``train.steps``, or ``train.tokens`` spread over batch_size · seq_len."""
+    t = pcfg.train
+    if t.tokens is not None:
+        per_step = t.batch_size * t.seq_len
+        return max(1, -(-t.tokens // per_step))
+    return t.steps
+
+
+def micro_batch_size(train: DictConfig) -> int:
+    return train.micro_batch_size or train.batch_size
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+
+def _check(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _validate_train(cfg: DictConfig, where: Optional[str] = None) -> None:
+    """Checks of train/optim values; ``where`` labels keys of a phase (phases.NAME) instead of train./optim."""
+    t, o = cfg.train, cfg.optim
+    w_opt = where or "optim"
+    where = where or "train"
+    _check(t.seq_len >= 1, f"{where}.seq_len", f"must be >= 1, got {t.seq_len}")
+    _check(t.batch_size >= 1, f"{where}.batch_size", f"must be >= 1, got {t.batch_size}")
+    mb = micro_batch_size(t)
+    _check(
+        mb >= 1 and t.batch_size % mb == 0,
+        f"{where}.micro_batch_size",
+        f"must divide batch_size ({t.batch_size}), got {mb}",
+    )
+    _check(t.steps is None or t.steps >= 1, f"{where}.steps", f"must be >= 1, got {t.steps}")
+    _check(t.tokens is None or t.tokens >= 1, f"{where}.tokens", f"must be >= 1, got {t.tokens}")
+    _check(t.precision in PRECISIONS, f"{where}.precision", f"must be one of {PRECISIONS}, got {t.precision!r}")
+    _check(o.decay in DECAYS, f"{w_opt}.decay", f"must be one of {DECAYS}, got {o.decay!r}")
+    _check(o.lr > 0, f"{w_opt}.lr", f"must be > 0, got {o.lr}")
+    _check(0 <= o.min_lr_ratio <= 1, f"{w_opt}.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
+    _check(o.warmup_steps >= 0, f"{w_opt}.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+
+
+def _validate_data(d: DictConfig, where: str = "data") -> None:
+    """Value checks of the data section (sources are checked by minilm.data.parse_sources when loading)."""
+    tok = d.tokenizer
+    _check(tok.type in ("bpe", "unigram"), f"{where}.tokenizer.type", f"must be bpe or unigram, got {tok.type!r}")
+    _check(tok.sample_chars >= 1, f"{where}.tokenizer.sample_chars", f"must be >= 1, got {tok.sample_chars}")
+    _check(d.num_proc >= 1, f"{where}.num_proc", f"must be >= 1, got {d.num_proc}")
+    _check(0 <= d.long_fraction <= 1, f"{where}.long_fraction", f"must be in [0, 1], got {d.long_fraction}")
+    _check(
+        d.long_min_tokens is None or d.long_min_tokens >= 2,
+        f"{where}.long_min_tokens",
+        f"must be >= 2 or null (= seq_len), got {d.long_min_tokens}",
+    )
+    _check(
+        not d.restart_positions or d.document_mask,
+        f"{where}.restart_positions",
+        "needs document_mask: true (positions restart per document only when attention is masked per document)",
+    )
+    syn = d.synthetic
+    _check(0 <= syn.fraction < 1, f"{where}.synthetic.fraction", f"must be in [0, 1), got {syn.fraction}")
+    bad = [t for t in syn.tasks if t not in ("passkey", "kv")]
+    _check(not bad, f"{where}.synthetic.tasks", f"unknown task(s) {bad}; allowed: passkey, kv")
+    _check(
+        syn.fraction == 0 or len(syn.tasks) > 0, f"{where}.synthetic.tasks", "must not be empty when fraction > 0"
+    )
+    _check(
+        syn.style in ("auto", "code", "text"), f"{where}.synthetic.style", f"must be auto, code or text, got {syn.style!r}"
+    )
+
+
+def validate(cfg: DictConfig) -> None:
+    m = cfg.model
+    _check(m.n_layers >= 1, "model.n_layers", f"must be >= 1, got {m.n_layers}")
+    _check(m.n_heads >= 1, "model.n_heads", f"must be >= 1, got {m.n_heads}")
+    _check(
+        m.d_model % m.n_heads == 0,
+        "model.d_model",
+        f"must be divisible by model.n_heads ({m.n_heads}), got {m.d_model}",
+    )
+    _check(head_dim(m) % 2 == 0, "model.d_model", f"d_model / n_heads must be even, got {head_dim(m)}")
+    kv = m.n_kv_heads or m.n_heads
+    _check(
+        kv >= 1 and m.n_heads % kv == 0,
+        "model.n_kv_heads",
+        f"must divide model.n_heads ({m.n_heads}), got {m.n_kv_heads}",
+    )
+    _check(m.mlp in MLPS, "model.mlp", f"must be one of {MLPS}, got {m.mlp!r}")
+    _check(0 <= m.dropout < 1, "model.dropout", f"must be in [0, 1), got {m.dropout}")
+    _check(
+        cfg.data.tokenizer.vocab_size >= 64,
+        "data.tokenizer.vocab_size",
+        f"must be >= 64, got {cfg.data.tokenizer.vocab_size}",
+    )
+    _check(
+        0 <= cfg.data.long_fraction <= 1, "data.long_fraction", f"must be in [0, 1], got {cfg.data.long_fraction}"
+    )
+    _check(0 < cfg.data.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {cfg.data.val_fraction}")
+    _validate_data(cfg.data, where="data")
+    _validate_train(cfg)
+    from minilm.positions import validate_position
+
+    validate_position(m.position, where="model.position")
+    for name in cfg.phases:
+        phase_config(cfg, name)  # raises with the phase's name on any bad override
+    for name in cfg.phases:
+        _validate_data(phase_config(cfg, name).data, where=f"phases.{name}.data")
+
+
+def as_dict(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+__all__ = [
+    "Config",
+    "load_config",
+    "save_config",
+    "to_yaml",
+    "phase_config",
+    "phase_names",
+    "phase_steps",
+    "ffn_dim",
+    "head_dim",
+    "micro_batch_size",
+]

@@ -1,0 +1,4 @@
+from minilm.model.attention import Attention, AttentionMask
+from minilm.model.transformer import GPT
+
+__all__ = ["GPT", "Attention", "AttentionMask"]

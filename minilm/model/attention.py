@@ -1,0 +1,124 @@
+"""Causal self-attention: q, k, v -> position hooks -> the fastest exact kernel -> output.
+
+The block never asks which encoding it has. It calls ``rotate`` on q and k, then picks a kernel from what the
+encoding declared (``score_kind``, ``has_value_term``; see minilm/positions/base.py):
+
+1. no score term                    -> ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN on GPU);
+2. a score term with a score_mod    -> FlexAttention on CUDA (no T×S bias materialized) — see ``flex.py``;
+3. anything else, and the reference -> ``reference_attention``: plain matmul–softmax in fp32.
+
+Masking is by *index*, not by position value: query i (at absolute index ``offset + i``) sees key j when
+j <= offset + i and, with document masking, when both lie in the same document. Positions (which may restart
+per document or be remapped) only feed the encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minilm.positions import PositionDims, build_position
+
+
+@dataclass
+class AttentionMask:
+    """Causal (by index, with ``offset`` cached keys before the first query) and optional same-document."""
+
+    offset: int = 0
+    q_doc: Optional[Tensor] = None  # (B, T) document id of each query
+    k_doc: Optional[Tensor] = None  # (B, S) document id of each key
+
+    @property
+    def is_plain_causal(self) -> bool:
+        return self.q_doc is None
+
+    def dense(self, T: int, S: int, device: torch.device) -> Tensor:
+        """Boolean mask broadcastable to (B, 1, T, S): True where attention is allowed."""
+        i = torch.arange(T, device=device).unsqueeze(1) + self.offset
+        j = torch.arange(S, device=device).unsqueeze(0)
+        allowed = (j <= i).unsqueeze(0).unsqueeze(0)  # (1, 1, T, S)
+        if self.q_doc is not None:
+            allowed = allowed & (self.q_doc.unsqueeze(-1) == self.k_doc.unsqueeze(-2)).unsqueeze(1)
+        return allowed
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, Hkv, S, Dh) -> (B, Hkv·n_rep, S, Dh): grouped-query heads shared by consecutive query heads."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def reference_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tensor:
+    """The exact reference: fp32 matmul -> + score term -> mask -> softmax -> @ v (+ value term)."""
+    B, H, T, Dh = q.shape
+    n_rep = H // k.shape[1]
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    logits = (q.float() @ k.float().transpose(-1, -2)) * pos.softmax_scale(Dh)  # (B, H, T, S)
+    allowed = mask.dense(T, k.shape[2], q.device)
+    logits = logits.masked_fill(~allowed, float("-inf"))  # masked first: contextual terms (CoPE) read it
+    bias = pos.score(q, k, q_pos, k_pos, logits)
+    if bias is not None:
+        logits = logits + bias  # a finite bias keeps masked entries at −inf
+    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a fully masked row (never causal) gives zeros
+    out = probs @ v.float()
+    extra = pos.value(probs, q_pos, k_pos)
+    if extra is not None:
+        out = out + extra
+    return out.to(q.dtype)
+
+
+def sdpa_attention(q, k, v, pos, mask: AttentionMask) -> Tensor:
+    Dh, T, S = q.shape[-1], q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if mask.is_plain_causal and mask.offset == 0 and T == S:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=pos.softmax_scale(Dh), enable_gqa=gqa)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask.dense(T, S, q.device), scale=pos.softmax_scale(Dh), enable_gqa=gqa
+    )
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, position: dict, dims: PositionDims, dropout=0.0):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.wq = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
+        self.wkv = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
+        self.pos = build_position(position, dims, "attention")
+        self.dropout = dropout
+        # A training-free extension method installed for evaluation / generation (minilm.positions.training_free);
+        # when set, it computes attention itself from the rotary module and the position tensors.
+        self.extension = None
+
+    def forward(self, x: Tensor, q_pos: Tensor, mask: AttentionMask, cache=None) -> Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        k, v = self.wkv(x).view(B, T, 2, self.n_kv_heads, self.head_dim).permute(2, 0, 3, 1, 4)  # (B, Hkv, T, Dh)
+        k_pos = q_pos
+        if cache is not None:  # keys are cached *before* rotation, so length-dependent RoPE re-rotates them all
+            k, v, k_pos = cache.update(k, v, q_pos)
+        if self.extension is not None:
+            y = self.extension.attend(q, k, v, self.pos, q_pos, k_pos, mask)
+        else:
+            q, k = self.pos.rotate(q, k, q_pos.expand(B, -1), k_pos.expand(B, -1))
+            y = self.attend(q, k, v, q_pos.expand(B, -1), k_pos.expand(B, -1), mask)
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H·Dh)
+        return self.wo(y)
+
+    def attend(self, q, k, v, q_pos, k_pos, mask: AttentionMask) -> Tensor:
+        """The kernel ladder (module docstring)."""
+        pos = self.pos
+        if pos.score_kind == "none" and not pos.has_value_term:
+            return sdpa_attention(q, k, v, pos, mask)
+        if pos.score_kind == "bias" and not pos.has_value_term and q.is_cuda:
+            from minilm.model.flex import flex_attention_available, flex_attention_with_score_mod
+
+            if flex_attention_available():
+                score_mod = pos.score_mod(q, k, q_pos, k_pos)
+                if score_mod is not None:
+                    return flex_attention_with_score_mod(q, k, v, score_mod, mask, pos.softmax_scale(q.shape[-1]))
+        return reference_attention(q, k, v, pos, q_pos, k_pos, mask)

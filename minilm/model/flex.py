@@ -1,0 +1,78 @@
+"""FlexAttention path (CUDA): score terms applied inside the kernel, so no T×S bias is materialized.
+
+``flex_attention_with_score_mod`` runs ``torch.nn.attention.flex_attention`` with
+
+- a ``BlockMask`` built from the same rule as ``AttentionMask.dense`` — key j is visible to query i when
+  j <= offset + i (causal by index, ``offset`` cached keys first) and, with document masking, when both lie in the
+  same document; fully masked blocks are skipped. Plain causal masks are cached per (T, S, offset, device);
+- the encoding's ``score_mod(score, b, h, i, j)`` (minilm.positions: ALiBi, T5, KERPLE, FIRE, and the per-step
+  q·R tables of Shaw, Transformer-XL, DeBERTa), which reads positions as q_pos[b, i], k_pos[b, j];
+- grouped-query attention through ``enable_gqa`` (consecutive query heads share a key head, as ``repeat_kv``).
+
+It is compiled on CUDA (the fused kernel); elsewhere it runs FlexAttention's eager implementation, which
+materializes the scores and supports no backward on CPU — the attention block only takes this path on CUDA, and
+the CPU tests use it to check each score_mod against the reference path.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def flex_attention_available() -> bool:
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=32)
+def _causal_block_mask(T: int, S: int, offset: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b, h, i, j):
+        return j <= i + offset
+
+    return create_block_mask(causal, None, None, T, S, device=device)
+
+
+def block_mask(mask, B: int, T: int, S: int, device: torch.device):
+    """The BlockMask equal to ``mask.dense(T, S)`` (minilm.model.attention.AttentionMask)."""
+    if mask.q_doc is None:
+        return _causal_block_mask(T, S, mask.offset, str(device))
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset, q_doc, k_doc = mask.offset, mask.q_doc, mask.k_doc
+
+    def causal_same_document(b, h, i, j):
+        return (j <= i + offset) & (q_doc[b, i] == k_doc[b, j])
+
+    return create_block_mask(causal_same_document, B, None, T, S, device=device)
+
+
+def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None):
+    """q (B, H, T, Dh), k and v (B, Hkv, S, Dh) -> (B, H, T, Dh). ``compiled`` defaults to q.is_cuda."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    compiled = q.is_cuda if compiled is None else compiled
+    attend = _compiled_flex() if compiled else flex_attention
+
+    def mod(score, b, h, i, j):  # the encodings' tables are fp32; the kernel keeps the score's dtype
+        return score_mod(score, b, h, i, j).to(score.dtype)
+
+    B, H, T, _ = q.shape
+    S = k.shape[2]
+    return attend(
+        q, k, v, score_mod=mod, block_mask=block_mask(mask, B, T, S, q.device), scale=scale, enable_gqa=H != k.shape[1]
+    )

@@ -1,0 +1,133 @@
+"""THE registry of positional encodings: one visible dict literal, name -> PositionEntry.
+
+Adding an encoding = one class (with its typed parameter dataclass) in the family's file + one line here.
+``model.position.name`` picks the entry; the other keys under ``model.position`` are its parameters, validated
+by the entry's parameter dataclass (bad keys and values raise ConfigError naming the key).
+
+An entry builds up to two hook objects (base.py): ``embedding`` — one module at the model input, for encodings
+that act on token embeddings — and ``attention`` — one module per attention layer, for encodings that rotate
+q/k or add a score term. Where an entry has none, the model uses ``Identity``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from minilm.errors import ConfigError
+from minilm.positions.base import Identity, PositionDims, PositionEncoding, make_params
+from minilm.positions.absolute import (
+    CausalConv,
+    ComplexOrder,
+    ComplexOrderParams,
+    ConvParams,
+    Floater,
+    FloaterParams,
+    LearnedAbsolute,
+    LearnedParams,
+    Multiplicative,
+    MultiplicativeParams,
+    Sinusoidal,
+    SinusoidalParams,
+)
+from minilm.positions.bias import Alibi, AlibiParams, Fire, FireParams, Kerple, KerpleParams, T5Bias, T5Params
+from minilm.positions.contextual import Cope, CopeParams
+from minilm.positions.relative import (
+    Deberta,
+    DebertaParams,
+    Shaw,
+    ShawParams,
+    TransformerXL,
+    TransformerXLParams,
+)
+from minilm.positions.rope_scaling import compute_rope
+from minilm.positions.rotary import NoParams, NoPE, Rope, RopeParams, Xpos, XposParams
+
+
+@dataclass(frozen=True)
+class PositionEntry:
+    params: type  # the typed parameter dataclass
+    attention: Optional[Callable[[Any, PositionDims], PositionEncoding]] = None  # per-layer: rotate / score
+    embedding: Optional[Callable[[Any, PositionDims], PositionEncoding]] = None  # once: embed
+    family: str = ""
+    summary: str = ""
+
+
+REGISTRY: dict[str, PositionEntry] = {
+    # absolute: act once on the token embeddings
+    "learned": PositionEntry(LearnedParams, embedding=LearnedAbsolute, family="absolute", summary="learned table, GPT-2"),
+    "sinusoidal": PositionEntry(SinusoidalParams, embedding=Sinusoidal, family="absolute", summary="Vaswani et al. 2017"),
+    "floater": PositionEntry(FloaterParams, embedding=Floater, family="absolute", summary="FLOATER, Liu et al. 2020"),
+    "multiplicative": PositionEntry(MultiplicativeParams, embedding=Multiplicative, family="absolute", summary="x ⊙ p"),
+    "complex_order": PositionEntry(ComplexOrderParams, embedding=ComplexOrder, family="absolute", summary="Wang et al. 2020"),
+    "conv": PositionEntry(ConvParams, embedding=CausalConv, family="absolute", summary="causal depthwise conv, zero padding"),
+    # rotary: act on queries and keys
+    "rope": PositionEntry(RopeParams, attention=Rope, family="rotary", summary="RoPE, Su et al. 2021"),
+    "xpos": PositionEntry(XposParams, attention=Xpos, family="rotary", summary="xPos, Sun et al. 2022"),
+    # relative bias: a score term of (h, i, j)
+    "alibi": PositionEntry(AlibiParams, attention=Alibi, family="bias", summary="ALiBi, Press et al. 2022"),
+    "t5": PositionEntry(T5Params, attention=T5Bias, family="bias", summary="T5 buckets, Raffel et al. 2020"),
+    "kerple": PositionEntry(KerpleParams, attention=Kerple, family="bias", summary="KERPLE (log), Chi et al. 2022"),
+    "fire": PositionEntry(FireParams, attention=Fire, family="bias", summary="FIRE, Li et al. 2023"),
+    # relative with q/k: a score term of (q or k, i − j), from per-step tables
+    "shaw": PositionEntry(ShawParams, attention=Shaw, family="relative", summary="Shaw et al. 2018"),
+    "transformer_xl": PositionEntry(TransformerXLParams, attention=TransformerXL, family="relative", summary="Dai et al. 2019"),
+    "deberta": PositionEntry(DebertaParams, attention=Deberta, family="relative", summary="He et al. 2021"),
+    # contextual: positions from the attention itself
+    "cope": PositionEntry(CopeParams, attention=Cope, family="contextual", summary="CoPE, Golovneva et al. 2024"),
+    "none": PositionEntry(NoParams, attention=NoPE, family="none", summary="NoPE, Kazemnejad et al. 2023"),
+}  # fmt: skip
+
+
+def _entry(cfg: Mapping[str, Any], where: str) -> tuple[PositionEntry, Any]:
+    if "name" not in cfg:
+        raise ConfigError(f"{where}.name: missing; registered encodings: {', '.join(REGISTRY)}")
+    name = cfg["name"]
+    if name not in REGISTRY:
+        raise ConfigError(f"{where}.name: unknown encoding {name!r}; registered encodings: {', '.join(REGISTRY)}")
+    entry = REGISTRY[name]
+    values = {k: v for k, v in dict(cfg).items() if k != "name"}
+    return entry, make_params(entry.params, values, where)
+
+
+def _plain(cfg: Mapping[str, Any]) -> dict:
+    try:  # OmegaConf nodes -> plain containers, so parameter objects never hold config nodes
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(cfg, DictConfig):
+            return OmegaConf.to_container(cfg, resolve=True)
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    return dict(cfg)
+
+
+def validate_position(cfg: Mapping[str, Any], where: str = "model.position") -> Any:
+    """Check a position block; returns its parameter object."""
+    return _entry(_plain(cfg), where)[1]
+
+
+def position_params(cfg: Mapping[str, Any], where: str = "model.position") -> Any:
+    return validate_position(cfg, where)
+
+
+def build_position(cfg: Mapping[str, Any], dims: PositionDims, role: str) -> PositionEncoding:
+    """The hook object for ``role`` ("attention" — one per layer — or "embedding" — one at the input)."""
+    entry, params = _entry(_plain(cfg), "model.position")
+    factory = {"attention": entry.attention, "embedding": entry.embedding}[role]
+    return factory(params, dims) if factory is not None else Identity()
+
+
+def params_dict(params: Any) -> dict:
+    return asdict(params)
+
+
+__all__ = [
+    "REGISTRY",
+    "PositionEntry",
+    "PositionDims",
+    "PositionEncoding",
+    "build_position",
+    "validate_position",
+    "position_params",
+    "compute_rope",
+]

@@ -1,0 +1,122 @@
+"""The position hooks every encoding implements, and the helpers that build their typed parameter objects.
+
+An encoding acts at one or more of three places; the attention block and the model call all of them without
+asking which encoding they have (DESIGN.md, "Position handling"):
+
+- ``embed(x, positions)``            token embeddings (absolute encodings); identity by default;
+- ``rotate(q, k, q_pos, k_pos)``     queries and keys (the rotary family); identity by default;
+- a score term                        ``score(...)`` added to the attention logits, ``value(...)`` added to the
+                                      output (relative and contextual encodings); none by default.
+
+``score_kind`` declares what the score term needs, and so which kernel the attention block may use:
+
+- ``"none"``  no score term: ``scaled_dot_product_attention``;
+- ``"bias"``  a term of (h, i, j) only, or gathered per (b, h, i, j) from small per-step tables: FlexAttention
+              ``score_mod`` on CUDA (``score_mod()`` returns it), the reference path elsewhere;
+- ``"full"``  needs the whole logit / probability matrix (CoPE, Shaw's value term): the fp32 reference path.
+
+Shapes: x (B, T, D); q (B, H, T, Dh); k (B, Hkv, S, Dh); q_pos (B, T) and k_pos (B, S) integer positions, which
+carry their own values so KV caches, per-document restarts and remapped positions fit the same hooks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+from torch import Tensor, nn
+
+from minilm.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PositionDims:
+    """What an encoding may need to know about the model it sits in."""
+
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    n_layers: int
+    layer: int = 0  # which block this instance serves (-1 for the embedding-side instance)
+
+
+class PositionEncoding(nn.Module):
+    """Base class: every hook is the identity / absent. Subclasses override what they need."""
+
+    score_kind: str = "none"  # "none" | "bias" | "full"   (see the module docstring)
+    has_value_term: bool = False
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x  # (B, T, D)
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def score(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, logits: Tensor) -> Optional[Tensor]:
+        """Additive term on the scaled logits, broadcastable to (B, H, T, S), fp32; ``logits`` for contextual
+        encodings. Called only on the reference path."""
+        return None
+
+    def score_mod(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Callable]:
+        """A FlexAttention ``score_mod(score, b, h, i, j)`` equal to ``score``; None if this encoding has none."""
+        return None
+
+    def value(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Tensor]:
+        """Additive term on the attention output (B, H, T, Dh) from the probabilities (B, H, T, S)."""
+        return None
+
+    def softmax_scale(self, head_dim: int) -> float:
+        return head_dim**-0.5
+
+    def max_length(self) -> Optional[int]:
+        """Longest sequence this encoding supports (None: unbounded)."""
+        return None
+
+
+class Identity(PositionEncoding):
+    """The hook object used where an encoding does not act (for example the embedding side of RoPE)."""
+
+
+def make_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    """Build the typed parameter dataclass ``cls`` from ``values``; unknown keys, wrong types and bad values
+    raise ConfigError naming ``where.key``. Dataclasses signal bad values by raising ValueError("key: why")."""
+    assert is_dataclass(cls)
+    allowed = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        listing = ", ".join(allowed) or "(none)"
+        raise ConfigError(f"{where}.{unknown[0]}: unknown parameter; this encoding takes: {listing}")
+    kwargs = {}
+    for name, value in values.items():
+        kwargs[name] = _coerce(value, allowed[name].type, f"{where}.{name}")
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise ConfigError(f"{where}.{e}") from None
+
+
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check scalar types by their annotation's name (annotations are strings under ``from __future__``)."""
+    ann = str(annotation).replace("typing.", "").replace("Optional[", "").rstrip("]")
+    if value is None:
+        if "None" in str(annotation) or "Optional" in str(annotation):
+            return None
+        raise ConfigError(f"{key}: must not be null")
+    target = _SCALARS.get(ann)
+    if target is None:
+        return value  # containers (scaling blocks, lists) are checked by their owners
+    if target is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, target) or (target is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: must be {ann}, got {value!r}")
+    return value
+
+
+def positions_like(x: Tensor, offset: int = 0) -> Tensor:
+    """Default positions 0..T-1 (+ offset) as a (1, T) long tensor on x's device."""
+    return torch.arange(offset, offset + x.shape[1], device=x.device).unsqueeze(0)

@@ -1,0 +1,484 @@
+"""RoPE frequencies as data: one pure function from (head_dim, base, scaling, current length) to
+(inv_freq, attention_factor).
+
+The scaling block uses the key names of Hugging Face transformers' ``rope_parameters`` so configs and exports
+speak the ecosystem's language. The rotary module takes its frequencies from ``compute_rope`` and nowhere else.
+
+``ROPE_SCALING`` below is the registry: a visible dict literal ``rope_type -> ScalingEntry(params, fn)`` in the
+shape of transformers' ``ROPE_INIT_FUNCTIONS``. Each entry owns a typed, frozen parameter dataclass; a bad value
+raises ``ConfigError`` whose message starts with the key (``"factor: must be >= 1, got 0.5"``), and
+``validate_scaling`` prefixes where the block sits (``model.position.scaling.factor: ...``).
+
+Conventions chosen here (implementations differ; docs/extension.md repeats them):
+
+- ``original_max_position_embeddings`` (L below) is the pretraining length every method that needs one reads;
+  there is no separate ``max_position_embeddings`` (transformers' dynamic NTK reads that one instead — the parity
+  tests set both equal).
+- "Current length" (``seq_len``) is 1 + the largest key position (the rotary module computes it). Only the types
+  in ``LENGTH_DEPENDENT`` read it; every other type ignores it. Nothing is cached between calls, so dynamic
+  methods never leak state from a long call into a short one (transformers' cached dynamic RoPE does).
+- The attention factor is applied by the rotary module to cos and sin, so queries and keys each carry it and the
+  logits scale by its square (transformers and the YaRN reference implementation do the same).
+- ``partial_rotary_factor`` (transformers' rule): the function rotates ``int(head_dim · partial_rotary_factor)``
+  dimensions and returns that many / 2 frequencies. The model's own ``model.position.fraction`` is applied
+  before (the rotary module passes its rotary dimension as ``head_dim``), so the two multiply; use one of them.
+- Everything is computed in float64 and returned as float32.
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, MISSING
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from minilm.errors import ConfigError
+
+# rope_types whose frequencies depend on the current sequence length (recomputed per call, no state kept).
+# longrope is here because it switches from short_factor to long_factor beyond the original length.
+LENGTH_DEPENDENT = frozenset({"dynamic", "dynamic_yarn", "longrope"})
+
+
+# --------------------------------------------------------------------------------------------------------------
+# value checks shared by the parameter dataclasses (they raise ValueError("key: why"); parse_scaling converts)
+
+
+def _check(ok: bool, key: str, why: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"{key}: {why}, got {value!r}")
+
+
+def _check_factor(factor: float) -> None:
+    _check(factor >= 1, "factor", "must be >= 1", factor)
+
+
+def _check_fraction(partial_rotary_factor: float) -> None:
+    _check(0 < partial_rotary_factor <= 1, "partial_rotary_factor", "must be in (0, 1]", partial_rotary_factor)
+
+
+def _check_length(original: int) -> None:
+    _check(original >= 1, "original_max_position_embeddings", "must be >= 1", original)
+
+
+def _check_betas(beta_fast: float, beta_slow: float) -> None:
+    _check(beta_slow > 0, "beta_slow", "must be > 0", beta_slow)
+    _check(beta_fast > beta_slow, "beta_fast", f"must be > beta_slow ({beta_slow})", beta_fast)
+
+
+def _check_optional_positive(key: str, value: Optional[float]) -> None:
+    if value is not None:
+        _check(value > 0, key, "must be > 0", value)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# typed parameter objects, one per rope_type (fields without a default are required)
+
+
+@dataclass(frozen=True)
+class DefaultScaling:
+    """``default``: θ_i = base^(−2i/d) (Su et al. 2021). A change of ``base`` alone is ABF, adjusted base
+    frequency (Xiong et al. 2023; ProLong / EasyContext raise it per stage)."""
+
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self):
+        _check_fraction(self.partial_rotary_factor)
+
+
+@dataclass(frozen=True)
+class LinearScaling:
+    """``linear``: Position Interpolation (Chen et al. 2023): every frequency divided by ``factor``."""
+
+    factor: float
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self):
+        _check_factor(self.factor)
+        _check_fraction(self.partial_rotary_factor)
+
+
+@dataclass(frozen=True)
+class NtkScaling:
+    """``ntk``: NTK-aware scaling (bloc97 2023): base · factor^(d/(d−2))."""
+
+    factor: float
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self):
+        _check_factor(self.factor)
+        _check_fraction(self.partial_rotary_factor)
+
+
+@dataclass(frozen=True)
+class DynamicScaling:
+    """``dynamic``: dynamic NTK (emozilla / bloc97 2023; transformers' formula), from the current length."""
+
+    factor: float
+    original_max_position_embeddings: int
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self):
+        _check_factor(self.factor)
+        _check_length(self.original_max_position_embeddings)
+        _check_fraction(self.partial_rotary_factor)
+
+
+@dataclass(frozen=True)
+class NtkByPartsScaling:
+    """``ntk_by_parts``: the YaRN ramp between beta_fast and beta_slow (Peng et al. 2023, §3.2), no temperature."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True  # round the ramp's ends to whole dimensions (floor / ceil), as the YaRN reference does
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self):
+        _check_factor(self.factor)
+        _check_length(self.original_max_position_embeddings)
+        _check_betas(self.beta_fast, self.beta_slow)
+        _check_fraction(self.partial_rotary_factor)
+
+
+@dataclass(frozen=True)
+class YarnScaling:
+    """``yarn``: NTK-by-parts plus the attention temperature (Peng et al. 2023)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    # The temperature: an explicit attention_factor wins; else, when mscale and mscale_all_dim are both set and
+    # non-zero (transformers' rule, used by DeepSeek-V2/V3 configs), their mscale ratio; else 0.1·ln(factor) + 1.
+    attention_factor: Optional[float] = None
+    mscale: Optional[float] = None
+    mscale_all_dim: Optional[float] = None
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self):
+        _check_factor(self.factor)
+        _check_length(self.original_max_position_embeddings)
+        _check_betas(self.beta_fast, self.beta_slow)
+        _check_optional_positive("attention_factor", self.attention_factor)
+        _check_fraction(self.partial_rotary_factor)
+
+
+@dataclass(frozen=True)
+class DynamicYarnScaling:
+    """``dynamic_yarn``: YaRN whose factor is taken from the current length (Peng et al. 2023, §3.3)."""
+
+    original_max_position_embeddings: int
+    # The effective factor is factor·L'/L − (factor − 1) for a current length L' > L (the same rule as ``dynamic``);
+    # factor = 1 gives L'/L, the YaRN reference implementation's Dynamic-YaRN.
+    factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: Optional[float] = None  # a fixed temperature; else computed from the effective factor
+    mscale: Optional[float] = None
+    mscale_all_dim: Optional[float] = None
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self):
+        _check_factor(self.factor)
+        _check_length(self.original_max_position_embeddings)
+        _check_betas(self.beta_fast, self.beta_slow)
+        _check_optional_positive("attention_factor", self.attention_factor)
+        _check_fraction(self.partial_rotary_factor)
+
+
+@dataclass(frozen=True)
+class Llama3Scaling:
+    """``llama3``: Llama 3.1's piecewise rule (Meta 2024); low/high_freq_factor default to Meta's 1 and 4."""
+
+    factor: float
+    original_max_position_embeddings: int
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self):
+        _check_factor(self.factor)
+        _check_length(self.original_max_position_embeddings)
+        _check(self.low_freq_factor > 0, "low_freq_factor", "must be > 0", self.low_freq_factor)
+        _check(
+            self.high_freq_factor > self.low_freq_factor,
+            "high_freq_factor",
+            f"must be > low_freq_factor ({self.low_freq_factor})",
+            self.high_freq_factor,
+        )
+        _check_fraction(self.partial_rotary_factor)
+
+
+@dataclass(frozen=True)
+class LongRopeScaling:
+    """``longrope``: per-dimension rescale factors found by search (LongRoPE, Ding et al. 2024; Phi-3)."""
+
+    original_max_position_embeddings: int
+    short_factor: Tuple[float, ...]  # one per frequency (rotary dims / 2), used up to the original length
+    long_factor: Tuple[float, ...]  # one per frequency, used beyond it
+    # Only feeds the temperature sqrt(1 + ln(factor)/ln(L)) (the target length / L); required unless
+    # attention_factor gives the temperature directly. (transformers derives it from max_position_embeddings,
+    # which minilm does not have.)
+    factor: Optional[float] = None
+    attention_factor: Optional[float] = None
+    partial_rotary_factor: float = 1.0
+
+    def __post_init__(self):
+        _check_length(self.original_max_position_embeddings)
+        for key in ("short_factor", "long_factor"):
+            values = getattr(self, key)
+            _check(len(values) > 0 and all(v > 0 for v in values), key, "must be a list of numbers > 0", values)
+        if self.factor is not None:
+            _check_factor(self.factor)
+        _check_optional_positive("attention_factor", self.attention_factor)
+        _check(
+            self.factor is not None or self.attention_factor is not None,
+            "factor",
+            "required for rope_type 'longrope' unless attention_factor is set",
+            self.factor,
+        )
+        _check_fraction(self.partial_rotary_factor)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the functions: (params, rotary dims d, base, current length or None) -> (inv_freq float64 (d/2,), factor)
+
+
+def _inv_freq64(dim: int, base: float) -> Tensor:
+    # θ_i = base^(-2i/d), i = 0 .. d/2-1 (Su et al. 2021)
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+def _default_inv_freq(dim: int, base: float) -> Tensor:
+    return _inv_freq64(dim, base).float()
+
+
+def _current(seq_len: Optional[int], original: int) -> int:
+    """The length a dynamic method reads: the current length, but never below the original one."""
+    return original if seq_len is None else max(seq_len, original)
+
+
+def _ntk_exponent(dim: int, rope_type: str) -> float:
+    if dim <= 2:
+        raise ConfigError(f"rope_type: {rope_type!r} needs a rotary dimension > 2, got {dim}")
+    return dim / (dim - 2)
+
+
+def _mscale(scale: float, mscale: float = 1.0) -> float:
+    # YaRN's temperature sqrt(1/t) = 0.1·ln(s) + 1 (Peng et al. 2023, eq. 22); DeepSeek-V2 scales the 0.1 by mscale
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_inv_freq(dim: int, base: float, factor: float, original: int, beta_fast, beta_slow, truncate) -> Tensor:
+    """NTK-by-parts (Peng et al. 2023, §3.2): dimension i keeps its frequency where its wavelength λ_i = 2π/θ_i
+    fits more than beta_fast times into L, is divided by factor where it fits fewer than beta_slow times, and is
+    blended linearly (in i) between the two."""
+
+    def dim_for(rotations: float) -> float:  # the (fractional) i at which L / λ_i == rotations
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_for(beta_fast), dim_for(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # the reference's guard against a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)  # 0 keep .. 1 interpolate
+    inv_freq = _inv_freq64(dim, base)
+    return inv_freq * (1 - ramp) + (inv_freq / factor) * ramp
+
+
+def _yarn_attention(p, factor: float) -> float:
+    if p.attention_factor is not None:
+        return float(p.attention_factor)
+    if p.mscale and p.mscale_all_dim:  # both set and non-zero: transformers' / DeepSeek's ratio
+        return _mscale(factor, p.mscale) / _mscale(factor, p.mscale_all_dim)
+    return _mscale(factor)
+
+
+def _default(p: DefaultScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+    return _inv_freq64(dim, base), 1.0
+
+
+def _linear(p: LinearScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+    # PI: positions m -> m / factor, i.e. every θ_i / factor (Chen et al. 2023)
+    return _inv_freq64(dim, base) / p.factor, 1.0
+
+
+def _ntk(p: NtkScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+    # base' = base · factor^(d/(d−2)): θ_0 = 1 stays, the lowest θ_{d/2−1} is divided by exactly factor (bloc97 2023)
+    return _inv_freq64(dim, base * p.factor ** _ntk_exponent(dim, "ntk")), 1.0
+
+
+def _dynamic(p: DynamicScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+    # base' = base · (factor·L'/L − (factor − 1))^(d/(d−2)) with L' = max(current length, L): the default at or
+    # below L. transformers' _compute_dynamic_ntk_parameters, with L = original_max_position_embeddings.
+    L = p.original_max_position_embeddings
+    scale = p.factor * _current(seq_len, L) / L - (p.factor - 1)
+    return _inv_freq64(dim, base * scale ** _ntk_exponent(dim, "dynamic")), 1.0
+
+
+def _ntk_by_parts(p: NtkByPartsScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+    L = p.original_max_position_embeddings
+    return _yarn_inv_freq(dim, base, p.factor, L, p.beta_fast, p.beta_slow, p.truncate), 1.0
+
+
+def _yarn(p: YarnScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+    L = p.original_max_position_embeddings
+    inv_freq = _yarn_inv_freq(dim, base, p.factor, L, p.beta_fast, p.beta_slow, p.truncate)
+    return inv_freq, _yarn_attention(p, p.factor)
+
+
+def _dynamic_yarn(p: DynamicYarnScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+    L = p.original_max_position_embeddings
+    scale = p.factor * _current(seq_len, L) / L - (p.factor - 1)  # >= 1; == 1 at or below L (then: default)
+    inv_freq = _yarn_inv_freq(dim, base, scale, L, p.beta_fast, p.beta_slow, p.truncate)
+    return inv_freq, _yarn_attention(p, scale)
+
+
+def _llama3(p: Llama3Scaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+    # Meta 2024 (Llama 3.1): wavelengths below L/high_freq_factor keep θ; above L/low_freq_factor θ/factor; between,
+    # a blend linear in L/λ: (1 − s)·θ/factor + s·θ with s = (L/λ − low_freq_factor)/(high − low).
+    L = p.original_max_position_embeddings
+    inv_freq = _inv_freq64(dim, base)
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = L / p.low_freq_factor, L / p.high_freq_factor
+    smooth = (L / wavelen - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor)
+    blended = (1 - smooth) * inv_freq / p.factor + smooth * inv_freq
+    out = torch.where(wavelen > low_wavelen, inv_freq / p.factor, inv_freq)
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, out), 1.0
+
+
+def _longrope(p: LongRopeScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+    # Ding et al. 2024: θ_i / λ_i with λ = short_factor up to L (and when no length is given), long_factor beyond.
+    L = p.original_max_position_embeddings
+    for key in ("short_factor", "long_factor"):
+        n = len(getattr(p, key))
+        if n != dim // 2:
+            raise ConfigError(f"{key}: must have one entry per rotary frequency ({dim // 2}), got {n}")
+    factors = p.long_factor if seq_len is not None and seq_len > L else p.short_factor
+    inv_freq = _inv_freq64(dim, base) / torch.tensor(factors, dtype=torch.float64)
+    if p.attention_factor is not None:
+        attention = float(p.attention_factor)
+    else:  # sqrt(1 + ln(s)/ln(L)), applied at every length (as Phi-3 / transformers do)
+        attention = 1.0 if p.factor <= 1 else math.sqrt(1 + math.log(p.factor) / math.log(L))
+    return inv_freq, attention
+
+
+class ScalingEntry(NamedTuple):
+    params: type  # the typed, frozen parameter dataclass
+    fn: Callable[[Any, int, float, Optional[int]], tuple[Tensor, float]]  # (params, dim, base, seq_len)
+
+
+# THE registry of RoPE scaling methods (the shape of transformers' ROPE_INIT_FUNCTIONS).
+ROPE_SCALING: dict[str, ScalingEntry] = {
+    "default": ScalingEntry(DefaultScaling, _default),
+    "linear": ScalingEntry(LinearScaling, _linear),
+    "ntk": ScalingEntry(NtkScaling, _ntk),
+    "dynamic": ScalingEntry(DynamicScaling, _dynamic),
+    "ntk_by_parts": ScalingEntry(NtkByPartsScaling, _ntk_by_parts),
+    "yarn": ScalingEntry(YarnScaling, _yarn),
+    "dynamic_yarn": ScalingEntry(DynamicYarnScaling, _dynamic_yarn),
+    "llama3": ScalingEntry(Llama3Scaling, _llama3),
+    "longrope": ScalingEntry(LongRopeScaling, _longrope),
+}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# parsing a scaling block into its typed parameters
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        annotation = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if value is None:
+        raise ConfigError(f"{key}: must not be null")
+    if origin is tuple:  # Tuple[float, ...]: a list of numbers
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise ConfigError(f"{key}: must be a list of numbers, got {value!r}")
+        return tuple(_coerce(v, float, f"{key}[{i}]") for i, v in enumerate(value))
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: must be true or false, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}: must be a number, got {value!r}")
+    if annotation is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise ConfigError(f"{key}: must be an integer, got {value!r}")
+        return int(value)
+    return float(value)
+
+
+def parse_scaling(scaling: Optional[Mapping[str, Any]]) -> tuple[str, Any]:
+    """(rope_type, typed parameters) for a scaling block; None or {} is ``default``. Raises ConfigError naming
+    the key for an unknown rope_type, an unknown or missing key, or a bad value."""
+    values = dict(scaling or {})
+    rope_type = values.pop("rope_type", "default")
+    if rope_type not in ROPE_SCALING:
+        raise ConfigError(f"rope_type: unknown rope_type {rope_type!r}; allowed: {', '.join(ROPE_SCALING)}")
+    cls = ROPE_SCALING[rope_type].params
+    hints = typing.get_type_hints(cls)
+    allowed = [f.name for f in fields(cls)]
+    for key in values:
+        if key not in allowed:
+            raise ConfigError(
+                f"{key}: not a parameter of rope_type {rope_type!r}; it takes: rope_type, {', '.join(allowed)}"
+            )
+    for f in fields(cls):
+        if f.default is MISSING and f.default_factory is MISSING and f.name not in values:
+            raise ConfigError(f"{f.name}: required for rope_type {rope_type!r}")
+    kwargs = {key: _coerce(value, hints[key], key) for key, value in values.items()}
+    try:
+        return rope_type, cls(**kwargs)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def compute_rope(
+    head_dim: int,
+    base: float,
+    scaling: Optional[Mapping[str, Any]] = None,
+    seq_len: Optional[int] = None,
+) -> tuple[Tensor, float]:
+    """(inv_freq of shape (d/2,) float32, attention_factor) with d = int(head_dim · partial_rotary_factor).
+
+    ``head_dim``: the dimensions that rotate (the rotary module passes its rotary dimension); ``base``: θ base;
+    ``scaling``: a transformers-style ``rope_parameters`` block (``rope_type`` picks the ROPE_SCALING entry);
+    ``seq_len``: the current length (1 + the largest key position), read only by LENGTH_DEPENDENT types.
+    """
+    if head_dim % 2:
+        raise ConfigError(f"rotary dimension must be even, got {head_dim}")
+    if base <= 0:
+        raise ConfigError(f"base: must be > 0, got {base}")
+    if seq_len is not None and seq_len < 1:
+        raise ConfigError(f"seq_len: must be >= 1, got {seq_len}")
+    rope_type, params = parse_scaling(scaling)
+    dim = int(head_dim * params.partial_rotary_factor)  # transformers' rule
+    if dim < 2 or dim % 2:
+        raise ConfigError(
+            f"partial_rotary_factor: {params.partial_rotary_factor} of {head_dim} gives {dim} rotary dimensions;"
+            " it must be an even number >= 2"
+        )
+    inv_freq, attention_factor = ROPE_SCALING[rope_type].fn(params, dim, float(base), seq_len)
+    return inv_freq.float(), float(attention_factor)
+
+
+def validate_scaling(scaling: Optional[Mapping[str, Any]], head_dim: int, where: str) -> None:
+    """Raise ConfigError naming ``where.<key>`` for a bad scaling block (by computing it once)."""
+    try:
+        compute_rope(head_dim, 10000.0, scaling)
+    except ConfigError as e:
+        raise ConfigError(f"{where}.{e}") from None

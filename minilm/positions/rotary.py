@@ -1,0 +1,179 @@
+"""Rotary position embeddings (RoPE, Su et al. 2021, "RoFormer", arXiv:2104.09864).
+
+Conventions chosen here (implementations differ; docs/positions.md repeats them):
+
+- ``layout: half`` pairs dimension i with i + d/2 (``rotate_half``; GPT-NeoX, LLaMA, Hugging Face transformers);
+  ``layout: interleaved`` pairs 2i with 2i + 1 (GPT-J, RoFormer). They are the same rotation up to a fixed
+  permutation of the head dimensions.
+- ``fraction`` (partial rotary, GPT-NeoX / ChatGLM; transformers' ``partial_rotary_factor``) rotates the first
+  ``fraction · head_dim`` dimensions (rounded down to even) and passes the rest through unchanged.
+- Frequencies come only from ``compute_rope`` (rope_scaling.py). Its attention factor multiplies cos and sin, so
+  queries and keys each carry it and the logits scale by its square, as transformers' YaRN does.
+- Methods that read the current length (dynamic NTK, dynamic YaRN) take it as 1 + the largest key position.
+- ``nope_every: n`` (n > 0) leaves every n-th layer (layers n-1, 2n-1, ...) unrotated: NoPE interleaved with
+  RoPE (Yang et al. 2025, "RoPE to NoPE and Back Again", arXiv:2501.18795; Llama 4). 0 rotates every layer.
+- xPos (``Xpos``) decays the rotated dimensions only; positions are centered on the middle key position before
+  the exponent (as torchscale centers them), so ζ^(n/scale_base) neither under- nor overflows on long inputs —
+  the product q·k depends on n − m only, whatever the center.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import torch
+from torch import Tensor
+
+from minilm.positions.base import PositionDims, PositionEncoding
+from minilm.positions.rope_scaling import LENGTH_DEPENDENT, compute_rope, validate_scaling
+
+LAYOUTS = ("half", "interleaved")
+
+
+@dataclass
+class RopeParams:
+    base: float = 10000.0
+    fraction: float = 1.0  # share of each head's dimensions that rotate
+    layout: str = "half"  # half | interleaved
+    scaling: Optional[Dict[str, Any]] = None  # {rope_type: ..., factor: ..., ...} (transformers' key names)
+    nope_every: int = 0  # > 0: every n-th layer is NoPE (no rotation); 0: all layers rotate
+
+    def __post_init__(self):
+        if self.base <= 0:
+            raise ValueError(f"base: must be > 0, got {self.base}")
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"fraction: must be in (0, 1], got {self.fraction}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout: must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.nope_every < 0:
+            raise ValueError(f"nope_every: must be >= 0, got {self.nope_every}")
+        if self.scaling is not None and not isinstance(self.scaling, dict):
+            self.scaling = dict(self.scaling)
+
+
+def rotary_dim(head_dim: int, fraction: float) -> int:
+    return int(head_dim * fraction) // 2 * 2
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate_interleaved(x: Tensor) -> Tensor:
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
+    """Rotate the first cos.shape[-1]·2 dims of x (..., T, Dh); cos/sin (B, 1, T, Dr/2) broadcast over heads."""
+    dr = cos.shape[-1] * 2
+    xr, xp = x[..., :dr], x[..., dr:]
+    if layout == "half":
+        cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+        xr = xr * cos + rotate_half(xr) * sin
+    else:
+        cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+        xr = xr * cos + rotate_interleaved(xr) * sin
+    return torch.cat((xr.to(x.dtype), xp), dim=-1)
+
+
+class Rope(PositionEncoding):
+    """q, k rotated by angle position · θ_i; q·k then depends on the offset m − n only."""
+
+    def __init__(self, params: RopeParams, dims: PositionDims):
+        super().__init__()
+        self.head_dim = dims.head_dim
+        self.layer = dims.layer
+        self.rot_dim = rotary_dim(dims.head_dim, params.fraction)
+        validate_scaling(params.scaling, self.rot_dim, "model.position.scaling")
+        self.configure(params)
+
+    def configure(self, params: RopeParams) -> None:
+        """(Re)compute the frequencies for new parameters: the only place inv_freq is set (phases call this)."""
+        self.params = params
+        self.layout = params.layout
+        inv_freq, factor = compute_rope(self.rot_dim, params.base, params.scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_factor = factor
+
+    def frequencies(self, seq_len: int) -> tuple[Tensor, float]:
+        scaling = self.params.scaling or {}
+        if scaling.get("rope_type", "default") in LENGTH_DEPENDENT:
+            inv_freq, factor = compute_rope(self.rot_dim, self.params.base, scaling, seq_len=seq_len)
+            return inv_freq.to(self.inv_freq.device), factor
+        return self.inv_freq, self.attention_factor
+
+    def cos_sin(self, positions: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
+        inv_freq, factor = self.frequencies(seq_len)
+        angles = positions.unsqueeze(-1).float() * inv_freq  # (B, T, Dr/2)
+        return (angles.cos() * factor).unsqueeze(1), (angles.sin() * factor).unsqueeze(1)  # (B, 1, T, Dr/2)
+
+    @property
+    def rotates(self) -> bool:
+        """False on the NoPE layers of a ``nope_every`` pattern."""
+        n = self.params.nope_every
+        return not (n > 0 and (self.layer + 1) % n == 0)
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        if not self.rotates:
+            return q, k
+        seq_len = int(k_pos.max()) + 1 if self._reads_length() else k_pos.shape[-1]
+        cq, sq = self.cos_sin(q_pos, seq_len)
+        ck, sk = self.cos_sin(k_pos, seq_len)
+        return apply_rotary(q, cq, sq, self.layout), apply_rotary(k, ck, sk, self.layout)
+
+    def _reads_length(self) -> bool:
+        return (self.params.scaling or {}).get("rope_type", "default") in LENGTH_DEPENDENT
+
+
+@dataclass
+class XposParams(RopeParams):
+    gamma: float = 0.4  # ζ_i = (2i/d + γ) / (1 + γ): per-dimension decay base, in (0, 1)
+    scale_base: float = 512.0  # the exponent is position / scale_base
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.gamma <= 0:
+            raise ValueError(f"gamma: must be > 0, got {self.gamma}")
+        if self.scale_base <= 0:
+            raise ValueError(f"scale_base: must be > 0, got {self.scale_base}")
+
+
+class Xpos(Rope):
+    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv:2212.10554): RoPE whose rotated
+    dimension pair i is also scaled by ζ_i^(n/scale_base) on queries and ζ_i^(−m/scale_base) on keys, with
+    ζ_i = (2i/d + γ)/(1 + γ) < 1, so q_n·k_m carries the decay ζ^((n−m)/scale_base) and depends on n − m only."""
+
+    def __init__(self, params: XposParams, dims: PositionDims):
+        super().__init__(params, dims)
+        i = torch.arange(0, self.rot_dim, 2, dtype=torch.float64)
+        zeta = (i / self.rot_dim + params.gamma) / (1 + params.gamma)  # (Dr/2,)
+        self.register_buffer("zeta", zeta.float(), persistent=False)
+
+    def decay(self, positions: Tensor, center: Tensor, sign: float) -> Tensor:
+        exponent = sign * (positions - center).unsqueeze(-1).float() / self.params.scale_base  # (B, T, 1)
+        return (self.zeta**exponent).unsqueeze(1)  # (B, 1, T, Dr/2)
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        if not self.rotates:
+            return q, k
+        seq_len = int(k_pos.max()) + 1 if self._reads_length() else k_pos.shape[-1]
+        center = (k_pos.amin(-1, keepdim=True) + k_pos.amax(-1, keepdim=True)) // 2  # (B, 1)
+        cq, sq = self.cos_sin(q_pos, seq_len)
+        ck, sk = self.cos_sin(k_pos, seq_len)
+        up, down = self.decay(q_pos, center, 1.0), self.decay(k_pos, center, -1.0)
+        return apply_rotary(q, cq * up, sq * up, self.layout), apply_rotary(k, ck * down, sk * down, self.layout)
+
+
+@dataclass
+class NoParams:
+    pass
+
+
+class NoPE(PositionEncoding):
+    """No positional encoding (NoPE; Kazemnejad et al. 2023): causal masking alone carries order."""
+
+    def __init__(self, params: NoParams, dims: PositionDims):
+        super().__init__()

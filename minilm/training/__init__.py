@@ -1,0 +1,1 @@
+"""Training: the Lightning adapter (lit_module), phases as data (phases), checkpoints (checkpoint)."""

@@ -1,0 +1,184 @@
+"""Checkpoints and weights on disk: atomic writes, safe loads, clear errors.
+
+- Every write goes to a temporary file in the same directory, is fsynced, renamed over the target, and the
+  directory entry is synced; a crash leaves either the old file or the new one, never half of one.
+- Resumable checkpoints (Lightning's dict: model, optimizer, schedule, loops, our RNG state) are read with
+  ``torch.load(weights_only=True)`` — never arbitrary pickle. Finished weights are safetensors.
+- A truncated or corrupt checkpoint is reported and skipped in favour of the previous good one.
+- Loading weights of a different shape names the mismatched tensors.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from minilm.errors import MinilmError
+
+CKPT_PATTERN = re.compile(r"^step-(\d+)\.ckpt$")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
+    """Call ``write(fileobj)`` on a temporary file next to ``path``, then atomically rename it to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda f: f.write(text), mode="w")
+
+
+class AtomicCheckpointIO(CheckpointIO):
+    """Lightning CheckpointIO: atomic torch.save, weights_only torch.load."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        buf = io.BytesIO()
+        torch.save(checkpoint, buf)
+        atomic_write(Path(path), lambda f: f.write(buf.getbuffer()))
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        return load_checkpoint_dict(Path(path), map_location or "cpu")
+
+    def remove_checkpoint(self, path) -> None:
+        Path(path).unlink(missing_ok=True)
+
+
+def load_checkpoint_dict(path: Path, map_location="cpu") -> dict:
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # truncated zip, bad pickle opcode, unsafe global: all mean "not a good checkpoint"
+        raise MinilmError(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def list_checkpoints(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """(step, path) sorted by step, oldest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    out = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := CKPT_PATTERN.match(p.name))]
+    return sorted(out)
+
+
+def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
+    return ckpt_dir / f"step-{step:08d}.ckpt"
+
+
+def latest_good_checkpoint(ckpt_dir: Path, log: Callable[[str], None] = print) -> Optional[Path]:
+    """The newest checkpoint that loads; corrupt ones are reported and skipped (the previous good one wins)."""
+    for step, path in reversed(list_checkpoints(ckpt_dir)):
+        try:
+            ckpt = load_checkpoint_dict(path)
+        except MinilmError as e:
+            log(f"warning: {e}; falling back to the previous checkpoint")
+            continue
+        if "state_dict" not in ckpt:
+            log(f"warning: checkpoint {path} has no model state; falling back to the previous checkpoint")
+            continue
+        return path
+    return None
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
+    for _, path in list_checkpoints(ckpt_dir)[: -keep or None] if keep > 0 else []:
+        path.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------------ weights
+
+
+def save_weights(model: nn.Module, path: Path) -> None:
+    """safetensors, atomically; tied tensors are stored once (the first name that holds them)."""
+    seen: dict[int, str] = {}
+    tensors = {}
+    for name, t in model.state_dict().items():
+        key = t.data_ptr() if t.numel() else id(t)
+        if key in seen:
+            continue
+        seen[key] = name
+        tensors[name] = t.detach().cpu().contiguous()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def read_weights(path: Path) -> dict:
+    path = Path(path)
+    if path.is_dir():
+        path = path / "model.safetensors"
+    if not path.is_file():
+        raise MinilmError(f"no weights at {path}")
+    if path.suffix == ".safetensors":
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError) as e:
+            raise MinilmError(f"weights file {path} is unreadable: {e}") from None
+    ckpt = load_checkpoint_dict(path)
+    state = ckpt.get("state_dict", ckpt)
+    return {k.removeprefix("model."): v for k, v in state.items()}
+
+
+def load_weights(model: nn.Module, source: Path | dict, where: str = "") -> None:
+    """Load weights by name; a missing, extra or differently shaped tensor is an error naming it. Tied tensors
+    stored once are accepted under either name."""
+    state = read_weights(source) if not isinstance(source, dict) else source
+    own = model.state_dict()
+    label = f" from {where or source}" if not isinstance(source, dict) or where else ""
+    shape_errors = [
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(own[k].shape)}"
+        for k, v in state.items()
+        if k in own and own[k].shape != v.shape
+    ]
+    unexpected = sorted(set(state) - set(own))
+    tied = _tied_names(model)
+    missing = sorted(k for k in set(own) - set(state) if not any(t in state for t in tied.get(k, ())))
+    problems = shape_errors + [f"{k}: not in the model" for k in unexpected] + [f"{k}: missing" for k in missing]
+    if problems:
+        listing = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise MinilmError(f"weights{label} do not fit this model (different shape or config?):\n  {listing}{more}")
+    model.load_state_dict(state, strict=False)
+
+
+def _tied_names(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    by_ptr: dict[int, list[str]] = {}
+    for name, t in model.state_dict().items():
+        if t.numel():
+            by_ptr.setdefault(t.data_ptr(), []).append(name)
+    return {n: tuple(o for o in names if o != n) for names in by_ptr.values() for n in names}

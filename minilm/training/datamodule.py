@@ -1,0 +1,57 @@
+"""Batches for one phase, indexed by micro-step so that resume and DDP sharding are exact.
+
+The sampler (minilm.data) is a pure function of (seed, phase, index, rank); the train loader yields
+``sampler.batch(start + i)`` where ``start`` is the micro-step the restored trainer is at. Lightning restores
+the trainer's step before it asks for the loader, so a resumed phase sees exactly the batches an uninterrupted
+one would.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+from torch.utils.data import DataLoader, Dataset
+
+from minilm.config import micro_batch_size, phase_steps
+
+
+class _StepBatches(Dataset):
+    def __init__(self, fetch, start: int, length: int):
+        self.fetch, self.start, self.length = fetch, start, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict:
+        return self.fetch(self.start + i)
+
+
+class PhaseData(L.LightningDataModule):
+    def __init__(self, corpus, pcfg, phase: str):
+        super().__init__()
+        self.corpus, self.cfg, self.phase = corpus, pcfg, phase
+        self.accum = pcfg.train.batch_size // micro_batch_size(pcfg.train)
+        self._val = None
+
+    def train_dataloader(self) -> DataLoader:
+        from minilm.data import make_sampler
+
+        t = self.cfg.train
+        sampler = make_sampler(
+            self.corpus, "train", self.cfg.data, t.seq_len, micro_batch_size(t), self.cfg.run.seed, self.phase,
+            rank=self.trainer.global_rank, world_size=self.trainer.world_size,
+        )  # fmt: skip
+        total = phase_steps(self.cfg) * self.accum
+        start = self.trainer.global_step * self.accum  # restored before this is called
+        # The loader keeps the phase's full length (Lightning checks val_check_interval against it); the loop
+        # stops at max_steps, before the indices run past the phase.
+        return DataLoader(_StepBatches(sampler.batch, start, total), batch_size=None, shuffle=False, num_workers=0)
+
+    def val_dataloader(self) -> DataLoader:
+        if self._val is None:
+            from minilm.data import validation_batches
+
+            t = self.cfg.train
+            self._val = validation_batches(
+                self.corpus, self.cfg.data, t.seq_len, micro_batch_size(t), t.val_batches, self.cfg.run.seed
+            )
+        return DataLoader(self._val, batch_size=None, shuffle=False, num_workers=0)

@@ -1,0 +1,164 @@
+"""The LightningModule: holds a GPT, computes the loss, owns the optimizer and the schedule. Nothing else.
+
+One module instance trains one phase (phases.py builds a new one per phase around the same GPT, so weights
+carry over and the schedule restarts). Scalars go to TensorBoard on the run's continuous step axis:
+``step_offset`` (the optimizer steps of earlier phases) + this phase's ``global_step``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional
+
+import lightning as L
+import torch
+from torch import nn
+
+from minilm.errors import MinilmError
+
+
+def lr_lambda(step: int, warmup: int, total: int, decay: str, min_ratio: float) -> float:
+    """Multiplier of the peak lr: linear warmup over ``warmup`` steps, then cosine / linear decay to
+    ``min_ratio`` at ``total``, or constant."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if decay == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if decay == "cosine" else 1 - progress
+    return min_ratio + (1 - min_ratio) * shape
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only (embeddings and linear weights); none on norms, biases, scalars."""
+    decay, no_decay, seen = [], [], set()
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class LitGPT(L.LightningModule):
+    def __init__(self, model: nn.Module, cfg, total_steps: int, step_offset: int = 0, phase: str = "train"):
+        """``cfg`` is the phase's resolved config (minilm.config.phase_config)."""
+        super().__init__()
+        self.model, self.cfg = model, cfg
+        self.total_steps, self.step_offset, self.phase = total_steps, step_offset, phase
+        self.tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
+        self.initial_optimizer_state: Optional[dict] = None  # carried from the previous phase (carry_optimizer)
+        self.bad_steps = 0
+        self.last_grad_norm = float("nan")
+        self._t_last: Optional[float] = None
+        self._val_losses: list[torch.Tensor] = []
+
+    # ------------------------------------------------------------------------------------------- steps
+
+    def _loss(self, batch: dict) -> torch.Tensor:
+        return self.model.loss(
+            batch["input_ids"], batch["targets"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids")
+        )
+
+    def training_step(self, batch: dict, batch_idx: int):
+        loss = self._loss(batch)
+        if not torch.isfinite(loss):
+            self.bad_steps += 1
+            step = self.step_offset + self.global_step
+            if self.bad_steps > self.cfg.train.max_bad_steps:
+                raise MinilmError(
+                    f"phase '{self.phase}': the loss became {loss.item()} at step {step}; stopping. The last good "
+                    "checkpoint is intact. Lower optim.lr, raise optim.warmup_steps, or allow skipping with "
+                    "train.max_bad_steps."
+                )
+            print(f"warning: non-finite loss at step {step}; skipped ({self.bad_steps}/{self.cfg.train.max_bad_steps})")
+            return None  # Lightning skips backward and the optimizer step
+        self.log("loss", loss.detach(), prog_bar=True, logger=False)
+        self._train_loss = loss.detach()
+        return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        clip = self.cfg.optim.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
+        self.last_grad_norm = float(norm)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if outputs is None or (batch_idx + 1) % self.trainer.accumulate_grad_batches:
+            return
+        step = self.global_step  # already incremented by the optimizer step
+        if step % self.cfg.train.log_every and step != self.total_steps:
+            return
+        now = time.perf_counter()
+        scalars = {
+            "train/loss": float(self._train_loss),
+            "lr": self.trainer.optimizers[0].param_groups[0]["lr"],
+            "grad_norm": self.last_grad_norm,
+            "tokens_seen": float((self.step_offset + step) * self.tokens_per_step),
+        }
+        if self._t_last is not None:
+            steps = self.cfg.train.log_every
+            scalars["tokens_per_sec"] = steps * self.tokens_per_step / max(1e-9, now - self._t_last)
+        self._t_last = now
+        self.log_scalars(scalars)
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        self._val_losses.append(self._loss(batch).detach())
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val_losses:
+            return
+        loss = torch.stack(self._val_losses).mean()
+        loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
+        self._val_losses.clear()
+        self.log("val_loss", loss, prog_bar=True, logger=False, sync_dist=False)
+        self.last_val_loss = float(loss)
+        if not self.trainer.sanity_checking:
+            self.log_scalars({"val/loss": float(loss), "val/ppl": math.exp(min(float(loss), 50.0))})
+
+    def log_scalars(self, scalars: dict) -> None:
+        """Write to TensorBoard at the run's continuous step (rank 0 only)."""
+        if self.logger is None or self.trainer.global_rank != 0:
+            return
+        step = self.step_offset + self.global_step
+        for tag, value in scalars.items():
+            self.logger.experiment.add_scalar(tag, value, global_step=step)
+
+    # --------------------------------------------------------------------------------------- optimizer
+
+    def configure_optimizers(self):
+        o = self.cfg.optim
+        fused = torch.cuda.is_available() and next(self.model.parameters()).is_cuda
+        opt = torch.optim.AdamW(
+            param_groups(self.model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None
+        )
+        if self.initial_optimizer_state is not None:  # moments from the previous phase; this phase's lr settings
+            state = opt.state_dict()
+            state["state"] = self.initial_optimizer_state["state"]
+            opt.load_state_dict(state)
+        warmup, total = o.warmup_steps, self.total_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: lr_lambda(s, warmup, total, o.decay, o.min_lr_ratio)
+        )
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ----------------------------------------------------------------------------- exact-resume state
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["minilm"] = {
+            "phase": self.phase,
+            "step_offset": self.step_offset,
+            "bad_steps": self.bad_steps,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint.get("minilm", {})
+        if state.get("phase", self.phase) != self.phase:
+            raise MinilmError(f"checkpoint belongs to phase '{state['phase']}', not '{self.phase}'")
+        self.bad_steps = state.get("bad_steps", 0)
+        if "torch_rng" in state:
+            torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])

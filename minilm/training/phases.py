@@ -1,0 +1,349 @@
+"""Run a config's phases in order, in one run directory, resumably.
+
+Layout of ``run.dir``::
+
+    config.yaml            the resolved run config        tokenizer.model   the tokenizer (self-contained runs)
+    tb/                    TensorBoard, one step axis      model.safetensors the final weights (last phase)
+    .lock                  pid of the process training here
+    <phase>/checkpoints/step-XXXXXXXX.ckpt                 resumable state (last ``train.keep_checkpoints``)
+    <phase>/model.safetensors, <phase>/config.yaml, <phase>/complete.json   written when the phase finishes
+
+``apply_phase`` is the one function that changes the model between phases; ``run_phases`` is the loop.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Optional
+
+import lightning as L
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+from omegaconf import OmegaConf
+
+from minilm.config import (
+    micro_batch_size,
+    phase_config,
+    phase_names,
+    phase_steps,
+    save_config,
+)
+from minilm.errors import MinilmError
+from minilm.model import GPT
+from minilm.positions import position_params
+from minilm.positions.rope_scaling import compute_rope
+from minilm.training.checkpoint import (
+    AtomicCheckpointIO,
+    atomic_write,
+    atomic_write_text,
+    checkpoint_path,
+    latest_good_checkpoint,
+    load_checkpoint_dict,
+    load_weights,
+    prune_checkpoints,
+    save_weights,
+)
+from minilm.training.datamodule import PhaseData
+from minilm.training.lit_module import LitGPT
+
+COMPLETE = "complete.json"
+
+
+def phase_dir(run_dir: Path, phase: str) -> Path:
+    return run_dir / phase
+
+
+def is_complete(run_dir: Path, phase: str) -> bool:
+    return (phase_dir(run_dir, phase) / COMPLETE).is_file()
+
+
+# ------------------------------------------------------------------------------------------------ run lock
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextmanager
+def run_lock(run_dir: Path, log: Callable[[str], None] = print):
+    """One training process per run directory; a stale lock left by a dead process is taken over."""
+    lock = run_dir / ".lock"
+    me = f"{os.getpid()} {socket.gethostname()}"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = lock.read_text().strip() if lock.exists() else ""
+            pid_s, _, host = holder.partition(" ")
+            alive = pid_s.isdigit() and (host != socket.gethostname() or _pid_alive(int(pid_s)))
+            if alive:
+                raise MinilmError(
+                    f"{run_dir} is in use by process {pid_s} on {host or '?'} (lock file {lock}); wait for it, "
+                    "stop it, or choose another run.dir"
+                ) from None
+            log(f"taking over a stale lock left by process {holder or '?'}")
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        break
+    try:
+        yield
+    finally:
+        if lock.exists() and lock.read_text().strip() == me:
+            lock.unlink()
+
+
+# ----------------------------------------------------------------------------------------- apply a phase
+
+
+def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=None, step: int = 0) -> str:
+    """The one place a phase changes the model: position parameters (RoPE base, scaling) are set on every layer
+    and verified against ``compute_rope``; limits of the encoding are checked against the phase's seq_len.
+    Returns the transition message (also logged to the console and, as text, to TensorBoard)."""
+    check_phase_fits(model, pcfg, phase)
+    params = position_params(pcfg.model.position, where=f"phases.{phase}.position")
+    changed = []
+    for layer, pos in enumerate(model.position_modules()):
+        old = getattr(pos, "params", None)
+        if old == params:
+            continue
+        if not hasattr(pos, "configure"):
+            raise MinilmError(
+                f"phases.{phase}.position: encoding '{pcfg.model.position.name}' cannot change its parameters "
+                "between phases"
+            )
+        pos.configure(params)
+        changed.append(layer)
+    _verify_rotary(model, params, phase)
+    pos_desc = OmegaConf.to_container(pcfg.model.position, resolve=True)
+    msg = (
+        f"phase '{phase}': seq_len {pcfg.train.seq_len}, {phase_steps(pcfg)} steps of {pcfg.train.batch_size} "
+        f"sequences, lr {pcfg.optim.lr} ({pcfg.optim.decay}), long_fraction {pcfg.data.long_fraction}, "
+        f"position {pos_desc}" + (f" (reconfigured {len(changed)} layers)" if changed else "")
+    )
+    log(msg)
+    if tb is not None:
+        tb.add_text("phases", msg, global_step=step)
+    return msg
+
+
+def _verify_rotary(model: GPT, params, phase: str) -> None:
+    """Every rotary layer's frequencies must equal compute_rope's for the phase's config."""
+    for layer, pos in enumerate(model.position_modules()):
+        if not hasattr(pos, "inv_freq") or not hasattr(pos, "rot_dim"):
+            continue
+        expected, factor = compute_rope(pos.rot_dim, params.base, params.scaling)
+        if not torch.equal(pos.inv_freq.cpu(), expected) or pos.attention_factor != factor:
+            raise MinilmError(f"phase '{phase}': layer {layer} rotary frequencies do not match the phase config")
+
+
+def check_phase_fits(model: GPT, pcfg, phase: str) -> None:
+    limits = [m.max_length() for m in [model.pos_emb, *model.position_modules()]]
+    limits = [x for x in limits if x is not None]
+    if limits and pcfg.train.seq_len > min(limits):
+        raise MinilmError(
+            f"phases.{phase}.seq_len: {pcfg.train.seq_len} is longer than the {pcfg.model.position.name} encoding "
+            f"supports ({min(limits)} positions); shorten the phase or use an encoding that extrapolates "
+            "(rope with scaling, alibi, ...)"
+        )
+
+
+# -------------------------------------------------------------------------------------------- the loop
+
+
+def precision(pcfg) -> str:
+    p = pcfg.train.precision
+    if p == "auto":
+        return "bf16-mixed" if torch.cuda.is_available() else "32-true"
+    return "32-true" if p == "32" else p
+
+
+class _StepCheckpoint(L.Callback):
+    """A resumable checkpoint every ``ckpt_every`` optimizer steps, atomically written; keeps the last k."""
+
+    def __init__(self, ckpt_dir: Path, every: int, keep: int):
+        self.dir, self.every, self.keep = ckpt_dir, every, keep
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return
+        step = trainer.global_step
+        if self.every and step % self.every == 0 and step < trainer.max_steps:
+            trainer.save_checkpoint(checkpoint_path(self.dir, step))
+            if trainer.is_global_zero:
+                prune_checkpoints(self.dir, self.keep)
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """Fail before any work if run.dir cannot be created or written (checked without creating anything)."""
+    existing = run_dir.resolve()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise MinilmError(f"run.dir {run_dir} is not writable ({existing} is not a writable directory); set "
+                          "run.dir to a writable path")
+
+
+def _has_outputs(run_dir: Path, names: list[str]) -> bool:
+    return any(phase_dir(run_dir, n).exists() for n in names)
+
+
+def run_phases(
+    cfg,
+    *,
+    resume: bool = False,
+    start_phase: Optional[str] = None,
+    init: Optional[str] = None,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Train every phase of ``cfg`` in order; returns the run directory."""
+    from minilm.data import load_corpus
+
+    run_dir = Path(cfg.run.dir)
+    names = phase_names(cfg)
+    pcfgs = {n: phase_config(cfg, n) for n in names}
+    if start_phase is not None and start_phase not in names:
+        raise MinilmError(f"--phase {start_phase}: no such phase; phases are: {', '.join(names)}")
+    if not resume and start_phase is None and _has_outputs(run_dir, names):
+        raise MinilmError(
+            f"{run_dir} already holds a run; continue it with --resume, restart a phase with --phase NAME, or set "
+            "run.name / run.dir to start a new one"
+        )
+    _check_run_dir(run_dir)
+    saved = run_dir / "config.yaml"
+    if resume and saved.exists():
+        old = OmegaConf.load(saved)
+        if OmegaConf.to_container(old.model) != OmegaConf.to_container(cfg.model, resolve=True):
+            raise MinilmError(f"--resume: the model section differs from the run's saved {saved}; refusing")
+    corpus = load_corpus(cfg.data)  # bad data fails here, before the run directory is touched
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock(run_dir, log):
+        save_config(cfg, saved)
+        shutil.copyfile(corpus.tokenizer.model_file, run_dir / "tokenizer.model")
+        torch.manual_seed(cfg.run.seed)
+        model = GPT(cfg.model, corpus.tokenizer.vocab_size)
+        log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {corpus.tokenizer.vocab_size}")
+        for n in names:  # every phase is checked before any trains
+            check_phase_fits(model, pcfgs[n], n)
+        tb_logger = TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False)
+
+        start = names.index(start_phase) if start_phase else 0
+        if start_phase is not None:
+            for n in names[start:]:  # an explicit restart retrains this phase and the ones after it
+                shutil.rmtree(phase_dir(run_dir, n), ignore_errors=True)
+        if init is not None:
+            load_weights(model, Path(init))
+            log(f"initial weights from {init}")
+        offset = sum(phase_steps(pcfgs[n]) for n in names[:start])
+        prev = names[start - 1] if start > 0 else None
+        if prev is not None and init is None:
+            _load_finished_phase(model, run_dir, prev, start_phase)
+        for n in names[start:]:
+            pcfg, steps = pcfgs[n], phase_steps(pcfgs[n])
+            if is_complete(run_dir, n):
+                log(f"phase '{n}' is complete; skipping")
+                load_weights(model, phase_dir(run_dir, n) / "model.safetensors")
+            else:
+                carry = n in cfg.phases and cfg.phases[n].carry_optimizer and prev is not None
+                opt_state = _load_optimizer_state(run_dir, prev) if carry else None
+                _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log)
+            prev, offset = n, offset + steps
+        save_weights(model, run_dir / "model.safetensors")
+        save_config(pcfgs[names[-1]], run_dir / "final_config.yaml")
+        tb_logger.experiment.flush()
+    log(f"done: {run_dir / 'model.safetensors'}")
+    return run_dir
+
+
+def _load_finished_phase(model: GPT, run_dir: Path, phase: str, starting: Optional[str]) -> None:
+    path = phase_dir(run_dir, phase) / "model.safetensors"
+    if not is_complete(run_dir, phase):
+        raise MinilmError(
+            f"--phase {starting}: the previous phase '{phase}' has not finished in {run_dir}; run it first or give "
+            "starting weights with --init PATH"
+        )
+    load_weights(model, path)
+
+
+def _load_optimizer_state(run_dir: Path, phase: str) -> Optional[dict]:
+    path = phase_dir(run_dir, phase) / "optimizer.pt"
+    return load_checkpoint_dict(path) if path.exists() else None
+
+
+def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, carried_opt, log) -> None:
+    pdir = phase_dir(run_dir, name)
+    ckpt_dir = pdir / "checkpoints"
+    ckpt = latest_good_checkpoint(ckpt_dir, log)
+    if ckpt is None:
+        apply_phase(model, pcfg, name, log, tb_logger.experiment, offset)
+    else:
+        apply_phase(model, pcfg, name, log, None, offset)
+        log(f"phase '{name}': resuming from {ckpt}")
+    module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name)
+    module.initial_optimizer_state = carried_opt if ckpt is None else None
+    accum = pcfg.train.batch_size // micro_batch_size(pcfg.train)
+    t = pcfg.train
+    val_every = t.val_every if t.val_every and t.val_every <= steps else None
+    trainer = L.Trainer(
+        max_steps=steps,
+        max_epochs=1,  # one pass over the phase's batches = the whole phase
+        accelerator=pcfg.trainer.accelerator,
+        devices=pcfg.trainer.devices,
+        strategy=pcfg.trainer.strategy,
+        num_nodes=pcfg.trainer.num_nodes,
+        precision=precision(pcfg),
+        logger=tb_logger,
+        callbacks=[_StepCheckpoint(ckpt_dir, t.ckpt_every, t.keep_checkpoints)],
+        plugins=[AtomicCheckpointIO()],
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        accumulate_grad_batches=accum,
+        val_check_interval=val_every * accum if val_every else None,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        log_every_n_steps=t.log_every,
+        default_root_dir=str(pdir),
+    )
+    data = PhaseData(corpus, pcfg, name)
+    if pcfg.train.compile:
+        module.model = torch.compile(model)
+    t0 = time.perf_counter()
+    trainer.fit(module, datamodule=data, ckpt_path=str(ckpt) if ckpt else None)
+    if trainer.global_step < steps:
+        raise MinilmError(f"phase '{name}' stopped at step {trainer.global_step} of {steps}; resume with --resume")
+    if not val_every or steps % val_every:
+        trainer.validate(module, datamodule=data, verbose=False)
+    module.model = model
+    if trainer.is_global_zero:
+        _finish_phase(model, pcfg, name, pdir, trainer, module, steps, time.perf_counter() - t0, log)
+
+
+def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, log) -> None:
+    save_weights(model, pdir / "model.safetensors")
+    save_config(pcfg, pdir / "config.yaml")
+    buf = io.BytesIO()  # optimizer moments, for a next phase with carry_optimizer
+    torch.save({"state": trainer.optimizers[0].state_dict()["state"]}, buf)
+    atomic_write(pdir / "optimizer.pt", lambda f: f.write(buf.getbuffer()))
+    if pcfg.eval.lengths:
+        from minilm.eval import evaluate_phase
+
+        evaluate_phase(model, pcfg, name, pdir, module.step_offset + steps, trainer.logger, log)
+    val_loss = getattr(module, "last_val_loss", None)
+    summary = {"phase": name, "steps": steps, "seconds": round(seconds, 1), "val_loss": val_loss}
+    atomic_write_text(pdir / COMPLETE, json.dumps(summary, indent=2))  # written last: marks the phase finished
+    log(f"phase '{name}' finished in {seconds:.0f}s, val loss {val_loss}")

@@ -1,0 +1,68 @@
+"""Model properties: causality, GQA, overfitting one batch, SDPA == reference attention."""
+
+import pytest
+import torch
+
+from minilm.config import load_config
+from minilm.model import GPT
+from minilm.model.attention import AttentionMask, reference_attention, sdpa_attention
+from minilm.positions import PositionDims, build_position
+
+V = 97
+
+
+def tiny(*overrides):
+    cfg = load_config(overrides=["model.n_layers=2", "model.d_model=32", "model.n_heads=4", *overrides])
+    torch.manual_seed(0)
+    return GPT(cfg.model, V).eval()
+
+
+@pytest.mark.parametrize("extra", [[], ["model.n_kv_heads=2"], ["model.mlp=gelu", "model.tie_embeddings=false"]])
+def test_causal(extra):
+    model = tiny(*extra)
+    x = torch.randint(0, V, (2, 24))
+    y = x.clone()
+    y[:, 10] = (y[:, 10] + 1) % V
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert torch.allclose(a[:, :10], b[:, :10], atol=1e-6)
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+def test_document_mask_blocks_other_documents():
+    model = tiny()
+    x = torch.randint(0, V, (1, 16))
+    docs = torch.tensor([[0] * 8 + [1] * 8])
+    y = x.clone()
+    y[:, :8] = (y[:, :8] + 3) % V  # change only the first document
+    with torch.no_grad():
+        a = model(x, positions=torch.arange(16).remainder(8)[None], doc_ids=docs)
+        b = model(y, positions=torch.arange(16).remainder(8)[None], doc_ids=docs)
+        c = model(x[:, 8:])  # the second document alone, positions restarting at 0
+    assert torch.allclose(a[:, 8:], b[:, 8:], atol=1e-5)
+    assert torch.allclose(a[:, 8:], c, atol=1e-5)
+
+
+def test_overfits_one_batch():
+    model = tiny().train()
+    x = torch.randint(0, V, (4, 32))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = model.loss(x[:, :-1], x[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+
+
+@pytest.mark.parametrize("kv", [4, 2, 1])
+def test_sdpa_equals_reference(kv):
+    dims = PositionDims(32, 4, kv, 8, 1)
+    pos = build_position({"name": "rope"}, dims, "attention")
+    q, k, v = torch.randn(2, 4, 12, 8), torch.randn(2, kv, 12, 8), torch.randn(2, kv, 12, 8)
+    p = torch.arange(12)[None].expand(2, -1)
+    for mask in [AttentionMask(), AttentionMask(q_doc=torch.tensor([[0] * 5 + [1] * 7] * 2),
+                                                k_doc=torch.tensor([[0] * 5 + [1] * 7] * 2))]:
+        ref = reference_attention(q, k, v, pos, p, p, mask)
+        fast = sdpa_attention(q, k, v, pos, mask)
+        assert torch.allclose(ref, fast, atol=1e-5)

@@ -1,0 +1,85 @@
+"""The config layer: every shipped YAML loads; bad input names the key and the file."""
+
+from pathlib import Path
+
+import pytest
+
+from minilm.config import load_config, phase_config, phase_names, phase_steps
+from minilm.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED)
+def test_every_shipped_yaml_loads(path):
+    cfg = load_config(REPO / path)
+    for name in phase_names(cfg):
+        assert phase_steps(phase_config(cfg, name)) >= 1
+
+
+def test_layers_merge_in_order(tmp_path):
+    (tmp_path / "a.yaml").write_text("model: {n_layers: 3, d_model: 64, n_heads: 2}\ntrain: {seq_len: 32}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\nmodel: {n_layers: 5}\n")
+    cfg = load_config(tmp_path / "b.yaml", ["model.n_layers=7", "run.name=x"])
+    assert (cfg.model.n_layers, cfg.model.d_model, cfg.train.seq_len) == (7, 64, 32)
+    assert cfg.run.dir == "runs/x"  # derived from run.name
+
+
+def test_misspelled_key_is_named_with_its_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  n_layer: 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml.*model\.n_layer"):
+        load_config(bad)
+
+
+def test_wrong_type_and_bad_value():
+    with pytest.raises(ConfigError, match="model.n_layers"):
+        load_config(overrides=["model.n_layers=abc"])
+    with pytest.raises(ConfigError, match="model.d_model.*divisible"):
+        load_config(overrides=["model.d_model=100", "model.n_heads=3"])
+    with pytest.raises(ConfigError, match="optim.decay"):
+        load_config(overrides=["optim.decay=sometimes"])
+
+
+def test_missing_file_and_base_cycle(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="cycle"):
+        load_config(tmp_path / "a.yaml")
+
+
+def test_position_block_resets_when_the_encoding_changes(tmp_path):
+    (tmp_path / "r.yaml").write_text("model: {position: {name: rope, base: 500.0}}\n")
+    cfg = load_config(tmp_path / "r.yaml", ["model.position.name=none"])
+    assert dict(cfg.model.position) == {"name": "none"}  # RoPE's base is not inherited by NoPE
+    with pytest.raises(ConfigError, match="model.position.base"):  # in one layer, both apply
+        load_config(overrides=["model.position.base=500", "model.position.name=none"])
+    with pytest.raises(ConfigError, match="model.position.bogus"):
+        load_config(overrides=["model.position.bogus=1"])
+
+
+def test_phase_overrides_and_errors(tmp_path):
+    y = tmp_path / "p.yaml"
+    y.write_text(
+        "phases:\n  short: {seq_len: 64, steps: 5}\n"
+        "  long: {seq_len: 256, tokens: 1000, lr: 0.0001, position: {base: 50000.0}, data: {long_fraction: 0.5}}\n"
+    )
+    cfg = load_config(y, ["phases.long.batch_size=2"])
+    assert phase_names(cfg) == ["short", "long"]
+    long = phase_config(cfg, "long")
+    assert (long.train.seq_len, long.train.batch_size, long.optim.lr) == (256, 2, 0.0001)
+    assert long.model.position.base == 50000.0 and long.data.long_fraction == 0.5
+    assert phase_steps(long) == 2  # ceil(1000 tokens / (2 · 256))
+    with pytest.raises(ConfigError, match="phases.long.data"):
+        load_config(y, ["phases.long.data.long_fractoin=0.3"])
+    with pytest.raises(ConfigError, match="phases.long.position.name"):
+        load_config(y, ["phases.long.position.name=none"])
+
+
+def test_config_is_read_only():
+    cfg = load_config()
+    with pytest.raises(Exception):
+        cfg.model.n_layers = 9
