@@ -230,7 +230,10 @@ def run_phases(
         if OmegaConf.to_container(old.model) != OmegaConf.to_container(cfg.model, resolve=True):
             raise MinilmError(f"--resume: the model section differs from the run's saved {saved}; refusing")
     corpus = load_corpus(cfg.data)  # bad data fails here, before the run directory is touched
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MinilmError(f"run.dir {run_dir} cannot be created ({e.strerror}); set run.dir to a writable path")
     with run_lock(run_dir, log):
         save_config(cfg, saved)
         shutil.copyfile(corpus.tokenizer.model_file, run_dir / "tokenizer.model")
@@ -334,6 +337,7 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
 
 
 def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, log) -> None:
+    pdir.mkdir(parents=True, exist_ok=True)  # absent when no step checkpoint was written (ckpt_every > steps)
     save_weights(model, pdir / "model.safetensors")
     save_config(pcfg, pdir / "config.yaml")
     buf = io.BytesIO()  # optimizer moments, for a next phase with carry_optimizer

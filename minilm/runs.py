@@ -1,0 +1,91 @@
+"""Open a finished (or partly finished) run: the one loader evaluation, generation and export share.
+
+A run directory (minilm/training/phases.py) holds ``config.yaml``, ``tokenizer.model``, ``model.safetensors``
+(after the last phase) and ``<phase>/{model.safetensors, config.yaml}`` per finished phase. ``load_run`` takes
+a run directory (optionally a phase), a phase directory, or a weights file inside either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from minilm.config import Config, phase_config, phase_names
+from minilm.errors import MinilmError
+
+
+@dataclass
+class LoadedRun:
+    model: torch.nn.Module  # minilm.model.GPT, eval mode
+    cfg: DictConfig  # the resolved config the weights were trained with (the phase's, if a phase)
+    tokenizer: object  # minilm.data.Tokenizer
+    run_dir: Path
+    phase: Optional[str]  # None: the run's final weights
+    weights: Path
+
+
+def _find_run_dir(path: Path) -> Path:
+    for p in [path, *path.parents][:3]:
+        if (p / "tokenizer.model").is_file() and (p / "config.yaml").is_file():
+            return p
+    raise MinilmError(f"{path} is not inside a minilm run directory (no config.yaml + tokenizer.model found)")
+
+
+def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Optional[str], Path]:
+    """(run_dir, phase or None, weights file) for a run dir, a phase dir or a weights file."""
+    path = Path(path)
+    if not path.exists():
+        raise MinilmError(f"{path}: no such run directory or checkpoint")
+    run_dir = _find_run_dir(path if path.is_dir() else path.parent)
+    if path.is_file():
+        weights = path
+        phase = phase or (path.parent.name if path.parent != run_dir else None)
+    elif path != run_dir:  # a phase directory
+        phase = phase or path.name
+        weights = path / "model.safetensors"
+    elif phase is not None:
+        weights = run_dir / phase / "model.safetensors"
+    else:
+        weights = run_dir / "model.safetensors"
+        if not weights.is_file():  # an unfinished run: its newest finished phase
+            done = [p for p in _phases(run_dir) if (run_dir / p / "model.safetensors").is_file()]
+            if not done:
+                raise MinilmError(f"{run_dir} has no finished phase yet (no model.safetensors)")
+            phase, weights = done[-1], run_dir / done[-1] / "model.safetensors"
+    if not weights.is_file():
+        raise MinilmError(f"{weights}: not found (has phase '{phase}' finished?)")
+    return run_dir, phase, weights
+
+
+def _phases(run_dir: Path) -> list[str]:
+    return phase_names(_load_cfg(run_dir / "config.yaml"))
+
+
+def _load_cfg(path: Path) -> DictConfig:
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def run_config(run_dir: Path, phase: Optional[str]) -> DictConfig:
+    cfg = _load_cfg(run_dir / "config.yaml")
+    if phase is None:
+        return phase_config(cfg, phase_names(cfg)[-1])
+    return phase_config(cfg, phase)
+
+
+def load_run(path: str | Path, phase: Optional[str] = None, map_location: str = "cpu") -> LoadedRun:
+    from minilm.data import Tokenizer
+    from minilm.model import GPT
+    from minilm.training.checkpoint import load_weights
+
+    run_dir, phase, weights = resolve_run(path, phase)
+    cfg = run_config(run_dir, phase)
+    tokenizer = Tokenizer(run_dir / "tokenizer.model")
+    model = GPT(cfg.model, tokenizer.vocab_size)
+    load_weights(model, weights)
+    return LoadedRun(model.to(map_location).eval(), cfg, tokenizer, run_dir, phase, weights)

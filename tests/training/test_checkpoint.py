@@ -1,0 +1,80 @@
+"""Checkpoint files: atomic, corrupt ones skipped, shape mismatches named, NaN losses stop the phase."""
+
+import pytest
+import torch
+
+from minilm.config import load_config
+from minilm.errors import MinilmError
+from minilm.model import GPT
+from minilm.training.checkpoint import (
+    AtomicCheckpointIO,
+    checkpoint_path,
+    latest_good_checkpoint,
+    load_weights,
+    prune_checkpoints,
+    save_weights,
+)
+from minilm.training.lit_module import LitGPT, lr_lambda
+
+
+def tiny_model(**kw):
+    over = [f"model.{k}={v}" for k, v in {"n_layers": 2, "d_model": 32, "n_heads": 2, **kw}.items()]
+    return GPT(load_config(overrides=over).model, 50)
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path):
+    io = AtomicCheckpointIO()
+    for step in (10, 20):
+        io.save_checkpoint({"state_dict": {"w": torch.ones(3) * step}}, checkpoint_path(tmp_path, step))
+    newest = checkpoint_path(tmp_path, 20)
+    newest.write_bytes(newest.read_bytes()[:50])  # truncated, as by a crash mid-copy
+    messages = []
+    assert latest_good_checkpoint(tmp_path, messages.append) == checkpoint_path(tmp_path, 10)
+    assert "unreadable" in messages[0]
+    assert not list(tmp_path.glob(".*.tmp")), "temporary files left behind"
+
+
+def test_prune_keeps_the_last_k(tmp_path):
+    io = AtomicCheckpointIO()
+    for step in (1, 2, 3, 4):
+        io.save_checkpoint({"state_dict": {}}, checkpoint_path(tmp_path, step))
+    prune_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003.ckpt", "step-00000004.ckpt"]
+
+
+def test_checkpoints_refuse_arbitrary_pickle(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = checkpoint_path(tmp_path, 1)
+    torch.save({"state_dict": {}, "x": Evil()}, path)
+    assert latest_good_checkpoint(tmp_path, lambda m: None) is None
+
+
+def test_weights_round_trip_and_shape_mismatch_is_named(tmp_path):
+    a, b = tiny_model(), tiny_model()
+    save_weights(a, tmp_path / "m.safetensors")
+    load_weights(b, tmp_path / "m.safetensors")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    wide = tiny_model(d_model=64)
+    with pytest.raises(MinilmError, match=r"blocks\.0\.attn\.wq\.weight.*\(32, 32\).*\(64, 64\)"):
+        load_weights(wide, tmp_path / "m.safetensors")
+
+
+def test_nan_loss_stops_the_phase_with_a_clear_message():
+    cfg = load_config(overrides=["train.max_bad_steps=1"])
+    model = tiny_model()
+    module = LitGPT(model, cfg, total_steps=10)
+    module.model.loss = lambda *a, **k: torch.tensor(float("nan"))
+    batch = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "targets": torch.zeros(1, 4, dtype=torch.long)}
+    assert module.training_step(batch, 0) is None  # first bad step: skipped (max_bad_steps=1)
+    with pytest.raises(MinilmError, match="loss became nan"):
+        module.training_step(batch, 1)
+
+
+def test_schedule_warmup_then_decay_to_the_floor():
+    f = [lr_lambda(s, 10, 100, "cosine", 0.1) for s in range(100)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(f[10:], f[11:])) and f[-1] == pytest.approx(0.1, abs=1e-3)
+    assert lr_lambda(50, 0, 100, "linear", 0.0) == pytest.approx(0.5)

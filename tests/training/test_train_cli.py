@@ -1,0 +1,176 @@
+"""train.py end to end, as a user runs it: outputs, bad input, phases, exact resume after SIGKILL."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+
+TINY = """
+model: {{n_layers: 2, d_model: 32, n_heads: 2}}
+data:
+  sources:
+    embedded: null
+    local: {{kind: files, paths: ["{corpus}/*.py"]}}
+  tokenizer: {{vocab_size: 400, sample_chars: 200000}}
+  cache_dir: {cache}
+  val_fraction: 0.1
+train: {{seq_len: 32, batch_size: 4, steps: 20, val_every: 10, val_batches: 2, log_every: 5, ckpt_every: 10}}
+optim: {{lr: 0.003, warmup_steps: 2}}
+"""
+
+PHASES = """
+phases:
+  short: {{seq_len: 32, steps: 12}}
+  long:
+    seq_len: 64
+    steps: {long_steps}
+    batch_size: 2
+    lr: 0.001
+    warmup_steps: 2
+    ckpt_every: 3
+    carry_optimizer: true
+    position: {{base: 40000.0}}
+"""
+
+
+def write_config(tmp_path: Path, corpus: Path, phases: bool = False, long_steps: int = 40) -> Path:
+    text = TINY.format(corpus=corpus, cache=tmp_path / "cache")
+    if phases:
+        text += PHASES.format(long_steps=long_steps)
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return path
+
+
+def train(*args, check=True, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), *map(str, args)], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=600, **kw,
+    )  # fmt: skip
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def test_twenty_steps_write_events_weights_and_config(tmp_path, tiny_text_dir):
+    cfg = write_config(tmp_path, tiny_text_dir)
+    run = tmp_path / "run"
+    train("--config", cfg, f"run.dir={run}")
+    assert (run / "model.safetensors").is_file() and (run / "config.yaml").is_file()
+    assert (run / "train" / "complete.json").is_file() and (run / "tokenizer.model").is_file()
+    events = list((run / "tb").glob("events.out.tfevents.*"))
+    assert events, "no TensorBoard events"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "val/loss", "val/ppl", "lr", "grad_norm", "tokens_seen", "tokens_per_sec"} <= tags
+    losses = [e.value for e in acc.Scalars("train/loss")]
+    assert losses[-1] < losses[0], losses
+    # a second run into the same directory without --resume must not clobber it
+    again = train("--config", cfg, f"run.dir={run}", check=False)
+    assert again.returncode == 2 and "--resume" in again.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["model.n_layer=3"], "model.n_layer"),
+        (["model.n_layers=two"], "model.n_layers"),
+        (["data.sources.local.paths=[/nonexistent/*.txt]"], "data.sources.local"),
+        (["run.dir={tmp}/a_file/run"], "run.dir"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, tiny_text_dir, args, message):
+    cfg = write_config(tmp_path, tiny_text_dir)
+    (tmp_path / "a_file").write_text("not a directory")
+    args = [a.format(tmp=tmp_path) for a in args]
+    proc = train("--config", cfg, *args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert not list(tmp_path.glob("**/config.yaml")), "bad input left a half-made run behind"
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    debug = train("--config", cfg, *args, "--debug", check=False)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_missing_config_and_print_config(tmp_path, tiny_text_dir):
+    proc = train("--config", tmp_path / "nope.yaml", check=False)
+    assert proc.returncode == 2 and "not found" in proc.stderr
+    cfg = write_config(tmp_path, tiny_text_dir)
+    out = train("--config", cfg, "--print-config", "model.n_layers=3").stdout
+    assert "n_layers: 3" in out and not (tmp_path / "run").exists()
+
+
+def _wait_for(path_glob: Path, pattern: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    t0 = time.time()
+    while not list(path_glob.glob(pattern)):
+        if proc.poll() is not None:
+            raise AssertionError(f"training ended before {pattern} appeared:\n{proc.stdout.read()[-3000:]}")
+        if time.time() - t0 > timeout:
+            raise AssertionError(f"{pattern} never appeared")
+        time.sleep(0.005)
+
+
+def test_sigkill_mid_phase_then_resume_equals_uninterrupted(tmp_path, tiny_text_dir):
+    cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=60)
+    straight = tmp_path / "straight"
+    train("--config", cfg, f"run.dir={straight}")
+
+    killed = tmp_path / "killed"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "--config", str(cfg), f"run.dir={killed}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    _wait_for(killed / "long" / "checkpoints", "step-*.ckpt", proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "long" / "complete.json").exists(), "killed too late: the phase had finished"
+    assert (killed / "short" / "complete.json").exists()
+
+    again = train("--config", cfg, f"run.dir={killed}", "--resume")
+    assert "phase 'short' is complete; skipping" in again.stdout
+    assert "resuming from" in again.stdout
+    a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert (a[k] == b[k]).all(), f"{k} differs after resume"
+
+
+def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir):
+    cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=4)
+    base = tmp_path / "base"
+    train("--config", cfg, f"run.dir={base}", "phases.long.steps=1")
+    ext = tmp_path / "ext"
+    out = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "short").stdout
+    assert "initial weights from" in out and not (ext / "short").exists()
+    assert (ext / "long" / "complete.json").is_file()
+    # --phase without finished earlier phases and without --init: a clear error
+    proc = train("--config", cfg, f"run.dir={tmp_path / 'empty'}", "--phase", "long", check=False)
+    assert proc.returncode == 2 and "--init" in proc.stderr
+
+
+def test_a_second_process_is_refused_by_the_lock(tmp_path, tiny_text_dir):
+    cfg = write_config(tmp_path, tiny_text_dir)
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (run / ".lock").write_text(f"{holder.pid} {os.uname().nodename}")
+        proc = train("--config", cfg, f"run.dir={run}", check=False)
+        assert proc.returncode == 2 and str(holder.pid) in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is dead now: its lock is stale and is taken over
+    out = train("--config", cfg, f"run.dir={run}", "train.steps=2").stdout
+    assert "stale lock" in out and not (run / ".lock").exists()
