@@ -50,6 +50,12 @@ class ModelConfig:
     tie_embeddings: bool = True
     dropout: float = 0.0
     init_std: float = 0.02
+    # rows of (B·T) per LM-head + cross-entropy chunk (minilm/model/loss.py): the (B·T, vocab) logits are never
+    # whole in memory; None = the plain path (whole logits, then F.cross_entropy). Same loss and gradients.
+    loss_chunk_size: Optional[int] = None
+    # recompute each block's activations in backward (torch.utils.checkpoint, training only): less memory for
+    # long sequences at ~1/3 more compute. Same gradients.
+    activation_checkpointing: bool = False
     # ``name`` picks the encoding from minilm.positions.REGISTRY; the other keys are its parameters.
     position: Dict[str, Any] = field(default_factory=lambda: {"name": "rope"})
 
@@ -128,8 +134,18 @@ class TrainerConfig:
 
 @dataclass
 class EvalConfig:
+    """The evaluation suite (minilm/eval, docs/evaluation.md); checked by ``minilm.eval.validate_eval``."""
+
     lengths: List[int] = field(default_factory=list)  # end-of-phase evaluation lengths; empty = none
-    batches: int = 4
+    batches: int = 4  # perplexity: batches of windows per length and mode
+    batch_tokens: int = 8192  # tokens per forward pass: a batch holds max(1, batch_tokens // length) sequences
+    tasks: List[str] = field(default_factory=lambda: ["ppl", "passkey"])  # ppl | passkey | needle | kv
+    sliding: bool = True  # ppl also in sliding windows (ppl_sliding); ppl itself is non-overlapping windows
+    stride: Optional[int] = None  # sliding-window step in tokens; None = length // 2
+    depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])  # passkey / needle depths
+    samples: int = 8  # retrieval samples per (length, depth) cell; kv: samples x len(depths) per length
+    needles: int = 4  # needle task: needles per prompt (one asked for, the rest distractors)
+    extension: Dict[str, Any] = field(default_factory=dict)  # {name: METHOD, ...params}: applied at evaluation
 
 
 @dataclass
@@ -310,12 +326,29 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(f"phases.{name}.data: bad key '{key}': {str(e).splitlines()[0]}") from None
     merged.phases = {}
+    _check_phase_sources(cfg, merged, name)
     _validate_train(merged, where=f"phases.{name}")
     from minilm.positions import validate_position  # positions imports nothing from config
 
     validate_position(merged.model.position, where=f"phases.{name}.position")
     OmegaConf.set_readonly(merged, True)
     return merged
+
+
+def _check_phase_sources(cfg: DictConfig, merged: DictConfig, name: str) -> None:
+    """A phase may re-weight the run's sources (the sampler reads the weights) but not add or re-define one:
+    the corpus and its tokenizer are prepared once, from the run's ``data.sources``."""
+    for src, spec in merged.data.sources.items():
+        if src not in cfg.data.sources:
+            raise ConfigError(
+                f"phases.{name}.data.sources.{src}: a phase cannot add a source; declare it in the run's "
+                "data.sources with weight 0 and raise its weight in this phase"
+            )
+        changed = {k for k in set(spec) | set(cfg.data.sources[src]) if k != "weight"
+                   and spec.get(k) != cfg.data.sources[src].get(k)}
+        if changed:
+            raise ConfigError(f"phases.{name}.data.sources.{src}.{sorted(changed)[0]}: a phase may change only "
+                              "a source's weight")
 
 
 def phase_steps(pcfg: DictConfig) -> int:
@@ -386,7 +419,9 @@ def _validate_data(d: DictConfig, where: str = "data") -> None:
         syn.fraction == 0 or len(syn.tasks) > 0, f"{where}.synthetic.tasks", "must not be empty when fraction > 0"
     )
     _check(
-        syn.style in ("auto", "code", "text"), f"{where}.synthetic.style", f"must be auto, code or text, got {syn.style!r}"
+        syn.style in ("auto", "code", "text"),
+        f"{where}.synthetic.style",
+        f"must be auto, code or text, got {syn.style!r}",
     )
 
 

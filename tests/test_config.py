@@ -83,3 +83,17 @@ def test_config_is_read_only():
     cfg = load_config()
     with pytest.raises(Exception):
         cfg.model.n_layers = 9
+
+
+def test_a_phase_may_reweight_but_not_add_sources(tmp_path):
+    y = tmp_path / "s.yaml"
+    y.write_text(
+        "data:\n  sources:\n    extra: {kind: files, paths: ['x/*.txt'], weight: 0.0}\n"
+        "phases:\n  a: {steps: 1}\n  b: {steps: 1, data: {sources: {extra: {weight: 2.0}}}}\n"
+    )
+    cfg = load_config(y)
+    assert phase_config(cfg, "b").data.sources.extra.weight == 2.0
+    with pytest.raises(ConfigError, match="phases.b.data.sources.new: a phase cannot add a source"):
+        load_config(y, ["phases.b.data.sources.new={kind: embedded}"])
+    with pytest.raises(ConfigError, match="phases.b.data.sources.extra.paths: a phase may change only"):
+        load_config(y, ["phases.b.data.sources.extra={paths: ['y/*.txt']}"])
