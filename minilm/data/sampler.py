@@ -1,0 +1,280 @@
+"""Sampling training rows from a prepared corpus: a pure function of (seed, phase, index, rank).
+
+Each batch draws its rows from a generator seeded by ``SeedSequence([seed, hash(phase), index, rank])`` and
+nothing else, so a resumed run sees exactly the batches it would have seen, and each DDP rank draws its own
+share without coordination. There is no iterator state to checkpoint beyond the step.
+
+Row kinds within a batch (counts per batch by stochastic rounding, so the measured shares match the configured
+ones on average and per batch up to one row; rows then shuffled):
+
+- ``synthetic`` (``data.synthetic.fraction`` of rows): a passkey / key-value retrieval sample of the row's
+  length, with corpus text as filler (``minilm.data.synthetic``).
+- ``long`` (``data.long_fraction`` of the remaining rows): a contiguous window that starts inside a document of
+  at least ``data.long_min_tokens`` tokens (default: seq_len). Documents are chosen in proportion to their
+  length, so every long-document token is equally likely to be sampled.
+- ``short`` (the rest): a window of the packed stream of the *other* documents (EOS between documents). When
+  ``long_fraction`` is 0 the packed stream holds every document (plain pretraining, nothing thrown away).
+
+Sources: each row first picks a source by ``weight`` (among the sources that have documents for that kind of
+row), then a position inside that source's pool, so per-source weights hold within each part.
+
+Document masking (``data.document_mask``): ``doc_ids`` numbers the documents of a row 0, 1, 2, … in order; a
+row that starts mid-document gives that piece id 0. ``data.restart_positions`` adds ``positions`` restarting at
+0 at each document start (and at 0 at the row start for the first piece). An EOS belongs to the document it
+ends, so the first token of the next document is predicted from the EOS position like a BOS would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from minilm.data.prepare import Corpus, TokenStore
+from minilm.data.sources import _plain, parse_sources
+from minilm.data.synthetic import make_sample
+from minilm.errors import DataError
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100
+KINDS = ("short", "long", "synthetic")
+
+
+@dataclass
+class _Pool:
+    """Documents laid end to end in a virtual stream: doc i occupies [cum[i], cum[i+1])."""
+
+    docs: np.ndarray  # (P,) indices into the store
+    cum: np.ndarray  # (P+1,) int64
+
+    @classmethod
+    def of(cls, store: TokenStore, docs: np.ndarray) -> "_Pool":
+        return cls(docs.astype(np.int64), np.concatenate([[0], np.cumsum(store.doc_lengths[docs])]).astype(np.int64))
+
+    @property
+    def total(self) -> int:
+        return int(self.cum[-1])
+
+
+def _gather(store: TokenStore, pool: _Pool, start: int, n: int):
+    """``n`` tokens of the pool's stream from ``start`` (wrapping around), with each token's document-piece id
+    and position within its piece. Returns tokens (n,), seg (n,), pos (n,), all int64."""
+    p = (start + np.arange(n, dtype=np.int64)) % pool.total  # (n,) stream positions
+    d = np.searchsorted(pool.cum, p, side="right") - 1  # (n,) pool-local doc index
+    within = p - pool.cum[d]
+    tokens = np.asarray(store.tokens[store.doc_offsets[pool.docs[d]] + within], dtype=np.int64)
+    new = within == 0
+    new[0] = False
+    seg = np.cumsum(new)  # (n,) 0, 0, 1, 1, 1, 2, ...
+    seg_start = np.flatnonzero(np.concatenate([[True], new[1:]]))  # index where each piece starts in the row
+    pos = np.arange(n, dtype=np.int64) - seg_start[seg]
+    return tokens, seg.astype(np.int64), pos
+
+
+def _phase_key(phase: str) -> int:
+    return int.from_bytes(hashlib.sha256(phase.encode()).digest()[:8], "big")
+
+
+def _stochastic_round(x: float, rng: np.random.Generator) -> int:
+    lo = int(np.floor(x))
+    return lo + int(rng.random() < x - lo)
+
+
+class Sampler:
+    """Batches of (input_ids, targets[, doc_ids][, positions]) as a pure function of the batch index."""
+
+    def __init__(self, corpus: Corpus, store: TokenStore, *, seq_len: int, batch_size: int, seed: int, phase: str,
+                 rank: int = 0, world_size: int = 1, weights: Optional[Dict[str, float]] = None,
+                 long_fraction: float = 0.0, long_min_tokens: Optional[int] = None, document_mask: bool = False,
+                 restart_positions: bool = False, synthetic_fraction: float = 0.0,
+                 synthetic_tasks: tuple = (), synthetic_style: str = "code", split: str = "train") -> None:  # fmt: skip
+        self.corpus, self.store, self.split = corpus, store, split
+        self.seq_len, self.batch_size, self.seed, self.phase = int(seq_len), int(batch_size), int(seed), str(phase)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.long_fraction, self.synthetic_fraction = float(long_fraction), float(synthetic_fraction)
+        self.long_min_tokens = int(long_min_tokens or seq_len)
+        self.document_mask, self.restart_positions = bool(document_mask), bool(restart_positions)
+        self.synthetic_tasks, self.synthetic_style = tuple(synthetic_tasks), synthetic_style
+        if store.n_tokens == 0:
+            raise DataError(f"the {split} split has no tokens; add documents or change data.val_fraction")
+        names = store.source_names
+        w = np.array([(weights or {}).get(n, 1.0) for n in names], dtype=np.float64)
+        self._weights = w
+        self._all = _Pool.of(store, np.arange(store.n_docs))
+        is_long = store.doc_lengths >= self.long_min_tokens
+        self._long = self._pools(is_long) if self.long_fraction > 0 else {}
+        if self.long_fraction > 0 and not self._long:
+            longest = int(store.doc_lengths.max()) if store.n_docs else 0
+            raise DataError(
+                f"data.long_fraction={self.long_fraction} but no {split} document (of a source with weight > 0) "
+                f"has at least {self.long_min_tokens} tokens (longest: {longest}); lower data.long_fraction or "
+                f"data.long_min_tokens, or add a source with longer documents"
+            )
+        short_mask = ~is_long if self.long_fraction > 0 else np.ones(store.n_docs, bool)
+        self._short = self._pools(short_mask)
+        if not self._short:  # every document is long: pack from all of them rather than fail
+            log.warning("no %s document is shorter than %d tokens: short rows pack long documents too", split,
+                        self.long_min_tokens)  # fmt: skip
+            self._short = self._pools(np.ones(store.n_docs, bool))
+        if not self._short:
+            raise DataError(f"no {split} documents in any source with weight > 0: {dict(zip(names, w))}")
+
+    def _pools(self, mask: np.ndarray) -> Dict[int, _Pool]:
+        """source index -> pool of that source's documents selected by ``mask`` (sources with weight 0 left out)."""
+        out = {}
+        for s in range(len(self.store.source_names)):
+            docs = np.flatnonzero(mask & (self.store.doc_source == s))
+            if len(docs) and self._weights[s] > 0:
+                out[s] = _Pool.of(self.store, docs)
+        return out
+
+    def _rng(self, index: int) -> np.random.Generator:
+        return np.random.default_rng(np.random.SeedSequence([self.seed % 2**63, _phase_key(self.phase),
+                                                             int(index), self.rank]))  # fmt: skip
+
+    def _pick_source(self, pools: Dict[int, _Pool], rng: np.random.Generator) -> _Pool:
+        keys = list(pools)
+        w = self._weights[keys]
+        return pools[keys[int(rng.choice(len(keys), p=w / w.sum()))]]
+
+    def row_plan(self, index: int) -> List[str]:
+        """The kind of each row of batch ``index`` (for tests and stats; ``batch`` uses the same draws)."""
+        return self._plan(self._rng(index))
+
+    def _plan(self, rng: np.random.Generator) -> List[str]:
+        B = self.batch_size
+        n_syn = _stochastic_round(B * self.synthetic_fraction, rng) if self.synthetic_tasks else 0
+        n_long = _stochastic_round((B - n_syn) * self.long_fraction, rng)
+        kinds = ["synthetic"] * n_syn + ["long"] * n_long + ["short"] * (B - n_syn - n_long)
+        return [kinds[i] for i in rng.permutation(B)]
+
+    def batch(self, index: int) -> Dict[str, torch.Tensor]:
+        rng = self._rng(index)
+        rows = [self._row(kind, rng) for kind in self._plan(rng)]
+        return _collate(rows, self.document_mask, self.restart_positions)
+
+    def _row(self, kind: str, rng: np.random.Generator):
+        n = self.seq_len + 1
+        if kind == "long":
+            pool = self._pick_source(self._long, rng)
+            i = int(np.searchsorted(pool.cum, rng.random() * pool.total, side="right") - 1)  # ∝ length
+            length = int(pool.cum[i + 1] - pool.cum[i])
+            start = int(pool.cum[i]) + int(rng.integers(0, max(0, length - n) + 1))
+            # the window may run past a document of exactly long_min_tokens: it continues into the next one
+            return _gather(self.store, pool, start, n)
+        if kind == "synthetic":
+            return self._synthetic_row(rng, n)
+        pool = self._pick_source(self._short, rng)
+        return _gather(self.store, pool, int(rng.integers(0, pool.total)), n)
+
+    def _synthetic_row(self, rng: np.random.Generator, n: int):
+        task = self.synthetic_tasks[int(rng.integers(0, len(self.synthetic_tasks)))]
+        pool = self._pick_source(self._short, rng)
+        filler, _, _ = _gather(self.store, pool, int(rng.integers(0, pool.total)), n)
+        filler = filler[filler != self.corpus.tokenizer.eos_id]  # one document: no EOS inside the haystack
+        if len(filler) < n:
+            filler = np.resize(filler, n)
+        prompt, answer = make_sample(task, self.corpus.tokenizer, filler, n, rng, style=self.synthetic_style)
+        tokens = np.asarray(prompt + answer, dtype=np.int64)
+        return tokens, np.zeros(n, np.int64), np.arange(n, dtype=np.int64)
+
+    # ---------------------------------------------------------------------------------------------- resume
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "seed": self.seed, "phase": self.phase, "split": self.split, "seq_len": self.seq_len,
+            "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
+            "long_fraction": self.long_fraction, "long_min_tokens": self.long_min_tokens,
+            "synthetic_fraction": self.synthetic_fraction, "corpus": self.corpus.cache_dir.name,
+        }  # fmt: skip
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Nothing to restore (batches are a function of the index); check the sampler is the same one, so a
+        resume with a changed seed, phase or corpus fails loudly instead of silently drawing other data."""
+        mine = self.state_dict()
+        strict = [k for k in mine if k not in ("rank", "world_size")]
+        diff = {k: (state.get(k), mine[k]) for k in strict if state.get(k) != mine[k]}
+        if diff:
+            details = ", ".join(f"{k}: checkpoint {a!r} != now {b!r}" for k, (a, b) in diff.items())
+            raise DataError(f"the data sampler does not match the checkpoint's ({details}); resume with the same "
+                            f"config or start a new run")  # fmt: skip
+        if (state.get("rank"), state.get("world_size")) != (self.rank, self.world_size):
+            log.warning("resuming on a different rank/world size (%s/%s -> %s/%s): batches differ from the "
+                        "original run from here on", state.get("rank"), state.get("world_size"), self.rank,
+                        self.world_size)  # fmt: skip
+
+
+def _collate(rows, document_mask: bool, restart_positions: bool) -> Dict[str, torch.Tensor]:
+    tokens = np.stack([r[0] for r in rows])  # (B, T+1)
+    out = {
+        "input_ids": torch.from_numpy(tokens[:, :-1].copy()),  # (B, T)
+        "targets": torch.from_numpy(tokens[:, 1:].copy()),  # (B, T)
+    }
+    if document_mask:
+        out["doc_ids"] = torch.from_numpy(np.stack([r[1][:-1] for r in rows]))  # (B, T)
+        if restart_positions:
+            out["positions"] = torch.from_numpy(np.stack([r[2][:-1] for r in rows]))  # (B, T)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- public API
+
+
+def _weights(data_cfg: Any, corpus: Corpus) -> Dict[str, float]:
+    specs = parse_sources(data_cfg.sources)
+    missing = [n for n, s in specs.items() if s.weight > 0 and n not in corpus.source_names]
+    if missing:
+        raise DataError(f"data.sources: {missing} are not in the prepared corpus ({corpus.source_names}); a phase "
+                        f"can change the weights of the run's sources but not add sources")  # fmt: skip
+    w = {n: specs[n].weight if n in specs else 0.0 for n in corpus.source_names}
+    total = sum(w.values())
+    if abs(total - 1.0) > 1e-6:
+        log.info("data.sources weights %s normalized to sum to 1", w)
+    return {n: v / total for n, v in w.items()}
+
+
+def synthetic_style(data_cfg: Any) -> str:
+    """``auto`` means code-style prompts when any source is the (code) embedded corpus, else prose."""
+    style = data_cfg.synthetic.style
+    if style != "auto":
+        return style
+    kinds = [s.get("kind") for s in _plain(data_cfg.sources).values()]
+    return "code" if "embedded" in kinds else "text"
+
+
+def make_sampler(corpus: Corpus, split: str, data_cfg: Any, seq_len: int, batch_size: int, seed: int, phase: str,
+                 rank: int = 0, world_size: int = 1) -> Sampler:  # fmt: skip
+    if split not in ("train", "val"):
+        raise DataError(f"split must be 'train' or 'val', got {split!r}")
+    store = corpus.train if split == "train" else corpus.val
+    need = batch_size * (seq_len + 1)
+    if split == "train" and store.n_tokens < need:
+        raise DataError(f"the corpus has {store.n_tokens} training tokens, fewer than one batch "
+                        f"(batch_size {batch_size} x (seq_len {seq_len} + 1) = {need}); add documents or lower "
+                        f"train.batch_size / train.seq_len")  # fmt: skip
+    syn = data_cfg.synthetic
+    return Sampler(
+        corpus, store, seq_len=seq_len, batch_size=batch_size, seed=seed, phase=phase, rank=rank,
+        world_size=world_size, weights=_weights(data_cfg, corpus), long_fraction=data_cfg.long_fraction,
+        long_min_tokens=data_cfg.long_min_tokens, document_mask=data_cfg.document_mask,
+        restart_positions=data_cfg.restart_positions, synthetic_fraction=syn.fraction,
+        synthetic_tasks=tuple(syn.tasks), synthetic_style=synthetic_style(data_cfg), split=split,
+    )  # fmt: skip
+
+
+def validation_batches(corpus: Corpus, data_cfg: Any, seq_len: int, batch_size: int, n_batches: int,
+                       seed: int) -> List[Dict[str, torch.Tensor]]:  # fmt: skip
+    """Fixed validation batches per (seq_len, seed): packed windows of the held-out documents (all of them,
+    no long/short mixing, no synthetic rows), in the same format as ``Sampler.batch``."""
+    store = corpus.val
+    if store.n_tokens < seq_len + 1:
+        log.warning("the held-out split has %d tokens, fewer than one row of %d: validation rows wrap around it",
+                    store.n_tokens, seq_len + 1)  # fmt: skip
+    s = Sampler(corpus, store, seq_len=seq_len, batch_size=batch_size, seed=seed, phase=f"validation/{seq_len}",
+                weights=_weights(data_cfg, corpus), document_mask=data_cfg.document_mask,
+                restart_positions=data_cfg.restart_positions, split="val")  # fmt: skip
+    return [s.batch(i) for i in range(n_batches)]

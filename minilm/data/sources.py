@@ -1,0 +1,315 @@
+"""Data sources: typed per-kind configs and the documents they yield.
+
+``data.sources`` is an open mapping in the config schema (source name -> ``{kind, weight, ...}``) because each
+kind has its own keys; this module owns their validation. Each kind has a dataclass below, and a bad key or value
+raises ``DataError`` naming ``data.sources.<name>.<key>`` and what is allowed.
+
+Kinds:
+- ``embedded``: the Python standard library ``*.py`` files of the running interpreter (one file = one document).
+  Present wherever Python is, needs no network, and has a natural mix of short and very long documents.
+- ``files``: glob patterns of local ``.txt/.md/.py`` files (one file = one document) and ``.jsonl/.parquet``
+  files (one record = one document, text taken from ``text_field``; read through ``datasets``).
+- ``hf``: anything ``datasets.load_dataset`` opens (hub name or local path / data files).
+
+Unreadable, binary (NUL byte) and non-UTF-8 files are skipped and *counted*; the counts end up in the stats.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import os
+import sys
+import sysconfig
+from collections import Counter
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from minilm.errors import DataError
+
+log = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = (".txt", ".md", ".py")
+RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
+KINDS = ("embedded", "files", "hf")
+
+
+# ---------------------------------------------------------------------------------------------- typed configs
+
+
+@dataclass
+class EmbeddedSource:
+    """The stdlib ``*.py`` files of this interpreter (site-packages excluded)."""
+
+    kind: str = "embedded"
+    weight: float = 1.0
+    max_docs: Optional[int] = None  # cap for small runs: the first max_docs files in sorted order
+
+
+@dataclass
+class FilesSource:
+    """Local files matched by glob patterns (relative to the working directory; ``**`` recurses)."""
+
+    kind: str = "files"
+    weight: float = 1.0
+    paths: List[str] = field(default_factory=list)  # globs of .txt/.md/.py/.jsonl/.parquet files
+    text_field: str = "text"  # the text column of .jsonl / .parquet records
+    max_docs: Optional[int] = None
+
+
+@dataclass
+class HfSource:
+    """``datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming)``."""
+
+    kind: str = "hf"
+    weight: float = 1.0
+    path: str = ""  # hub name, builder ("json", "parquet") or a local file / directory
+    name: Optional[str] = None  # dataset config name
+    split: str = "train"
+    text_field: str = "text"
+    data_files: Optional[Any] = None  # str | list[str], for local builders
+    streaming: bool = False
+    max_docs: Optional[int] = None
+
+
+SourceSpec = EmbeddedSource | FilesSource | HfSource
+_KIND_TO_CLASS = {"embedded": EmbeddedSource, "files": FilesSource, "hf": HfSource}
+
+
+def parse_sources(sources: Any) -> Dict[str, SourceSpec]:
+    """Validate ``data.sources`` into typed specs, in config order; errors name ``data.sources.<name>.<key>``."""
+    raw = _plain(sources)
+    if not isinstance(raw, dict) or not raw:
+        raise DataError("data.sources: must be a non-empty mapping of source name -> {kind, weight, ...}")
+    specs: Dict[str, SourceSpec] = {}
+    for name, entry in raw.items():
+        specs[str(name)] = _parse_one(str(name), entry)
+    weights = {n: s.weight for n, s in specs.items()}
+    if all(w == 0 for w in weights.values()):
+        raise DataError(f"data.sources: all weights are zero ({weights}); give at least one source a weight > 0")
+    for n, w in weights.items():
+        if w == 0:
+            log.info("data.sources.%s.weight is 0: prepared but not sampled (a phase may raise it)", n)
+    return specs
+
+
+def _parse_one(name: str, entry: Any) -> SourceSpec:
+    where = f"data.sources.{name}"
+    if not isinstance(entry, dict):
+        raise DataError(f"{where}: must be a mapping {{kind, weight, ...}}, got {entry!r}")
+    kind = entry.get("kind")
+    if kind not in _KIND_TO_CLASS:
+        raise DataError(f"{where}.kind: must be one of {KINDS}, got {kind!r}")
+    cls = _KIND_TO_CLASS[kind]
+    allowed = [f.name for f in fields(cls)]
+    for key in entry:
+        if key not in allowed:
+            raise DataError(f"{where}.{key}: unknown key for kind '{kind}'; allowed keys: {', '.join(allowed)}")
+    spec = cls(**entry)
+    _check_common(spec, where)
+    if isinstance(spec, FilesSource):
+        if isinstance(spec.paths, str):
+            spec.paths = [spec.paths]
+        if not spec.paths or not all(isinstance(p, str) and p for p in spec.paths):
+            raise DataError(f"{where}.paths: give a non-empty list of glob patterns, got {spec.paths!r}")
+    if isinstance(spec, HfSource) and (not isinstance(spec.path, str) or not spec.path):
+        raise DataError(f"{where}.path: give a dataset name, builder or local path, got {spec.path!r}")
+    return spec
+
+
+def _check_common(spec: SourceSpec, where: str) -> None:
+    w = spec.weight
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
+        raise DataError(f"{where}.weight: must be a number >= 0, got {w!r}")
+    spec.weight = float(w)
+    m = spec.max_docs
+    if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+        raise DataError(f"{where}.max_docs: must be a positive integer or null, got {m!r}")
+
+
+def _plain(obj: Any) -> Any:
+    """An OmegaConf node (or anything) as plain Python containers."""
+    try:
+        from omegaconf import OmegaConf
+
+        if OmegaConf.is_config(obj):
+            return OmegaConf.to_container(obj, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return obj
+
+
+# ------------------------------------------------------------------------------------------------ documents
+
+
+@dataclass
+class SourceDocs:
+    """The documents of one source: parallel lists of names (for the held-out hash) and texts."""
+
+    names: List[str]
+    texts: List[str]
+    skipped: Counter  # reason -> count (unreadable, binary, non_utf8, empty, not_text)
+
+
+def stdlib_files() -> List[Path]:
+    """Sorted stdlib ``*.py`` files of the running interpreter, site-packages / dist-packages excluded."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = [
+        p
+        for p in root.rglob("*.py")
+        if "site-packages" not in p.parts and "dist-packages" not in p.parts
+    ]
+    return sorted(out)
+
+
+def _expand_globs(spec: FilesSource, where: str) -> List[Path]:
+    files: List[Path] = []
+    for pattern in spec.paths:
+        matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True))
+        matches = [p for p in matches if p.is_file()]
+        if not matches:
+            raise DataError(f"{where}.paths: the glob {pattern!r} matches no file (cwd: {os.getcwd()})")
+        files.extend(matches)
+    seen: set = set()
+    return [p for p in files if not (p in seen or seen.add(p))]
+
+
+def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
+    """What the cache key hashes for a source: its settings (weight excluded: it only affects sampling) plus
+    the identity of the files it reads (path, size, mtime), so editing a file invalidates the cache."""
+    settings = {k: v for k, v in spec.__dict__.items() if k != "weight"}
+    where = f"data.sources.{name}"
+    if isinstance(spec, EmbeddedSource):
+        files = stdlib_files()
+        extra: Any = {"python": sys.version, "stdlib": _stat_digest(files)}
+    elif isinstance(spec, FilesSource):
+        extra = {"files": _stat_digest(_expand_globs(spec, where))}
+    else:
+        local = [Path(p) for p in _as_list(spec.data_files)] + [Path(spec.path)]
+        extra = {"files": _stat_digest([p for p in local if p.exists()])}
+    return {"settings": settings, **extra}
+
+
+def _stat_digest(files: List[Path]) -> str:
+    h = hashlib.sha256()
+    for p in files:
+        st = p.stat()
+        h.update(f"{p.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _as_list(x: Any) -> List[str]:
+    if x is None:
+        return []
+    return [x] if isinstance(x, str) else list(x)
+
+
+def read_source(name: str, spec: SourceSpec, *, progress: bool = True) -> SourceDocs:
+    """All documents of one source. Raises ``DataError`` if it yields none (never a silent empty dataset)."""
+    where = f"data.sources.{name}"
+    if isinstance(spec, EmbeddedSource):
+        docs = _read_text_files(name, stdlib_files()[: spec.max_docs], root=sysconfig.get_paths()["stdlib"],
+                                progress=progress)  # fmt: skip
+    elif isinstance(spec, FilesSource):
+        docs = _read_files_source(name, spec, where, progress)
+    else:
+        docs = _read_hf(name, spec, where)
+    if not docs.texts:
+        skipped = dict(docs.skipped) or "nothing"
+        raise DataError(f"{where}: the source yields no documents (skipped: {skipped}); check its paths/settings")
+    return docs
+
+
+def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool) -> SourceDocs:
+    files = _expand_globs(spec, where)
+    text_files = [p for p in files if p.suffix.lower() in TEXT_SUFFIXES]
+    record_files = [p for p in files if p.suffix.lower() in RECORD_SUFFIXES]
+    other = len(files) - len(text_files) - len(record_files)
+    docs = _read_text_files(name, text_files, root=None, progress=progress)
+    if other:
+        docs.skipped["not_text"] += other
+        log.warning("%s: %d file(s) with unsupported suffix skipped (allowed: %s)", where, other,
+                    ", ".join(TEXT_SUFFIXES + RECORD_SUFFIXES))  # fmt: skip
+    for builder, group in (("json", [p for p in record_files if p.suffix.lower() != ".parquet"]),
+                           ("parquet", [p for p in record_files if p.suffix.lower() == ".parquet"])):  # fmt: skip
+        for path in group:
+            ds = _load_dataset(where, builder, None, "train", [str(path)], False)
+            _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=str(path), file=str(path))
+    if spec.max_docs is not None:
+        docs.names, docs.texts = docs.names[: spec.max_docs], docs.texts[: spec.max_docs]
+    return docs
+
+
+def _read_text_files(name: str, files: List[Path], root: Optional[str], progress: bool) -> SourceDocs:
+    """One file = one document. Decoding is strict UTF-8: a lossy decode would put garbage into the vocab."""
+    from tqdm.auto import tqdm
+
+    docs = SourceDocs([], [], Counter())
+    for path in tqdm(files, desc=f"read {name}", unit="file", disable=not progress, leave=False):
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            docs.skipped["unreadable"] += 1
+            continue
+        if b"\0" in raw:
+            docs.skipped["binary"] += 1
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            docs.skipped["non_utf8"] += 1
+            continue
+        if not text.strip():
+            docs.skipped["empty"] += 1
+            continue
+        docs.names.append(os.path.relpath(path, root) if root else str(path))
+        docs.texts.append(text)
+    return docs
+
+
+def _read_hf(name: str, spec: HfSource, where: str) -> SourceDocs:
+    path, data_files = spec.path, spec.data_files
+    suffix = Path(path).suffix.lower()
+    if data_files is None and Path(path).is_file() and suffix in RECORD_SUFFIXES + (".csv",):
+        # a local file: datasets opens it through its packaged builder of that format
+        path, data_files = {".parquet": "parquet", ".csv": "csv"}.get(suffix, "json"), path
+    ds = _load_dataset(where, path, spec.name, spec.split, data_files, spec.streaming)
+    docs = SourceDocs([], [], Counter())
+    _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=f"{spec.path}/{spec.name}/{spec.split}",
+                    file=spec.path, max_docs=spec.max_docs)  # fmt: skip
+    return docs
+
+
+def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_files: Any, streaming: bool):
+    import datasets
+
+    try:
+        return datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming)
+    except Exception as e:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError...)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}) failed: "
+                        f"{type(e).__name__}: {first}") from None  # fmt: skip
+
+
+def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix: str, file: str,
+                    max_docs: Optional[int] = None) -> None:  # fmt: skip
+    """Take the ``text_field`` of each record; non-string and empty values are skipped and counted."""
+    columns = getattr(ds, "column_names", None)
+    if columns is None and getattr(ds, "features", None) is not None:
+        columns = list(ds.features)
+    if columns is not None and text_field not in columns:
+        raise DataError(f"{key}: {text_field!r} is not a column of {file} (columns: {', '.join(columns)}); "
+                        f"set text_field to one of them")  # fmt: skip
+    for i, rec in enumerate(ds.select_columns([text_field]) if columns is not None else ds):
+        if max_docs is not None and len(docs.texts) >= max_docs:
+            break
+        if text_field not in rec:
+            raise DataError(f"{key}: record {i} of {file} has no field {text_field!r} (fields: {', '.join(rec)})")
+        text = rec[text_field]
+        if not isinstance(text, str) or not text.strip():
+            docs.skipped["empty" if isinstance(text, str) or text is None else "not_text"] += 1
+            continue
+        docs.names.append(f"{prefix}:{i}")
+        docs.texts.append(text)

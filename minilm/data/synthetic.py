@@ -1,0 +1,116 @@
+"""Synthetic retrieval samples: passkey (needle in a haystack) and key-value retrieval.
+
+Used two ways: mixed into training rows (``data.synthetic.fraction``) and by the evaluation code, which builds
+the same prompts at chosen lengths and depths and checks the greedy continuation against ``answer_ids``.
+
+Every generator returns ``(prompt_ids, answer_ids)`` with ``len(prompt_ids) + len(answer_ids) == length``
+exactly, so a training row of ``seq_len + 1`` tokens or an evaluation prompt of a target length is built without
+trimming. The filler is real corpus text (token ids), so the haystack looks like the training distribution.
+
+Two surface styles: ``code`` (for the stdlib-code corpus: ``pass_key = "80517"`` … ``assert pass_key == "``)
+and ``text`` (prose: "The pass key is 80517." … "What is the pass key? The pass key is"). Digits are single
+tokens (the tokenizer splits digits), so a 5-digit key is 5 answer tokens.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+from minilm.errors import DataError
+
+TASKS = ("passkey", "kv")
+STYLES = ("code", "text")
+
+Sample = Tuple[List[int], List[int]]
+
+
+def _newline_id(tokenizer) -> int | None:
+    ids = tokenizer.encode("\n")
+    return ids[0] if len(ids) == 1 else None
+
+
+def _digits(rng: np.random.Generator, n: int) -> str:
+    return str(rng.integers(1, 10)) + "".join(str(d) for d in rng.integers(0, 10, size=n - 1))
+
+
+def _hex(rng: np.random.Generator, n: int) -> str:
+    return "".join("0123456789abcdef"[d] for d in rng.integers(0, 16, size=n))
+
+
+def _snap_to_line(filler: Sequence[int], pos: int, nl: int | None) -> int:
+    """Move an insertion point back to just after the previous newline, so the needle is a line of its own."""
+    if nl is None or pos == 0:
+        return pos
+    hits = np.flatnonzero(np.asarray(filler[:pos]) == nl)
+    return int(hits[-1]) + 1 if len(hits) else pos
+
+
+def make_passkey_sample(tokenizer, filler_tokens: Sequence[int], length: int, depth: float,
+                        rng: np.random.Generator, style: str = "code", digits: int = 5) -> Sample:  # fmt: skip
+    """A passkey hidden at relative ``depth`` (0 = start, 1 = end) of corpus filler, then a question whose answer
+    is the key. ``filler_tokens`` must hold at least ``length`` tokens."""
+    if style not in STYLES:
+        raise DataError(f"data.synthetic.style: must be one of {STYLES} (or auto), got {style!r}")
+    key = _digits(rng, digits)
+    if style == "code":
+        needle, question, answer = f'\npass_key = "{key}"\n', '\nassert pass_key == "', f'{key}"'
+    else:
+        needle = f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n"
+        question, answer = "\nWhat is the pass key? The pass key is ", key
+    needle_ids, q_ids, a_ids = tokenizer.encode(needle), tokenizer.encode(question), tokenizer.encode(answer)
+    n_fill = length - len(needle_ids) - len(q_ids) - len(a_ids)
+    if n_fill < 0:
+        raise DataError(f"a passkey sample needs at least {length - n_fill} tokens, asked for {length}")
+    if len(filler_tokens) < n_fill:
+        raise DataError(f"passkey filler too short: need {n_fill} tokens, got {len(filler_tokens)}")
+    filler = [int(t) for t in filler_tokens[:n_fill]]
+    pos = _snap_to_line(filler, int(round(min(max(depth, 0.0), 1.0) * n_fill)), _newline_id(tokenizer))
+    return filler[:pos] + needle_ids + filler[pos:] + q_ids, a_ids
+
+
+def make_kv_sample(tokenizer, filler_tokens: Sequence[int], length: int, rng: np.random.Generator,
+                   style: str = "code", key_chars: int = 6) -> Sample:  # fmt: skip
+    """As many random hex key -> value pairs as fit, then a query for one of them; corpus filler pads the front
+    to the exact length. The queried pair is uniform over the pairs, so all depths are trained/evaluated."""
+    if style not in STYLES:
+        raise DataError(f"data.synthetic.style: must be one of {STYLES} (or auto), got {style!r}")
+    head_ids = tokenizer.encode("\nkv = {\n" if style == "code" else "\nJSON data:\n{\n")
+    close_ids = tokenizer.encode("}\n")
+    pairs: List[Tuple[str, str, List[int]]] = []
+    # budget for pairs: length minus fixed parts minus a worst-case query/answer (measured on the first pair)
+    used = len(head_ids) + len(close_ids)
+    while True:
+        k, v = _hex(rng, key_chars), _hex(rng, key_chars)
+        line = tokenizer.encode(f'    "{k}": "{v}",\n')
+        q, a = _kv_query(tokenizer, k, v, style)
+        if used + len(line) + len(q) + len(a) + 8 > length:  # 8: slack for a longer query than this pair's
+            break
+        pairs.append((k, v, line))
+        used += len(line)
+    if not pairs:
+        raise DataError(f"a key-value sample of {length} tokens is too short to hold one pair")
+    k, v, _ = pairs[int(rng.integers(0, len(pairs)))]
+    q_ids, a_ids = _kv_query(tokenizer, k, v, style)
+    body = head_ids + [t for _, _, line in pairs for t in line] + close_ids + q_ids
+    n_fill = length - len(body) - len(a_ids)
+    if n_fill < 0 or len(filler_tokens) < n_fill:
+        raise DataError(f"key-value sample: cannot fill {length} tokens (filler {len(filler_tokens)})")
+    return [int(t) for t in filler_tokens[:n_fill]] + body, a_ids
+
+
+def _kv_query(tokenizer, key: str, value: str, style: str) -> Sample:
+    if style == "code":
+        return tokenizer.encode(f'assert kv["{key}"] == "'), tokenizer.encode(f'{value}"')
+    return tokenizer.encode(f'The value of key "{key}" is "'), tokenizer.encode(f'{value}"')
+
+
+def make_sample(task: str, tokenizer, filler_tokens: Sequence[int], length: int, rng: np.random.Generator,
+                style: str = "code") -> Sample:  # fmt: skip
+    """One sample of ``task`` (passkey at a uniform random depth, or kv)."""
+    if task == "passkey":
+        return make_passkey_sample(tokenizer, filler_tokens, length, float(rng.random()), rng, style=style)
+    if task == "kv":
+        return make_kv_sample(tokenizer, filler_tokens, length, rng, style=style)
+    raise DataError(f"data.synthetic.tasks: unknown task {task!r}; allowed: {', '.join(TASKS)}")

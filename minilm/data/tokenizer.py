@@ -1,0 +1,142 @@
+"""The sentencepiece tokenizer: training on a bounded character sample of the mixture, and a small wrapper.
+
+Training settings are chosen so that ``decode(encode(text)) == text`` for any text (code included):
+identity normalization, no extra-whitespace removal, no dummy prefix, whitespace-only pieces allowed (so
+indentation becomes a few tokens), ``\\n`` as a user-defined piece (sentencepiece otherwise cannot represent
+newlines except as bytes), digits split (so passkeys are one token per digit), and byte fallback (no UNK for
+unseen characters). Special ids are fixed: pad 0, unk 1, bos 2, eos 3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections import Counter
+from pathlib import Path
+from typing import Iterable, Iterator, List, Sequence
+
+import sentencepiece as spm
+
+from minilm.errors import DataError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+CHUNK_CHARS = 4000  # sentencepiece trains on "sentences"; documents are cut into chunks of at most this size
+MODEL_TYPES = ("bpe", "unigram")
+
+
+class Tokenizer:
+    """A thin, picklable wrapper over ``SentencePieceProcessor`` (worker processes reload it from the file)."""
+
+    def __init__(self, model_file: str | Path):
+        self.model_file = str(model_file)
+        self._sp = _load_processor(self.model_file)
+        self.vocab_size: int = self._sp.get_piece_size()
+        self.eos_id: int = self._sp.eos_id()
+        self.bos_id: int = self._sp.bos_id()
+        # a loaded .model may have no pad piece (-1): padding then uses EOS, which the loss ignores anyway
+        self.pad_id: int = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eos_id
+        if self.eos_id < 0:
+            raise DataError(f"data.tokenizer.model_file: {self.model_file} has no EOS piece; documents need one")
+
+    def encode(self, text: str) -> List[int]:
+        return self._sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> List[List[int]]:
+        return self._sp.encode(list(texts), num_threads=num_threads)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._sp.decode([int(i) for i in ids])
+
+    def id_to_piece(self, i: int) -> str:
+        return self._sp.id_to_piece(int(i))
+
+    def __getstate__(self) -> dict:
+        return {"model_file": self.model_file}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_file"])
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.model_file!r}, vocab_size={self.vocab_size})"
+
+
+def _load_processor(model_file: str) -> spm.SentencePieceProcessor:
+    if not Path(model_file).is_file():
+        raise DataError(f"data.tokenizer.model_file: no such file: {model_file}")
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.load(model_file)
+    except (OSError, RuntimeError) as e:
+        raise DataError(f"data.tokenizer.model_file: {model_file} is not a sentencepiece model: {e}") from None
+    return sp
+
+
+def file_digest(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def sample_chunks(texts: Sequence[str], order: Sequence[int], sample_chars: int) -> Iterator[str]:
+    """Chunks of whole documents taken in ``order`` until ``sample_chars`` characters: a bounded, deterministic
+    sample, so tokenizer training time does not grow with the corpus."""
+    total = 0
+    for i in order:
+        text = texts[i]
+        for start in range(0, len(text), CHUNK_CHARS):
+            chunk = text[start : start + CHUNK_CHARS]
+            yield chunk
+            total += len(chunk)
+            if total >= sample_chars:
+                return
+
+
+def _keep_common_characters(chunks: List[str], tok_cfg) -> List[str]:
+    """sentencepiece reserves one piece per character of the sample (up to ``character_coverage``, at least
+    0.98) and fails when they do not fit the vocab, which happens with small vocabs on code with some Unicode.
+    With byte fallback, rare characters are better left to bytes anyway: keep only the most frequent characters
+    that fit in half of the non-special pieces and delete the others from the training sample. They still encode
+    (as bytes) and round-trip exactly."""
+    if not tok_cfg.byte_fallback:
+        return chunks
+    counts: Counter = Counter()
+    for chunk in chunks:
+        counts.update(chunk)
+    room = max(1, (tok_cfg.vocab_size - 4 - 256 - 1) // 2)  # 4 specials, 256 byte pieces, "\n"
+    if len(counts) <= room:
+        return chunks
+    drop = {ord(c): None for c, _ in counts.most_common()[room:]}
+    return [c for c in (chunk.translate(drop) for chunk in chunks) if c]
+
+
+def train_tokenizer(chunks: Iterable[str], out_file: Path, tok_cfg, num_threads: int = 1) -> Tokenizer:
+    """Train a sentencepiece model on ``chunks`` and write it to ``out_file``."""
+    if tok_cfg.type not in MODEL_TYPES:
+        raise DataError(f"data.tokenizer.type: must be one of {MODEL_TYPES}, got {tok_cfg.type!r}")
+    chunks = list(chunks)  # at most sample_chars characters; read twice (coverage, training)
+    chunks = _keep_common_characters(chunks, tok_cfg)
+    buf = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(chunks),
+            model_writer=buf,
+            model_type=tok_cfg.type,
+            vocab_size=tok_cfg.vocab_size,
+            byte_fallback=tok_cfg.byte_fallback,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            user_defined_symbols=["\n"],
+            normalization_rule_name="identity",
+            remove_extra_whitespaces=False,
+            add_dummy_prefix=False,
+            allow_whitespace_only_pieces=True,
+            split_digits=True,
+            max_sentence_length=4 * CHUNK_CHARS + 16,  # bytes; a chunk of CHUNK_CHARS characters always fits
+            character_coverage=0.9995 if tok_cfg.byte_fallback else 1.0,
+            hard_vocab_limit=False,  # a tiny sample may not support the full vocab: take what it supports
+            num_threads=max(1, num_threads),
+            minloglevel=2,
+        )  # fmt: skip
+    except RuntimeError as e:
+        raise DataError(f"data.tokenizer: sentencepiece training failed ({e}); a larger sample or a smaller "
+                        f"data.tokenizer.vocab_size usually fixes this") from None  # fmt: skip
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    out_file.write_bytes(buf.getvalue())
+    return Tokenizer(out_file)

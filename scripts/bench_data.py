@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Benchmark data preparation and sampling on the embedded corpus (or a config's sources).
+
+    OMP_NUM_THREADS=1 python scripts/bench_data.py [--config X] [--num-proc N] [key.sub=value ...]
+
+Prepares the corpus from scratch in a temporary cache directory (so nothing is reused), then reports reading,
+tokenizer training and tokenization times, documents/s and tokens/s of tokenization, and the sampler's
+batches/s at a few sequence lengths. The numbers in docs/data.md come from this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", help="YAML config (default: the schema defaults, i.e. the embedded corpus)")
+    ap.add_argument("--num-proc", type=int, default=None, help="tokenization threads (default: data.num_proc)")
+    ap.add_argument("overrides", nargs="*")
+    args = ap.parse_args(argv)
+
+    from minilm.config import load_config
+    from minilm.data import load_corpus, make_sampler
+
+    with tempfile.TemporaryDirectory(prefix="bench_data-") as tmp:
+        overrides = list(args.overrides) + [f"data.cache_dir={tmp}"]
+        if args.num_proc:
+            overrides.append(f"data.num_proc={args.num_proc}")
+        cfg = load_config(args.config, overrides)
+        t0 = time.time()
+        corpus = load_corpus(cfg.data, progress=False)
+        wall = time.time() - t0
+        st = corpus.stats
+        docs = st["train"]["docs"] + st["val"]["docs"]
+        tokens = st["train"]["tokens"] + st["val"]["tokens"]
+        tok_s = st["tokenize_seconds"]
+        print(f"machine: {os.cpu_count()} CPUs visible (nproc), {cpu_name()}, Python {platform.python_version()}")
+        print(f"corpus: {docs} docs, {st['chars'] / 1e6:.1f} M chars, {tokens / 1e6:.2f} M tokens, "
+              f"vocab {corpus.tokenizer.vocab_size}, num_proc {cfg.data.num_proc}")  # fmt: skip
+        print(f"prepare (wall): {wall:.1f} s = read {st['read_seconds']} s + tokenizer training "
+              f"{st['tokenizer_seconds']} s ({cfg.data.tokenizer.sample_chars / 1e6:.0f} M chars sample) + tokenize "
+              f"{tok_s} s + write")  # fmt: skip
+        print(f"tokenize: {docs / tok_s:,.0f} docs/s, {tokens / tok_s:,.0f} tokens/s, "
+              f"{st['chars'] / tok_s / 1e6:.2f} M chars/s")  # fmt: skip
+        cpu = st["tokenize_cpu_seconds"]
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+        print(f"tokenize CPU time: {cpu} s over all threads ({tokens / cpu:,.0f} tokens per CPU-second; on an idle "
+              f"machine with {cfg.data.num_proc} free cores expect about {cpu / cfg.data.num_proc:.1f} s wall); "
+              f"load average now {load:.1f}")  # fmt: skip
+        for seq_len, long_fraction in ((256, 0.0), (4096, 0.0), (4096, 0.5)):
+            data = cfg.data.copy()
+            from omegaconf import OmegaConf
+
+            OmegaConf.set_readonly(data, False)
+            data.long_fraction, data.document_mask, data.restart_positions = long_fraction, True, True
+            s = make_sampler(corpus, "train", data, seq_len, 16, 0, "bench")
+            n, t1 = 50, time.time()
+            for i in range(n):
+                s.batch(i)
+            dt = time.time() - t1
+            print(f"sampler seq_len {seq_len} long_fraction {long_fraction} batch 16 (doc mask): "
+                  f"{n / dt:,.0f} batches/s, {n * 16 * seq_len / dt / 1e6:.2f} M tokens/s")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Preparation: tokenizer round trip, store layout, held-out split, cache hits and invalidation, stats."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from minilm.data import held_out, load_corpus, long_share
+from minilm.data import prepare as prepare_mod
+
+
+def test_tokenizer_round_trips_code_unicode_and_whitespace(files_cfg):
+    tok = load_corpus(files_cfg(), progress=False).tokenizer
+    for text in [
+        "def f(x, y=3):\n    return x + 3 * y\n",
+        "\tmixed\t tabs  and   spaces\n\n\n  ",
+        "naïve café — ünïcödé 漢字 🙂 not in the training sample",
+        'pass_key = "80517"\n',
+    ]:
+        assert tok.decode(tok.encode(text)) == text
+    assert len({tok.eos_id, tok.bos_id, tok.pad_id}) == 3
+    assert tok.encode("80517") == [tok.encode(d)[0] for d in "80517"]  # digits are single tokens
+
+
+def test_store_layout_eos_after_each_document_and_texts_decode(files_cfg, tiny_text_dir):
+    corpus = load_corpus(files_cfg(), progress=False)
+    texts = {p.name: p.read_text() for p in tiny_text_dir.glob("*.py")}
+    n_docs = corpus.train.n_docs + corpus.val.n_docs
+    assert n_docs == len(texts) and corpus.val.n_docs >= 1
+    for store in (corpus.train, corpus.val):
+        assert isinstance(store.tokens, np.memmap) and store.tokens.dtype == np.uint16
+        assert store.doc_offsets.dtype == np.int64 and store.doc_lengths.dtype == np.int64
+        assert np.array_equal(store.doc_offsets[1:], np.cumsum(store.doc_lengths)[:-1])
+        assert store.doc_lengths.sum() == store.n_tokens
+        ends = store.doc_offsets + store.doc_lengths - 1
+        assert np.all(store.tokens[ends] == corpus.tokenizer.eos_id)
+        assert (store.tokens == corpus.tokenizer.eos_id).sum() == store.n_docs  # EOS only at the ends
+        decoded = {corpus.tokenizer.decode(store.doc(i)[:-1].tolist()) for i in range(store.n_docs)}
+        assert decoded <= set(texts.values())
+
+
+def test_held_out_split_is_a_deterministic_per_name_hash():
+    names = [f"src/doc_{i}.py" for i in range(2000)]
+    a = held_out(names, 0.1)
+    assert abs(a.mean() - 0.1) < 0.03
+    b = held_out(list(reversed(names)) + ["src/new.py"], 0.1)  # order and other documents do not matter
+    assert np.array_equal(a, b[:-1][::-1])
+
+
+def test_second_load_is_a_cache_hit_without_retokenizing(files_cfg, monkeypatch):
+    cfg = files_cfg()
+    first = load_corpus(cfg, progress=False)
+    assert not first.from_cache
+
+    def boom(*a, **k):
+        raise AssertionError("re-prepared although the cache is current")
+
+    monkeypatch.setattr(prepare_mod, "_prepare", boom)
+    second = load_corpus(cfg, progress=False)
+    assert second.from_cache and second.cache_dir == first.cache_dir
+    assert np.array_equal(second.train.tokens, first.train.tokens)
+
+
+def test_cache_key_follows_file_contents_and_tokenizer_settings_but_not_weights(files_cfg, tiny_text_dir):
+    base = load_corpus(files_cfg(), progress=False).cache_dir
+    assert load_corpus(files_cfg(**{"sources.tiny.weight": 3.0}), progress=False).cache_dir == base
+    assert load_corpus(files_cfg(**{"tokenizer.vocab_size": 300}), progress=False).cache_dir != base
+    (tiny_text_dir / "doc_000.py").write_text("x = 1\n" * 50)
+    assert load_corpus(files_cfg(), progress=False).cache_dir != base
+
+
+def test_stats_are_saved_and_count_skipped_files(tmp_path, tiny_text_dir):
+    from tests.data.conftest import make_data_cfg
+
+    (tiny_text_dir / "latin1.py").write_bytes("caf\xe9 = 1\n".encode("latin-1"))
+    (tiny_text_dir / "binary.py").write_bytes(b"\x00\x01\x02 binary")
+    (tiny_text_dir / "empty.py").write_text("   \n")
+    cfg = make_data_cfg(tmp_path, {"tiny": {"kind": "files", "paths": [f"{tiny_text_dir}/*.py"]}})
+    corpus = load_corpus(cfg, progress=False)
+    saved = json.loads((corpus.cache_dir / "stats.json").read_text())
+    assert saved["skipped"]["tiny"] == {"non_utf8": 1, "binary": 1, "empty": 1}
+    assert saved["train"]["docs"] + saved["val"]["docs"] == 40
+    assert saved["train"]["tokens"] == corpus.train.n_tokens
+    assert sum(saved["train"]["length_histogram"].values()) == corpus.train.n_docs
+    assert saved["train"]["long_share"]["64"] == pytest.approx(long_share(corpus.train, 64), abs=1e-4)
+
+
+def test_long_share_counts_tokens_in_long_documents(files_cfg):
+    store = load_corpus(files_cfg(), progress=False).train
+    n = int(np.median(store.doc_lengths))
+    expected = store.doc_lengths[store.doc_lengths >= n].sum() / store.doc_lengths.sum()
+    assert long_share(store, n) == pytest.approx(expected)
+    assert long_share(store, 1) == 1.0 and long_share(store, 10**9) == 0.0
+
+
+def test_existing_model_file_is_used_as_is(files_cfg):
+    first = load_corpus(files_cfg(), progress=False)
+    again = load_corpus(files_cfg(**{"tokenizer.model_file": first.tokenizer.model_file}), progress=False)
+    assert again.cache_dir != first.cache_dir
+    assert again.tokenizer.encode("def f(x):\n") == first.tokenizer.encode("def f(x):\n")

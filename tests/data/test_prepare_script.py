@@ -1,0 +1,53 @@
+"""scripts/prepare_data.py: prints stats and the per-phase long share; bad input -> message and exit code 2."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def script():
+    spec = importlib.util.spec_from_file_location("prepare_data", REPO / "scripts" / "prepare_data.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _yaml(tmp_path, tiny_text_dir, extra: str = "") -> str:
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"""
+data:
+  cache_dir: {tmp_path / 'cache'}
+  num_proc: 1
+  tokenizer: {{vocab_size: 320, sample_chars: 100000}}
+  sources:
+    embedded: {{kind: embedded, weight: 0, max_docs: 3}}  # the default source, kept tiny
+    tiny: {{kind: files, paths: ["{tiny_text_dir}/*.py"]}}
+train: {{seq_len: 64, batch_size: 2}}
+phases:
+  short: {{seq_len: 64, steps: 1}}
+  long: {{seq_len: 256, steps: 1, data: {{long_fraction: 0.5}}}}
+{extra}""")
+    return str(path)
+
+
+def test_prints_stats_and_long_share_per_phase(script, tmp_path, tiny_text_dir, capsys):
+    assert script.main(["--config", _yaml(tmp_path, tiny_text_dir), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "train:" in out and "skipped files" in out
+    assert "phase short: seq_len 64" in out and "phase long: seq_len 256" in out
+    assert script.main(["--config", _yaml(tmp_path, tiny_text_dir), "--quiet"]) == 0
+    assert "(cached)" in capsys.readouterr().out
+
+
+def test_bad_input_exits_2_with_a_message(script, tmp_path, tiny_text_dir, capsys):
+    cfg = _yaml(tmp_path, tiny_text_dir)
+    assert script.main(["--config", cfg, "--quiet", "data.sources.tiny.paths=[/nonexistent/*.txt]"]) == 2
+    err = capsys.readouterr().err
+    assert "data.sources.tiny.paths" in err and "Traceback" not in err
+    assert script.main(["--config", cfg, "--quiet", "phases.long.seq_len=100000"]) == 2
+    assert "long_fraction" in capsys.readouterr().err

@@ -1,0 +1,144 @@
+"""Sampling: exact restart, disjoint ranks, measured long fraction, document ids/positions against a reference
+built by hand from the tokens, validation batches, synthetic rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from minilm.data import load_corpus, make_sampler, validation_batches
+from minilm.errors import DataError
+from tests.data.conftest import make_data_cfg
+
+SEQ = 128
+
+
+@pytest.fixture
+def mixed_cfg(tmp_path, mixed_dir):
+    def make(**overrides):
+        return make_data_cfg(tmp_path, {"m": {"kind": "files", "paths": [f"{mixed_dir}/*.py"]}}, **overrides)
+
+    return make
+
+
+def _eq(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_batch_format(files_cfg):
+    cfg = files_cfg(document_mask=True, restart_positions=True)
+    corpus = load_corpus(cfg, progress=False)
+    b = make_sampler(corpus, "train", cfg, seq_len=32, batch_size=4, seed=0, phase="p").batch(0)
+    assert set(b) == {"input_ids", "targets", "doc_ids", "positions"}
+    for v in b.values():
+        assert v.shape == (4, 32) and v.dtype == torch.int64
+    assert torch.equal(b["input_ids"][:, 1:], b["targets"][:, :-1])  # targets are the next tokens
+    plain = make_sampler(corpus, "train", files_cfg(), seq_len=32, batch_size=4, seed=0, phase="p").batch(0)
+    assert set(plain) == {"input_ids", "targets"}
+
+
+def test_same_index_same_batch_after_a_simulated_restart(mixed_cfg):
+    cfg = mixed_cfg(long_fraction=0.5, document_mask=True, restart_positions=True)
+    corpus = load_corpus(cfg, progress=False)
+    args = dict(seq_len=SEQ, batch_size=4, seed=7, phase="extend")
+    a = make_sampler(corpus, "train", cfg, **args)
+    seen = [a.batch(i) for i in range(6)]
+    b = make_sampler(load_corpus(cfg, progress=False), "train", cfg, **args)  # fresh process, fresh objects
+    b.load_state_dict(a.state_dict())
+    assert _eq(b.batch(5), seen[5]) and _eq(b.batch(2), seen[2])  # any order, no hidden state
+    assert not _eq(seen[0], seen[1])
+    other = make_sampler(corpus, "train", cfg, **{**args, "phase": "other"})
+    assert not _eq(other.batch(0), seen[0])
+    with pytest.raises(DataError, match="seed"):
+        make_sampler(corpus, "train", cfg, **{**args, "seed": 8}).load_state_dict(a.state_dict())
+
+
+def test_ranks_draw_different_rows(mixed_cfg):
+    cfg = mixed_cfg()
+    corpus = load_corpus(cfg, progress=False)
+    rows = []
+    for rank in range(4):
+        s = make_sampler(corpus, "train", cfg, seq_len=SEQ, batch_size=4, seed=1, phase="p", rank=rank, world_size=4)
+        rows += [tuple(r.tolist()) for r in s.batch(3)["input_ids"]]
+    assert len(set(rows)) == len(rows)
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.6])
+def test_measured_long_fraction_matches_config(mixed_cfg, fraction):
+    cfg = mixed_cfg(long_fraction=fraction, long_min_tokens=SEQ + 1)
+    corpus = load_corpus(cfg, progress=False)
+    eos = corpus.tokenizer.eos_id
+    lengths = np.sort(corpus.train.doc_lengths)
+    assert lengths[-1] > 4 * SEQ and lengths[lengths < SEQ].size + (lengths > SEQ + 1).sum() == lengths.size
+    s = make_sampler(corpus, "train", cfg, seq_len=SEQ, batch_size=8, seed=3, phase="p")
+    # measured from the content: a long row is a window inside one long document, so it holds no EOS; a short row
+    # packs documents shorter than SEQ, so it always holds one
+    ids = torch.cat([s.batch(i)["input_ids"] for i in range(150)])
+    measured = (ids == eos).sum(1).eq(0).float().mean().item()
+    assert measured == pytest.approx(fraction, abs=0.04)
+    planned = np.mean([k == "long" for i in range(150) for k in s.row_plan(i)])
+    assert planned == pytest.approx(measured, abs=1e-6)
+
+
+def test_doc_ids_and_positions_equal_a_reference_built_from_the_tokens(mixed_cfg):
+    cfg = mixed_cfg(document_mask=True, restart_positions=True, long_fraction=0.3)
+    corpus = load_corpus(cfg, progress=False)
+    eos = corpus.tokenizer.eos_id
+    s = make_sampler(corpus, "train", cfg, seq_len=SEQ, batch_size=8, seed=0, phase="p")
+    for i in range(5):
+        b = s.batch(i)
+        for row, ids, pos in zip(b["input_ids"].tolist(), b["doc_ids"].tolist(), b["positions"].tolist()):
+            doc, start, ref_ids, ref_pos = 0, 0, [], []
+            for t, tok in enumerate(row):  # a new document starts after each EOS
+                if t > 0 and row[t - 1] == eos:
+                    doc, start = doc + 1, t
+                ref_ids.append(doc)
+                ref_pos.append(t - start)
+            assert ids == ref_ids and pos == ref_pos
+        # the mask a model builds from doc_ids (same id, causal) equals the interval reference: query q sees
+        # keys from the start of its document (q - position) up to q
+        d, q, k = b["doc_ids"], torch.arange(SEQ)[:, None], torch.arange(SEQ)[None, :]
+        mask = (d[:, :, None] == d[:, None, :]) & (k <= q)
+        ref = (k <= q) & (k >= q - b["positions"][:, :, None])
+        assert torch.equal(mask, ref)
+
+
+def test_source_weights_hold_within_the_packed_part(tmp_path):
+    for name, word in (("a", "alpha"), ("b", "omega")):  # each source's text is recognizable in any window
+        (tmp_path / name).mkdir()
+        for i in range(12):
+            (tmp_path / name / f"{i}.txt").write_text(f"{word} = {word} + {i}\n" * (3 + i))
+    cfg = make_data_cfg(tmp_path, {
+        "a": {"kind": "files", "paths": [f"{tmp_path}/a/*.txt"], "weight": 3.0},
+        "b": {"kind": "files", "paths": [f"{tmp_path}/b/*.txt"], "weight": 1.0},
+    })  # fmt: skip
+    corpus = load_corpus(cfg, progress=False)
+    s = make_sampler(corpus, "train", cfg, seq_len=16, batch_size=8, seed=0, phase="p")
+    texts = [corpus.tokenizer.decode(r.tolist()) for i in range(100) for r in s.batch(i)["input_ids"]]
+    assert all(("alpha" in t) != ("omega" in t) for t in texts)  # a row never mixes sources
+    assert np.mean(["alpha" in t for t in texts]) == pytest.approx(0.75, abs=0.05)
+
+
+def test_validation_batches_are_fixed_and_held_out(mixed_cfg):
+    cfg = mixed_cfg(document_mask=True)
+    corpus = load_corpus(cfg, progress=False)
+    a = validation_batches(corpus, cfg, seq_len=32, batch_size=4, n_batches=3, seed=0)
+    b = validation_batches(corpus, cfg, seq_len=32, batch_size=4, n_batches=3, seed=0)
+    assert len(a) == 3 and all(_eq(x, y) for x, y in zip(a, b))
+    assert set(a[0]) == {"input_ids", "targets", "doc_ids"}
+    val = np.asarray(corpus.val.tokens).astype(np.int64)
+    cyc = np.concatenate([val, val]).tobytes()
+    for batch in a:
+        for row in batch["input_ids"].numpy():
+            assert row.astype(np.int64).tobytes() in cyc  # a window of the held-out stream
+
+
+def test_synthetic_rows_are_mixed_in(files_cfg):
+    cfg = files_cfg(**{"synthetic.fraction": 0.5, "synthetic.tasks": ["passkey", "kv"], "synthetic.style": "code"})
+    corpus = load_corpus(cfg, progress=False)
+    s = make_sampler(corpus, "train", cfg, seq_len=96, batch_size=8, seed=0, phase="p")
+    texts = [corpus.tokenizer.decode(r.tolist()) for i in range(10) for r in s.batch(i)["input_ids"]]
+    n_syn = sum(("pass_key" in t) or ("kv = {" in t) for t in texts)
+    assert n_syn == pytest.approx(40, abs=6)
+    assert any("assert pass_key ==" in t for t in texts) and any('assert kv["' in t for t in texts)

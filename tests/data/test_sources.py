@@ -1,0 +1,152 @@
+"""Sources: the hf kind on local jsonl/parquet through datasets, files with records, the embedded corpus, and
+a clear error for each kind of bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from minilm.data import load_corpus, make_sampler, parse_sources, stdlib_files
+from minilm.errors import DataError
+from tests.data.conftest import make_data_cfg
+
+STORIES = [f"Once upon a time there was a fox number {i}. It ran {i} miles and slept.\n" * (2 + i % 4)
+           for i in range(30)]  # fmt: skip
+
+
+@pytest.fixture
+def jsonl_file(tmp_path):
+    path = tmp_path / "stories.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "story": t}) + "\n" for i, t in enumerate(STORIES)))
+    return path
+
+
+@pytest.fixture
+def parquet_file(tmp_path):
+    path = tmp_path / "stories.parquet"
+    pq.write_table(pa.table({"id": list(range(len(STORIES))), "story": STORIES}), path)
+    return path
+
+
+def _texts(corpus):
+    return {corpus.tokenizer.decode(s.doc(i)[:-1].tolist()) for s in (corpus.train, corpus.val)
+            for i in range(s.n_docs)}  # fmt: skip
+
+
+@pytest.mark.parametrize("fixture", ["jsonl_file", "parquet_file"])
+def test_hf_kind_loads_local_files_through_datasets(tmp_path, request, fixture):
+    path = request.getfixturevalue(fixture)
+    cfg = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(path), "text_field": "story"}})
+    corpus = load_corpus(cfg, progress=False)
+    assert _texts(corpus) == set(STORIES)
+    capped = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(path), "text_field": "story", "max_docs": 7}})
+    assert len(_texts(load_corpus(capped, progress=False))) == 7
+
+
+def test_hf_kind_with_builder_and_data_files(tmp_path, jsonl_file):
+    cfg = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": "json", "data_files": str(jsonl_file),
+                                          "text_field": "story", "streaming": True}})  # fmt: skip
+    assert _texts(load_corpus(cfg, progress=False)) == set(STORIES)
+
+
+def test_files_kind_reads_records_and_text_files(tmp_path, parquet_file, tiny_text_dir):
+    cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "text_field": "story",
+                                         "paths": [str(parquet_file), f"{tiny_text_dir}/doc_00*.py"]}})  # fmt: skip
+    texts = _texts(load_corpus(cfg, progress=False))
+    assert set(STORIES) <= texts and len(texts) == len(STORIES) + 10
+
+
+def test_embedded_corpus_is_the_stdlib_without_site_packages():
+    files = stdlib_files()
+    assert len(files) > 500 and not any("site-packages" in p.parts for p in files)
+    assert any(p.name == "os.py" for p in files)
+
+
+def test_embedded_max_docs(tmp_path):
+    cfg = make_data_cfg(tmp_path, {"embedded": {"kind": "embedded", "max_docs": 12}})
+    corpus = load_corpus(cfg, progress=False)
+    assert corpus.train.n_docs + corpus.val.n_docs + sum(corpus.stats["skipped"]["embedded"].values()) == 12
+
+
+# ------------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("sources, match", [
+    ({}, "non-empty mapping"),
+    ({"x": {"kind": "web"}}, r"data\.sources\.x\.kind: must be one of"),
+    ({"x": {"kind": "files", "paths": ["a/*.txt"], "colour": 1}}, r"data\.sources\.x\.colour: unknown key"),
+    ({"x": {"kind": "files", "paths": []}}, r"data\.sources\.x\.paths"),
+    ({"x": {"kind": "embedded", "weight": -1}}, r"data\.sources\.x\.weight: must be a number >= 0"),
+    ({"x": {"kind": "embedded", "weight": 0}, "y": {"kind": "embedded", "weight": 0}}, "all weights are zero"),
+    ({"x": {"kind": "embedded", "max_docs": 0}}, r"data\.sources\.x\.max_docs"),
+    ({"x": {"kind": "hf"}}, r"data\.sources\.x\.path"),
+])  # fmt: skip
+def test_bad_source_configs_name_the_key(sources, match):
+    with pytest.raises(DataError, match=match):
+        parse_sources(sources)
+
+
+def test_glob_that_matches_nothing(tmp_path):
+    cfg = make_data_cfg(tmp_path, {"x": {"kind": "files", "paths": [f"{tmp_path}/nothing/*.txt"]}})
+    with pytest.raises(DataError, match=r"data\.sources\.x\.paths: the glob .* matches no file"):
+        load_corpus(cfg, progress=False)
+
+
+def test_empty_source(tmp_path):
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "a.txt").write_text("  \n")
+    (tmp_path / "e" / "b.txt").write_bytes(b"\xff\xfe bad utf8")
+    cfg = make_data_cfg(tmp_path, {"x": {"kind": "files", "paths": [f"{tmp_path}/e/*.txt"]}})
+    with pytest.raises(DataError, match=r"data\.sources\.x: the source yields no documents .*empty.*non_utf8"):
+        load_corpus(cfg, progress=False)
+
+
+@pytest.mark.parametrize("kind", ["files", "hf"])
+def test_parquet_without_the_named_field(tmp_path, parquet_file, kind):
+    key = "paths" if kind == "files" else "path"
+    value = [str(parquet_file)] if kind == "files" else str(parquet_file)
+    cfg = make_data_cfg(tmp_path, {"x": {"kind": kind, key: value, "text_field": "text"}})
+    with pytest.raises(DataError, match=r"data\.sources\.x\.text_field: 'text' is not a column .*id, story"):
+        load_corpus(cfg, progress=False)
+
+
+def test_missing_hf_dataset(tmp_path):
+    cfg = make_data_cfg(tmp_path, {"x": {"kind": "hf", "path": str(tmp_path / "no_such_dir")}})
+    with pytest.raises(DataError, match=r"data\.sources\.x: datasets\.load_dataset"):
+        load_corpus(cfg, progress=False)
+
+
+def test_corpus_smaller_than_one_batch(files_cfg):
+    cfg = files_cfg()
+    corpus = load_corpus(cfg, progress=False)
+    with pytest.raises(DataError, match="fewer than one batch"):
+        make_sampler(corpus, "train", cfg, seq_len=4096, batch_size=64, seed=0, phase="p")
+
+
+def test_long_fraction_without_long_documents(files_cfg):
+    cfg = files_cfg(long_fraction=0.5)
+    corpus = load_corpus(cfg, progress=False)
+    with pytest.raises(DataError, match=r"long_fraction=0\.5 but no train document .* at least 2000 tokens"):
+        make_sampler(corpus, "train", cfg, seq_len=2000, batch_size=1, seed=0, phase="p")
+
+
+def test_phase_cannot_add_a_source(files_cfg, tmp_path):
+    corpus = load_corpus(files_cfg(), progress=False)
+    other = make_data_cfg(tmp_path, {"new": {"kind": "embedded"}})
+    with pytest.raises(DataError, match="not in the prepared corpus"):
+        make_sampler(corpus, "train", other, seq_len=16, batch_size=1, seed=0, phase="p")
+
+
+def test_config_checks_data_values():
+    from minilm.config import load_config
+    from minilm.errors import ConfigError
+
+    for override, key in [("data.synthetic.tasks=[maze]", "data.synthetic.tasks"),
+                          ("data.restart_positions=true", "data.restart_positions"),
+                          ("data.tokenizer.type=wordpiece", "data.tokenizer.type"),
+                          ("data.synthetic.fraction=1.5", "data.synthetic.fraction")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            load_config(None, [override])

@@ -1,0 +1,59 @@
+"""Synthetic retrieval samples: exact lengths, the answer is retrievable from the prompt, needle at the depth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minilm.data import load_corpus, make_kv_sample, make_passkey_sample
+from minilm.errors import DataError
+
+
+@pytest.fixture
+def setup(files_cfg):
+    corpus = load_corpus(files_cfg(), progress=False)
+    filler = np.asarray(corpus.train.tokens[:2000]).astype(np.int64)
+    return corpus.tokenizer, filler[filler != corpus.tokenizer.eos_id]
+
+
+@pytest.mark.parametrize("style", ["code", "text"])
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_passkey_sample(setup, style, depth):
+    tok, filler = setup
+    prompt, answer = make_passkey_sample(tok, filler, 300, depth, np.random.default_rng(1), style=style)
+    assert len(prompt) + len(answer) == 300
+    key = tok.decode(answer).strip('"')
+    assert len(key) == 5 and key.isdigit()
+    text = tok.decode(prompt)
+    needle = f'pass_key = "{key}"' if style == "code" else f"The pass key is {key}."
+    assert text.count(needle) == 1
+    assert text.endswith('assert pass_key == "' if style == "code" else "The pass key is ")
+    fixed = len(tok.decode(tok.encode(needle))) + 60  # the needle line and the question are not filler
+    where = text.index(needle) / (len(text) - fixed)
+    assert abs(where - depth) < 0.2  # placed at the depth (snapped back to a line start)
+
+
+def test_passkey_is_deterministic_per_rng(setup):
+    tok, filler = setup
+    a = make_passkey_sample(tok, filler, 200, 0.3, np.random.default_rng(5))
+    b = make_passkey_sample(tok, filler, 200, 0.3, np.random.default_rng(5))
+    assert a == b
+
+
+@pytest.mark.parametrize("length", [120, 600])
+def test_kv_sample(setup, length):
+    tok, filler = setup
+    prompt, answer = make_kv_sample(tok, filler, length, np.random.default_rng(2))
+    assert len(prompt) + len(answer) == length
+    text = tok.decode(prompt)
+    key = text.rsplit('kv["', 1)[1].split('"')[0]
+    value = tok.decode(answer).rstrip('"')
+    assert f'"{key}": "{value}",' in text
+
+
+def test_too_short_for_a_sample(setup):
+    tok, filler = setup
+    with pytest.raises(DataError, match="passkey"):
+        make_passkey_sample(tok, filler, 5, 0.5, np.random.default_rng(0))
+    with pytest.raises(DataError, match="key-value"):
+        make_kv_sample(tok, filler, 10, np.random.default_rng(0))
