@@ -1,0 +1,336 @@
+"""Properties of compute_rope (minilm/positions/rope_scaling.py), and parity with transformers where it has the
+same rope_type. Tiny shapes: every test runs in milliseconds."""
+
+import math
+
+import pytest
+import torch
+
+from minilm.errors import ConfigError
+from minilm.positions import compute_rope
+from minilm.positions.base import PositionDims
+from minilm.positions.rope_scaling import LENGTH_DEPENDENT, ROPE_SCALING, parse_scaling, validate_scaling
+from minilm.positions.rotary import Rope, RopeParams
+
+D, BASE, L = 32, 10000.0, 64  # rotary dims, θ base, original length
+
+
+def default():
+    return compute_rope(D, BASE)[0]
+
+
+def wavelengths(inv_freq):
+    return 2 * math.pi / inv_freq.double()
+
+
+# One block per rope_type with factor 1 (and unit factor lists): each must reproduce `default`.
+FACTOR_ONE = {
+    "default": {},
+    "linear": {"factor": 1},
+    "ntk": {"factor": 1},
+    "dynamic": {"factor": 1, "original_max_position_embeddings": L},
+    "ntk_by_parts": {"factor": 1, "original_max_position_embeddings": L},
+    "yarn": {"factor": 1, "original_max_position_embeddings": L},
+    "dynamic_yarn": {"factor": 1, "original_max_position_embeddings": L},
+    "llama3": {"factor": 1, "original_max_position_embeddings": L},
+    "longrope": {
+        "factor": 1,
+        "original_max_position_embeddings": L,
+        "short_factor": [1.0] * (D // 2),
+        "long_factor": [1.0] * (D // 2),
+    },
+}
+
+
+def test_factor_one_table_covers_the_registry():
+    assert set(FACTOR_ONE) == set(ROPE_SCALING)
+
+
+@pytest.mark.parametrize("rope_type", list(ROPE_SCALING))
+@pytest.mark.parametrize("seq_len", [None, 1, L // 2, L])
+def test_factor_one_reproduces_default(rope_type, seq_len):
+    inv_freq, factor = compute_rope(D, BASE, {"rope_type": rope_type, **FACTOR_ONE[rope_type]}, seq_len=seq_len)
+    torch.testing.assert_close(inv_freq, default(), rtol=1e-6, atol=0)
+    assert factor == 1.0
+
+
+def test_default_is_su_and_base_change_is_abf():
+    i = torch.arange(D // 2, dtype=torch.float64)
+    torch.testing.assert_close(default(), (BASE ** (-2 * i / D)).float())
+    torch.testing.assert_close(compute_rope(D, 500000.0)[0], (500000.0 ** (-2 * i / D)).float())
+
+
+@pytest.mark.parametrize("factor", [2, 4.5])
+def test_linear_divides_every_frequency(factor):
+    inv_freq, attention = compute_rope(D, BASE, {"rope_type": "linear", "factor": factor})
+    torch.testing.assert_close(inv_freq, default() / factor)
+    assert attention == 1.0
+
+
+@pytest.mark.parametrize("factor", [2, 8])
+def test_ntk_keeps_highest_frequency_and_divides_lowest(factor):
+    inv_freq, _ = compute_rope(D, BASE, {"rope_type": "ntk", "factor": factor})
+    ref = default()
+    assert inv_freq[0] == ref[0] == 1.0
+    torch.testing.assert_close(inv_freq[-1], ref[-1] / factor, rtol=1e-6, atol=0)
+    assert torch.all(inv_freq[1:-1] < ref[1:-1]) and torch.all(inv_freq[1:-1] > ref[1:-1] / factor)
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+@pytest.mark.parametrize("beta_fast,beta_slow", [(32, 1), (8, 2)])
+def test_yarn_keeps_short_wavelengths_and_interpolates_long_ones(truncate, beta_fast, beta_slow):
+    factor, n = 4, 2048  # a long original length, so that L/beta_fast exceeds the shortest wavelength 2π
+    block = {
+        "rope_type": "yarn",
+        "factor": factor,
+        "original_max_position_embeddings": n,
+        "beta_fast": beta_fast,
+        "beta_slow": beta_slow,
+        "truncate": truncate,
+    }
+    inv_freq, attention = compute_rope(D, BASE, block)
+    ref = default()
+    lam = wavelengths(ref)
+    short, long = lam < n / beta_fast, lam > n / beta_slow
+    assert short.any() and long.any() and not (short | long).all()  # the test exercises all three regions
+    torch.testing.assert_close(inv_freq[short], ref[short], rtol=0, atol=0)
+    torch.testing.assert_close(inv_freq[long], ref[long] / factor, rtol=1e-6, atol=0)
+    middle = ~(short | long)
+    assert torch.all(inv_freq[middle] <= ref[middle]) and torch.all(inv_freq[middle] >= ref[middle] / factor - 1e-12)
+    assert attention == pytest.approx(0.1 * math.log(factor) + 1)
+
+
+def test_yarn_temperature_choices():
+    base = {"rope_type": "yarn", "factor": 8, "original_max_position_embeddings": L}
+    assert compute_rope(D, BASE, base)[1] == pytest.approx(0.1 * math.log(8) + 1)
+    assert compute_rope(D, BASE, {**base, "attention_factor": 1.5})[1] == 1.5
+    ratio = compute_rope(D, BASE, {**base, "mscale": 1.0, "mscale_all_dim": 0.5})[1]
+    assert ratio == pytest.approx((0.1 * math.log(8) + 1) / (0.05 * math.log(8) + 1))
+    # only one of the two: the plain temperature (transformers' rule)
+    assert compute_rope(D, BASE, {**base, "mscale": 1.0})[1] == pytest.approx(0.1 * math.log(8) + 1)
+
+
+def test_ntk_by_parts_is_yarn_without_temperature():
+    common = {"factor": 4, "original_max_position_embeddings": L}
+    parts, t1 = compute_rope(D, BASE, {"rope_type": "ntk_by_parts", **common})
+    yarn, t2 = compute_rope(D, BASE, {"rope_type": "yarn", **common})
+    torch.testing.assert_close(parts, yarn)
+    assert t1 == 1.0 and t2 > 1.0
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "dynamic_yarn"])
+def test_dynamic_equals_default_up_to_original_length_and_changes_beyond(rope_type):
+    block = {"rope_type": rope_type, "factor": 2, "original_max_position_embeddings": L}
+    for n in (None, 1, L - 1, L):
+        inv_freq, attention = compute_rope(D, BASE, block, seq_len=n)
+        torch.testing.assert_close(inv_freq, default(), rtol=0, atol=0)
+        assert attention == 1.0
+    previous = default()
+    for n in (L + 1, 2 * L, 4 * L):
+        inv_freq, _ = compute_rope(D, BASE, block, seq_len=n)
+        assert torch.all(inv_freq[-1] < previous[-1])  # lowest frequency keeps falling as the length grows
+        previous = inv_freq
+
+
+def test_dynamic_ntk_formula():
+    n, factor = 4 * L, 2.0
+    block = {"rope_type": "dynamic", "factor": factor, "original_max_position_embeddings": L}
+    inv_freq, _ = compute_rope(D, BASE, block, n)
+    new_base = BASE * (factor * n / L - (factor - 1)) ** (D / (D - 2))
+    torch.testing.assert_close(inv_freq, compute_rope(D, new_base)[0])
+
+
+def test_dynamic_yarn_at_length_equals_yarn_with_that_factor():
+    dyn = compute_rope(D, BASE, {"rope_type": "dynamic_yarn", "original_max_position_embeddings": L}, seq_len=4 * L)
+    yarn = compute_rope(D, BASE, {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": L})
+    torch.testing.assert_close(dyn[0], yarn[0])
+    assert dyn[1] == pytest.approx(yarn[1])
+
+
+@pytest.mark.parametrize("rope_type", sorted(LENGTH_DEPENDENT))
+def test_rotary_module_keeps_no_state_between_lengths(rope_type):
+    block = {"rope_type": rope_type, **FACTOR_ONE[rope_type]}
+    if rope_type == "longrope":
+        block["long_factor"] = [2.0] * (D // 2)
+    elif rope_type in ("dynamic", "dynamic_yarn"):
+        block["factor"] = 2
+    rope = Rope(RopeParams(scaling=block), PositionDims(D * 2, 2, 2, D, 1))
+    short = rope.frequencies(L)[0].clone()
+    long = rope.frequencies(4 * L)[0]
+    assert not torch.equal(short, long)
+    torch.testing.assert_close(rope.frequencies(L)[0], short, rtol=0, atol=0)
+    torch.testing.assert_close(rope.frequencies(4 * L)[0], compute_rope(D, BASE, block, seq_len=4 * L)[0])
+
+
+def test_llama3_three_regions():
+    factor, low, high = 8, 1, 4
+    block = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "original_max_position_embeddings": L,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+    }
+    inv_freq, attention = compute_rope(D, BASE, block)
+    ref = default()
+    lam = wavelengths(ref)
+    high_freq, low_freq = lam < L / high, lam > L / low
+    mid = ~(high_freq | low_freq)
+    assert high_freq.any() and low_freq.any() and mid.any()
+    torch.testing.assert_close(inv_freq[high_freq], ref[high_freq], rtol=0, atol=0)
+    torch.testing.assert_close(inv_freq[low_freq], ref[low_freq] / factor)
+    s = (L / lam[mid] - low) / (high - low)
+    torch.testing.assert_close(inv_freq[mid], ((1 - s) * ref[mid].double() / factor + s * ref[mid].double()).float())
+    assert attention == 1.0
+
+
+def test_longrope_switches_lists_at_original_length():
+    short = [1.0 + 0.1 * i for i in range(D // 2)]
+    long = [2.0 + 0.5 * i for i in range(D // 2)]
+    block = {
+        "rope_type": "longrope",
+        "factor": 4,
+        "original_max_position_embeddings": L,
+        "short_factor": short,
+        "long_factor": long,
+    }
+    ref = default().double()
+    for n in (None, 1, L):
+        inv_freq, attention = compute_rope(D, BASE, block, seq_len=n)
+        torch.testing.assert_close(inv_freq, (ref / torch.tensor(short, dtype=torch.float64)).float())
+    inv_freq, attention_long = compute_rope(D, BASE, block, seq_len=L + 1)
+    torch.testing.assert_close(inv_freq, (ref / torch.tensor(long, dtype=torch.float64)).float())
+    assert attention == attention_long == pytest.approx(math.sqrt(1 + math.log(4) / math.log(L)))
+    assert compute_rope(D, BASE, {**block, "attention_factor": 1.25})[1] == 1.25
+
+
+def test_partial_rotary_factor_rotates_fewer_dimensions():
+    inv_freq, _ = compute_rope(D, BASE, {"rope_type": "linear", "factor": 2, "partial_rotary_factor": 0.5})
+    torch.testing.assert_close(inv_freq, compute_rope(D // 2, BASE)[0] / 2)
+
+
+YARN = {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": L}
+LLAMA3 = {"rope_type": "llama3", "factor": 2, "original_max_position_embeddings": L}
+LONG = {
+    "rope_type": "longrope",
+    "factor": 2,
+    "original_max_position_embeddings": L,
+    "short_factor": [1.0] * (D // 2),
+    "long_factor": [1.0] * (D // 2),
+}
+INVALID = [
+    ({"rope_type": "linear", "factor": 0.5}, "factor: must be >= 1, got 0.5"),
+    ({"rope_type": "linear"}, "factor: required"),
+    ({"rope_type": "yarn", "factor": 2}, "original_max_position_embeddings: required"),
+    ({"rope_type": "dynamic", "factor": 2}, "original_max_position_embeddings: required"),
+    ({"rope_type": "llama3", "factor": 2}, "original_max_position_embeddings: required"),
+    ({**YARN, "original_max_position_embeddings": 0}, "original_max_position_embeddings: must be >= 1"),
+    ({**YARN, "original_max_position_embeddings": 64.5}, "original_max_position_embeddings: must be an integer"),
+    ({**YARN, "beta_fast": 1}, "beta_fast: must be > beta_slow"),
+    ({**YARN, "attention_factor": 0}, "attention_factor: must be > 0"),
+    ({**YARN, "truncate": 1}, "truncate: must be true or false"),
+    ({"rope_type": "linear", "factor": "2"}, "factor: must be a number"),
+    ({"rope_type": "linear", "factor": 2, "beta_fast": 4}, "beta_fast: not a parameter of rope_type 'linear'"),
+    ({"rope_type": "lineal", "factor": 2}, "rope_type: unknown rope_type 'lineal'"),
+    ({"rope_type": "default", "partial_rotary_factor": 0}, "partial_rotary_factor: must be in (0, 1]"),
+    ({**LLAMA3, "high_freq_factor": 1}, "high_freq_factor: must be > low_freq_factor"),
+    ({**LONG, "short_factor": [1.0] * 3}, "short_factor: must have one entry per rotary frequency (16), got 3"),
+    ({**LONG, "long_factor": [1.0] * 5}, "long_factor: must have one entry per rotary frequency (16), got 5"),
+    ({**LONG, "short_factor": 1.0}, "short_factor: must be a list"),
+    ({**LONG, "factor": None}, "factor: required for rope_type 'longrope' unless attention_factor is set"),
+]
+
+
+@pytest.mark.parametrize("block,message", INVALID)
+def test_invalid_parameters_raise_naming_the_key(block, message):
+    with pytest.raises(ConfigError) as e:
+        compute_rope(D, BASE, block)
+    assert str(e.value).startswith(message.split(":")[0] + ":") and message in str(e.value)
+    with pytest.raises(ConfigError, match=r"^model\.position\.scaling\." + message.split(":")[0] + ":"):
+        validate_scaling(block, D, "model.position.scaling")
+
+
+def test_rope_module_rejects_a_bad_block_at_construction():
+    with pytest.raises(ConfigError, match=r"model\.position\.scaling\.factor: must be >= 1"):
+        Rope(RopeParams(scaling={**YARN, "factor": 0.5}), PositionDims(64, 2, 2, D, 1))
+
+
+def test_parse_scaling_gives_typed_frozen_parameters():
+    rope_type, params = parse_scaling({"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 128})
+    assert rope_type == "yarn" and params.factor == 4.0 and isinstance(params.factor, float)
+    assert params.beta_fast == 32 and params.beta_slow == 1 and params.truncate is True
+    with pytest.raises(Exception):
+        params.factor = 2.0
+    assert parse_scaling(None)[0] == "default"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parity with Hugging Face transformers (optional dependency)
+
+
+def _hf(block, head_dim=D, max_len=L):
+    transformers = pytest.importorskip("transformers")
+    rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    cfg = transformers.LlamaConfig(
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=max_len,
+        rope_parameters={"rope_theta": BASE, **block},
+    )
+    return rope_utils, cfg
+
+
+PARITY = [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.5},
+    {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": L},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L},
+    {**YARN, "factor": 16.0, "original_max_position_embeddings": 256, "beta_fast": 16.0, "beta_slow": 2.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L, "truncate": False},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": L, "mscale": 1.0, "mscale_all_dim": 0.5},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": L, "attention_factor": 1.3},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L, "partial_rotary_factor": 0.5},
+    {**LLAMA3, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    {**LLAMA3, "factor": 4.0, "original_max_position_embeddings": 128, "low_freq_factor": 2.0, "high_freq_factor": 8.0},
+    {
+        "rope_type": "longrope",
+        "factor": 4.0,
+        "original_max_position_embeddings": L,
+        "short_factor": [1.0 + 0.05 * i for i in range(D // 2)],
+        "long_factor": [1.5 + 0.25 * i for i in range(D // 2)],
+    },
+    {
+        "rope_type": "longrope",
+        "attention_factor": 1.2,
+        "original_max_position_embeddings": L,
+        "short_factor": [1.0] * (D // 2),
+        "long_factor": [3.0] * (D // 2),
+    },
+]
+
+
+@pytest.mark.parametrize("block", PARITY, ids=lambda b: b["rope_type"])
+@pytest.mark.parametrize("seq_len", [None, L // 2, L, L + 1, 4 * L])
+def test_parity_with_transformers(block, seq_len):
+    rope_utils, cfg = _hf(block)
+    theirs, their_factor = rope_utils.ROPE_INIT_FUNCTIONS[block["rope_type"]](cfg, "cpu", seq_len=seq_len)
+    reads_length = block["rope_type"] in LENGTH_DEPENDENT
+    ours, our_factor = compute_rope(D, BASE, block, seq_len=seq_len if reads_length else None)
+    torch.testing.assert_close(ours, theirs.float(), rtol=2e-6, atol=0)
+    assert our_factor == pytest.approx(float(their_factor), rel=1e-12)
+
+
+def test_parity_default_with_transformers():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = transformers.LlamaConfig(
+        hidden_size=D * 2,
+        num_attention_heads=2,
+        head_dim=D,
+        rope_parameters={"rope_type": "default", "rope_theta": BASE},
+    )
+    theirs, factor = LlamaRotaryEmbedding.compute_default_rope_parameters(config=cfg, device="cpu")
+    torch.testing.assert_close(default(), theirs.float(), rtol=2e-6, atol=0)
+    assert factor == 1.0

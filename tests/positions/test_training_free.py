@@ -1,0 +1,350 @@
+"""Training-free extension methods (minilm/positions/training_free.py) against a plain reference written here:
+explicit relative-position matrices from each paper's formulas, RoPE applied to the query at that relative
+position, and a masked softmax. Tiny shapes: the whole file runs in a few seconds."""
+
+import math
+
+import pytest
+import torch
+
+from minilm.config import load_config
+from minilm.errors import ConfigError
+from minilm.model import GPT
+from minilm.model.attention import AttentionMask
+from minilm.positions import compute_rope
+from minilm.positions.base import PositionDims
+from minilm.positions.rotary import Rope, RopeParams
+from minilm.positions.training_free import (
+    EXTENSIONS,
+    build_extension,
+    extension,
+    install_extension,
+    remove_extension,
+)
+
+V = 61
+B, H, HKV, DH = 2, 4, 2, 8
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the reference: relative position matrices from the formulas, then an explicit rotation and masked softmax
+
+
+def rel_plain(m, n):
+    return m - n
+
+
+def rel_rerope(w):
+    return lambda m, n: m - n if m - n < w else w
+
+
+def rel_self_extend(G, w):
+    return lambda m, n: m - n if m - n < w else (m // G + w - w // G) - n // G
+
+
+def rel_dca(chunk_size, local_window):
+    s = chunk_size - local_window
+
+    def rel(m, n):
+        if m // s == n // s:  # intra-chunk
+            return m % s - n % s
+        if m // s - n // s == 1:  # successive chunk
+            return min(s + m % s, chunk_size) - n % s
+        return min(2 * s - 1, chunk_size) - n % s  # inter-chunk
+
+    return rel
+
+
+def rotate(x, angles, factor, rot_dim):
+    """Half-layout rotation of the first rot_dim dims of x (..., Dh) by angles (..., rot_dim/2), times factor."""
+    h = rot_dim // 2
+    x1, x2, rest = x[..., :h], x[..., h:rot_dim], x[..., rot_dim:]
+    c, s = angles.cos() * factor, angles.sin() * factor
+    a, b = x1 * c - x2 * s, x2 * c + x1 * s
+    rest = rest.expand(*a.shape[:-1], rest.shape[-1])
+    return torch.cat((a, b, rest), dim=-1)
+
+
+def reference(q, k, v, q_pos, k_pos, allowed, rel, rot_dim, scaling=None, q_scale=None):
+    """q (B, H, T, Dh), k/v (B, Hkv, S, Dh), q_pos (T,), k_pos (S,), allowed (T, S): logit(i, j) =
+    <R(r_ij) q_i, R(0) k_j> · Dh^-½ with r_ij = rel(q_pos[i], k_pos[j])."""
+    n = int(k_pos.max()) + 1
+    inv_freq, factor = compute_rope(rot_dim, 10000.0, scaling, seq_len=n)
+    R = torch.tensor([[rel(int(m), int(j)) for j in k_pos] for m in q_pos], dtype=torch.float64)  # (T, S)
+    q, k, v = q.double(), k.double(), v.double()
+    if q_scale is not None:
+        q = q * q_scale[:, None]
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    q_rot = rotate(q[:, :, :, None, :], R[..., None] * inv_freq.double(), factor, rot_dim)  # (B, H, T, S, Dh)
+    k_rot = rotate(k, torch.zeros(1, dtype=torch.float64), factor, rot_dim)  # R(0) k: only the factor
+    logits = (q_rot * k_rot[:, :, None]).sum(-1) * q.shape[-1] ** -0.5
+    logits = logits.masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(logits, -1) @ v).float()
+
+
+def rope(fraction=1.0, scaling=None, nope_every=0):
+    kwargs = {"nope_every": nope_every} if nope_every else {}
+    return Rope(RopeParams(fraction=fraction, scaling=scaling, **kwargs), PositionDims(H * DH, H, HKV, DH, 1))
+
+
+def qkv(T, S, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(B, H, T, DH, generator=g),
+        torch.randn(B, HKV, S, DH, generator=g),
+        torch.randn(B, HKV, S, DH, generator=g),
+    )
+
+
+CASES = {  # name -> (params, relative-position rule)
+    "rerope": ({"window": 5}, rel_rerope(5)),
+    "self_extend": ({"group_size": 3, "window": 4}, rel_self_extend(3, 4)),
+    "self_extend_uneven": ({"group_size": 4, "window": 6}, rel_self_extend(4, 6)),
+    "dca": ({"chunk_size": 7, "local_window": 2}, rel_dca(7, 2)),
+    "dca_no_window": ({"chunk_size": 4, "local_window": 0}, rel_dca(4, 0)),
+    "dca_wide_window": ({"chunk_size": 7, "local_window": 4}, rel_dca(7, 4)),  # inter position 2s − 1 < chunk_size
+}
+
+
+def method_name(case):
+    return case.split("_uneven")[0].split("_no_window")[0].split("_wide_window")[0]
+
+
+ROPES = {
+    "plain": dict(),
+    "partial": dict(fraction=0.5),
+    "yarn": dict(scaling={"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 8}),
+    "dynamic": dict(scaling={"rope_type": "dynamic", "factor": 2, "original_max_position_embeddings": 8}),
+}
+
+
+@pytest.mark.parametrize("rope_kind", list(ROPES))
+@pytest.mark.parametrize("case", list(CASES))
+def test_remapping_methods_equal_the_reference(case, rope_kind):
+    params, rel = CASES[case]
+    method = build_extension(method_name(case), params)
+    rot = rope(**ROPES[rope_kind])
+    T = 23
+    q, k, v = qkv(T, T)
+    pos = torch.arange(T)
+    out = method.attend(q, k, v, rot, pos[None], pos[None], AttentionMask())
+    allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    ref = reference(q, k, v, pos, pos, allowed, rel, rot.rot_dim, ROPES[rope_kind].get("scaling"))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_remapping_methods_with_a_kv_cache_offset(case):
+    """Decoding: T new queries after S − T cached keys; positions continue, the mask is causal by index."""
+    params, rel = CASES[case]
+    method = build_extension(method_name(case), params)
+    S, T = 21, 3
+    q, k, v = qkv(T, S, seed=1)
+    q_pos, k_pos = torch.arange(S - T, S), torch.arange(S)
+    out = method.attend(q, k, v, rope(), q_pos[None], k_pos[None], AttentionMask(offset=S - T))
+    allowed = k_pos[None, :] <= q_pos[:, None]
+    torch.testing.assert_close(out, reference(q, k, v, q_pos, k_pos, allowed, rel, DH), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_remapping_methods_with_restarted_document_positions(case):
+    params, rel = CASES[case]
+    method = build_extension(method_name(case), params)
+    T = 20
+    docs = torch.tensor([0] * 12 + [1] * 8)
+    pos = torch.cat((torch.arange(12), torch.arange(8)))
+    q, k, v = qkv(T, T, seed=2)
+    mask = AttentionMask(q_doc=docs[None].expand(B, -1), k_doc=docs[None].expand(B, -1))
+    out = method.attend(q, k, v, rope(), pos[None], pos[None], mask)
+    allowed = torch.tril(torch.ones(T, T, dtype=torch.bool)) & (docs[:, None] == docs[None, :])
+    torch.testing.assert_close(out, reference(q, k, v, pos, pos, allowed, rel, DH), rtol=1e-5, atol=1e-5)
+
+
+def test_logn_equals_the_reference():
+    T, L_train = 30, 8
+    q, k, v = qkv(T, T, seed=3)
+    pos = torch.arange(T)
+    out = build_extension("logn", {"train_len": L_train}).attend(q, k, v, rope(), pos[None], pos[None], AttentionMask())
+    q_scale = torch.tensor([max(1.0, math.log(m + 1) / math.log(L_train)) for m in range(T)], dtype=torch.float64)
+    allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    ref = reference(q, k, v, pos, pos, allowed, rel_plain, DH, q_scale=q_scale)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_scaling_extension_equals_a_model_configured_with_that_scaling():
+    block = {"rope_type": "dynamic", "factor": 2, "original_max_position_embeddings": 8}
+    T = 24
+    q, k, v = qkv(T, T, seed=4)
+    pos = torch.arange(T)
+    out = build_extension("rope_scaling", block).attend(q, k, v, rope(), pos[None], pos[None], AttentionMask())
+    allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    torch.testing.assert_close(out, reference(q, k, v, pos, pos, allowed, rel_plain, DH, block), rtol=1e-5, atol=1e-5)
+
+
+def test_non_rotating_layers_get_plain_attention():
+    """On the NoPE layers of ``nope_every`` the remapping is the identity: plain unrotated attention."""
+    rot = rope(nope_every=1)
+    assert not rot.rotates
+    T = 16
+    q, k, v = qkv(T, T, seed=5)
+    pos = torch.arange(T)
+    out = build_extension("rerope", {"window": 3}).attend(q, k, v, rot, pos[None], pos[None], AttentionMask())
+    logits = (q @ k.repeat_interleave(2, 1).transpose(-1, -2)) * DH**-0.5
+    logits = logits.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
+    torch.testing.assert_close(out, torch.softmax(logits, -1) @ v.repeat_interleave(2, 1), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# on a model: installation, reduction to plain RoPE, errors
+
+
+def tiny(*overrides):
+    small = ["model.n_layers=2", "model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2"]
+    cfg = load_config(overrides=[*small, *overrides])
+    torch.manual_seed(0)
+    return GPT(cfg.model, V).eval()
+
+
+T_MODEL = 20
+LARGE = {  # parameters large enough (for T_MODEL tokens) that each method is plain RoPE attention
+    "logn": {"train_len": T_MODEL},
+    "rerope": {"window": T_MODEL},
+    "self_extend": {"group_size": 4, "window": T_MODEL},
+    "dca": {"chunk_size": T_MODEL + 3, "local_window": 3},
+    "rope_scaling": {"rope_type": "dynamic", "factor": 4, "original_max_position_embeddings": T_MODEL},
+}
+SMALL = {  # parameters that remap positions inside T_MODEL tokens
+    "logn": {"train_len": 4},
+    "rerope": {"window": 4},
+    "self_extend": {"group_size": 4, "window": 4},
+    "dca": {"chunk_size": 6, "local_window": 2},
+    "rope_scaling": {"rope_type": "dynamic", "factor": 4, "original_max_position_embeddings": 4},
+}
+
+
+def test_tables_cover_the_registry():
+    assert set(LARGE) == set(SMALL) == set(EXTENSIONS)
+
+
+@pytest.mark.parametrize("name", list(EXTENSIONS))
+def test_large_enough_parameters_reduce_to_plain_rope(name):
+    model = tiny()
+    x = torch.randint(0, V, (2, T_MODEL))
+    with torch.no_grad():
+        plain = model(x)
+        with extension(model, name, **LARGE[name]):
+            extended = model(x)
+        changed = None
+        with extension(model, name, **SMALL[name]):
+            changed = model(x)
+        again = model(x)
+    torch.testing.assert_close(extended, plain, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(changed, plain, atol=1e-4)
+    torch.testing.assert_close(again, plain, rtol=0, atol=0)  # removed on leaving the block
+
+
+def test_self_extend_with_group_one_is_plain_rope():
+    model = tiny()
+    x = torch.randint(0, V, (1, T_MODEL))
+    with torch.no_grad():
+        plain = model(x)
+        with extension(model, "self_extend", group_size=1, window=2):
+            extended = model(x)
+    torch.testing.assert_close(extended, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_install_sets_and_remove_clears_every_layer():
+    model = tiny()
+    method = install_extension(model, "rerope", window=8)
+    assert all(b.attn.extension is method for b in model.blocks)
+    remove_extension(model)
+    assert all(b.attn.extension is None for b in model.blocks)
+
+
+@pytest.mark.parametrize("position", ["none", "alibi", "xpos", "learned"])
+@pytest.mark.parametrize("name", list(EXTENSIONS))
+def test_clear_error_for_a_model_that_is_not_rope(position, name):
+    model = tiny(f"model.position.name={position}")
+    with pytest.raises(ConfigError, match=rf"extension\.{name} \(layer 0\): '{name}' needs a RoPE model"):
+        install_extension(model, name, **LARGE[name])
+    assert all(b.attn.extension is None for b in model.blocks)  # nothing half-installed
+
+
+@pytest.mark.parametrize(
+    "name,params,message",
+    [
+        ("yarn_please", {}, r"extension\.name: unknown training-free method 'yarn_please'; available: logn, rerope"),
+        ("rerope", {}, r"extension\.rerope\.window: required"),
+        ("rerope", {"window": 0}, r"extension\.rerope\.window: must be >= 1, got 0"),
+        ("rerope", {"window": 4, "size": 2}, r"extension\.rerope\.size: unknown parameter; rerope takes: window"),
+        ("rerope", {"window": 4.5}, r"extension\.rerope\.window: must be int"),
+        ("self_extend", {"window": 4}, r"extension\.self_extend\.group_size: required"),
+        ("dca", {"chunk_size": 4, "local_window": 4}, r"extension\.dca\.chunk_size: must be > local_window"),
+        ("logn", {"train_len": 1}, r"extension\.logn\.train_len: must be >= 2"),
+        (
+            "rope_scaling",
+            {"rope_type": "dynamic", "factor": 2},
+            r"extension\.rope_scaling\.original_max_position_embeddings: required",
+        ),
+        ("rope_scaling", {"rope_type": "linear", "factor": 0.5}, r"extension\.rope_scaling\.factor: must be >= 1"),
+    ],
+)
+def test_bad_names_and_parameters_raise_naming_the_key(name, params, message):
+    with pytest.raises(ConfigError, match=message):
+        install_extension(tiny(), name, **params)
+
+
+def test_rope_scaling_checks_list_lengths_against_the_model():
+    block = {
+        "rope_type": "longrope",
+        "factor": 2,
+        "original_max_position_embeddings": 8,
+        "short_factor": [1.0] * 3,
+        "long_factor": [1.0] * 3,
+    }
+    with pytest.raises(ConfigError, match=r"short_factor: must have one entry per rotary frequency \(4\), got 3"):
+        install_extension(tiny(), "rope_scaling", **block)
+
+
+class LayerCache:
+    """The cache protocol Attention.forward uses: keys are cached unrotated with their positions."""
+
+    def __init__(self):
+        self.k = self.v = self.pos = None
+
+    def update(self, k, v, q_pos):
+        if self.k is None:
+            self.k, self.v, self.pos = k, v, q_pos
+        else:
+            self.k, self.v = torch.cat((self.k, k), 2), torch.cat((self.v, v), 2)
+            self.pos = torch.cat((self.pos, q_pos), -1)
+        return self.k, self.v, self.pos
+
+
+class Cache:
+    def __init__(self, n_layers):
+        self.length, self.layers = 0, [LayerCache() for _ in range(n_layers)]
+
+    def layer(self, i):
+        return self.layers[i]
+
+    def advance(self, T):
+        self.length += T
+
+
+@pytest.mark.parametrize("name", list(EXTENSIONS))
+def test_generation_with_a_kv_cache_matches_the_full_forward(name):
+    """Queries arriving one at a time (KV cache) see the same remapped positions as a full forward. (Not for
+    length-dependent scaling: dynamic NTK gives earlier tokens other frequencies by design, so a static block.)"""
+    params = SMALL[name]
+    if name == "rope_scaling":
+        params = {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 4}
+    model = tiny()
+    x = torch.randint(0, V, (1, T_MODEL))
+    with torch.no_grad(), extension(model, name, **params):
+        full = model(x)
+        cache = Cache(len(model.blocks))
+        steps = [model(x[:, :12], cache=cache), model(x[:, 12:15], cache=cache)]  # prefill, then a short chunk
+        steps += [model(x[:, i : i + 1], cache=cache) for i in range(15, T_MODEL)]  # then token by token
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
