@@ -54,26 +54,26 @@ class PositionEntry:
 
 
 REGISTRY: dict[str, PositionEntry] = {
-    # absolute: act once on the token embeddings
-    "learned": PositionEntry(LearnedParams, embedding=LearnedAbsolute, family="absolute", summary="learned table, GPT-2"),
-    "sinusoidal": PositionEntry(SinusoidalParams, embedding=Sinusoidal, family="absolute", summary="Vaswani et al. 2017"),
-    "floater": PositionEntry(FloaterParams, embedding=Floater, family="absolute", summary="FLOATER, Liu et al. 2020"),
-    "multiplicative": PositionEntry(MultiplicativeParams, embedding=Multiplicative, family="absolute", summary="x ⊙ p"),
-    "complex_order": PositionEntry(ComplexOrderParams, embedding=ComplexOrder, family="absolute", summary="Wang et al. 2020"),
-    "conv": PositionEntry(ConvParams, embedding=CausalConv, family="absolute", summary="causal depthwise conv, zero padding"),
-    # rotary: act on queries and keys
+    # absolute: act once on the token embeddings (absolute.py)
+    "learned": PositionEntry(LearnedParams, embedding=LearnedAbsolute, family="absolute", summary="GPT-2 table"),
+    "sinusoidal": PositionEntry(SinusoidalParams, embedding=Sinusoidal, family="absolute", summary="Vaswani 2017"),
+    "floater": PositionEntry(FloaterParams, embedding=Floater, family="absolute", summary="Liu et al. 2020"),
+    "multiplicative": PositionEntry(MultiplicativeParams, embedding=Multiplicative, family="absolute", summary="x⊙p"),
+    "complex_order": PositionEntry(ComplexOrderParams, embedding=ComplexOrder, family="absolute", summary="Wang 2020"),
+    "conv": PositionEntry(ConvParams, embedding=CausalConv, family="absolute", summary="causal depthwise conv"),
+    # rotary: act on queries and keys (rotary.py)
     "rope": PositionEntry(RopeParams, attention=Rope, family="rotary", summary="RoPE, Su et al. 2021"),
     "xpos": PositionEntry(XposParams, attention=Xpos, family="rotary", summary="xPos, Sun et al. 2022"),
-    # relative bias: a score term of (h, i, j)
+    # relative bias: a score term of (h, i, j) (bias.py)
     "alibi": PositionEntry(AlibiParams, attention=Alibi, family="bias", summary="ALiBi, Press et al. 2022"),
     "t5": PositionEntry(T5Params, attention=T5Bias, family="bias", summary="T5 buckets, Raffel et al. 2020"),
-    "kerple": PositionEntry(KerpleParams, attention=Kerple, family="bias", summary="KERPLE (log), Chi et al. 2022"),
+    "kerple": PositionEntry(KerpleParams, attention=Kerple, family="bias", summary="KERPLE-log, Chi et al. 2022"),
     "fire": PositionEntry(FireParams, attention=Fire, family="bias", summary="FIRE, Li et al. 2023"),
-    # relative with q/k: a score term of (q or k, i − j), from per-step tables
+    # relative with q / k: a score term from per-step q·R tables (relative.py)
     "shaw": PositionEntry(ShawParams, attention=Shaw, family="relative", summary="Shaw et al. 2018"),
-    "transformer_xl": PositionEntry(TransformerXLParams, attention=TransformerXL, family="relative", summary="Dai et al. 2019"),
+    "transformer_xl": PositionEntry(TransformerXLParams, attention=TransformerXL, family="relative", summary="Dai 19"),
     "deberta": PositionEntry(DebertaParams, attention=Deberta, family="relative", summary="He et al. 2021"),
-    # contextual: positions from the attention itself
+    # contextual: positions from the attention itself (contextual.py)
     "cope": PositionEntry(CopeParams, attention=Cope, family="contextual", summary="CoPE, Golovneva et al. 2024"),
     "none": PositionEntry(NoParams, attention=NoPE, family="none", summary="NoPE, Kazemnejad et al. 2023"),
 }  # fmt: skip

@@ -47,6 +47,10 @@ class PositionEncoding(nn.Module):
 
     score_kind: str = "none"  # "none" | "bias" | "full"   (see the module docstring)
     has_value_term: bool = False
+    # False for an encoding whose output for the new tokens depends on more than their own positions and the
+    # cached keys / values (e.g. a convolution over neighbouring embeddings): generation then decodes without a
+    # KV cache (minilm/model/generate.py).
+    supports_kv_cache: bool = True
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         return x  # (B, T, D)
@@ -55,8 +59,8 @@ class PositionEncoding(nn.Module):
         return q, k
 
     def score(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, logits: Tensor) -> Optional[Tensor]:
-        """Additive term on the scaled logits, broadcastable to (B, H, T, S), fp32; ``logits`` for contextual
-        encodings. Called only on the reference path."""
+        """Additive term on the scaled logits, broadcastable to (B, H, T, S), fp32. ``logits`` (for contextual
+        encodings such as CoPE) arrive already masked: disallowed entries are -inf. Reference path only."""
         return None
 
     def score_mod(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Callable]:

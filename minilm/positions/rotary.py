@@ -146,11 +146,11 @@ class Xpos(Rope):
     dimension pair i is also scaled by ζ_i^(n/scale_base) on queries and ζ_i^(−m/scale_base) on keys, with
     ζ_i = (2i/d + γ)/(1 + γ) < 1, so q_n·k_m carries the decay ζ^((n−m)/scale_base) and depends on n − m only."""
 
-    def __init__(self, params: XposParams, dims: PositionDims):
-        super().__init__(params, dims)
+    def configure(self, params: XposParams) -> None:
+        super().configure(params)
         i = torch.arange(0, self.rot_dim, 2, dtype=torch.float64)
         zeta = (i / self.rot_dim + params.gamma) / (1 + params.gamma)  # (Dr/2,)
-        self.register_buffer("zeta", zeta.float(), persistent=False)
+        self.register_buffer("zeta", zeta.float().to(self.inv_freq.device), persistent=False)
 
     def decay(self, positions: Tensor, center: Tensor, sign: float) -> Tensor:
         exponent = sign * (positions - center).unsqueeze(-1).float() / self.params.scale_base  # (B, T, 1)
@@ -164,7 +164,8 @@ class Xpos(Rope):
         cq, sq = self.cos_sin(q_pos, seq_len)
         ck, sk = self.cos_sin(k_pos, seq_len)
         up, down = self.decay(q_pos, center, 1.0), self.decay(k_pos, center, -1.0)
-        return apply_rotary(q, cq * up, sq * up, self.layout), apply_rotary(k, ck * down, sk * down, self.layout)
+        q = apply_rotary(q, cq * up, sq * up, self.layout)  # queries scaled up: ζ^(n/scale_base)
+        return q, apply_rotary(k, ck * down, sk * down, self.layout)  # keys down: ζ^(−m/scale_base)
 
 
 @dataclass

@@ -1,0 +1,287 @@
+"""Absolute encodings: they act once, on the token embeddings (``embed``), before the first block.
+
+Shapes: x (B, T, D); positions (B or 1, T) integer positions (which may start above 0 with a KV cache or restart
+per packed document). Every class here is the ``embedding`` hook of its registry entry; attention uses SDPA.
+
+Conventions chosen here (docs/positions.md repeats them):
+
+- ``sinusoidal`` interleaves sin and cos as in the paper (PE[2i] = sin, PE[2i+1] = cos) and is added unscaled
+  (the token embeddings are not multiplied by √d here; ``scale`` rescales the table instead).
+- ``floater`` integrates from t = 0 with a fixed step, so position p's vector never depends on how many
+  positions were asked for.
+- ``conv`` sees the tokens of the current call only: with a KV cache the taps that reach before the call would
+  read zeros, so it declares ``supports_kv_cache = False`` and generation decodes it without a cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minilm.errors import MinilmError
+from minilm.positions.base import PositionDims, PositionEncoding
+
+
+class SequenceTooLong(MinilmError):
+    """A position beyond what a bounded encoding (a learned table) can represent."""
+
+
+def sinusoid(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
+    """Vaswani et al. 2017, "Attention Is All You Need" (§3.5): PE(pos, 2i) = sin(pos / base^(2i/d)),
+    PE(pos, 2i+1) = cos(pos / base^(2i/d)). positions (...,) -> (..., dim), fp32, computed in float64."""
+    i = torch.arange(0, dim, 2, dtype=torch.float64, device=positions.device)  # the 2i of the formula
+    angles = positions.to(torch.float64).unsqueeze(-1) / base ** (i / dim)  # (..., ceil(dim/2))
+    pe = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :dim]  # sin, cos interleaved
+    return pe.float()
+
+
+# ------------------------------------------------------------------------------------------------- learned
+
+
+@dataclass
+class LearnedParams:
+    max_positions: int = 2048  # rows of the table: the longest sequence the model can ever see
+
+    def __post_init__(self):
+        if self.max_positions < 1:
+            raise ValueError(f"max_positions: must be >= 1, got {self.max_positions}")
+
+
+class LearnedAbsolute(PositionEncoding):
+    """A trainable vector per position added to the token embedding (GPT / GPT-2; Gehring et al. 2017,
+    "Convolutional Sequence to Sequence Learning"). Bounded: positions >= max_positions are an error."""
+
+    def __init__(self, params: LearnedParams, dims: PositionDims):
+        super().__init__()
+        self.limit = params.max_positions
+        self.table = nn.Parameter(torch.randn(params.max_positions, dims.d_model) * 0.02)  # (P, D)
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        top = int(positions.max())
+        if top >= self.limit or int(positions.min()) < 0:
+            raise SequenceTooLong(
+                f"position {top} is beyond the learned position table (model.position.max_positions="
+                f"{self.limit}): a 'learned' model cannot read sequences longer than {self.limit} tokens; "
+                f"train with a larger max_positions or use an extrapolating encoding (rope, alibi, fire, ...)"
+            )
+        return x + self.table[positions]  # (B, T, D)
+
+    def max_length(self) -> int:
+        return self.limit
+
+
+# ---------------------------------------------------------------------------------------------- sinusoidal
+
+
+@dataclass
+class SinusoidalParams:
+    base: float = 10000.0
+    scale: float = 1.0  # multiplies the table before it is added
+
+    def __post_init__(self):
+        if self.base <= 1:
+            raise ValueError(f"base: must be > 1, got {self.base}")
+        if self.scale <= 0:
+            raise ValueError(f"scale: must be > 0, got {self.scale}")
+
+
+class Sinusoidal(PositionEncoding):
+    """Fixed sinusoids added to the token embeddings (Vaswani et al. 2017); defined at every position."""
+
+    def __init__(self, params: SinusoidalParams, dims: PositionDims):
+        super().__init__()
+        self.base, self.scale, self.dim = params.base, params.scale, dims.d_model
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x + (self.scale * sinusoid(positions, self.dim, self.base)).to(x.dtype)  # (B, T, D)
+
+
+# ------------------------------------------------------------------------------------------------- FLOATER
+
+
+@dataclass
+class FloaterParams:
+    hidden: int = 32  # width of the dynamics network h
+    delta: float = 0.1  # time between consecutive positions: position n sits at t = n · delta
+    substeps: int = 1  # RK4 steps per position
+    cache_size: int = 65536  # never integrate past this position (keeps a typo from running for hours)
+
+    def __post_init__(self):
+        if self.hidden < 1:
+            raise ValueError(f"hidden: must be >= 1, got {self.hidden}")
+        if self.delta <= 0:
+            raise ValueError(f"delta: must be > 0, got {self.delta}")
+        if self.substeps < 1:
+            raise ValueError(f"substeps: must be >= 1, got {self.substeps}")
+        if self.cache_size < 1:
+            raise ValueError(f"cache_size: must be >= 1, got {self.cache_size}")
+
+
+class Floater(PositionEncoding):
+    """FLOATER (Liu et al. 2020, "Learning to Encode Position for Transformer with Continuous Dynamical
+    Model", arXiv:2003.09229): positions are samples p(n·Δ) of the solution of dp/dt = h(t, p), p(0) = p0, with
+    a small network h, added to the token embeddings.
+
+    The paper integrates with an adaptive solver and also injects p into every block; here a fixed-step RK4
+    integrates from t = 0 once, at the input only, so p(n) is the same for the same parameters whatever the
+    length requested (the trajectory is computed in the same order for every prefix), and any length works.
+    Without gradients the trajectory is cached until a parameter changes."""
+
+    def __init__(self, params: FloaterParams, dims: PositionDims):
+        super().__init__()
+        self.delta, self.substeps, self.limit = params.delta, params.substeps, params.cache_size
+        self.p0 = nn.Parameter(torch.randn(dims.d_model) * 0.02)  # (D,)
+        self.h_in = nn.Linear(dims.d_model + 1, params.hidden)
+        self.h_out = nn.Linear(params.hidden, dims.d_model)
+        self._cache = None
+
+    def reset_position_parameters(self) -> None:
+        nn.init.normal_(self.p0, std=0.02)
+        self.h_in.reset_parameters()  # O(1) hidden activations, so the trajectory moves from the start
+        nn.init.normal_(self.h_out.weight, std=0.02)
+        nn.init.zeros_(self.h_out.bias)
+
+    def dynamics(self, t: float, p: Tensor) -> Tensor:
+        tt = torch.full_like(p[..., :1], t)
+        return self.h_out(torch.tanh(self.h_in(torch.cat((p, tt), dim=-1))))  # (D,)
+
+    def trajectory(self, n: int) -> Tensor:
+        """p(0), p(Δ), ..., p((n-1)Δ): (n, D), by classic RK4 with ``substeps`` steps per position."""
+        if n > self.limit:
+            raise SequenceTooLong(f"floater: position {n - 1} beyond model.position.cache_size={self.limit}")
+        key = (n, tuple((p.data_ptr(), p._version) for p in self.parameters()))
+        if not torch.is_grad_enabled() and self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        h = self.delta / self.substeps
+        p, out = self.p0, [self.p0]
+        for n_done in range(1, n):
+            for s in range(self.substeps):
+                t = ((n_done - 1) * self.substeps + s) * h
+                k1 = self.dynamics(t, p)
+                k2 = self.dynamics(t + h / 2, p + h / 2 * k1)
+                k3 = self.dynamics(t + h / 2, p + h / 2 * k2)
+                k4 = self.dynamics(t + h, p + h * k3)
+                p = p + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+            out.append(p)
+        traj = torch.stack(out)  # (n, D)
+        if not torch.is_grad_enabled():
+            self._cache = (key, traj)
+        return traj
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        traj = self.trajectory(int(positions.max()) + 1)
+        return x + traj[positions].to(x.dtype)  # (B, T, D)
+
+
+# ------------------------------------------------------------------------------------------ multiplicative
+
+
+@dataclass
+class MultiplicativeParams:
+    base: float = 10000.0
+    amplitude: float = 0.5  # p_k = 1 + amplitude · PE(k): in [1 - a, 1 + a], so no dimension is ever zeroed
+
+    def __post_init__(self):
+        if self.base <= 1:
+            raise ValueError(f"base: must be > 1, got {self.base}")
+        if not 0 < self.amplitude < 1:
+            raise ValueError(f"amplitude: must be in (0, 1), got {self.amplitude}")
+
+
+class Multiplicative(PositionEncoding):
+    """Multiplicative absolute positions: x_k ⊙ p_k instead of x_k + p_k (the "multiplicative integration" of
+    position information surveyed by Dufter, Schmitt & Schütze 2022, "Position Information in Transformers: An
+    Overview", §4). p_k = 1 + amplitude · PE_sin(k) (Vaswani's sinusoids, so every length is defined)."""
+
+    def __init__(self, params: MultiplicativeParams, dims: PositionDims):
+        super().__init__()
+        self.base, self.amplitude, self.dim = params.base, params.amplitude, dims.d_model
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        p = 1.0 + self.amplitude * sinusoid(positions, self.dim, self.base)  # (B, T, D)
+        return x * p.to(x.dtype)
+
+
+# ------------------------------------------------------------------------------------------- complex order
+
+
+@dataclass
+class ComplexOrderParams:
+    base: float = 10000.0  # initial frequencies ω = base^(-2i/D), as the sinusoids'
+
+    def __post_init__(self):
+        if self.base <= 1:
+            raise ValueError(f"base: must be > 1, got {self.base}")
+
+
+class ComplexOrder(PositionEncoding):
+    """Word-order complex embeddings (Wang et al. 2020, "Encoding Word Order in Complex Embeddings", ICLR):
+    token j at position k is r_j · e^{i(ω_j k + θ_j)} with per-token amplitude r, frequency ω and phase θ; the
+    model reads its real and imaginary parts, concatenated: [r cos(ωk + θ), r sin(ωk + θ)] (D/2 complex dims).
+
+    Convention: r, ω, θ are linear functions of the token embedding x (the paper's per-word tables, factored
+    through the embedding table, so they stay per token); ω has a learned bias initialized to the sinusoidal
+    frequencies, so at initialization every dimension rotates at a different rate. The output replaces x."""
+
+    def __init__(self, params: ComplexOrderParams, dims: PositionDims):
+        super().__init__()
+        d = dims.d_model
+        self.half = d // 2
+        self.base = params.base
+        self.amplitude = nn.Linear(d, self.half, bias=False)
+        self.frequency = nn.Linear(d, self.half)
+        self.phase = nn.Linear(d, self.half, bias=False)
+        self.reset_position_parameters()
+
+    def reset_position_parameters(self) -> None:
+        d = self.amplitude.in_features
+        nn.init.normal_(self.amplitude.weight, std=d**-0.5)  # |r| ≈ |x|
+        nn.init.normal_(self.frequency.weight, std=0.02)
+        nn.init.normal_(self.phase.weight, std=0.02)
+        with torch.no_grad():
+            i = torch.arange(self.half, dtype=torch.float64)
+            self.frequency.bias.copy_((self.base ** (-2 * i / d)).float())
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        r, w, theta = self.amplitude(x), self.frequency(x), self.phase(x)  # (B, T, D/2) each
+        angle = w * positions.unsqueeze(-1).to(w.dtype) + theta
+        z = torch.cat((r * angle.cos(), r * angle.sin()), dim=-1)  # (B, T, 2·(D/2))
+        return F.pad(z, (0, x.shape[-1] - z.shape[-1]))  # odd D: one zero dimension
+
+
+# -------------------------------------------------------------------------------------------- convolution
+
+
+@dataclass
+class ConvParams:
+    kernel_size: int = 4
+
+    def __post_init__(self):
+        if self.kernel_size < 2:
+            raise ValueError(f"kernel_size: must be >= 2, got {self.kernel_size}")
+
+
+class CausalConv(PositionEncoding):
+    """Position through zero padding: x + DepthwiseConv(x), causal (left padding only). CNNs learn absolute
+    position from their padding (Islam et al. 2020, "How Much Position Information Do Convolutional Neural
+    Networks Encode?"); the depthwise-convolution form is the conditional positional encoding of Chu et al. 2021
+    (arXiv:2102.10882), made causal here. A tap reaching before position 0 — the start of the sequence or of a
+    packed document whose positions restart — reads zeros, so documents do not leak into each other."""
+
+    supports_kv_cache = False  # taps read the previous kernel_size − 1 embeddings, which no KV cache holds
+
+    def __init__(self, params: ConvParams, dims: PositionDims):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(params.kernel_size, dims.d_model) * 0.02)  # (K, D); tap m: x[t-m]
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        T = x.shape[1]
+        out = x
+        for m in range(self.weight.shape[0]):
+            shifted = F.pad(x, (0, 0, m, 0))[:, :T]  # x[t - m], zeros before the call's first token
+            valid = (positions >= m).unsqueeze(-1).to(x.dtype)  # (B, T, 1): no tap before position 0
+            out = out + shifted * valid * self.weight[m]
+        return out  # (B, T, D)

@@ -1,0 +1,270 @@
+"""Relative biases: a term added to the attention logits that depends on (head, query position, key position)
+only — ALiBi, T5 buckets, KERPLE, FIRE.
+
+Every class here has ``score_kind = "bias"``: ``score`` materializes the (B, H, T, S) term for the fp32
+reference path, and ``score_mod`` returns the same term as a FlexAttention ``score_mod(score, b, h, i, j)`` that
+reads the position tensors (and, for T5, a small per-step table over distances) inside the kernel, so no T×S bias
+exists on the fast path. ``i`` and ``j`` are indices; positions are looked up as q_pos[b, i], k_pos[b, j].
+
+Convention: the relative distance is d = i − j = q_pos − k_pos (≥ 0 for the keys a causal query sees).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from minilm.positions.base import PositionDims, PositionEncoding
+
+
+def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """d = q_pos − k_pos: (B, T), (B, S) -> (B, 1, T, S), long."""
+    return (q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)).unsqueeze(1)
+
+
+def _inv_softplus(y: Tensor) -> Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+# --------------------------------------------------------------------------------------------------- ALiBi
+
+
+def alibi_slopes(n_heads: int, max_bias: float = 8.0) -> Tensor:
+    """Press et al. 2022, "Train Short, Test Long" (ALiBi): for n a power of two, head i (1-based) gets slope
+    2^(−max_bias·i/n). Otherwise, as BLOOM's ``build_alibi_tensor`` computes it: the 2^⌊log2 n⌋ power-of-two
+    slopes, then the odd-indexed slopes of the 2·2^⌊log2 n⌋ sequence for the remaining heads (the same list as
+    the ALiBi authors' recursive ``get_slopes``)."""
+    closest = 2 ** math.floor(math.log2(n_heads))
+    base = 2.0 ** (-max_bias / closest)
+    slopes = [base**i for i in range(1, closest + 1)]
+    if closest != n_heads:
+        extra_base = 2.0 ** (-max_bias / (2 * closest))
+        remaining = min(closest, n_heads - closest)
+        slopes += [extra_base**i for i in range(1, 2 * remaining, 2)]
+    return torch.tensor(slopes, dtype=torch.float32)  # (H,)
+
+
+@dataclass
+class AlibiParams:
+    max_bias: float = 8.0  # the 8 in 2^(−8i/n)
+
+    def __post_init__(self):
+        if self.max_bias <= 0:
+            raise ValueError(f"max_bias: must be > 0, got {self.max_bias}")
+
+
+class Alibi(PositionEncoding):
+    """ALiBi (Press et al. 2022, arXiv:2108.12409): logits − m_h · (i − j), fixed head-specific slopes m_h."""
+
+    score_kind = "bias"
+
+    def __init__(self, params: AlibiParams, dims: PositionDims):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(dims.n_heads, params.max_bias), persistent=False)  # (H,)
+
+    def score(self, q, k, q_pos, k_pos, logits):
+        return -self.slopes.view(1, -1, 1, 1) * relative_distance(q_pos, k_pos).float()  # (B, H, T, S)
+
+    def score_mod(self, q, k, q_pos, k_pos):
+        slopes = self.slopes
+
+        def alibi(score, b, h, i, j):
+            return score - slopes[h] * (q_pos[b, i] - k_pos[b, j]).float()
+
+        return alibi
+
+
+# ------------------------------------------------------------------------------------------------------ T5
+
+
+def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = False):
+    """Raffel et al. 2020 (T5), ``_relative_position_bucket`` with d = i − j (T5's relative_position is j − i).
+
+    Half the buckets (per direction) hold exact distances 0..max_exact−1; the rest are log-spaced up to
+    ``max_distance``, beyond which everything shares the last bucket. Causal (``bidirectional=False``): keys
+    after the query (d < 0) fall in bucket 0. Bidirectional: keys after the query use the upper half."""
+    relative_position = -distance  # T5's j − i
+    buckets = torch.zeros_like(distance)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        relative_position = relative_position.abs()
+    else:
+        relative_position = -torch.clamp(relative_position, max=0)
+    max_exact = num_buckets // 2
+    is_small = relative_position < max_exact
+    log_ratio = torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
+    large = torch.clamp(large, max=num_buckets - 1)
+    return buckets + torch.where(is_small, relative_position, large)
+
+
+@dataclass
+class T5Params:
+    num_buckets: int = 32
+    max_distance: int = 128
+    bidirectional: bool = False  # False: causal bucketing, as in T5's decoder
+
+    def __post_init__(self):
+        if self.num_buckets < 2 or (self.bidirectional and self.num_buckets < 4):
+            raise ValueError(f"num_buckets: must be >= 2 (>= 4 bidirectional), got {self.num_buckets}")
+        exact = self.num_buckets // (4 if self.bidirectional else 2)
+        if self.max_distance <= exact:
+            raise ValueError(f"max_distance: must exceed the {exact} exact buckets, got {self.max_distance}")
+
+
+class T5Bias(PositionEncoding):
+    """T5 relative attention bias (Raffel et al. 2020, arXiv:1910.10683, §2.1): a learned scalar per head per
+    log-spaced bucket of i − j. Convention: every layer owns its table (T5 shares the first layer's)."""
+
+    score_kind = "bias"
+
+    def __init__(self, params: T5Params, dims: PositionDims):
+        super().__init__()
+        self.params = params
+        self.table = nn.Parameter(torch.randn(params.num_buckets, dims.n_heads) * 0.02)  # (buckets, H)
+        # Bucket of every distance in [−max_distance, max_distance]; beyond it the bucket no longer changes, so
+        # clamping the distance into this range is exact.
+        m = params.max_distance
+        d = torch.arange(-m, m + 1)
+        self.register_buffer("bucket_of", t5_bucket(d, params.num_buckets, m, params.bidirectional), persistent=False)
+
+    def score(self, q, k, q_pos, k_pos, logits):
+        m = self.params.max_distance
+        d = relative_distance(q_pos, k_pos).clamp(-m, m) + m  # (B, 1, T, S)
+        return self.table[self.bucket_of[d.squeeze(1)]].permute(0, 3, 1, 2).float()  # (B, H, T, S)
+
+    def score_mod(self, q, k, q_pos, k_pos):
+        m = self.params.max_distance
+        by_distance = self.table[self.bucket_of].float().t()  # (H, 2m+1): the per-step table
+
+        def t5(score, b, h, i, j):
+            return score + by_distance[h, (q_pos[b, i] - k_pos[b, j]).clamp(-m, m) + m]
+
+        return t5
+
+
+# -------------------------------------------------------------------------------------------------- KERPLE
+
+
+@dataclass
+class KerpleParams:
+    eps: float = 1e-2  # lower bound of r1 and r2
+
+    def __post_init__(self):
+        if self.eps <= 0:
+            raise ValueError(f"eps: must be > 0, got {self.eps}")
+
+
+class Kerple(PositionEncoding):
+    """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding for
+    Length Extrapolation", arXiv:2205.09921): logits − r1_h · log(1 + r2_h · |i − j|), r1, r2 > 0 learned per
+    head. Convention: positivity by r = eps + softplus(raw) (the authors clamp the raw values at eps after each
+    step instead); initialized like the authors' code, r1 ~ U(0, 2), r2 ~ U(0, 1)."""
+
+    score_kind = "bias"
+
+    def __init__(self, params: KerpleParams, dims: PositionDims):
+        super().__init__()
+        self.eps = params.eps
+        self.raw_r1 = nn.Parameter(torch.zeros(dims.n_heads))  # (H,)
+        self.raw_r2 = nn.Parameter(torch.zeros(dims.n_heads))
+        self.reset_position_parameters()
+
+    def reset_position_parameters(self) -> None:
+        with torch.no_grad():
+            H = self.raw_r1.shape[0]
+            self.raw_r1.copy_(_inv_softplus((torch.rand(H) * 2).clamp(min=2 * self.eps) - self.eps))
+            self.raw_r2.copy_(_inv_softplus(torch.rand(H).clamp(min=2 * self.eps) - self.eps))
+
+    def coefficients(self) -> tuple[Tensor, Tensor]:
+        return self.eps + F.softplus(self.raw_r1.float()), self.eps + F.softplus(self.raw_r2.float())  # (H,) each
+
+    def score(self, q, k, q_pos, k_pos, logits):
+        r1, r2 = (c.view(1, -1, 1, 1) for c in self.coefficients())
+        return -r1 * torch.log1p(r2 * relative_distance(q_pos, k_pos).abs().float())  # (B, H, T, S)
+
+    def score_mod(self, q, k, q_pos, k_pos):
+        r1, r2 = self.coefficients()
+
+        def kerple(score, b, h, i, j):
+            return score - r1[h] * torch.log1p(r2[h] * (q_pos[b, i] - k_pos[b, j]).abs().float())
+
+        return kerple
+
+
+# ---------------------------------------------------------------------------------------------------- FIRE
+
+
+@dataclass
+class FireParams:
+    mlp_width: int = 32
+    init_c: float = 0.1  # ψ(x) = log(c·x + 1), c learned
+    init_L: float = 512.0  # the threshold L of max(L, i), learned through a multiplier (initially 1)
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.mlp_width < 1:
+            raise ValueError(f"mlp_width: must be >= 1, got {self.mlp_width}")
+        if self.init_c <= 0:
+            raise ValueError(f"init_c: must be > 0, got {self.init_c}")
+        if self.init_L <= 0:
+            raise ValueError(f"init_L: must be > 0, got {self.init_L}")
+        if self.eps <= 0:
+            raise ValueError(f"eps: must be > 0, got {self.eps}")
+
+
+class Fire(PositionEncoding):
+    """FIRE (Li et al. 2023, "Functional Interpolation for Relative Positions Improves Long Context
+    Transformers", arXiv:2310.04418): b_h(i, j) = f_θ(ψ(i − j) / ψ(max(L, i)))_h with ψ(x) = log(c·|x| + 1)
+    and f_θ an MLP 1 → width → H (ReLU). Normalizing by the *query position* i (not the training length) puts the
+    input in [0, 1] at every length, which is what lets FIRE extrapolate; L (learned) keeps short prefixes from
+    being over-stretched. Follows the paper's reference code: L = |multiplier · init_L|, ψ(max(L, i)) + eps."""
+
+    score_kind = "bias"
+
+    def __init__(self, params: FireParams, dims: PositionDims):
+        super().__init__()
+        self.params = params
+        self.mlp_in = nn.Linear(1, params.mlp_width)
+        self.mlp_out = nn.Linear(params.mlp_width, dims.n_heads)
+        self.c = nn.Parameter(torch.tensor(params.init_c))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("init_L", torch.tensor(params.init_L), persistent=False)
+
+    def reset_position_parameters(self) -> None:
+        self.mlp_in.reset_parameters()  # PyTorch's Linear init, as the paper's code (not the model's N(0, 0.02))
+        self.mlp_out.reset_parameters()
+        with torch.no_grad():
+            self.c.fill_(self.params.init_c)
+            self.L_multiplier.fill_(1.0)
+
+    def normalized(self, distance: Tensor, query: Tensor) -> Tensor:
+        """ψ(i − j) / ψ(max(L, i)) elementwise (fp32)."""
+        threshold = (self.L_multiplier * self.init_L).abs()
+        num = torch.log(torch.abs(self.c * distance.float()) + 1)
+        den = torch.log(torch.abs(self.c * torch.maximum(query.float(), threshold)) + 1) + self.params.eps
+        return num / den
+
+    def score(self, q, k, q_pos, k_pos, logits):
+        x = self.normalized(relative_distance(q_pos, k_pos), q_pos.unsqueeze(1).unsqueeze(-1))  # (B, 1, T, S)
+        bias = self.mlp_out(torch.relu(self.mlp_in(x.unsqueeze(-1))))  # (B, 1, T, S, H)
+        return bias.squeeze(1).permute(0, 3, 1, 2).float()  # (B, H, T, S)
+
+    def score_mod(self, q, k, q_pos, k_pos):
+        w1, b1 = self.mlp_in.weight[:, 0].float(), self.mlp_in.bias.float()  # (W,), (W,)
+        w2, b2 = self.mlp_out.weight.float(), self.mlp_out.bias.float()  # (H, W), (H,)
+        width = w1.shape[0]
+
+        def fire(score, b, h, i, j):
+            x = self.normalized(q_pos[b, i] - k_pos[b, j], q_pos[b, i])
+            acc = b2[h]
+            for u in range(width):  # the MLP unrolled into pointwise ops, so it runs inside the kernel
+                acc = acc + w2[h, u] * torch.relu(w1[u] * x + b1[u])
+            return score + acc
+
+        return fire

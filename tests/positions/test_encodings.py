@@ -1,0 +1,316 @@
+"""Per-encoding properties: the formulas and tables the papers give, and the invariances the methods promise."""
+
+import math
+
+import pytest
+import torch
+
+from minilm.positions import PositionDims, build_position
+from minilm.positions.absolute import sinusoid
+from minilm.positions.bias import alibi_slopes, t5_bucket
+from minilm.positions.rotary import apply_rotary
+
+from .helpers import V, hook, perturb, tiny_model
+
+
+def embedding_hook(name, d_model=16, seed=0, **params):
+    dims = PositionDims(d_model=d_model, n_heads=2, n_kv_heads=2, head_dim=d_model // 2, n_layers=2, layer=-1)
+    torch.manual_seed(seed)
+    return perturb(build_position({"name": name, **params}, dims, "embedding"), seed).eval()
+
+
+def rotated_scores(pos, q, k, q_pos, k_pos):
+    q, k = pos.rotate(q, k, q_pos, k_pos)
+    return q @ k.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-1, -2)  # (B, H, T, S)
+
+
+# ------------------------------------------------------------------------------------------ rotary family
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_rotary_scores_depend_on_the_offset_only(name, layout, fraction):
+    pos = hook(name, layout=layout, fraction=fraction)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, 12, 8, generator=g), torch.randn(1, 2, 12, 8, generator=g)
+    p = torch.arange(12)[None]
+    base = rotated_scores(pos, q, k, p, p)
+    for shift in (5, 300):
+        assert torch.allclose(rotated_scores(pos, q, k, p + shift, p + shift), base, atol=1e-4, rtol=1e-4)
+
+
+def test_xpos_score_is_rope_times_the_decay():
+    """q = k = 1: pair i contributes 2·cos(dθ_i) under RoPE and 2·ζ_i^(d/scale_base)·cos(dθ_i) under xPos,
+    ζ_i = (2i/Dh + γ)/(1 + γ) (Sun et al. 2022, eq. 6), whatever the absolute positions."""
+    xpos = hook("xpos", scale_base=8.0, gamma=0.4)
+    q = k = torch.ones(1, 1, 1, 8)
+    theta = 10000.0 ** (-torch.arange(0, 8, 2) / 8)
+    zeta = (torch.arange(0, 8, 2) / 8 + 0.4) / 1.4
+    for n, m in [(5, 0), (40, 3), (1003, 1000)]:
+        d = n - m
+        got = rotated_scores(xpos, q, k, torch.tensor([[n]]), torch.tensor([[m]])).item()
+        want = (2 * zeta ** (d / 8.0) * torch.cos(d * theta)).sum().item()
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_interleaved_is_half_up_to_a_fixed_permutation(fraction):
+    """Interleaved pairs (2i, 2i+1) are half's pairs (i, i + d/2): permuting dims maps one rotation onto the
+    other, for the rotated dims; the pass-through dims stay where they are."""
+    half = hook("rope", layout="half", fraction=fraction)
+    inter = hook("rope", layout="interleaved", fraction=fraction)
+    dr = half.rot_dim
+    perm = torch.arange(8)
+    perm[:dr] = torch.stack([torch.arange(dr // 2), torch.arange(dr // 2) + dr // 2], -1).flatten()
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 4, 10, 8, generator=g), torch.randn(2, 2, 10, 8, generator=g)
+    p = torch.arange(3, 13)[None].expand(2, -1)
+    qh, kh = half.rotate(q, k, p, p)
+    qi, ki = inter.rotate(q[..., perm], k[..., perm], p, p)
+    assert torch.allclose(qi, qh[..., perm], atol=1e-6) and torch.allclose(ki, kh[..., perm], atol=1e-6)
+    scores_inter = rotated_scores(inter, q[..., perm], k[..., perm], p, p)
+    assert torch.allclose(rotated_scores(half, q, k, p, p), scores_inter, atol=1e-5)
+
+
+def test_apply_rotary_keeps_the_pass_through_dims():
+    x = torch.randn(1, 1, 3, 8)
+    cos, sin = torch.zeros(1, 1, 3, 2), torch.ones(1, 1, 3, 2)
+    assert torch.equal(apply_rotary(x, cos, sin, "half")[..., 4:], x[..., 4:])
+
+
+def test_nope_every_leaves_every_nth_layer_unrotated():
+    model = tiny_model("rope", "model.position.nope_every=2")
+    q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)
+    p = torch.arange(5)[None]
+    first, second = (b.attn.pos for b in model.blocks)
+    assert first.rotates and not second.rotates
+    assert torch.equal(second.rotate(q, k, p, p)[0], q) and not torch.equal(first.rotate(q, k, p, p)[0], q)
+
+
+SHIFT_INVARIANT = ["rope", "xpos", "alibi", "t5", "kerple", "shaw", "transformer_xl", "deberta", "cope", "none"]
+
+
+@pytest.mark.parametrize("name", SHIFT_INVARIANT)
+def test_relative_encodings_ignore_a_common_shift(name):
+    """For encodings of i − j only, offsetting every position changes no logit."""
+    model = tiny_model(name)
+    x = torch.randint(0, V, (2, 20), generator=torch.Generator().manual_seed(4))
+    p = torch.arange(20)[None]
+    with torch.no_grad():
+        assert torch.allclose(model(x, positions=p), model(x, positions=p + 57), atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------- ALiBi and T5
+
+
+def press_slopes(n):
+    """The ALiBi authors' recursive get_slopes (github.com/ofirpress/attention_with_linear_biases)."""
+
+    def power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_2(closest) + press_slopes(2 * closest)[0::2][: n - closest]
+
+
+@pytest.mark.parametrize("n", range(1, 65))
+def test_alibi_slopes(n):
+    slopes = alibi_slopes(n)
+    assert slopes.shape == (n,)
+    assert torch.allclose(slopes.double(), torch.tensor(press_slopes(n), dtype=torch.float64), rtol=1e-6)
+    if math.log2(n).is_integer():
+        want = torch.tensor([2 ** (-8 * i / n) for i in range(1, n + 1)], dtype=torch.float64)
+        assert torch.allclose(slopes.double(), want, rtol=1e-6)
+
+
+def test_alibi_bloom_interleaved_slopes_for_12_heads():
+    # 8 power-of-two slopes 2^-1..2^-8, then the odd powers of 2^-0.5 for the 4 extra heads
+    want = [2.0**-i for i in range(1, 9)] + [2.0 ** (-0.5 * i) for i in (1, 3, 5, 7)]
+    assert torch.allclose(alibi_slopes(12).double(), torch.tensor(want, dtype=torch.float64))
+
+
+def test_alibi_bias_is_minus_slope_times_distance():
+    pos = hook("alibi")
+    p = torch.arange(6)[None]
+    bias = pos.score(None, None, p, p, None)
+    assert torch.allclose(bias[0, 2, 5, 1], -alibi_slopes(4)[2] * 4)
+
+
+def test_t5_bidirectional_32_buckets_128_distance():
+    d = torch.arange(0, 31)
+    want = list(range(8)) + [8] * 4 + [9] * 4 + [10] * 7 + [11] * 8  # 0..7, 8..11, 12..15, 16..22, 23..30
+    assert t5_bucket(d, 32, 128, bidirectional=True).tolist() == want
+    assert t5_bucket(-d[1:], 32, 128, bidirectional=True).min() >= 16  # keys after the query: the upper half
+    assert t5_bucket(torch.tensor([10_000]), 32, 128, bidirectional=True).item() == 15
+
+
+def test_t5_causal_buckets():
+    d = torch.arange(-5, 500)
+    b = t5_bucket(d, 32, 128, bidirectional=False)
+    assert (b[d < 0] == 0).all()  # the future shares bucket 0 (masked anyway)
+    assert b[(d >= 0) & (d < 16)].tolist() == list(range(16))  # exact distances
+    assert (b.diff() >= 0).all() and b.max() == 31 and (b[d >= 128] == 31).all()
+
+
+def test_t5_bias_reads_the_bucket_table():
+    pos = hook("t5", num_buckets=8, max_distance=12)
+    p = torch.arange(40)[None]
+    bias = pos.score(None, None, p, p, None)  # (1, H, 40, 40)
+    buckets = t5_bucket(p[0, :, None] - p[0, None, :], 8, 12)
+    assert torch.equal(bias[0], pos.table[buckets].permute(2, 0, 1))
+
+
+# ----------------------------------------------------------------------------------- KERPLE, FIRE, DeBERTa
+
+
+def test_kerple_coefficients_stay_positive():
+    pos = hook("kerple")
+    with torch.no_grad():
+        pos.raw_r1.fill_(-50.0)
+        pos.raw_r2.fill_(-50.0)
+    r1, r2 = pos.coefficients()
+    assert (r1 > 0).all() and (r2 > 0).all()
+    p = torch.arange(8)[None]
+    assert (pos.score(None, None, p, p, None) <= 0).all()
+
+
+def test_fire_input_is_normalized_at_every_length():
+    """ψ(i − j)/ψ(max(L, i)) lies in [0, 1] for every causal pair, however long the sequence: the MLP never sees
+    an input outside its training range, which is what lets FIRE extrapolate (Li et al. 2023, §3)."""
+    pos = hook("fire", init_L=64.0)
+    for n in (16, 1000, 20_000):
+        i = torch.tensor([n - 1, n // 2, 0])
+        j = torch.tensor([0, n // 3, 0])
+        x = pos.normalized(i - j, i)
+        assert (x >= 0).all() and (x <= 1 + 1e-5).all()
+
+
+def test_transformer_xl_terms():
+    """(b) + (c) + (d) = ((q_i + v)·W_{K,R}R_{i−j} + u·k_j) / √Dh, R the sinusoids of width d_model."""
+    pos = hook("transformer_xl", n_kv_heads=4)
+    g = torch.Generator().manual_seed(6)
+    q, k = torch.randn(1, 4, 6, 8, generator=g), torch.randn(1, 4, 6, 8, generator=g)
+    p = torch.arange(10, 16)[None]
+    bias = pos.score(q, k, p, p, None)
+    for h, i, j in [(0, 5, 0), (3, 2, 2), (1, 1, 4)]:
+        r = pos.w_kr(sinusoid(torch.tensor(i - j), 32)).view(4, 8)[h]
+        want = ((q[0, h, i] + pos.v[h]) @ r + pos.u[h] @ k[0, h, j]) / 8**0.5
+        assert bias[0, h, i, j].item() == pytest.approx(want.item(), abs=1e-5)
+
+
+def test_deberta_terms():
+    """c2p + p2c = (Q^c_i·K^r_{δ(i,j)} + K^c_j·Q^r_{δ(j,i)}) / √(3·Dh)."""
+    pos = hook("deberta", n_kv_heads=4, max_distance=3)
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(1, 4, 8, 8, generator=g), torch.randn(1, 4, 8, 8, generator=g)
+    p = torch.arange(8)[None]
+    bias = pos.score(q, k, p, p, None)
+    kr, qr = pos.w_kr(pos.rel).view(6, 4, 8), pos.w_qr(pos.rel).view(6, 4, 8)
+    delta = lambda a, b: min(max(a - b, -2), 3) + 2  # noqa: E731  clip to (−3, 3] -> [0, 6)
+    for h, i, j in [(0, 7, 0), (2, 3, 2), (1, 0, 5)]:
+        want = (q[0, h, i] @ kr[delta(i, j), h] + k[0, h, j] @ qr[delta(j, i), h]) / (3 * 8) ** 0.5
+        assert bias[0, h, i, j].item() == pytest.approx(want.item(), abs=1e-5)
+
+
+def test_deberta_distance_clipping_and_scale():
+    pos = hook("deberta", max_distance=4)
+    assert pos.bucket(torch.tensor([-100, -3, 0, 4, 100])).tolist() == [0, 0, 3, 7, 7]  # (−k, k] -> [0, 2k)
+    assert pos.softmax_scale(8) == pytest.approx((3 * 8) ** -0.5)
+
+
+# ------------------------------------------------------------------------------------------------ absolute
+
+
+def test_sinusoidal_formula():
+    d, p = 10, torch.arange(0, 50)
+    pe = sinusoid(p, d)
+    for pos in (0, 1, 7, 49):
+        for i in range(d // 2):
+            angle = pos / 10000 ** (2 * i / d)
+            assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+    emb = embedding_hook("sinusoidal", d_model=10)
+    assert torch.allclose(emb.embed(torch.zeros(1, 50, 10), p[None]), pe[None])
+
+
+def test_floater_reproduces_positions_at_any_length():
+    emb = embedding_hook("floater", hidden=8, substeps=2)
+    short = emb.trajectory(16)
+    with torch.no_grad():
+        long = emb.trajectory(64)
+        cached = emb.trajectory(64)
+    assert torch.equal(short, long[:16]) and torch.equal(long, cached)
+    assert not torch.allclose(long[1], long[40])  # positions really differ
+    x = torch.zeros(1, 64, 16)
+    assert torch.equal(emb.embed(x[:, :16], torch.arange(16)[None]), emb.embed(x, torch.arange(64)[None])[:, :16])
+
+
+def test_learned_table_limit_message():
+    model = tiny_model("learned")
+    with torch.no_grad():
+        model(torch.zeros(1, 32, dtype=torch.long))  # exactly max_positions: fine
+    with pytest.raises(Exception, match=r"position 32 .*max_positions=32"):
+        with torch.no_grad():
+            model(torch.zeros(1, 10, dtype=torch.long), positions=torch.arange(23, 33)[None])
+
+
+def test_multiplicative_is_a_product():
+    emb = embedding_hook("multiplicative", amplitude=0.5)
+    x, p = torch.randn(2, 9, 16), torch.arange(9)[None]
+    assert torch.allclose(emb.embed(x, p), x * (1 + 0.5 * sinusoid(p, 16)))
+
+
+def test_complex_order_formula():
+    emb = embedding_hook("complex_order")
+    x, p = torch.randn(1, 7, 16), torch.arange(7)[None]
+    r, w, th = emb.amplitude(x), emb.frequency(x), emb.phase(x)
+    phi = w * p[..., None] + th
+    assert torch.allclose(emb.embed(x, p), torch.cat([r * phi.cos(), r * phi.sin()], -1), atol=1e-6)
+
+
+def test_conv_does_not_leak_across_restarted_documents():
+    emb = embedding_hook("conv", kernel_size=4)
+    x = torch.randn(1, 12, 16)
+    p = torch.cat([torch.arange(5), torch.arange(7)])[None]  # two packed documents
+    y = x.clone()
+    y[:, :5] += 1.0  # change the first document only
+    assert torch.equal(emb.embed(x, p)[:, 5:], emb.embed(y, p)[:, 5:])
+    assert not torch.allclose(emb.embed(x, p)[:, :5], emb.embed(y, p)[:, :5])
+
+
+# --------------------------------------------------------------------------------------------------- CoPE
+
+
+def test_cope_matches_the_definition():
+    """p_ij = min(Σ_{t=j..i} σ(z_it), npos_max − 1); term = interpolation of q_i·e[⌊p⌋], q_i·e[⌈p⌉]."""
+    pos = hook("cope", npos_max=4)
+    T = 6
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(1, 4, T, 8, generator=g), torch.randn(1, 4, T, 8, generator=g)
+    z = (q @ k.transpose(-1, -2)) / 8**0.5
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    masked = z.masked_fill(~causal, float("-inf"))
+    got = pos.score(q, k, None, None, masked)
+    e = pos.pos_emb  # (Dh, npos)
+    for h in range(4):
+        for i in range(T):
+            for j in range(i + 1):
+                p = min(sum(torch.sigmoid(z[0, h, i, t]).item() for t in range(j, i + 1)), 3.0)
+                lo, hi, w = math.floor(p), math.ceil(p), p - math.floor(p)
+                want = (1 - w) * (q[0, h, i] @ e[:, lo]) + w * (q[0, h, i] @ e[:, hi])
+                assert got[0, h, i, j].item() == pytest.approx(want.item(), abs=1e-5)
+
+
+def test_shaw_key_term():
+    """q_i·R^K[clip(i − j, −k, k)] / √Dh, one table shared by the heads."""
+    pos = hook("shaw", max_distance=2)
+    q = torch.randn(1, 4, 6, 8)
+    p = torch.arange(6)[None]
+    bias = pos.score(q, None, p, p, None)
+    for h, i, j in [(0, 5, 0), (1, 3, 2), (3, 0, 4)]:
+        want = q[0, h, i] @ pos.rel_k[min(max(i - j, -2), 2) + 2] / 8**0.5
+        assert bias[0, h, i, j].item() == pytest.approx(want.item(), abs=1e-5)

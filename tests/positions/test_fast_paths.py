@@ -1,0 +1,128 @@
+"""Every fast path equals the fp32 reference path.
+
+- score_mod (the FlexAttention form of a score term) evaluated on broadcast index tensors equals ``score()``,
+  for every encoding that declares ``score_kind = "bias"`` — with grouped-query heads, with queries that start
+  after cached keys, and with positions that restart per document;
+- the whole FlexAttention path (eager on CPU: forward only) equals ``reference_attention`` with the same mask;
+- the SDPA path equals the reference for encodings without a score term.
+The compiled CUDA kernel runs the same score_mods; ``-m gpu`` checks it where a GPU exists.
+"""
+
+import pytest
+import torch
+
+from minilm.model.attention import AttentionMask, reference_attention, repeat_kv, sdpa_attention
+from minilm.model.flex import flex_attention_available, flex_attention_with_score_mod
+
+from .helpers import ATTENTION_SIDE, hook
+
+B, H, HKV, DH = 2, 4, 2, 8
+BIAS = [n for n in ATTENTION_SIDE if hook(n).score_kind == "bias"]
+NO_SCORE = [n for n in ATTENTION_SIDE if hook(n).score_kind == "none" and not hook(n).has_value_term]
+PARAMS = {"shaw": {"max_distance": 3}, "deberta": {"max_distance": 3}, "t5": {"num_buckets": 8, "max_distance": 12},
+          "fire": {"init_L": 6.0, "mlp_width": 4}}  # fmt: skip
+
+
+def cases():
+    """(name, T, S, q_pos, k_pos, mask): plain causal; 5 queries after 11 cached keys (positions from 11); two
+    packed documents whose positions restart."""
+    S = 16
+    plain = (16, S, torch.arange(S).expand(B, S), torch.arange(S).expand(B, S), AttentionMask())
+    cached = (5, S, torch.arange(11, S).expand(B, 5), torch.arange(S).expand(B, S), AttentionMask(offset=11))
+    docs = torch.tensor([[0] * 6 + [1] * 10, [0] * 11 + [1] * 5])
+    restart = torch.stack([torch.cat([torch.arange(6), torch.arange(10)]),
+                           torch.cat([torch.arange(11), torch.arange(5)])])  # fmt: skip
+    packed = (S, S, restart, restart, AttentionMask(q_doc=docs, k_doc=docs))
+    return {"plain": plain, "cached": cached, "packed": packed}
+
+
+CASES = cases()
+
+
+def qkv(T, S, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, T, DH, generator=g)
+    return q, torch.randn(B, HKV, S, DH, generator=g), torch.randn(B, HKV, S, DH, generator=g)
+
+
+def dense(score_mod, T, S):
+    """Evaluate a score_mod on every (b, h, i, j) at once by broadcasting index tensors."""
+    b = torch.arange(B).view(B, 1, 1, 1)
+    h = torch.arange(H).view(1, H, 1, 1)
+    i = torch.arange(T).view(1, 1, T, 1)
+    j = torch.arange(S).view(1, 1, 1, S)
+    return score_mod(torch.zeros(B, H, T, S), b, h, i, j).expand(B, H, T, S)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", BIAS)
+def test_score_mod_equals_score(name, case):
+    pos = hook(name, **PARAMS.get(name, {}))
+    T, S, q_pos, k_pos, mask = CASES[case]
+    q, k, _ = qkv(T, S)
+    with torch.no_grad():
+        want = pos.score(q, repeat_kv(k, H // HKV), q_pos, k_pos, None).expand(B, H, T, S)
+        got = dense(pos.score_mod(q, k, q_pos, k_pos), T, S)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert want.abs().max() > 1e-3  # the term is really there
+
+
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("case", ["cached", "packed"])  # (eager Flex costs seconds per call on CPU)
+@pytest.mark.parametrize("name", BIAS)
+def test_flex_path_equals_reference(name, case):
+    pos = hook(name, **PARAMS.get(name, {}))
+    if pos.has_value_term:  # Shaw's value term is on the reference path; its key term alone is checked here
+        pos.has_value_term, pos.rel_v = False, None
+    T, S, q_pos, k_pos, mask = CASES[case]
+    q, k, v = qkv(T, S, seed=1)
+    with torch.no_grad():
+        want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
+        got = flex_attention_with_score_mod(q, k, v, pos.score_mod(q, k, q_pos, k_pos), mask,
+                                            pos.softmax_scale(DH), compiled=False)  # fmt: skip
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", NO_SCORE)
+def test_sdpa_path_equals_reference(name, case):
+    pos = hook(name)
+    T, S, q_pos, k_pos, mask = CASES[case]
+    q, k, v = qkv(T, S, seed=2)
+    q, k = pos.rotate(q, k, q_pos, k_pos)
+    with torch.no_grad():
+        want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
+        assert torch.allclose(sdpa_attention(q, k, v, pos, mask), want, atol=1e-5)
+
+
+def test_shaw_value_term_matches_the_definition():
+    """z_i = Σ_j α_ij (v_j + R^V[clip(i − j, −k, k)]): the bucketed value term equals the direct sum."""
+    pos = hook("shaw", max_distance=3)
+    T, S, q_pos, k_pos, mask = CASES["cached"]
+    probs = torch.softmax(torch.randn(B, H, T, S), -1)
+    idx = (q_pos[:, :, None] - k_pos[:, None, :]).clamp(-3, 3) + 3  # (B, T, S)
+    want = torch.einsum("bhts,btsd->bhtd", probs, pos.rel_v[idx])
+    assert torch.allclose(pos.value(probs, q_pos, k_pos), want, atol=1e-6)
+
+
+def test_ladder_routes_by_declaration():
+    """The CPU ladder: no score term -> SDPA; a score term (any kind) -> the reference; never by name."""
+    assert set(BIAS) >= {"alibi", "t5", "kerple", "fire", "shaw", "transformer_xl", "deberta"}
+    assert hook("cope").score_kind == "full"
+    assert hook("shaw").has_value_term and not hook("shaw", values=False).has_value_term
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", BIAS)
+def test_compiled_flex_on_cuda_equals_reference(name):
+    pos = hook(name, **PARAMS.get(name, {})).cuda()
+    if pos.has_value_term:
+        pos.has_value_term, pos.rel_v = False, None
+    T, S, q_pos, k_pos, mask = CASES["packed"]
+    q, k, v = (t.cuda() for t in qkv(T, S, seed=3))
+    q_pos, k_pos = q_pos.cuda(), k_pos.cuda()
+    mask = AttentionMask(q_doc=mask.q_doc.cuda(), k_doc=mask.k_doc.cuda())
+    want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
+    got = flex_attention_with_score_mod(q, k, v, pos.score_mod(q, k, q_pos, k_pos), mask, pos.softmax_scale(DH))
+    assert torch.allclose(got, want, atol=1e-4)
