@@ -9,7 +9,7 @@
 import argparse
 import sys
 
-from minilm.cli import add_config_args, run_cli
+from minilm.cli import add_config_args, run_cli  # noqa: F401 (run_cli is used by tests)
 
 
 def main(args: argparse.Namespace) -> int:

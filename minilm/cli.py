@@ -26,6 +26,7 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*Checkpoint directory.*exists and is not empty.*")
     warnings.filterwarnings("ignore", message=".*You're resuming from a checkpoint that ended before the epoch.*")
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")  # Lightning vs torch 2.13
 
 
 def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argparse.ArgumentParser,

@@ -116,10 +116,10 @@ def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=Non
     Returns the transition message (also logged to the console and, as text, to TensorBoard)."""
     check_phase_fits(model, pcfg, phase)
     params = position_params(pcfg.model.position, where=f"phases.{phase}.position")
+    built_with = position_params(model.cfg.position)  # what modules without a `params` attribute still hold
     changed = []
     for layer, pos in enumerate(model.position_modules()):
-        old = getattr(pos, "params", None)
-        if old == params:
+        if getattr(pos, "params", built_with) == params:
             continue
         if not hasattr(pos, "configure"):
             raise MinilmError(

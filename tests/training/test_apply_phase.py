@@ -1,0 +1,56 @@
+"""apply_phase: the one place phases change the model; it verifies what it changed and refuses what can't apply."""
+
+import pytest
+import torch
+
+from minilm.config import load_config, phase_config
+from minilm.errors import MinilmError
+from minilm.model import GPT
+from minilm.positions import compute_rope
+from minilm.training.phases import apply_phase, check_phase_fits
+
+SMALL = ["model.n_layers=2", "model.d_model=32", "model.n_heads=2"]
+
+
+def _cfg(tmp_path, yaml: str, *extra):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml)
+    return load_config(path, [*SMALL, *extra])
+
+
+def test_rope_base_and_scaling_change_every_layer_to_compute_rope(tmp_path):
+    cfg = _cfg(
+        tmp_path,
+        "phases:\n  a: {seq_len: 32, steps: 1}\n  b: {seq_len: 128, steps: 1, position: {base: 50000.0, "
+        "scaling: {rope_type: yarn, factor: 4.0, original_max_position_embeddings: 32}}}\n",
+    )
+    model = GPT(cfg.model, 64)
+    logs = []
+    apply_phase(model, phase_config(cfg, "a"), "a", logs.append)
+    before = model.blocks[0].attn.pos.inv_freq.clone()
+    apply_phase(model, phase_config(cfg, "b"), "b", logs.append)
+    expected, factor = compute_rope(16, 50000.0, {"rope_type": "yarn", "factor": 4.0,
+                                                  "original_max_position_embeddings": 32})
+    for block in model.blocks:
+        assert torch.equal(block.attn.pos.inv_freq, expected) and block.attn.pos.attention_factor == factor
+    assert not torch.equal(before, expected)
+    assert "reconfigured 2 layers" in logs[-1] and "yarn" in logs[-1]
+
+
+def test_unchanged_non_rotary_encoding_passes(tmp_path):
+    cfg = _cfg(tmp_path, "model: {position: {name: alibi}}\nphases:\n  a: {steps: 1}\n  b: {seq_len: 64, steps: 1}\n")
+    model = GPT(cfg.model, 64)
+    for name in ("a", "b"):
+        apply_phase(model, phase_config(cfg, name), name, lambda m: None)
+
+
+def test_learned_table_too_short_for_a_phase_is_named(tmp_path):
+    cfg = _cfg(
+        tmp_path,
+        "model: {position: {name: learned, max_positions: 64}}\n"
+        "phases:\n  short: {seq_len: 32, steps: 1}\n  long: {seq_len: 256, steps: 1}\n",
+    )
+    model = GPT(cfg.model, 64)
+    check_phase_fits(model, phase_config(cfg, "short"), "short")
+    with pytest.raises(MinilmError, match=r"phases\.long\.seq_len: 256 .*learned.*64"):
+        check_phase_fits(model, phase_config(cfg, "long"), "long")
