@@ -1,0 +1,331 @@
+"""Export a minilm run to a Hugging Face transformers Llama directory (safetensors + config.json + tokenizer).
+
+A minilm GPT with RoPE, RMSNorm, a SwiGLU MLP and no biases *is* a Llama model; only names and two fused
+matrices differ. What this module writes, and why:
+
+- weights: ``wq`` -> ``q_proj``; the fused ``wkv`` (rows: k of every kv head, then v; attention.py's
+  ``view(B, T, 2, Hkv, Dh)``) -> ``k_proj`` / ``v_proj``; the fused SwiGLU ``w_in`` ([gate | up], ``chunk(2)``) ->
+  ``gate_proj`` / ``up_proj``; ``w_out`` -> ``down_proj``; norm1 / norm2 -> input_layernorm /
+  post_attention_layernorm. Grouped-query heads agree (both repeat each kv head for consecutive query heads).
+- rotation layout: minilm's ``half`` layout is transformers' ``rotate_half`` (no change). ``interleaved`` pairs
+  dimensions (2i, 2i+1); permuting the rows of every q and k head to [0, 2, 4, …, 1, 3, 5, …] turns it into the
+  half layout. q·k is unchanged by permuting both alike, so the logits are too.
+- RoPE scaling: minilm's scaling block already uses transformers' ``rope_parameters`` names, so it is copied with
+  ``rope_theta`` = ``model.position.base``. Two minilm types have an exact Llama form: ``ntk`` (static NTK-aware)
+  is the default type with rope_theta = base · factor^(d/(d−2)); ``ntk_by_parts`` is ``yarn`` with
+  attention_factor 1. transformers' ``dynamic`` reads ``max_position_embeddings`` as the original length (minilm
+  reads ``original_max_position_embeddings``), so for it max_position_embeddings = that length.
+- the installed transformers decides the config form: ``rope_parameters`` (with rope_theta inside; 5.x) or
+  ``rope_theta`` + ``rope_scaling`` (4.x). The config object is built by transformers and saved by it.
+- tokenizer: the sentencepiece model becomes a ``tokenizers`` BPE/Unigram tokenizer.json reproducing minilm's
+  settings (identity normalization, no dummy prefix, whitespace runs attached to the next word, byte fallback,
+  ``\\n`` as its own piece, no BOS/EOS added), wrapped as a PreTrainedTokenizerFast; ``split_special_tokens``
+  is on so text like "</s>" is tokenized as text, as sentencepiece does (BPE models, minilm's default; a Unigram
+  model's lattice still matches the control pieces' text — sentencepiece never does). The .model file ships too.
+
+What a Llama cannot express raises MinilmError naming it: non-RoPE encodings (ALiBi, T5, CoPE, …), xPos,
+partial rotary, NoPE layers, GELU MLPs, training-free methods installed on the model, rope_types transformers
+lacks (dynamic_yarn).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from minilm.config import ffn_dim, head_dim
+from minilm.errors import MinilmError
+
+# minilm rope_type -> transformers rope_type (None: rewritten below into an equivalent transformers form)
+HF_ROPE_TYPES = {
+    "default": "default",
+    "linear": "linear",
+    "dynamic": "dynamic",
+    "yarn": "yarn",
+    "llama3": "llama3",
+    "longrope": "longrope",
+    "ntk": None,  # -> default with an adjusted rope_theta
+    "ntk_by_parts": None,  # -> yarn with attention_factor 1
+}
+
+
+def _plain(x: Any) -> Any:
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
+        if isinstance(x, (DictConfig, ListConfig)):
+            return OmegaConf.to_container(x, resolve=True)
+    except ImportError:  # pragma: no cover
+        pass
+    return x
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+
+def check_exportable(model_cfg, model=None) -> None:
+    """Raise MinilmError naming everything of ``model_cfg`` (and an instantiated ``model``) a Llama cannot express."""
+    problems = []
+    position = _plain(model_cfg.position)
+    name = position.get("name")
+    if name != "rope":
+        problems.append(
+            f"model.position.name: {name!r} — a Llama model has only RoPE; ALiBi, T5, CoPE, learned / sinusoidal "
+            "and the other non-rotary encodings (and xPos's decay) have no transformers Llama form"
+        )
+    else:
+        if position.get("fraction", 1.0) != 1.0:
+            problems.append(f"model.position.fraction: {position['fraction']} — partial rotary; transformers' Llama "
+                            "rotates every head dimension (it ignores partial_rotary_factor)")  # fmt: skip
+        if position.get("nope_every", 0):
+            problems.append(f"model.position.nope_every: {position['nope_every']} — Llama rotates every layer")
+        scaling = position.get("scaling") or {}
+        rope_type = scaling.get("rope_type", "default")
+        if rope_type not in HF_ROPE_TYPES:
+            supported = ", ".join(HF_ROPE_TYPES)
+            problems.append(f"model.position.scaling.rope_type: {rope_type!r} — transformers has no such rope_type "
+                            f"(exportable: {supported})")  # fmt: skip
+        if scaling.get("partial_rotary_factor", 1.0) != 1.0:
+            problems.append("model.position.scaling.partial_rotary_factor: partial rotary; transformers' Llama "
+                            "rotates every head dimension")  # fmt: skip
+    if model_cfg.mlp != "swiglu":
+        problems.append(f"model.mlp: {model_cfg.mlp!r} — a Llama MLP is SwiGLU (gate/up/down with SiLU)")
+    if model is not None:
+        from minilm.positions.rotary import Rope
+
+        installed = {type(b.attn.extension).__name__ for b in model.blocks if b.attn.extension is not None}
+        if installed:
+            problems.append(f"training-free method {', '.join(sorted(installed))} installed — it is evaluation-time "
+                            "code of minilm, not a Llama config; export the model without it")  # fmt: skip
+        for i, b in enumerate(model.blocks):
+            if type(b.attn.pos) is not Rope and name == "rope":
+                problems.append(f"layer {i}: position module {type(b.attn.pos).__name__} is not plain RoPE")
+                break
+    if problems:
+        raise MinilmError("cannot export to a transformers Llama model:\n  - " + "\n  - ".join(problems))
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+def hf_rope_parameters(position: dict, dh: int) -> tuple[dict, Optional[int]]:
+    """(transformers rope_parameters incl. rope_theta, the max_position_embeddings it needs or None)."""
+    base = float(position.get("base", 10000.0))
+    scaling = dict(position.get("scaling") or {})
+    rope_type = scaling.pop("rope_type", "default")
+    scaling.pop("partial_rotary_factor", None)  # 1.0 here (checked)
+    if rope_type == "ntk":  # static NTK-aware: θ_i from base · factor^(d/(d−2)) (rope_scaling.py's _ntk)
+        return {"rope_type": "default", "rope_theta": base * scaling["factor"] ** (dh / (dh - 2))}, None
+    if rope_type == "ntk_by_parts":
+        rope_type = "yarn"
+        scaling["attention_factor"] = 1.0
+    params = {"rope_type": rope_type, "rope_theta": base}
+    for key, value in scaling.items():
+        if value is None:
+            continue
+        params[key] = [float(v) for v in value] if isinstance(value, (list, tuple)) else value
+    for key in ("factor", "attention_factor", "mscale", "mscale_all_dim", "beta_fast", "beta_slow",
+                "low_freq_factor", "high_freq_factor"):  # fmt: skip
+        if key in params:
+            params[key] = float(params[key])
+    if rope_type == "llama3":  # transformers requires both; minilm defaults them to Meta's 1 and 4
+        params.setdefault("low_freq_factor", 1.0)
+        params.setdefault("high_freq_factor", 4.0)
+    original = params.get("original_max_position_embeddings")
+    if rope_type == "dynamic":
+        return params, int(original)  # transformers' dynamic NTK reads max_position_embeddings as the original length
+    if original is not None and params.get("factor"):
+        return params, int(round(original * params["factor"]))  # the target length (transformers checks the ratio)
+    return params, None
+
+
+def hf_config(cfg, vocab_size: int, tokenizer=None):
+    """The transformers ``LlamaConfig`` for a run config ``cfg`` (the phase's resolved config)."""
+    from transformers import LlamaConfig
+
+    m = cfg.model
+    dh = head_dim(m)
+    rope, max_pos = hf_rope_parameters(_plain(m.position), dh)
+    kwargs = dict(
+        vocab_size=vocab_size,
+        hidden_size=m.d_model,
+        intermediate_size=ffn_dim(m),
+        num_hidden_layers=m.n_layers,
+        num_attention_heads=m.n_heads,
+        num_key_value_heads=m.n_kv_heads or m.n_heads,
+        head_dim=dh,
+        hidden_act="silu",
+        max_position_embeddings=max_pos or int(cfg.train.seq_len),
+        rms_norm_eps=float(m.norm_eps),
+        tie_word_embeddings=bool(m.tie_embeddings),
+        attention_bias=False,
+        mlp_bias=False,
+        attention_dropout=0.0,
+        architectures=["LlamaForCausalLM"],
+    )
+    if tokenizer is not None:
+        kwargs.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+    if hasattr(LlamaConfig(), "rope_parameters"):
+        kwargs["rope_parameters"] = rope  # transformers >= 5: rope_theta lives inside rope_parameters
+    else:  # transformers 4.x: rope_theta + rope_scaling (None for the default type)
+        theta = rope.pop("rope_theta")
+        kwargs["rope_theta"] = theta
+        if rope["rope_type"] != "default":
+            kwargs["rope_scaling"] = {**rope, "type": rope["rope_type"]}
+    return LlamaConfig(**kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ weights
+
+
+def _half_layout_rows(w: Tensor, n_heads: int, dh: int) -> Tensor:
+    """Rows of a q or k projection (n_heads·dh, D) permuted per head from the interleaved to the half layout."""
+    perm = torch.cat([torch.arange(0, dh, 2), torch.arange(1, dh, 2)])  # new row j <- old row perm[j]
+    return w.view(n_heads, dh, -1)[:, perm].reshape(n_heads * dh, -1)
+
+
+def hf_state_dict(model) -> dict[str, Tensor]:
+    """The Llama tensors of a minilm GPT (tied lm_head left out when embeddings are tied)."""
+    m = model.cfg
+    H, Hkv, dh = m.n_heads, m.n_kv_heads or m.n_heads, head_dim(m)
+    interleaved = _plain(m.position).get("layout", "half") == "interleaved"
+    out = {"model.embed_tokens.weight": model.tok_emb.weight, "model.norm.weight": model.norm.weight}
+    for i, b in enumerate(model.blocks):
+        p = f"model.layers.{i}."
+        wq = b.attn.wq.weight
+        wk, wv = b.attn.wkv.weight.split(Hkv * dh, dim=0)  # fused rows: [k heads | v heads]
+        if interleaved:
+            wq, wk = _half_layout_rows(wq, H, dh), _half_layout_rows(wk, Hkv, dh)
+        gate, up = b.mlp.w_in.weight.chunk(2, dim=0)  # SwiGLU: h.chunk(2) -> gate, up
+        out.update({
+            p + "input_layernorm.weight": b.norm1.weight,
+            p + "self_attn.q_proj.weight": wq,
+            p + "self_attn.k_proj.weight": wk,
+            p + "self_attn.v_proj.weight": wv,
+            p + "self_attn.o_proj.weight": b.attn.wo.weight,
+            p + "post_attention_layernorm.weight": b.norm2.weight,
+            p + "mlp.gate_proj.weight": gate,
+            p + "mlp.up_proj.weight": up,
+            p + "mlp.down_proj.weight": b.mlp.w_out.weight,
+        })  # fmt: skip
+    if not m.tie_embeddings:
+        out["lm_head.weight"] = model.lm_head.weight
+    return {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in out.items()}
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer
+
+
+def hf_tokenizer(model_file: str | Path):
+    """A transformers fast tokenizer that encodes and decodes exactly as minilm's sentencepiece model."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
+    from tokenizers import Tokenizer as HfTokenizer
+    from tokenizers.models import BPE, Unigram
+    from transformers import PreTrainedTokenizerFast
+
+    proto = pb.ModelProto()
+    proto.ParseFromString(Path(model_file).read_bytes())
+    t, n = proto.trainer_spec, proto.normalizer_spec
+    unsupported = []
+    if n.add_dummy_prefix:
+        unsupported.append("add_dummy_prefix")
+    if n.precompiled_charsmap or n.name not in ("identity", ""):
+        unsupported.append(f"normalization {n.name!r}")
+    if t.treat_whitespace_as_suffix:
+        unsupported.append("treat_whitespace_as_suffix")
+    if unsupported:  # minilm trains none of these (minilm/data/tokenizer.py); a foreign .model may
+        raise MinilmError(
+            f"{model_file}: sentencepiece settings without an exact tokenizers form: {', '.join(unsupported)}"
+        )
+    CONTROL, USER = 3, 4  # sentencepiece piece types
+    pieces = [(p.piece, p.score) for p in proto.pieces]
+    unk = proto.pieces[t.unk_id].piece
+    if t.model_type == pb.TrainerSpec.BPE:
+        from transformers.tokenization_utils_sentencepiece import SentencePieceExtractor
+
+        vocab, _, merges = SentencePieceExtractor(str(model_file)).extract()
+        tok = HfTokenizer(BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=t.byte_fallback, dropout=None))
+    elif t.model_type == pb.TrainerSpec.UNIGRAM:
+        tok = HfTokenizer(Unigram(pieces, unk_id=t.unk_id, byte_fallback=t.byte_fallback))
+    else:
+        raise MinilmError(f"{model_file}: sentencepiece model type {t.model_type} is not exportable (bpe, unigram)")
+    if n.escape_whitespaces:
+        tok.normalizer = normalizers.Replace(" ", "▁")
+    # sentencepiece's SplitIntoWords (allow_whitespace_only_pieces): a word starts at the first ▁ of a run, so a
+    # run of spaces stays with the word after it; a trailing run is a word of its own.
+    if t.split_by_whitespace:
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex("▁*[^▁]+|▁+"), behavior="isolated")
+    steps = [decoders.Replace("▁", " ")] + ([decoders.ByteFallback()] if t.byte_fallback else []) + [decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps)
+    tok.add_tokens([AddedToken(p.piece, normalized=False, special=False) for p in proto.pieces if p.type == USER])
+    tok.add_special_tokens([AddedToken(p.piece, normalized=False, special=True) for p in proto.pieces
+                            if p.type == CONTROL or p.piece == unk])  # fmt: skip
+
+    def piece(i):
+        return proto.pieces[i].piece if 0 <= i < len(proto.pieces) else None
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=piece(t.bos_id), eos_token=piece(t.eos_id), unk_token=unk, pad_token=piece(t.pad_id),
+        split_special_tokens=True,  # "</s>" in text is text, as in sentencepiece
+        clean_up_tokenization_spaces=False,
+        model_max_length=int(1e30),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ export
+
+
+def export_model(model, cfg, tokenizer, out_dir: str | Path) -> Path:
+    """Write ``model`` (a minilm GPT trained with config ``cfg``) and ``tokenizer`` (minilm.data.Tokenizer) to
+    ``out_dir`` as a transformers Llama directory. Returns ``out_dir``."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise MinilmError("export needs Hugging Face transformers: pip install transformers") from None
+    from safetensors.torch import save_file
+
+    check_exportable(cfg.model, model)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = hf_config(cfg, model.vocab_size, tokenizer)
+    config.save_pretrained(out)
+    save_file(hf_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+        hf_tokenizer(tokenizer.model_file).save_pretrained(out)
+        shutil.copyfile(tokenizer.model_file, out / "tokenizer.model")
+    origin = {"position": _plain(cfg.model.position), "train_seq_len": int(cfg.train.seq_len)}
+    (out / "minilm_export.json").write_text(json.dumps(origin, indent=2))
+    return out
+
+
+def export_run(path: str | Path, out_dir: str | Path, phase: Optional[str] = None) -> Path:
+    """Export a run directory, phase directory or weights file (minilm.runs.load_run) to ``out_dir``."""
+    from minilm.runs import load_run
+
+    run = load_run(path, phase=phase)
+    return export_model(run.model, run.cfg, run.tokenizer, out_dir)
+
+
+@torch.no_grad()
+def max_logit_difference(model, hf_dir: str | Path, lengths, seed: int = 0, batch: int = 2) -> dict[int, float]:
+    """Max |minilm − transformers| fp32 logit difference on random tokens, per sequence length (in the order given:
+    transformers' dynamic RoPE keeps the frequencies of the longest call so far, so give lengths ascending)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    model = model.float().eval()
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for T in lengths:
+        x = torch.randint(0, model.vocab_size, (batch, T), generator=g)
+        ours = model(x.to(next(model.parameters()).device)).cpu()
+        theirs = hf(input_ids=x).logits
+        out[int(T)] = float((ours - theirs).abs().max())
+    return out

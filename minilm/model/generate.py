@@ -1,0 +1,146 @@
+"""Autoregressive sampling from a GPT, with a KV cache (minilm/model/cache.py) or without one.
+
+``generate`` feeds the prompt once (prefill), then one token per step, reading the logits of the last position:
+greedy (argmax) or sampled with temperature, top-k and top-p (nucleus, Holtzman et al. 2020) filtering. Without
+a cache every step runs the whole sequence again — the reference the cached path is tested against.
+
+Encodings that declare ``supports_kv_cache = False`` (minilm/positions/base.py) are decoded without a cache,
+with a warning. A training-free extension installed on the model (minilm.positions.training_free) applies to
+the cached path unchanged: its methods work from position values, which the cache carries.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from minilm.errors import MinilmError
+from minilm.model.cache import KVCache
+
+
+def cache_blockers(model) -> list[str]:
+    """Names of the position modules of ``model`` that cannot decode with a KV cache (empty: all can)."""
+    modules = [model.pos_emb, *model.position_modules()]
+    return sorted({type(m).__name__ for m in modules if not getattr(m, "supports_kv_cache", True)})
+
+
+def max_length(model) -> Optional[int]:
+    """The longest sequence the model's encodings accept (None: unbounded)."""
+    limits = [m.max_length() for m in [model.pos_emb, *model.position_modules()]]
+    limits = [x for x in limits if x is not None]
+    return min(limits) if limits else None
+
+
+def filter_logits(logits: Tensor, top_k: Optional[int] = None, top_p: Optional[float] = None) -> Tensor:
+    """logits (B, V) with everything outside the top-k and outside the nucleus of mass top_p set to −inf.
+    The most likely token always survives."""
+    if top_k is not None and top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
+        drop_sorted = before >= top_p  # keep the smallest prefix whose mass reaches top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def _check_args(max_new_tokens, temperature, top_k, top_p) -> None:
+    if max_new_tokens < 0:
+        raise MinilmError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise MinilmError(f"temperature: must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise MinilmError(f"top_k: must be >= 1, got {top_k}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise MinilmError(f"top_p: must be in (0, 1], got {top_p}")
+
+
+def _as_batch(prompt_ids: Union[Sequence[int], Tensor], device) -> Tensor:
+    idx = prompt_ids if isinstance(prompt_ids, Tensor) else torch.tensor(list(prompt_ids), dtype=torch.long)
+    if idx.dim() == 1:
+        idx = idx.unsqueeze(0)
+    if idx.dim() != 2 or idx.shape[1] == 0:
+        raise MinilmError(
+            f"prompt: need at least one token id, as a list or a (B, T) tensor; got shape {tuple(idx.shape)}"
+        )
+    return idx.to(device=device, dtype=torch.long)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompt_ids: Union[Sequence[int], Tensor],
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    greedy: bool = False,
+    seed: Optional[int] = None,
+    use_cache: bool = True,
+    eos_id: Optional[int] = None,
+) -> Tensor:
+    """Continue ``prompt_ids`` (a list of ids, a (T,) or a (B, T) tensor; rows of equal length) by up to
+    ``max_new_tokens`` tokens. Returns the ids (B, T + n), prompt included; n < max_new_tokens only when every row
+    has produced ``eos_id`` (rows that finished earlier are padded with it).
+
+    ``greedy`` (or ``temperature == 0``) takes the argmax; otherwise samples from softmax(logits / temperature)
+    restricted to ``top_k`` / ``top_p``, from a generator seeded with ``seed`` (None: torch's global RNG)."""
+    _check_args(max_new_tokens, temperature, top_k, top_p)
+    device = next(model.parameters()).device
+    idx = _as_batch(prompt_ids, device)
+    limit = max_length(model)
+    if limit is not None and idx.shape[1] + max_new_tokens > limit:
+        raise MinilmError(
+            f"prompt ({idx.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the {limit} positions this "
+            f"model's {model.cfg.position.name} encoding supports"
+        )
+    blockers = cache_blockers(model)
+    if use_cache and blockers:
+        warnings.warn(
+            f"{', '.join(blockers)} cannot decode with a KV cache (supports_kv_cache = False); decoding without one "
+            "(every step recomputes the whole sequence)",
+            stacklevel=2,
+        )
+        use_cache = False
+    greedy = greedy or temperature == 0
+    gen = None
+    if seed is not None and not greedy:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed)
+
+    was_training = model.training
+    model.eval()
+    try:
+        cache = KVCache.for_model(model, max_length=idx.shape[1] + max_new_tokens) if use_cache else None
+        done = torch.zeros(idx.shape[0], dtype=torch.bool, device=device)
+        step_input = idx
+        for _ in range(max_new_tokens):
+            if cache is not None:
+                logits = model(step_input, cache=cache)[:, -1]  # (B, V)
+            else:
+                logits = model(idx)[:, -1]
+            nxt = _choose(logits.float(), greedy, temperature, top_k, top_p, gen)  # (B,)
+            if eos_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+                done = done | (nxt == eos_id)
+            idx = torch.cat([idx, nxt.unsqueeze(1)], dim=1)
+            step_input = nxt.unsqueeze(1)
+            if eos_id is not None and bool(done.all()):
+                break
+        return idx
+    finally:
+        model.train(was_training)
+
+
+def _choose(logits: Tensor, greedy: bool, temperature: float, top_k, top_p, gen) -> Tensor:
+    if greedy:
+        return logits.argmax(-1)
+    logits = filter_logits(logits / temperature, top_k, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=gen).squeeze(1)

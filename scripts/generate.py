@@ -1,0 +1,87 @@
+#!/usr/bin/env python
+"""Sample text from a trained run, with a KV cache.
+
+    python scripts/generate.py RUN_DIR_OR_CHECKPOINT --prompt "def main(" [--max-new-tokens 200]
+        [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0] [--greedy] [--phase NAME]
+        [--extension METHOD key=value ...] [--no-cache] [--device cpu|cuda]
+
+RUN_DIR_OR_CHECKPOINT: a run directory (its final weights, or its newest finished phase), a phase directory, or a
+``model.safetensors`` inside either. ``--extension`` installs a training-free context-extension method
+(minilm.positions.training_free: logn, rerope, self_extend, dca, rope_scaling) with its parameters, e.g.
+``--extension self_extend group_size=4 window=256`` or
+``--extension rope_scaling rope_type=dynamic factor=4 original_max_position_embeddings=256``.
+Generation stops at the tokenizer's EOS. Bad input: one message on stderr, exit code 2 (--debug: traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from minilm.cli import run_cli  # noqa: E402
+from minilm.errors import MinilmError  # noqa: E402
+
+
+def parse_params(items: list[str]) -> dict:
+    """``key=value`` strings -> a dict; values are read as YAML scalars (4 -> int, 0.5 -> float, true -> bool)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise MinilmError(f"--extension: expected key=value, got {item!r}")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from minilm.model.generate import generate
+    from minilm.runs import load_run
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    run = load_run(args.checkpoint, phase=args.phase, map_location=device)
+    if args.extension:
+        from minilm.positions.training_free import install_extension
+
+        method = install_extension(run.model, args.extension[0], **parse_params(args.extension[1:]))
+        print(f"[extension: {method!r}]", file=sys.stderr)
+    ids = run.tokenizer.encode(args.prompt)
+    if not ids:
+        raise MinilmError("--prompt: encodes to no tokens; give some text")
+    out = generate(
+        run.model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache, eos_id=run.tokenizer.eos_id,
+    )  # fmt: skip
+    new = out[0, len(ids) :].tolist()
+    if new and new[-1] == run.tokenizer.eos_id:
+        new = new[:-1]
+    print(args.prompt + run.tokenizer.decode(new))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="run directory, phase directory or model.safetensors")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--phase", help="a phase of the run (default: its final weights)")
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores temperature / top-k / top-p)")
+    p.add_argument("--extension", nargs="+", metavar="ARG", help="METHOD [key=value ...]: a training-free method")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, parser()))

@@ -1,0 +1,211 @@
+"""Export to transformers: a Llama directory whose logits equal minilm's (fp32, 1e-4) at the training length and 4x
+it, for every RoPE scaling transformers can express; a tokenizer that encodes as sentencepiece does; clear errors
+for everything a Llama cannot express."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from minilm.config import load_config, save_config  # noqa: E402
+from minilm.errors import MinilmError  # noqa: E402
+from minilm.export import check_exportable, export_model, max_logit_difference  # noqa: E402
+from minilm.model import GPT  # noqa: E402
+from minilm.positions.rope_scaling import ROPE_SCALING  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+V = 97
+L = 32  # the "training length" of the tiny models; parity is checked at L and 4L
+DH = 16  # head_dim = 64 / 4: 8 rotary frequencies
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny(*overrides, seed=0):
+    cfg = load_config(overrides=["model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2",
+                                 f"train.seq_len={L}", *overrides])  # fmt: skip
+    torch.manual_seed(seed)
+    model = GPT(cfg.model, V)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():  # norms and all: every tensor off its initialization, so a swapped name shows
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval(), cfg
+
+
+def scaling(block: str) -> str:
+    return f"model.position.scaling={block}"
+
+
+SHORT = [round(1.0 + 0.1 * i, 2) for i in range(DH // 2)]
+LONG = [round(1.0 + 1.5 * i, 2) for i in range(DH // 2)]
+CASES = {
+    "default": [],
+    "abf": ["model.position.base=500000.0"],
+    "linear": [scaling("{rope_type: linear, factor: 4.0}")],
+    "dynamic": [scaling(f"{{rope_type: dynamic, factor: 4.0, original_max_position_embeddings: {L}}}")],
+    "yarn": [scaling(f"{{rope_type: yarn, factor: 4.0, original_max_position_embeddings: {L}}}")],
+    "yarn_mscale": [scaling(f"{{rope_type: yarn, factor: 4.0, original_max_position_embeddings: {L}, mscale: 0.8,"
+                            " mscale_all_dim: 0.5, beta_fast: 16.0, beta_slow: 2.0}")],  # fmt: skip
+    "llama3": [scaling(f"{{rope_type: llama3, factor: 4.0, original_max_position_embeddings: {L},"
+                       " low_freq_factor: 1.0, high_freq_factor: 4.0}")],  # fmt: skip
+    "longrope": [scaling(f"{{rope_type: longrope, factor: 4.0, original_max_position_embeddings: {L},"
+                         f" short_factor: {SHORT}, long_factor: {LONG}}}")],  # fmt: skip
+    "ntk": [scaling("{rope_type: ntk, factor: 4.0}")],
+    "ntk_by_parts": [scaling(f"{{rope_type: ntk_by_parts, factor: 4.0, original_max_position_embeddings: {L}}}")],
+    "interleaved": ["model.position.layout=interleaved"],
+    "interleaved_yarn": ["model.position.layout=interleaved",
+                         scaling(f"{{rope_type: yarn, factor: 4.0, original_max_position_embeddings: {L}}}")],
+    "mha_untied": ["model.n_kv_heads=4", "model.tie_embeddings=false", "model.norm_eps=1e-6"],
+}
+ROPE_TYPE = {"linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "yarn_mscale": "yarn", "llama3": "llama3",
+             "longrope": "longrope", "ntk": "ntk", "ntk_by_parts": "ntk_by_parts", "interleaved_yarn": "yarn"}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logit_parity(case, tmp_path):
+    rope_type = ROPE_TYPE.get(case)
+    if rope_type is not None and rope_type not in ROPE_SCALING:
+        pytest.skip(f"rope_type {rope_type!r} is not in minilm.positions.rope_scaling yet")
+    model, cfg = tiny(*CASES[case])
+    export_model(model, cfg, None, tmp_path)
+    diffs = max_logit_difference(model, tmp_path, [L, 4 * L])  # ascending (transformers' dynamic RoPE keeps state)
+    assert max(diffs.values()) < 1e-4, diffs
+
+
+def test_config_form_matches_installed_transformers(tmp_path):
+    model, cfg = tiny(*CASES["yarn"])
+    export_model(model, cfg, None, tmp_path)
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert config.model_type == "llama" and config.hidden_act == "silu"
+    assert (config.head_dim, config.num_key_value_heads, config.intermediate_size) == (DH, 2, 192)
+    assert config.rms_norm_eps == 1e-5 and config.tie_word_embeddings
+    rope = getattr(config, "rope_parameters", None) or {**config.rope_scaling, "rope_theta": config.rope_theta}
+    assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0 and rope["rope_theta"] == 10000.0
+    assert rope["original_max_position_embeddings"] == L
+
+
+def test_greedy_generation_matches_transformers(tmp_path):
+    from minilm.model.generate import generate
+
+    model, cfg = tiny()
+    export_model(model, cfg, None, tmp_path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    prompt = torch.randint(0, V, (1, 8), generator=torch.Generator().manual_seed(3))
+    ours = generate(model, prompt, 20, greedy=True)  # with minilm's KV cache
+    theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False,
+                         pad_token_id=0, eos_token_id=None)  # fmt: skip
+    assert torch.equal(ours, theirs)
+
+
+REFUSED = {
+    "alibi": (["model.position.name=alibi"], "alibi"),
+    "t5": (["model.position.name=t5"], "'t5'"),
+    "cope": (["model.position.name=cope"], "cope"),
+    "xpos": (["model.position.name=xpos"], "xpos"),
+    "gelu": (["model.mlp=gelu"], "model.mlp"),
+    "partial": (["model.position.fraction=0.5"], "partial rotary"),
+    "nope_layers": (["model.position.nope_every=2"], "nope_every"),
+    "dynamic_yarn": ([scaling(f"{{rope_type: dynamic_yarn, original_max_position_embeddings: {L}}}")], "dynamic_yarn"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refuses_what_llama_cannot_express(case, tmp_path):
+    overrides, needle = REFUSED[case]
+    if case == "dynamic_yarn" and "dynamic_yarn" not in ROPE_SCALING:
+        pytest.skip("dynamic_yarn not in minilm.positions.rope_scaling")
+    model, cfg = tiny(*overrides)
+    with pytest.raises(MinilmError, match="cannot export") as err:
+        export_model(model, cfg, None, tmp_path)
+    assert needle in str(err.value)
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_refuses_installed_training_free_method(tmp_path):
+    pytest.importorskip("minilm.positions.training_free")
+    from minilm.positions.training_free import install_extension
+
+    model, cfg = tiny()
+    install_extension(model, "rerope", window=8)
+    with pytest.raises(MinilmError, match="ReRope"):
+        check_exportable(cfg.model, model)
+
+
+# ------------------------------------------------------------------------------------------------ tokenizer
+
+TEXTS = [
+    "def f(x):\n    return x  + 12345\n\n\n",
+    "   leading and trailing spaces   ",
+    "tabs\tand\r\nwindows lines, ünïcödé ∑ and 😀 emoji",
+    "literal </s> and <s> stay text",
+    "",
+]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_tokenizer_encodes_like_sentencepiece(kind, tiny_text_dir, tmp_path):
+    from minilm.data.tokenizer import train_tokenizer
+    from minilm.export import hf_tokenizer
+
+    docs = [p.read_text() for p in sorted(tiny_text_dir.glob("*.py"))]
+    tok_cfg = load_config(overrides=[f"data.tokenizer.type={kind}", "data.tokenizer.vocab_size=400"]).data.tokenizer
+    ours = train_tokenizer(docs, tmp_path / "tok.model", tok_cfg)
+    hf_tokenizer(ours.model_file).save_pretrained(tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    for text in TEXTS + docs[:5]:
+        if kind == "unigram" and "</s>" in text:
+            continue  # tokenizers' Unigram lattice matches control pieces' text (docstring of minilm/export.py)
+        ids = ours.encode(text)
+        assert theirs.encode(text, add_special_tokens=False) == ids, text
+        assert theirs.decode(ids) == text
+    assert (theirs.eos_token_id, theirs.bos_token_id, theirs.pad_token_id) == (ours.eos_id, ours.bos_id, ours.pad_id)
+
+
+@pytest.mark.slow  # two subprocesses that each import transformers (~15 s of CPU apiece)
+def test_export_script_on_a_run_dir(tiny_text_dir, tmp_path):
+    """scripts/export_hf.py on a run directory (config.yaml + tokenizer.model + model.safetensors)."""
+    from minilm.data.tokenizer import train_tokenizer
+    from minilm.training.checkpoint import save_weights
+
+    run = tmp_path / "run"
+    tok = train_tokenizer([p.read_text() for p in sorted(tiny_text_dir.glob("*.py"))], run / "tokenizer.model",
+                          load_config(overrides=["data.tokenizer.vocab_size=300"]).data.tokenizer)  # fmt: skip
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2", f"train.seq_len={L}",
+                                 f"run.dir={run}"])  # fmt: skip
+    save_config(cfg, run / "config.yaml")
+    torch.manual_seed(0)
+    save_weights(GPT(cfg.model, tok.vocab_size), run / "model.safetensors")
+    out = tmp_path / "hf"
+    proc = export_script(run, out)
+    assert proc.returncode == 0, proc.stderr
+    assert "max |logit difference|" in proc.stdout
+    written = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= written
+    loaded = transformers.AutoTokenizer.from_pretrained(out)
+    assert loaded.encode("def f(x):\n", add_special_tokens=False) == tok.encode("def f(x):\n")
+
+    # refused: a non-RoPE run gives one line on stderr and exit code 2
+    cfg2 = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2",
+                                  "model.position.name=alibi"])  # fmt: skip
+    save_config(cfg2, run / "config.yaml")
+    save_weights(GPT(cfg2.model, tok.vocab_size), run / "model.safetensors")
+    proc = export_script(run, tmp_path / "hf2")
+    assert proc.returncode == 2 and "alibi" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def export_script(run: Path, out: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(run), str(out)]
+    return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
