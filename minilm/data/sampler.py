@@ -133,29 +133,37 @@ class Sampler:
                 out[s] = _Pool.of(self.store, docs)
         return out
 
-    def _rng(self, index: int) -> np.random.Generator:
-        return np.random.default_rng(np.random.SeedSequence([self.seed % 2**63, _phase_key(self.phase),
-                                                             int(index), self.rank]))  # fmt: skip
+    def _rng(self, index: int, row: Optional[int] = None) -> np.random.Generator:
+        """The batch's generator (row None: plans the global batch) or one global row's. No rank in the key: the
+        global batch of ``batch_size · world_size`` rows is the same however many ranks share it, so a DDP run
+        sees exactly the rows of a one-process run with the same global batch."""
+        key = [self.seed % 2**63, _phase_key(self.phase), int(index)] + ([int(row)] if row is not None else [])
+        return np.random.default_rng(np.random.SeedSequence(key))
 
     def _pick_source(self, pools: Dict[int, _Pool], rng: np.random.Generator) -> _Pool:
         keys = list(pools)
         w = self._weights[keys]
         return pools[keys[int(rng.choice(len(keys), p=w / w.sum()))]]
 
+    def _global_rows(self) -> range:
+        """This rank's share of the global batch: rows [rank·B, (rank+1)·B)."""
+        return range(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
+
     def row_plan(self, index: int) -> List[str]:
-        """The kind of each row of batch ``index`` (for tests and stats; ``batch`` uses the same draws)."""
-        return self._plan(self._rng(index))
+        """The kind of each of this rank's rows of batch ``index`` (for tests and stats; ``batch`` uses the same)."""
+        kinds = self._plan(self._rng(index))
+        return [kinds[g] for g in self._global_rows()]
 
     def _plan(self, rng: np.random.Generator) -> List[str]:
-        B = self.batch_size
+        B = self.batch_size * self.world_size  # the kinds are planned over the global batch
         n_syn = _stochastic_round(B * self.synthetic_fraction, rng) if self.synthetic_tasks else 0
         n_long = _stochastic_round((B - n_syn) * self.long_fraction, rng)
         kinds = ["synthetic"] * n_syn + ["long"] * n_long + ["short"] * (B - n_syn - n_long)
         return [kinds[i] for i in rng.permutation(B)]
 
     def batch(self, index: int) -> Dict[str, torch.Tensor]:
-        rng = self._rng(index)
-        rows = [self._row(kind, rng) for kind in self._plan(rng)]
+        kinds = self._plan(self._rng(index))
+        rows = [self._row(kinds[g], self._rng(index, g)) for g in self._global_rows()]
         return _collate(rows, self.document_mask, self.restart_positions)
 
     def _row(self, kind: str, rng: np.random.Generator):

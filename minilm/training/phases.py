@@ -19,13 +19,14 @@ import os
 import shutil
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Optional
 
 import lightning as L
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
 
 from minilm.config import (
@@ -198,6 +199,13 @@ def _check_run_dir(run_dir: Path) -> None:
                           "run.dir to a writable path")
 
 
+def is_primary_process() -> bool:
+    """True in the one process that owns run.dir's bookkeeping (lock, config, tokenizer, final weights). The other
+    ranks of a DDP run (started by Lightning's launcher, torchrun or SLURM) train and leave the files to it.
+    Lightning reads the launcher's rank variables once, at import, into ``rank_zero_only.rank``."""
+    return getattr(rank_zero_only, "rank", 0) == 0
+
+
 def _has_outputs(run_dir: Path, names: list[str]) -> bool:
     return any(phase_dir(run_dir, n).exists() for n in names)
 
@@ -218,7 +226,8 @@ def run_phases(
     pcfgs = {n: phase_config(cfg, n) for n in names}
     if start_phase is not None and start_phase not in names:
         raise MinilmError(f"--phase {start_phase}: no such phase; phases are: {', '.join(names)}")
-    if not resume and start_phase is None and _has_outputs(run_dir, names):
+    primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
+    if primary and not resume and start_phase is None and _has_outputs(run_dir, names):
         raise MinilmError(
             f"{run_dir} already holds a run; continue it with --resume, restart a phase with --phase NAME, or set "
             "run.name / run.dir to start a new one"
@@ -234,9 +243,10 @@ def run_phases(
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MinilmError(f"run.dir {run_dir} cannot be created ({e.strerror}); set run.dir to a writable path")
-    with run_lock(run_dir, log):
-        save_config(cfg, saved)
-        shutil.copyfile(corpus.tokenizer.model_file, run_dir / "tokenizer.model")
+    with run_lock(run_dir, log) if primary else nullcontext():
+        if primary:
+            save_config(cfg, saved)
+            shutil.copyfile(corpus.tokenizer.model_file, run_dir / "tokenizer.model")
         torch.manual_seed(cfg.run.seed)
         model = GPT(cfg.model, corpus.tokenizer.vocab_size)
         log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {corpus.tokenizer.vocab_size}")
@@ -245,7 +255,7 @@ def run_phases(
         tb_logger = TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False)
 
         start = names.index(start_phase) if start_phase else 0
-        if start_phase is not None:
+        if start_phase is not None and primary:
             for n in names[start:]:  # an explicit restart retrains this phase and the ones after it
                 shutil.rmtree(phase_dir(run_dir, n), ignore_errors=True)
         if init is not None:
@@ -265,8 +275,9 @@ def run_phases(
                 opt_state = _load_optimizer_state(run_dir, prev) if carry else None
                 _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log)
             prev, offset = n, offset + steps
-        save_weights(model, run_dir / "model.safetensors")
-        save_config(pcfgs[names[-1]], run_dir / "final_config.yaml")
+        if primary:
+            save_weights(model, run_dir / "model.safetensors")
+            save_config(pcfgs[names[-1]], run_dir / "final_config.yaml")
         tb_logger.experiment.flush()
     log(f"done: {run_dir / 'model.safetensors'}")
     return run_dir

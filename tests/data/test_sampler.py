@@ -64,6 +64,17 @@ def test_ranks_draw_different_rows(mixed_cfg):
     assert len(set(rows)) == len(rows)
 
 
+def test_ranks_together_draw_the_one_process_global_batch(mixed_cfg):
+    """DDP with world_size w and per-rank batch B sees exactly the rows of one process with batch w·B."""
+    cfg = mixed_cfg(long_fraction=0.5, long_min_tokens=SEQ + 1)
+    corpus = load_corpus(cfg, progress=False)
+    args = dict(seq_len=SEQ, seed=1, phase="p")
+    whole = make_sampler(corpus, "train", cfg, batch_size=4, **args).batch(5)["input_ids"]
+    parts = [make_sampler(corpus, "train", cfg, batch_size=2, rank=r, world_size=2, **args).batch(5)["input_ids"]
+             for r in range(2)]  # fmt: skip
+    assert torch.equal(torch.cat(parts), whole)
+
+
 @pytest.mark.parametrize("fraction", [0.25, 0.6])
 def test_measured_long_fraction_matches_config(mixed_cfg, fraction):
     cfg = mixed_cfg(long_fraction=fraction, long_min_tokens=SEQ + 1)
