@@ -1,0 +1,106 @@
+"""Two processes through Lightning's DDP strategy on CPU (gloo): train.py runs, only rank 0 writes the run
+directory, and an interrupted DDP run resumes exactly. Each run starts two Python processes: slow on 2 cores."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+CONFIG = """
+model: {{n_layers: 2, d_model: 32, n_heads: 2}}
+data:
+  sources:
+    embedded: null
+    local: {{kind: files, paths: ["{corpus}/*.py"]}}
+  tokenizer: {{vocab_size: 300, sample_chars: 200000}}
+  cache_dir: {cache}
+  val_fraction: 0.1
+train: {{seq_len: 32, steps: 6, val_every: 0, val_batches: 2, log_every: 1, ckpt_every: 3, keep_checkpoints: 5}}
+optim: {{lr: 0.003, warmup_steps: 2}}
+trainer: {{accelerator: cpu}}
+"""
+
+
+def train(config: Path, run_dir: Path, devices: int, batch_size: int, *extra: str) -> subprocess.CompletedProcess:
+    strategy = "ddp" if devices > 1 else "auto"
+    args = [sys.executable, str(REPO / "train.py"), "--config", str(config), f"run.dir={run_dir}",
+            f"trainer.devices={devices}", f"trainer.strategy={strategy}", f"train.batch_size={batch_size}",
+            *extra]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
+        env.pop(key, None)
+    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """One finished two-process run (6 steps, per-device batch 2, checkpoints at step 3)."""
+    root = tmp_path_factory.mktemp("ddp")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(30):
+        body = "\n".join(f"def f_{i}_{j}(x, y={j}):\n    return x + {j} * y\n" for j in range(6 + i % 5))
+        (corpus / f"doc_{i:03d}.py").write_text(body)
+    config = root / "exp.yaml"
+    config.write_text(CONFIG.format(corpus=corpus, cache=root / "cache"))
+    run_dir = root / "run"
+    proc = train(config, run_dir, devices=2, batch_size=2)
+    return config, run_dir, proc
+
+
+def weights(run_dir: Path) -> dict:
+    return load_file(str(run_dir / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_ddp_run_writes_one_run_directory(ddp_run):
+    _, run_dir, proc = ddp_run
+    assert "GLOBAL_RANK: 1" in proc.stdout + proc.stderr  # really two processes
+    assert (run_dir / "train" / "complete.json").is_file() and (run_dir / "model.safetensors").is_file()
+    assert not (run_dir / ".lock").exists()
+    assert [p.name for p in (run_dir / "train" / "checkpoints").iterdir()] == ["step-00000003.ckpt"]
+    summary = json.loads((run_dir / "train" / "complete.json").read_text())
+    assert summary["steps"] == 6 and summary["val_loss"] < 6.0
+
+
+@pytest.mark.slow
+def test_ddp_resume_is_exact(ddp_run, tmp_path):
+    """Interrupt after the step-3 checkpoint (remove what the end of the phase wrote), --resume under DDP: the
+    final weights equal the uninterrupted run's."""
+    config, run_dir, _ = ddp_run
+    resumed = tmp_path / "run"
+    shutil.copytree(run_dir, resumed)
+    for name in ("train/complete.json", "train/model.safetensors", "train/optimizer.pt", "train/config.yaml",
+                 "model.safetensors", "final_config.yaml"):  # fmt: skip
+        (resumed / name).unlink(missing_ok=True)
+    proc = train(config, resumed, 2, 2, "--resume")
+    assert "resuming from" in proc.stdout
+    a, b = weights(run_dir), weights(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+
+
+@pytest.mark.slow
+def test_ddp_matches_one_process_with_the_same_global_batch(ddp_run, tmp_path):
+    """2 devices x batch 2 vs 1 device x batch 4. The rows are identical (tests/data/test_sampler.py proves it
+    exactly); what remains is the order of the gradient all-reduce, which Adam amplifies over the 6 steps: measured
+    |diff| = 2.8e-4 in val loss, against 2.6e-2 when each rank drew its own rows. 1e-3 separates the two."""
+    config, run_dir, _ = ddp_run
+    single = tmp_path / "single"
+    train(config, single, devices=1, batch_size=4)
+    two = json.loads((run_dir / "train" / "complete.json").read_text())["val_loss"]
+    one = json.loads((single / "train" / "complete.json").read_text())["val_loss"]
+    assert abs(two - one) < 1e-3, (two, one)
