@@ -331,6 +331,9 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
     from minilm.positions import validate_position  # positions imports nothing from config
 
     validate_position(merged.model.position, where=f"phases.{name}.position")
+    from minilm.eval import validate_eval
+
+    validate_eval(merged.eval, where=f"phases.{name}.eval")
     OmegaConf.set_readonly(merged, True)
     return merged
 
@@ -454,9 +457,11 @@ def validate(cfg: DictConfig) -> None:
     _check(0 < cfg.data.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {cfg.data.val_fraction}")
     _validate_data(cfg.data, where="data")
     _validate_train(cfg)
+    from minilm.eval import validate_eval
     from minilm.positions import validate_position
 
     validate_position(m.position, where="model.position")
+    validate_eval(cfg.eval)
     for name in cfg.phases:
         phase_config(cfg, name)  # raises with the phase's name on any bad override
     for name in cfg.phases:

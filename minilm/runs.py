@@ -52,7 +52,7 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     else:
         weights = run_dir / "model.safetensors"
         if not weights.is_file():  # an unfinished run: its newest finished phase
-            done = [p for p in _phases(run_dir) if (run_dir / p / "model.safetensors").is_file()]
+            done = [p for p in run_phase_names(run_dir) if (run_dir / p / "model.safetensors").is_file()]
             if not done:
                 raise MinilmError(f"{run_dir} has no finished phase yet (no model.safetensors)")
             phase, weights = done[-1], run_dir / done[-1] / "model.safetensors"
@@ -61,18 +61,24 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     return run_dir, phase, weights
 
 
-def _phases(run_dir: Path) -> list[str]:
-    return phase_names(_load_cfg(run_dir / "config.yaml"))
-
-
-def _load_cfg(path: Path) -> DictConfig:
-    cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+def load_run_config(path: Path) -> DictConfig:
+    """The saved, resolved config on the schema. The open mappings are taken as saved, not merged onto their
+    defaults: a run trained without the default ``embedded`` source must not get it back."""
+    saved = OmegaConf.load(path)
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
+    cfg.data.sources = saved.data.sources
+    cfg.model.position = saved.model.position
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
+def run_phase_names(run_dir: Path) -> list[str]:
+    """The phases of the run saved in ``run_dir``, in order."""
+    return phase_names(load_run_config(Path(run_dir) / "config.yaml"))
+
+
 def run_config(run_dir: Path, phase: Optional[str]) -> DictConfig:
-    cfg = _load_cfg(run_dir / "config.yaml")
+    cfg = load_run_config(run_dir / "config.yaml")
     if phase is None:
         return phase_config(cfg, phase_names(cfg)[-1])
     return phase_config(cfg, phase)

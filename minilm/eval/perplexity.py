@@ -1,0 +1,181 @@
+"""Perplexity vs context length on held-out long documents, and the per-position loss curve.
+
+Two ways to cut a document into length-L inputs (Press et al. 2022, "Train Short, Test Long", §B discusses both):
+
+- ``windows``  — non-overlapping windows of L tokens; every target is scored once, with 0..L-1 tokens of
+  context (the average context is L/2). This is what "PPL at length L" means in most extrapolation tables, and
+  it also yields the per-position loss curve: mean loss at token position t over all windows (the picture in
+  ALiBi / xPos / YaRN papers: a model that extrapolates keeps the curve flat or falling past its training
+  length; one that does not blows up right there).
+- ``sliding``  — windows of L tokens advanced by ``stride`` S; after a document's first window only the last S
+  targets are scored, so every scored token has at least L − S tokens of context (the transformers
+  "perplexity of fixed-length models" recipe). Closer to how a model is used; costs L/S times more per token.
+
+Documents: held-out (validation) documents of at least L + 1 tokens (L inputs and L shifted targets). When no
+held-out document is that long, the packed held-out stream (documents back to back, EOS between them) is used
+and the result says so (``source: packed``) — at such lengths the number measures cross-document context only.
+
+Everything here takes plain token arrays and any module whose ``forward(idx) -> logits (B, T, V)``, so the
+tests can feed a stub model and hand-made documents.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from minilm.errors import MinilmError
+
+MODES = ("windows", "sliding")
+CURVE_POINTS = 128  # per-position curves longer than this are averaged into this many equal-width buckets
+
+
+@dataclass
+class PplResult:
+    length: int
+    mode: str  # windows | sliding
+    loss: float  # mean cross-entropy in nats per scored token
+    ppl: float  # exp(loss)
+    tokens: int  # targets scored
+    windows: int  # inputs of `length` tokens run
+    source: str  # documents | packed
+    stride: Optional[int] = None  # sliding mode only
+    per_position: Optional[np.ndarray] = field(default=None, repr=False)  # (L,) mean loss at position t (windows)
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in ("length", "mode", "loss", "ppl", "tokens", "windows", "source")}
+        if self.stride is not None:
+            out["stride"] = self.stride
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------- documents
+
+
+def eval_documents(store, length: int) -> tuple[List[np.ndarray], str]:
+    """Held-out documents with at least ``length + 1`` tokens, or the packed stream when there are none.
+    ``store`` is a ``minilm.data.TokenStore`` (``tokens``, ``doc_offsets``, ``doc_lengths``)."""
+    long = np.flatnonzero(np.asarray(store.doc_lengths) >= length + 1)
+    if len(long):
+        offsets, lengths = store.doc_offsets, store.doc_lengths
+        docs = [store.tokens[int(offsets[i]) : int(offsets[i] + lengths[i])] for i in long]
+        return docs, "documents"
+    if store.tokens.shape[0] < length + 1:
+        raise MinilmError(
+            f"the held-out split has {store.tokens.shape[0]} tokens, fewer than one window of {length + 1}; "
+            "evaluate shorter lengths or hold out more data (data.val_fraction)"
+        )
+    return [store.tokens], "packed"
+
+
+def window_starts(docs: Sequence[np.ndarray], length: int, stride: int) -> List[tuple[int, int]]:
+    """(doc, start) of every full window of ``length + 1`` tokens advanced by ``stride``, doc by doc."""
+    out = []
+    for d, doc in enumerate(docs):
+        out.extend((d, s) for s in range(0, len(doc) - length, stride))
+    return out
+
+
+def _stack(docs: Sequence[np.ndarray], starts: Sequence[tuple[int, int]], length: int) -> np.ndarray:
+    return np.stack([np.asarray(docs[d][s : s + length + 1], dtype=np.int64) for d, s in starts])  # (N, L+1)
+
+
+# ------------------------------------------------------------------------------------------------------ scoring
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA (as training runs there); plain fp32 on CPU."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast(device.type, enabled=False)
+
+
+def token_losses(model: torch.nn.Module, tokens: Tensor) -> Tensor:
+    """tokens (B, T+1) -> next-token cross-entropy (B, T) in fp32 nats."""
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    with autocast(x.device):
+        logits = model(x)  # (B, T, V)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+    return loss.view_as(y)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+@torch.inference_mode()
+def score_windows(model, windows: np.ndarray, batch_size: int) -> np.ndarray:
+    """Loss (N, L) of every window (N, L+1), run ``batch_size`` windows at a time."""
+    device = model_device(model)
+    out = []
+    for i in range(0, len(windows), batch_size):
+        chunk = torch.from_numpy(windows[i : i + batch_size]).to(device)
+        out.append(token_losses(model, chunk).cpu().numpy())
+    return np.concatenate(out, axis=0)
+
+
+def bucket_curve(curve: np.ndarray, points: int = CURVE_POINTS) -> tuple[List[float], List[float]]:
+    """(positions, values): the curve itself when short, else means over ``points`` equal-width buckets (the
+    position reported is each bucket's centre)."""
+    n = len(curve)
+    if n <= points:
+        return [float(i) for i in range(n)], [float(v) for v in curve]
+    edges = np.linspace(0, n, points + 1).round().astype(int)
+    pos = [float((a + b - 1) / 2) for a, b in zip(edges[:-1], edges[1:])]
+    val = [float(curve[a:b].mean()) for a, b in zip(edges[:-1], edges[1:])]
+    return pos, val
+
+
+def perplexity(
+    model: torch.nn.Module,
+    docs: Sequence[np.ndarray],
+    length: int,
+    *,
+    mode: str = "windows",
+    n_windows: int = 16,
+    batch_size: int = 4,
+    stride: Optional[int] = None,
+    seed: int | Sequence[int] = 0,
+    source: str = "documents",
+) -> PplResult:
+    """Perplexity of ``model`` at context ``length`` over ``docs`` (token arrays), from at most ``n_windows``
+    inputs of ``length`` tokens. ``windows``: a seeded random choice among all non-overlapping windows.
+    ``sliding``: documents in a seeded random order, each from its start, ``stride`` apart (default L/2)."""
+    if mode not in MODES:
+        raise MinilmError(f"eval.ppl_modes: unknown mode {mode!r}; allowed: {', '.join(MODES)}")
+    rng = np.random.default_rng(seed)
+    if mode == "windows":
+        starts = window_starts(docs, length, length)
+        if not starts:
+            raise MinilmError(f"no document holds a window of {length + 1} tokens")
+        pick = np.sort(rng.choice(len(starts), size=min(n_windows, len(starts)), replace=False))
+        windows = _stack(docs, [starts[i] for i in pick], length)
+        losses = score_windows(model, windows, batch_size)  # (N, L)
+        loss = float(losses.mean())
+        return PplResult(length, mode, loss, math.exp(loss), int(losses.size), len(windows), source,
+                         per_position=losses.mean(axis=0))  # fmt: skip
+    stride = stride or max(1, length // 2)
+    if not 0 < stride <= length:
+        raise MinilmError(f"eval.stride: must be in [1, length={length}], got {stride}")
+    starts: List[tuple[int, int]] = []
+    for d in rng.permutation(len(docs)):
+        starts.extend((int(d), s) for s in range(0, len(docs[d]) - length, stride))
+        if len(starts) >= n_windows:
+            break
+    starts = starts[:n_windows]
+    if not starts:
+        raise MinilmError(f"no document holds a window of {length + 1} tokens")
+    windows = _stack(docs, starts, length)
+    losses = score_windows(model, windows, batch_size)  # (N, L)
+    # a document's first window scores every target; later ones only the S targets no earlier window scored
+    first = np.array([s == 0 for _, s in starts])
+    scored = np.concatenate([losses[i] if first[i] else losses[i, length - stride :] for i in range(len(starts))])
+    loss = float(scored.mean())
+    return PplResult(length, mode, loss, math.exp(loss), int(scored.size), len(windows), source, stride=stride)

@@ -1,0 +1,351 @@
+"""What an evaluation leaves behind: ``results.json``, ``report.md``, PNG figures, TensorBoard scalars and images.
+
+``results.json`` (keys of per-length mappings are the lengths as strings; ``null`` = not measured there)::
+
+    run, phase, step, extension, position, train_seq_len, vocab_size, lengths, depths, tasks
+    ppl            {L: perplexity, non-overlapping windows}      loss  {L: mean nats/token, same windows}
+    ppl_sliding    {L: perplexity, sliding windows}
+    per_position_loss {L: {positions: [...], loss: [...]}}       (bucketed to at most 128 points)
+    passkey        {L: exact-match accuracy over all depths}     passkey_grid {L: {depth: accuracy}}
+    needle         {L: accuracy}                                 needle_grid  {L: {depth: accuracy}}
+    kv             {L: accuracy}
+    details        {task: {L: {...}}}   token accuracy, answer log-prob, tokens / samples counted
+    unsupported    {L: why}             lengths beyond the encoding's limit (a ``learned`` table) — not run
+    skipped        {task: {L: why}}     a task that could not run at a length (no data long enough, OOM, ...)
+    examples       {task: [{length, depth, answer, greedy}]}    one greedy continuation per length
+
+Figures (Agg backend, written next to results.json): ``ppl_vs_length.png``, ``per_position_loss.png``,
+``passkey_heatmap.png``, ``needle_heatmap.png``, ``retrieval_vs_length.png`` (each only when its data exists).
+TensorBoard: scalars ``eval/ppl@L``, ``eval/ppl_sliding@L``, ``eval/passkey@L``, ``eval/needle@L``, ``eval/kv@L``
+and the figures as images ``eval/<figure>``, at the run's global step (with an extension the prefix is
+``eval-<method>`` so runs with and without one do not overwrite each other's curves).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+
+
+class _Pyplot:
+    """matplotlib.pyplot, imported on first use (Agg: files only, never a display), so that loading a config —
+    which validates the eval section through this package — does not pay for matplotlib."""
+
+    def __getattr__(self, name):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot
+
+        return getattr(matplotlib.pyplot, name)
+
+
+plt = _Pyplot()
+import numpy as np  # noqa: E402
+
+RETRIEVAL = ("passkey", "needle", "kv")
+SCALARS = ("ppl", "ppl_sliding", "passkey", "needle", "kv")
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+
+
+def _lengths(results: dict, key: str) -> List[int]:
+    return sorted(int(k) for k, v in results.get(key, {}).items() if v is not None)
+
+
+def _fmt(v, kind: str) -> str:
+    if v is None:
+        return "—"
+    if kind == "ppl":
+        return f"{v:.2f}" if v < 1e4 else f"{v:.3g}"
+    return f"{v:.2f}"
+
+
+def write_json(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=_json_default, allow_nan=False))
+    tmp.replace(path)
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def load_results(path: Path) -> dict:
+    path = Path(path)
+    return json.loads((path / "results.json" if path.is_dir() else path).read_text())
+
+
+# ------------------------------------------------------------------------------------------------------ figures
+
+
+def _mark_train_len(ax, results: dict) -> None:
+    n = results.get("train_seq_len")
+    if n:
+        ax.axvline(n, color="grey", ls="--", lw=1, label=f"train length {n}")
+
+
+def _ppl_figure(results: dict):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label, style in (("ppl", "windows", "o-"), ("ppl_sliding", "sliding", "s--")):
+        xs = _lengths(results, key)
+        if xs:
+            ax.plot(xs, [results[key][str(x)] for x in xs], style, label=label)
+    _mark_train_len(ax, results)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(f"Perplexity vs length — {results.get('label', '')}".rstrip(" —"))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def _position_figure(results: dict):
+    curves = results.get("per_position_loss", {})
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for L in sorted(int(k) for k in curves):
+        c = curves[str(L)]
+        ax.plot(c["positions"], c["loss"], label=f"L={L}", lw=1.2)
+    _mark_train_len(ax, results)
+    ax.set_xlabel("token position t")
+    ax.set_ylabel("mean loss at t (nats)")
+    ax.set_title("Per-position loss")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _heatmap_figure(results: dict, task: str):
+    grid = results.get(f"{task}_grid", {})
+    lengths = sorted(int(k) for k in grid)
+    depths = [float(d) for d in results.get("depths", [])]
+    data = np.full((len(depths), len(lengths)), np.nan)
+    for j, L in enumerate(lengths):
+        for i, d in enumerate(depths):
+            v = grid[str(L)].get(_depth_key(d)) if grid[str(L)] else None
+            if v is not None:
+                data[i, j] = v
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * max(len(lengths), 2), 1.2 + 0.55 * max(len(depths), 2)))
+    import matplotlib
+
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="lightgrey")
+    im = ax.imshow(np.ma.masked_invalid(data), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    for i in range(len(depths)):
+        for j in range(len(lengths)):
+            ax.text(j, i, "n/a" if np.isnan(data[i, j]) else f"{data[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(lengths)), [str(L) for L in lengths], rotation=45)
+    ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("depth of the key")
+    ax.set_title(f"{task} accuracy")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.tight_layout()
+    return fig
+
+
+def _retrieval_figure(results: dict):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for task in RETRIEVAL:
+        xs = _lengths(results, task)
+        if xs:
+            ax.plot(xs, [results[task][str(x)] for x in xs], "o-", label=task)
+    _mark_train_len(ax, results)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("exact-match accuracy")
+    ax.set_title("Retrieval vs length")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def _depth_key(d: float) -> str:
+    return f"{float(d):g}"
+
+
+def write_figures(results: dict, out_dir: Path) -> Dict[str, Path]:
+    """Every figure the results have data for, as PNGs in ``out_dir``; returns name -> path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    makers = {
+        "ppl_vs_length": (lambda: _ppl_figure(results), any(_lengths(results, k) for k in ("ppl", "ppl_sliding"))),
+        "per_position_loss": (lambda: _position_figure(results), bool(results.get("per_position_loss"))),
+        "passkey_heatmap": (lambda: _heatmap_figure(results, "passkey"), bool(results.get("passkey_grid"))),
+        "needle_heatmap": (lambda: _heatmap_figure(results, "needle"), bool(results.get("needle_grid"))),
+        "retrieval_vs_length": (lambda: _retrieval_figure(results), any(_lengths(results, t) for t in RETRIEVAL)),
+    }  # fmt: skip
+    paths = {}
+    for name, (make, has_data) in makers.items():
+        if not has_data:
+            continue
+        fig = make()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths[name] = path
+    return paths
+
+
+# ------------------------------------------------------------------------------------------------------ markdown
+
+
+def markdown(results: dict, figures: Dict[str, Path]) -> str:
+    ext = results.get("extension")
+    lines = [
+        f"# Evaluation: {results.get('label') or results.get('run', '')}",
+        "",
+        f"- run: `{results.get('run')}`, phase: `{results.get('phase')}`, step {results.get('step')}",
+        f"- position: `{json.dumps(results.get('position'))}`, trained at length {results.get('train_seq_len')}",
+        f"- extension at evaluation: `{json.dumps(ext) if ext else 'none'}`",
+        f"- tasks: {', '.join(results.get('tasks', []))}; depths: {results.get('depths')}; "
+        f"{results.get('samples')} samples per retrieval cell",
+        "",
+        "## Summary",
+        "",
+    ]
+    cols = [c for c in SCALARS if c in results]
+    lines.append("| length | " + " | ".join(cols) + " |")
+    lines.append("|---:|" + "---:|" * len(cols))
+    unsupported = results.get("unsupported", {})
+    for L in results.get("lengths", []):
+        if str(L) in unsupported:
+            lines.append(f"| {L} | " + " | ".join("unsupported" for _ in cols) + " |")
+            continue
+        cells = [_fmt(results[c].get(str(L)), "ppl" if c.startswith("ppl") else "acc") for c in cols]
+        lines.append(f"| {L} | " + " | ".join(cells) + " |")
+    lines += ["", "ppl: non-overlapping windows; ppl_sliding: sliding windows (every scored token has at least "
+              "L − stride tokens of context); retrieval: exact-match accuracy of greedy decoding.", ""]  # fmt: skip
+    for task in ("passkey", "needle"):
+        grid = results.get(f"{task}_grid")
+        if not grid:
+            continue
+        depths = [_depth_key(d) for d in results.get("depths", [])]
+        header = "| length | " + " | ".join(f"{float(d):.0%}" for d in depths) + " |"
+        lines += [f"## {task}: length × depth", "", header, "|---:|" + "---:|" * len(depths)]
+        for L in sorted(int(k) for k in grid):
+            row = grid[str(L)] or {}
+            lines.append(f"| {L} | " + " | ".join(_fmt(row.get(d), "acc") for d in depths) + " |")
+        lines.append("")
+    if unsupported or any(results.get("skipped", {}).values()):
+        lines += ["## Not measured", ""]
+        for L, why in unsupported.items():
+            lines.append(f"- length {L}: unsupported — {why}")
+        for task, per in results.get("skipped", {}).items():
+            for L, why in per.items():
+                lines.append(f"- {task} at {L}: skipped — {why}")
+        lines.append("")
+    examples = results.get("examples", {})
+    if any(examples.values()):
+        lines += ["## Greedy continuations (one sample per length)", "", "| task | length | depth | answer | greedy |",
+                  "|---|---:|---:|---|---|"]  # fmt: skip
+        for task, rows in examples.items():
+            for r in rows:
+                d = "" if r.get("depth") is None else f"{r['depth']:.0%}"
+                lines.append(f"| {task} | {r['length']} | {d} | `{r['answer']!r}` | `{r['greedy']!r}` |")
+        lines.append("")
+    if figures:
+        lines += ["## Figures", ""] + [f"![{n}]({p.name})" for n, p in figures.items()] + [""]
+    return "\n".join(lines)
+
+
+def write_report(results: dict, out_dir: Path) -> Dict[str, Path]:
+    """results.json + figures + report.md in ``out_dir``; returns the figures written."""
+    out_dir = Path(out_dir)
+    write_json(results, out_dir / "results.json")
+    figures = write_figures(results, out_dir)
+    (out_dir / "report.md").write_text(markdown(results, figures))
+    return figures
+
+
+# --------------------------------------------------------------------------------------------------- tensorboard
+
+
+def log_tensorboard(writer, results: dict, figures: Dict[str, Path], step: int, prefix: str = "eval") -> None:
+    """Scalars ``<prefix>/<metric>@<L>`` and the figures as images, at ``step``; ``writer`` is a SummaryWriter."""
+    for key in SCALARS:
+        for L, v in results.get(key, {}).items():
+            if v is not None and math.isfinite(v):
+                writer.add_scalar(f"{prefix}/{key}@{L}", v, global_step=step)
+    for name, path in figures.items():
+        img = plt.imread(str(path))  # (H, W, 4) float in [0, 1]
+        writer.add_image(f"{prefix}/{name}", img[..., :3], global_step=step, dataformats="HWC")
+    writer.add_text(f"{prefix}/report", markdown(results, {}), global_step=step)
+    writer.flush()
+
+
+# ------------------------------------------------------------------------------------------------------ compare
+
+
+def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple[Path, Path]:
+    """Overlay several evaluations (one ``results.json`` each): one figure (perplexity and every retrieval task
+    vs length, one line per run) and one markdown table. Returns (figure, table) paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    panels = [k for k in ("ppl", "ppl_sliding", *RETRIEVAL) if any(_lengths(r, k) for r in runs)]
+    if not panels:
+        panels = ["ppl"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
+    train_lens = sorted({r.get("train_seq_len") for r in runs if r.get("train_seq_len")})
+    for ax, key in zip(axes[0], panels):
+        for r, label in zip(runs, labels):
+            xs = _lengths(r, key)
+            if xs:
+                ax.plot(xs, [r[key][str(x)] for x in xs], "o-", label=label)
+        for n in train_lens:
+            ax.axvline(n, color="grey", ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        if key.startswith("ppl"):
+            ax.set_yscale("log")
+            ax.set_ylabel("perplexity")
+        else:
+            ax.set_ylim(-0.05, 1.05)
+            ax.set_ylabel("exact-match accuracy")
+        ax.set_xlabel("context length (tokens)")
+        ax.set_title(key)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig_path = out_dir / "compare.png"
+    fig.savefig(fig_path, dpi=110)
+    plt.close(fig)
+
+    lengths = sorted({int(L) for r in runs for L in r.get("lengths", [])})
+    lines = ["# Comparison", ""]
+    for r, label in zip(runs, labels):
+        ext = r.get("extension")
+        lines.append(f"- **{label}**: `{r.get('run')}` phase `{r.get('phase')}`, position "
+                     f"`{json.dumps(r.get('position'))}`, trained at {r.get('train_seq_len')}"
+                     + (f", extension `{json.dumps(ext)}`" if ext else ""))  # fmt: skip
+    lines.append("")
+    for key in panels:
+        lines += [f"## {key}", "", "| run | " + " | ".join(str(L) for L in lengths) + " |",
+                  "|---|" + "---:|" * len(lengths)]  # fmt: skip
+        for r, label in zip(runs, labels):
+            cells = []
+            for L in lengths:
+                if str(L) in r.get("unsupported", {}):
+                    cells.append("unsupp.")
+                else:
+                    cells.append(_fmt(r.get(key, {}).get(str(L)), "ppl" if key.startswith("ppl") else "acc"))
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += [f"![compare]({fig_path.name})", ""]
+    table_path = out_dir / "compare.md"
+    table_path.write_text("\n".join(lines))
+    return fig_path, table_path

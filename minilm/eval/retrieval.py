@@ -1,0 +1,215 @@
+"""Retrieval probes: passkey (length × depth), multi-key needle with distractors, key-value retrieval.
+
+Prompts come from the same generators as the synthetic training rows (``minilm.data.synthetic``), with filler
+cut from the held-out split exactly as the training sampler cuts it from the training split, so a model trained
+with ``data.synthetic.fraction > 0`` is asked in the form it has seen. Every sample is ``(prompt_ids,
+answer_ids)`` with ``len(prompt) + len(answer) == length``: the model reads at most ``length − 1`` tokens.
+
+Scoring is exact greedy decoding, batched. Greedy decoding reproduces the answer a₁…aₙ exactly iff, for every
+i, argmax p(· | prompt, a₁…aᵢ₋₁) = aᵢ — so one teacher-forced forward of ``prompt + answer[:-1]`` decides
+exact-match for a whole batch of samples of one length, whatever their answer lengths (no padding, no
+position shifts). ``greedy_decode`` (incremental, with ``minilm.model.cache.KVCache``) produces the actual
+continuations shown in the report and is tested to agree with the teacher-forced verdict.
+
+Tasks (RULER, Hsieh et al. 2024, names the family):
+
+- ``passkey``: one 5-digit key at relative depth d in filler (Mohtashami & Jaggi 2023, the landmark-attention
+  passkey test); ``make_passkey_sample``.
+- ``needle``: ``needles`` key → 7-digit value lines, one of them asked for (at depth d) and the others
+  distractors at random depths (RULER's niah_multikey); generated here in the passkey's surface style.
+- ``kv``: as many random hex key → value pairs as fit, one asked for (RULER's key-value retrieval / the
+  "lost in the middle" KV task); ``make_kv_sample``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from minilm.data.synthetic import STYLES, make_kv_sample, make_passkey_sample
+from minilm.errors import DataError, MinilmError
+from minilm.eval.perplexity import autocast, model_device
+
+Sample = Tuple[List[int], List[int]]
+TASKS = ("passkey", "needle", "kv")
+
+
+# ------------------------------------------------------------------------------------------------------ filler
+
+
+def cut_filler(tokens: np.ndarray, eos_id: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` tokens of held-out text from a random start (wrapping), EOS removed so the haystack reads as one
+    document — the training sampler's ``_synthetic_row`` does the same on the training split."""
+    total = int(tokens.shape[0])
+    start = int(rng.integers(0, total))
+    idx = (start + np.arange(n)) % total
+    filler = np.asarray(tokens[idx], dtype=np.int64)
+    filler = filler[filler != eos_id]
+    return np.resize(filler, n) if len(filler) < n else filler
+
+
+# ------------------------------------------------------------------------------------------------------ needle
+
+
+def _digits(rng: np.random.Generator, n: int) -> str:
+    return str(rng.integers(1, 10)) + "".join(str(d) for d in rng.integers(0, 10, size=n - 1))
+
+
+def _name(rng: np.random.Generator) -> str:
+    return "key_" + "".join("abcdefghijklmnopqrstuvwxyz"[i] for i in rng.integers(0, 26, size=4))
+
+
+def _line_start(filler: Sequence[int], pos: int, nl: Optional[int]) -> int:
+    """Back to just after the previous newline, so a needle is a line of its own (as make_passkey_sample)."""
+    if nl is None or pos == 0:
+        return pos
+    hits = np.flatnonzero(np.asarray(filler[:pos]) == nl)
+    return int(hits[-1]) + 1 if len(hits) else pos
+
+
+def make_needle_sample(tokenizer, filler_tokens: Sequence[int], length: int, depth: float, rng: np.random.Generator,
+                       style: str = "code", needles: int = 4, digits: int = 7) -> Sample:  # fmt: skip
+    """``needles`` lines ``name = "value"`` in the filler: the asked one at relative ``depth``, the distractors
+    (other names, other values) at uniform random depths; then a question naming the asked one."""
+    if style not in STYLES:
+        raise DataError(f"synthetic style: must be one of {STYLES}, got {style!r}")
+    if needles < 1:
+        raise MinilmError(f"eval.needles: must be >= 1, got {needles}")
+    names: List[str] = []
+    while len(names) < needles:
+        n = _name(rng)
+        if n not in names:
+            names.append(n)
+    values = [_digits(rng, digits) for _ in names]
+    if style == "code":
+        lines = [f'\n{n} = "{v}"\n' for n, v in zip(names, values)]
+        question, answer = f'\nassert {names[0]} == "', f'{values[0]}"'
+    else:
+        lines = [f"\nOne of the special magic numbers for {n} is: {v}.\n" for n, v in zip(names, values)]
+        question = f"\nWhat is the special magic number for {names[0]}? The special magic number for {names[0]} is: "
+        answer = values[0]
+    line_ids = [tokenizer.encode(s) for s in lines]
+    q_ids, a_ids = tokenizer.encode(question), tokenizer.encode(answer)
+    n_fill = length - sum(map(len, line_ids)) - len(q_ids) - len(a_ids)
+    if n_fill < 0:
+        raise DataError(f"a needle sample with {needles} needles needs at least {length - n_fill} tokens, "
+                        f"asked for {length}")  # fmt: skip
+    if len(filler_tokens) < n_fill:
+        raise DataError(f"needle filler too short: need {n_fill} tokens, got {len(filler_tokens)}")
+    filler = [int(t) for t in filler_tokens[:n_fill]]
+    nl = tokenizer.encode("\n")
+    nl = nl[0] if len(nl) == 1 else None
+    depths = [min(max(depth, 0.0), 1.0)] + [float(rng.random()) for _ in names[1:]]
+    at = [_line_start(filler, int(round(d * n_fill)), nl) for d in depths]
+    out: List[int] = []
+    prev = 0
+    for pos, ids in sorted(zip(at, line_ids), key=lambda p: p[0]):  # stable: ties keep the asked needle first
+        out += filler[prev:pos] + ids
+        prev = pos
+    return out + filler[prev:] + q_ids, a_ids
+
+
+# ---------------------------------------------------------------------------------------------------- samples
+
+
+def make_samples(task: str, tokenizer, val_tokens: np.ndarray, length: int, n: int, rng: np.random.Generator, *,
+                 depth: float = 0.5, style: str = "code", needles: int = 4) -> List[Sample]:  # fmt: skip
+    """``n`` samples of ``task`` at ``length`` (and ``depth`` for passkey / needle) with held-out filler."""
+    out = []
+    for _ in range(n):
+        filler = cut_filler(val_tokens, tokenizer.eos_id, length, rng)
+        if task == "passkey":
+            out.append(make_passkey_sample(tokenizer, filler, length, depth, rng, style=style))
+        elif task == "needle":
+            out.append(make_needle_sample(tokenizer, filler, length, depth, rng, style=style, needles=needles))
+        elif task == "kv":
+            out.append(make_kv_sample(tokenizer, filler, length, rng, style=style))
+        else:
+            raise MinilmError(f"eval.tasks: unknown retrieval task {task!r}; allowed: {', '.join(TASKS)}")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- scoring
+
+
+@dataclass
+class Scores:
+    exact: np.ndarray  # (N,) bool: greedy decoding reproduces the whole answer
+    token_acc: np.ndarray  # (N,) share of answer tokens whose greedy prediction (given the true prefix) is right
+    logprob: np.ndarray  # (N,) log p(answer | prompt), nats
+
+
+def _answer_logits(model, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Logits only at the rows' answer positions: (B, T) inputs, idx (B, A) positions -> (B, A, V). Uses
+    ``model.hidden`` + ``lm_head`` when the model has them, so long prompts never materialize (B, T, V)."""
+    with autocast(x.device):
+        if hasattr(model, "hidden") and hasattr(model, "lm_head"):
+            h = model.hidden(x)  # (B, T, D)
+            h = torch.gather(h, 1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]))  # (B, A, D)
+            return model.lm_head(h).float()
+        logits = model(x)  # (B, T, V)
+    return torch.gather(logits.float(), 1, idx.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+
+
+@torch.inference_mode()
+def score_samples(model, samples: Sequence[Sample], batch_size: int) -> Scores:
+    """Teacher-forced exact-match of greedy decoding for samples of one total length (see the module doc)."""
+    if not samples:
+        return Scores(np.zeros(0, bool), np.zeros(0), np.zeros(0))
+    total = {len(p) + len(a) for p, a in samples}
+    if len(total) != 1:
+        raise MinilmError(f"score_samples: samples must share one length, got {sorted(total)}")
+    device = model_device(model)
+    A = max(len(a) for _, a in samples)
+    exact, acc, lp = [], [], []
+    for i in range(0, len(samples), batch_size):
+        chunk = samples[i : i + batch_size]
+        seq = torch.tensor([p + a for p, a in chunk], device=device)  # (B, L)
+        x = seq[:, :-1]  # (B, L-1): the last answer token is never read
+        # position t predicts token t+1: answer token j sits at len(p)+j, so is predicted at len(p)+j-1;
+        # shorter answers are padded by repeating their last position (masked out below)
+        idx = torch.tensor([[len(p) - 1 + min(j, len(a) - 1) for j in range(A)] for p, a in chunk], device=device)
+        mask = torch.tensor([[j < len(a) for j in range(A)] for _, a in chunk], device=device)  # (B, A)
+        target = torch.gather(seq, 1, idx + 1)  # (B, A)
+        logits = _answer_logits(model, x, idx)  # (B, A, V)
+        hit = (logits.argmax(-1) == target) | ~mask
+        logp = torch.log_softmax(logits, -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, A)
+        exact.append(hit.all(-1).cpu())
+        acc.append(((hit & mask).sum(-1).float() / mask.sum(-1)).cpu())
+        lp.append((logp * mask).sum(-1).cpu())
+    return Scores(torch.cat(exact).numpy(), torch.cat(acc).numpy(), torch.cat(lp).double().numpy())
+
+
+@torch.inference_mode()
+def greedy_decode(model, prompt: Sequence[int], n_new: int) -> List[int]:
+    """The ``n_new`` greedy tokens after ``prompt``: with ``minilm.model.cache.KVCache`` when the model takes
+    one (one forward of the prompt, then one token per step), else by full recomputation."""
+    device = model_device(model)
+    x = torch.tensor([list(prompt)], device=device)  # (1, T)
+    try:
+        from minilm.model.cache import KVCache
+    except ImportError:  # pragma: no cover - the cache is part of the model package
+        KVCache = None
+    out: List[int] = []
+    if KVCache is not None and hasattr(model, "blocks"):
+        cache = KVCache.for_model(model, max_length=len(prompt) + n_new)
+        with autocast(device):
+            logits = model(x, cache=cache)
+        for _ in range(n_new):
+            nxt = int(logits[0, -1].float().argmax())
+            out.append(nxt)
+            if len(out) == n_new:
+                break
+            with autocast(device):
+                logits = model(torch.tensor([[nxt]], device=device), cache=cache)
+        return out
+    for _ in range(n_new):
+        with autocast(device):
+            logits = model(x)
+        nxt = int(logits[0, -1].float().argmax())
+        out.append(nxt)
+        x = torch.cat([x, torch.tensor([[nxt]], device=device)], dim=1)
+    return out

@@ -1,0 +1,478 @@
+"""The evaluation suite: settings, the per-length loop, extensions at evaluation time, and the two entry points.
+
+``evaluate`` runs every task at every length on one model and returns the results dict (report.py documents
+its keys). ``evaluate_phase`` is what training calls at the end of a phase (``eval.lengths`` non-empty);
+``evaluate_run`` is what scripts/evaluate.py calls on a finished run directory. Both write ``results.json``,
+``report.md`` and the figures, and log scalars and images to the run's TensorBoard at the weights' global step.
+
+Lengths the model cannot read (beyond a ``learned`` table's ``max_positions`` — any position module whose
+``max_length()`` is not None) are reported in ``unsupported`` and not run; a task that fails at one length
+(no held-out text that long, a prompt that does not fit, out of GPU memory) is reported in ``skipped`` and the
+suite goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+import yaml
+from omegaconf import OmegaConf
+
+from minilm.errors import ConfigError, MinilmError
+from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
+from minilm.eval.report import log_tensorboard, write_report
+from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
+
+TASKS = ("ppl", "passkey", "needle", "kv")
+_TASK_SEED = {"ppl": 0, "passkey": 1, "needle": 2, "kv": 3}  # each task draws from its own seeded stream
+
+
+# ------------------------------------------------------------------------------------------------------ settings
+
+
+@dataclass
+class EvalSettings:
+    """The ``eval`` section (minilm.config.EvalConfig) as plain values, plus the seed (``run.seed``)."""
+
+    lengths: List[int] = field(default_factory=list)
+    batches: int = 4
+    batch_tokens: int = 8192
+    tasks: List[str] = field(default_factory=lambda: ["ppl", "passkey"])
+    sliding: bool = True
+    stride: Optional[int] = None
+    depths: List[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
+    samples: int = 8
+    needles: int = 4
+    extension: Dict[str, Any] = field(default_factory=dict)
+    seed: int = 1337
+
+    @classmethod
+    def from_config(cls, cfg, **changes) -> "EvalSettings":
+        """From a full (phase) config: its ``eval`` section and ``run.seed``; ``changes`` (not None) win."""
+        ev = OmegaConf.to_container(cfg.eval, resolve=True) if OmegaConf.is_config(cfg.eval) else dict(cfg.eval)
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in ev.items() if k in known}
+        values["seed"] = int(cfg.run.seed)
+        values.update({k: v for k, v in changes.items() if v is not None})
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self, where: str = "eval") -> None:
+        def check(ok: bool, key: str, msg: str) -> None:
+            if not ok:
+                raise ConfigError(f"{where}.{key}: {msg}")
+
+        check(all(isinstance(L, int) and L >= 2 for L in self.lengths), "lengths",
+              f"must be integers >= 2, got {list(self.lengths)}")  # fmt: skip
+        bad = [t for t in self.tasks if t not in TASKS]
+        check(not bad, "tasks", f"unknown task(s) {bad}; allowed: {', '.join(TASKS)}")
+        check(self.batches >= 1, "batches", f"must be >= 1, got {self.batches}")
+        check(self.batch_tokens >= 1, "batch_tokens", f"must be >= 1, got {self.batch_tokens}")
+        check(self.stride is None or self.stride >= 1, "stride", f"must be >= 1 or null, got {self.stride}")
+        check(all(0 <= d <= 1 for d in self.depths) and len(self.depths) > 0, "depths",
+              f"must be a non-empty list of numbers in [0, 1], got {list(self.depths)}")  # fmt: skip
+        check(self.samples >= 1, "samples", f"must be >= 1, got {self.samples}")
+        check(self.needles >= 1, "needles", f"must be >= 1, got {self.needles}")
+        check(not self.extension or "name" in self.extension, "extension",
+              f"needs a 'name' (a training-free method or a rope_type), got {dict(self.extension)}")  # fmt: skip
+
+
+def validate_eval(eval_cfg, where: str = "eval") -> None:
+    """Check an ``eval`` config section (so a bad value fails when the config loads, not after training)."""
+    ev = OmegaConf.to_container(eval_cfg, resolve=True) if OmegaConf.is_config(eval_cfg) else dict(eval_cfg)
+    known = {f.name for f in fields(EvalSettings)}
+    EvalSettings(**{k: v for k, v in ev.items() if k in known}).validate(where)
+    if ev.get("extension"):
+        ext = dict(ev["extension"])
+        _check_extension_name(ext["name"], f"{where}.extension")
+
+
+def default_lengths(train_seq_len: int) -> List[int]:
+    """Half the training length up to 8x it, by powers of two: where extrapolation shows or breaks."""
+    return [max(2, train_seq_len // 2)] + [train_seq_len * 2**k for k in range(4)]
+
+
+def parse_extension(tokens: Sequence[str]) -> Dict[str, Any]:
+    """``["dynamic", "factor=4"]`` -> ``{"name": "dynamic", "factor": 4}`` (values parsed as YAML scalars)."""
+    if not tokens:
+        return {}
+    name, *rest = tokens
+    out: Dict[str, Any] = {"name": name}
+    for item in rest:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--extension {name}: parameter '{item}' must look like key=value")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- extensions
+
+
+def _check_extension_name(name: str, where: str) -> None:
+    from minilm.positions.rope_scaling import ROPE_SCALING
+    from minilm.positions.training_free import EXTENSIONS
+
+    if name not in EXTENSIONS and name not in ROPE_SCALING:
+        raise ConfigError(
+            f"{where}.name: unknown method {name!r}; training-free methods: {', '.join(EXTENSIONS)}; RoPE scalings "
+            f"(rope_type): {', '.join(ROPE_SCALING)}"
+        )
+
+
+def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, Any], train_seq_len: int):
+    """Apply a training-free method to a trained model for evaluation. Returns ``(model, undo)``.
+
+    - a method of ``minilm.positions.training_free.EXTENSIONS`` (logn, rerope, self_extend, dca, rope_scaling) is
+      installed on the model's attention layers; ``undo()`` removes it;
+    - a ``rope_type`` of ``minilm.positions.rope_scaling.ROPE_SCALING`` (linear, ntk, dynamic, yarn, ...) becomes
+      the model's ``model.position.scaling`` block: a new GPT is built with it and the weights copied (the model
+      passed in is untouched; ``undo`` does nothing).
+
+    Defaults taken from the training length when not given: ``original_max_position_embeddings`` (scalings that
+    have it) and logn's ``train_len``."""
+    from minilm.positions.rope_scaling import ROPE_SCALING
+    from minilm.positions.training_free import EXTENSIONS, install_extension, remove_extension
+
+    params = {k: v for k, v in extension.items() if k != "name"}
+    name = extension["name"]
+    _check_extension_name(name, "extension")
+    if name in EXTENSIONS:
+        if name == "logn":
+            params.setdefault("train_len", train_seq_len)
+        install_extension(model, name, **params)
+        return model, lambda: remove_extension(model)
+    from minilm.model import GPT
+    from minilm.positions import validate_position
+
+    if "original_max_position_embeddings" in {f.name for f in fields(ROPE_SCALING[name].params)}:
+        params.setdefault("original_max_position_embeddings", train_seq_len)
+    mcfg = OmegaConf.to_container(model_cfg, resolve=True)
+    if mcfg["position"].get("name") != "rope":
+        raise ConfigError(f"extension.name: {name!r} is a RoPE scaling; this model's encoding is "
+                          f"{mcfg['position'].get('name')!r}")  # fmt: skip
+    mcfg["position"] = {**mcfg["position"], "scaling": {"rope_type": name, **params}}
+    validate_position(mcfg["position"], where="extension")
+    scaled = GPT(OmegaConf.create(mcfg), vocab_size)
+    scaled.load_state_dict(model.state_dict())  # the same architecture: every tensor by name, strictly
+    scaled.to(model_device(model)).eval()
+    return scaled, lambda: None
+
+
+def length_limit(model) -> Optional[int]:
+    """The longest sequence the model's position modules can read (None: unbounded)."""
+    mods = [getattr(model, "pos_emb", None)] + [getattr(b.attn, "pos", None) for b in getattr(model, "blocks", [])]
+    limits = [m.max_length() for m in mods if m is not None and hasattr(m, "max_length")]
+    limits = [x for x in limits if x is not None]
+    return min(limits) if limits else None
+
+
+# -------------------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class EvalData:
+    """What the tasks read: the tokenizer, the held-out split (a ``minilm.data.TokenStore``), the prompt style."""
+
+    tokenizer: Any
+    val: Any
+    style: str = "code"
+
+
+def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
+    """The held-out split of the corpus a run trained on (prepared again if the cache is gone), and the prompt
+    style of ``cfg.data``. With ``run_dir``, the corpus is the run's (its saved run-level ``data`` section, as
+    phases.py loads it once for every phase) and its tokenizer must be the run's ``tokenizer.model``: token ids
+    of another tokenizer would be evaluated as garbage."""
+    from minilm.data import load_corpus, synthetic_style
+    from minilm.data.tokenizer import file_digest
+
+    data_cfg = cfg.data
+    if run_dir is not None and (Path(run_dir) / "config.yaml").is_file():
+        data_cfg = _run_data_config(Path(run_dir))
+    corpus = load_corpus(data_cfg, progress=False)
+    tok_file = Path(run_dir) / "tokenizer.model" if run_dir is not None else None
+    same = tok_file is None or not tok_file.is_file() or file_digest(corpus.tokenizer.model_file) == file_digest(tok_file)
+    if not same:
+        raise MinilmError(
+            f"the corpus prepared for this run's data config ({corpus.cache_dir}) has another tokenizer than the "
+            f"run ({tok_file}); were the source files changed since training? Set data.tokenizer.model_file to "
+            "the run's tokenizer.model in its config.yaml"
+        )
+    if corpus.val.n_tokens == 0:
+        raise MinilmError("the held-out split is empty; raise data.val_fraction so some documents are held out")
+    return EvalData(corpus.tokenizer, corpus.val, synthetic_style(cfg.data))
+
+
+def _run_data_config(run_dir: Path):
+    """The run-level ``data`` section as saved, with ``sources`` exactly as saved. (Merging a saved config onto
+    the schema defaults would add the default ``embedded`` source back to a run that trained on other sources,
+    and the corpus — and its cache key — would differ from the one the run trained on.)"""
+    from minilm.config import DataConfig
+
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    data = OmegaConf.merge(OmegaConf.structured(DataConfig), saved.data)
+    data.sources = OmegaConf.to_container(saved.data.sources, resolve=True)
+    OmegaConf.set_readonly(data, True)
+    return data
+
+
+# -------------------------------------------------------------------------------------------------------- suite
+
+
+def _is_too_long(err: Exception) -> bool:
+    try:
+        from minilm.positions.absolute import SequenceTooLong
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(err, SequenceTooLong)
+
+
+def _oom_types() -> tuple:
+    return (torch.OutOfMemoryError,) if hasattr(torch, "OutOfMemoryError") else (torch.cuda.OutOfMemoryError,)
+
+
+def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[dict] = None,
+             log: Callable[[str], None] = print) -> dict:  # fmt: skip
+    """Every task of ``settings`` at every length; returns the results dict (see minilm/eval/report.py)."""
+    meta = dict(meta or {})
+    res: Dict[str, Any] = {**meta, "lengths": list(settings.lengths), "tasks": list(settings.tasks),
+                           "depths": [float(d) for d in settings.depths], "samples": settings.samples,
+                           "vocab_size": getattr(data.tokenizer, "vocab_size", None)}  # fmt: skip
+    keys = []
+    if "ppl" in settings.tasks:
+        keys += ["ppl", "loss"] + (["ppl_sliding"] if settings.sliding else [])
+        res["per_position_loss"] = {}
+    for task in ("passkey", "needle", "kv"):
+        if task in settings.tasks:
+            keys.append(task)
+    for k in keys:
+        res[k] = {}
+    for task in ("passkey", "needle"):
+        if task in settings.tasks:
+            res[f"{task}_grid"] = {}
+    res.update(details={t: {} for t in settings.tasks}, unsupported={}, skipped={t: {} for t in settings.tasks},
+               examples={t: [] for t in settings.tasks if t != "ppl"})  # fmt: skip
+    limit = length_limit(model)
+    was_training = model.training
+    model.eval()
+    try:
+        for L in settings.lengths:
+            key = str(L)
+            for k in keys:
+                res[k][key] = None
+            if limit is not None and L > limit:
+                res["unsupported"][key] = (f"longer than the position encoding supports ({limit} positions, "
+                                           f"model.position.max_positions)")  # fmt: skip
+                log(f"eval: length {L} unsupported (limit {limit})")
+                continue
+            for task in settings.tasks:
+                t0 = time.perf_counter()
+                try:
+                    if task == "ppl":
+                        _ppl(model, data, settings, L, res)
+                    else:
+                        _retrieval(model, data, settings, L, task, res)
+                except MinilmError as e:
+                    if _is_too_long(e):
+                        res["unsupported"][key] = str(e)
+                    else:
+                        res["skipped"][task][key] = str(e)
+                    log(f"eval: {task} at {L} not measured: {e}")
+                    continue
+                except _oom_types():
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                    res["skipped"][task][key] = "out of GPU memory (lower eval.batch_tokens)"
+                    log(f"eval: {task} at {L} skipped: out of GPU memory")
+                    continue
+                log(f"eval: {task} at {L}: {_summary(res, task, key)} ({time.perf_counter() - t0:.1f}s)")
+    finally:
+        model.train(was_training)
+    return res
+
+
+def _summary(res: dict, task: str, key: str) -> str:
+    if task == "ppl":
+        out = f"ppl {res['ppl'][key]:.3f}"
+        if res.get("ppl_sliding", {}).get(key) is not None:
+            out += f", sliding {res['ppl_sliding'][key]:.3f}"
+        return out
+    return f"accuracy {res[task][key]:.3f}"
+
+
+def _batch_size(settings: EvalSettings, L: int) -> int:
+    return max(1, settings.batch_tokens // L)
+
+
+def _ppl(model, data: EvalData, s: EvalSettings, L: int, res: dict) -> None:
+    key = str(L)
+    docs, source = eval_documents(data.val, L)
+    bs = _batch_size(s, L)
+    n = s.batches * bs
+    seed = [s.seed, _TASK_SEED["ppl"], L]
+    r = perplexity(model, docs, L, mode="windows", n_windows=n, batch_size=bs, seed=seed, source=source)
+    res["ppl"][key], res["loss"][key] = r.ppl, r.loss
+    pos, val = bucket_curve(r.per_position)
+    res["per_position_loss"][key] = {"positions": pos, "loss": val}
+    res["details"]["ppl"][key] = {"windows": r.to_dict()}
+    if s.sliding:
+        rs = perplexity(model, docs, L, mode="sliding", n_windows=n, batch_size=bs, stride=s.stride, seed=seed,
+                        source=source)  # fmt: skip
+        res["ppl_sliding"][key] = rs.ppl
+        res["details"]["ppl"][key]["sliding"] = rs.to_dict()
+
+
+def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: dict) -> None:
+    key = str(L)
+    bs = _batch_size(s, L)
+    tok = data.tokenizer
+    cells = list(enumerate(s.depths)) if task != "kv" else [(0, None)]
+    n = s.samples if task != "kv" else s.samples * len(s.depths)
+    exact, acc, lp = [], [], []
+    example = None
+    for di, depth in cells:
+        rng = np.random.default_rng([s.seed, _TASK_SEED[task], L, di])
+        samples = make_samples(task, tok, data.val.tokens, L, n, rng, depth=depth if depth is not None else 0.5,
+                               style=data.style, needles=s.needles)  # fmt: skip
+        sc = score_samples(model, samples, bs)
+        exact.append(sc.exact)
+        acc.append(sc.token_acc)
+        lp.append(sc.logprob)
+        if task != "kv":
+            res[f"{task}_grid"].setdefault(key, {})[f"{float(depth):g}"] = float(sc.exact.mean())
+        if example is None or (depth is not None and abs(depth - 0.5) < abs(example[0] - 0.5)):
+            example = (depth if depth is not None else 0.5, samples[0], bool(sc.exact[0]))
+    exact, acc, lp = np.concatenate(exact), np.concatenate(acc), np.concatenate(lp)
+    res[task][key] = float(exact.mean())
+    res["details"][task][key] = {"samples": int(len(exact)), "token_accuracy": float(acc.mean()),
+                                 "answer_logprob": float(lp.mean())}  # fmt: skip
+    depth, (prompt, answer), ok = example
+    greedy = greedy_decode(model, prompt, len(answer))
+    res["examples"][task].append({"length": L, "depth": None if task == "kv" else depth, "answer": tok.decode(answer),
+                                  "greedy": tok.decode(greedy), "exact": ok})  # fmt: skip
+
+
+# -------------------------------------------------------------------------------------------------- entry points
+
+
+def _meta(cfg, run_dir, phase, step, extension) -> dict:
+    return {
+        "run": str(run_dir), "phase": phase, "step": int(step),
+        "label": f"{Path(str(run_dir)).name}/{phase}" + (f" + {extension['name']}" if extension else ""),
+        "extension": dict(extension) if extension else None,
+        "position": OmegaConf.to_container(cfg.model.position, resolve=True),
+        "train_seq_len": int(cfg.train.seq_len),
+    }  # fmt: skip
+
+
+def _tb_prefix(extension: Mapping[str, Any]) -> str:
+    return f"eval-{extension['name']}" if extension else "eval"
+
+
+def evaluate_phase(model, pcfg, phase_name: str, phase_dir, global_step: int, logger=None,
+                   log: Callable[[str], None] = print) -> dict:  # fmt: skip
+    """End-of-phase evaluation (minilm/training/phases.py): ``pcfg.eval`` at ``pcfg.eval.lengths``; writes
+    ``phase_dir/eval/`` and logs to ``logger.experiment`` (a SummaryWriter) at ``global_step``.
+
+    Bad input found only now (an ``eval`` setting, a held-out split too small) is logged and written to
+    ``phase_dir/eval/error.txt`` instead of raised: the phase's weights are already saved and the phase still
+    completes; ``scripts/evaluate.py`` can evaluate it once the input is fixed."""
+    phase_dir = Path(phase_dir)
+    try:
+        return _evaluate_phase(model, pcfg, phase_name, phase_dir, global_step, logger, log)
+    except MinilmError as e:
+        (phase_dir / "eval").mkdir(parents=True, exist_ok=True)
+        (phase_dir / "eval" / "error.txt").write_text(f"{e}\n")
+        log(f"phase '{phase_name}': evaluation failed: {e} (the phase itself is complete; fix the input and run "
+            f"scripts/evaluate.py --run {phase_dir.parent} --phase {phase_name})")
+        return {}
+
+
+def _evaluate_phase(model, pcfg, phase_name: str, phase_dir: Path, global_step: int, logger, log) -> dict:
+    settings = EvalSettings.from_config(pcfg)
+    data = eval_data(pcfg, phase_dir.parent)
+    meta = _meta(pcfg, phase_dir.parent, phase_name, global_step, settings.extension)
+    log(f"phase '{phase_name}': evaluating at lengths {settings.lengths} ({', '.join(settings.tasks)})")
+    target, undo = model, lambda: None
+    if settings.extension:
+        target, undo = apply_extension(model, pcfg.model, data.tokenizer.vocab_size, settings.extension,
+                                       pcfg.train.seq_len)  # fmt: skip
+    try:
+        results = evaluate(target, data, settings, meta=meta, log=log)
+    finally:
+        undo()
+    figures = write_report(results, phase_dir / "eval")
+    writer = getattr(logger, "experiment", None) if logger is not None else None
+    if writer is not None:
+        log_tensorboard(writer, results, figures, global_step, prefix=_tb_prefix(settings.extension))
+    log(f"phase '{phase_name}': evaluation written to {phase_dir / 'eval'}")
+    return results
+
+
+def global_step(cfg, phase: str) -> int:
+    """Optimizer steps from the start of the run to the end of ``phase`` (the TensorBoard step axis)."""
+    from minilm.config import phase_config, phase_names, phase_steps
+
+    names = phase_names(cfg)
+    return sum(phase_steps(phase_config(cfg, n)) for n in names[: names.index(phase) + 1])
+
+
+def evaluate_run(
+    path,
+    phase: Optional[str] = None,
+    *,
+    lengths: Optional[Sequence[int]] = None,
+    tasks: Optional[Sequence[str]] = None,
+    extension: Optional[Mapping[str, Any]] = None,
+    out: Optional[str | Path] = None,
+    device: Optional[str] = None,
+    tensorboard: bool = True,
+    log: Callable[[str], None] = print,
+    **changes,
+) -> tuple[dict, Path]:
+    """Evaluate a run directory (or a phase of it) as scripts/evaluate.py does; returns (results, out_dir).
+    ``changes`` override other ``eval`` settings (samples, depths, batches, batch_tokens, sliding, stride, ...).
+    Default lengths: ``eval.lengths`` of the run's config, else half to eight times the training length."""
+    from minilm.config import phase_names
+    from minilm.runs import load_run, load_run_config
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    loaded = load_run(path, phase, map_location=device)
+    cfg = loaded.cfg
+    run_cfg = load_run_config(loaded.run_dir / "config.yaml")
+    phase = loaded.phase or phase_names(run_cfg)[-1]
+    settings = EvalSettings.from_config(cfg, tasks=list(tasks) if tasks else None,
+                                        extension=dict(extension) if extension else None, **changes)  # fmt: skip
+    if lengths:
+        settings = replace(settings, lengths=[int(x) for x in lengths])
+    if not settings.lengths:
+        settings = replace(settings, lengths=default_lengths(cfg.train.seq_len))
+    settings.validate()
+    step = global_step(run_cfg, phase)
+    data = eval_data(cfg, loaded.run_dir)
+    model = loaded.model
+    if settings.extension:
+        model, _ = apply_extension(model, cfg.model, loaded.tokenizer.vocab_size, settings.extension,
+                                   cfg.train.seq_len)  # fmt: skip
+    suffix = f"-{settings.extension['name']}" if settings.extension else ""
+    out_dir = Path(out) if out else loaded.run_dir / phase / f"eval{suffix}"
+    log(f"evaluating {loaded.weights} (phase {phase}, step {step}) at lengths {settings.lengths} on {device}")
+    results = evaluate(model, data, settings, meta=_meta(cfg, loaded.run_dir, phase, step, settings.extension), log=log)
+    figures = write_report(results, out_dir)
+    if tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(loaded.run_dir / "tb"))
+        try:
+            log_tensorboard(writer, results, figures, step, prefix=_tb_prefix(settings.extension))
+        finally:
+            writer.close()
+    log(f"written: {out_dir / 'results.json'}, {out_dir / 'report.md'}, {len(figures)} figures")
+    return results, out_dir

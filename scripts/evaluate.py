@@ -1,0 +1,93 @@
+#!/usr/bin/env python
+"""Evaluate a trained run: perplexity vs length, passkey / needle / key-value retrieval, figures and a report.
+
+    python scripts/evaluate.py --run runs/tiny                                   # eval.lengths, or L/2 .. 8L
+    python scripts/evaluate.py --run runs/tiny --phase pretrain --lengths 128,256,512,1024
+    python scripts/evaluate.py --run runs/tiny --lengths 256,512,1024 --extension dynamic factor=4
+    python scripts/evaluate.py --run runs/tiny --extension self_extend group_size=4 window=64 --tasks ppl,passkey
+    python scripts/evaluate.py --run runs/tiny --tasks ppl,passkey,needle,kv --samples 16 --out /tmp/eval
+
+--extension takes a training-free method (logn, rerope, self_extend, dca, rope_scaling) or a RoPE scaling
+rope_type (linear, ntk, dynamic, yarn, dynamic_yarn, llama3, ...) with its parameters as key=value
+(``original_max_position_embeddings`` and logn's ``train_len`` default to the training length).
+
+Writes results.json, report.md and PNG figures to RUN/PHASE/eval[-METHOD]/ (or --out) and logs scalars
+``eval/ppl@L``, ``eval/passkey@L``, ... and the figures to RUN/tb at the weights' global step. See
+docs/evaluation.md. Bad input: one message, exit code 2 (--debug for a traceback).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from minilm.cli import run_cli  # noqa: E402
+from minilm.errors import MinilmError  # noqa: E402
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def _floats(s: str) -> list[float]:
+    try:
+        return [float(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
+
+
+def _names(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def main(args: argparse.Namespace) -> int:
+    from minilm.eval import evaluate_run, parse_extension
+
+    changes = {"samples": args.samples, "depths": args.depths, "batches": args.batches,
+               "batch_tokens": args.batch_tokens, "stride": args.stride, "needles": args.needles}  # fmt: skip
+    if args.no_sliding:
+        changes["sliding"] = False
+    results, out = evaluate_run(
+        args.run,
+        args.phase,
+        lengths=args.lengths,
+        tasks=args.tasks,
+        extension=parse_extension(args.extension or []),
+        out=args.out,
+        device=args.device,
+        tensorboard=not args.no_tb,
+        **changes,
+    )
+    print(f"report: {out / 'report.md'}")
+    if not any(v is not None for k in ("ppl", "passkey", "needle", "kv") for v in results.get(k, {}).values()):
+        raise MinilmError("nothing could be measured at any length (see the report's 'Not measured' section)")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="run directory, phase directory or weights file")
+    p.add_argument("--phase", help="evaluate this phase's weights (default: the run's final weights)")
+    p.add_argument("--lengths", type=_ints, help="comma-separated context lengths, e.g. 256,512,1024")
+    p.add_argument("--tasks", type=_names, help="comma-separated: ppl,passkey,needle,kv (default: eval.tasks)")
+    p.add_argument("--extension", nargs="+", metavar="METHOD [k=v]", help="training-free method or rope_type + params")
+    p.add_argument("--depths", type=_floats, help="comma-separated needle depths in [0, 1]")
+    p.add_argument("--samples", type=int, help="retrieval samples per (length, depth)")
+    p.add_argument("--needles", type=int, help="needles per needle prompt (1 asked + distractors)")
+    p.add_argument("--batches", type=int, help="perplexity: batches of windows per length")
+    p.add_argument("--batch-tokens", type=int, help="tokens per forward pass")
+    p.add_argument("--stride", type=int, help="sliding-window stride (default length/2)")
+    p.add_argument("--no-sliding", action="store_true", help="skip the sliding-window perplexity")
+    p.add_argument("--out", help="output directory (default RUN/PHASE/eval[-METHOD])")
+    p.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
+    p.add_argument("--no-tb", action="store_true", help="do not log to the run's TensorBoard")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, parser()))

@@ -1,0 +1,327 @@
+"""The evaluation suite must be able to fail: exact values on stub models, near-zero retrieval for an untrained
+model, agreement of the batched teacher-forced verdict with real greedy decoding, unsupported lengths reported."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from minilm.errors import ConfigError
+from minilm.eval import (
+    EvalSettings,
+    apply_extension,
+    evaluate,
+    evaluate_phase,
+    evaluate_run,
+    length_limit,
+    parse_extension,
+    validate_eval,
+    write_report,
+)
+from minilm.eval.perplexity import bucket_curve, perplexity
+from minilm.eval.retrieval import greedy_decode, make_needle_sample, make_samples, score_samples
+
+from .conftest import tiny_gpt
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Uniform(nn.Module):
+    """Returns zero logits: every token has probability 1/V, so perplexity is exactly V."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+        self.dummy = nn.Parameter(torch.zeros(1))
+
+    def forward(self, idx, positions=None, doc_ids=None, cache=None):
+        return torch.zeros(*idx.shape, self.vocab) * self.dummy
+
+
+def _store(docs):
+    lengths = np.array([len(d) for d in docs])
+    return SimpleNamespace(tokens=np.concatenate(docs), doc_offsets=np.concatenate([[0], np.cumsum(lengths)[:-1]]),
+                           doc_lengths=lengths, n_tokens=int(lengths.sum()))  # fmt: skip
+
+
+def _settings(**kw):
+    base = dict(lengths=[64], tasks=["ppl"], batches=1, batch_tokens=256, samples=2, depths=[0.0, 1.0], seed=0)
+    base.update(kw)
+    return EvalSettings(**base)
+
+
+# --------------------------------------------------------------------------------------------------- perplexity
+
+
+@pytest.mark.parametrize("mode", ["windows", "sliding"])
+def test_uniform_logits_have_perplexity_vocab_size(mode):
+    V = 97
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, V, size=n) for n in (300, 500, 130)]
+    r = perplexity(Uniform(V), docs, 64, mode=mode, n_windows=8, batch_size=3, stride=16)
+    assert r.ppl == pytest.approx(V, rel=1e-5)
+    assert r.loss == pytest.approx(math.log(V), rel=1e-6)
+    assert r.windows == 8
+    if mode == "windows":
+        assert r.tokens == 8 * 64 and r.per_position.shape == (64,)
+    else:  # each document's first window scores 64 targets, later ones only the stride's 16
+        assert r.tokens < 8 * 64
+
+
+def test_uniform_model_through_the_suite(corpus_setup, eval_data):
+    cfg, corpus = corpus_setup
+    V = corpus.tokenizer.vocab_size
+    res = evaluate(Uniform(V), eval_data, _settings(lengths=[32, 64]), log=lambda *_: None)
+    for L in ("32", "64"):
+        assert res["ppl"][L] == pytest.approx(V, rel=1e-5)
+        assert res["ppl_sliding"][L] == pytest.approx(V, rel=1e-5)
+        assert len(res["per_position_loss"][L]["loss"]) == int(L)
+
+
+def test_sliding_windows_score_each_token_once_with_long_context():
+    """A model whose loss at a target is the target's index in the document would expose double counting:
+    with stride S the scored targets of a document are exactly 1..n_windows·S (+ the first window's rest)."""
+    doc = np.arange(1000) % 50
+    class Echo(nn.Module):  # predicts the next token perfectly once it has seen >= 20 tokens of context
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Parameter(torch.zeros(1))
+
+        def forward(self, idx, **_):
+            B, T = idx.shape
+            logits = torch.zeros(B, T, 50)
+            nxt = (idx + 1) % 50
+            ctx = torch.arange(T).expand(B, T) >= 20
+            logits.scatter_(2, nxt.unsqueeze(-1), torch.where(ctx, 100.0, 0.0).unsqueeze(-1))
+            return logits + self.p
+    windows = perplexity(Echo(), [doc], 64, mode="windows", n_windows=100, batch_size=4)
+    sliding = perplexity(Echo(), [doc], 64, mode="sliding", n_windows=100, batch_size=4, stride=32)
+    assert windows.ppl > 2  # 20 of every 64 targets are at uniform 1/50
+    # sliding: only the document's first window has short-context targets; every later target has >= 32
+    assert sliding.loss == pytest.approx(20 * math.log(50) / sliding.tokens, rel=1e-3)
+
+
+def test_bucket_curve():
+    pos, val = bucket_curve(np.arange(1000, dtype=float), points=10)
+    assert len(pos) == 10 and val[0] == pytest.approx(49.5) and pos[-1] == pytest.approx(949.5)
+    assert bucket_curve(np.ones(5))[1] == [1.0] * 5
+
+
+# ---------------------------------------------------------------------------------------------------- retrieval
+
+
+def test_untrained_model_scores_near_zero_on_passkey(corpus_setup, eval_data):
+    cfg, corpus = corpus_setup
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size)
+    res = evaluate(model, eval_data, _settings(lengths=[64, 192], tasks=["passkey", "kv"], samples=4),
+                   log=lambda *_: None)  # fmt: skip
+    for L in ("64", "192"):
+        assert res["passkey"][L] is not None and res["passkey"][L] <= 0.1
+        assert set(res["passkey_grid"][L]) == {"0", "1"}
+    assert res["kv"]["192"] is not None and res["kv"]["192"] <= 0.1
+    assert res["examples"]["passkey"][0]["answer"].rstrip('"').isdigit()
+
+
+def test_samples_have_the_exact_length_and_answer(corpus_setup, eval_data):
+    tok = eval_data.tokenizer
+    rng = np.random.default_rng(0)
+    for task in ("passkey", "needle", "kv"):
+        for p, a in make_samples(task, tok, eval_data.val.tokens, 160, 3, rng, depth=0.3, needles=3):
+            assert len(p) + len(a) == 160
+            assert tok.eos_id not in p
+    p, a = make_needle_sample(tok, eval_data.val.tokens[:400], 200, 0.0, np.random.default_rng(1), needles=3)
+    text = tok.decode(p)
+    assert text.count(" = \"") >= 3  # the asked needle and two distractors
+    asked = text.rsplit("assert ", 1)[1].split(" ==")[0]
+    assert f'{asked} = "{tok.decode(a)}' in text  # the answer is the asked needle's value
+
+
+def test_teacher_forced_verdict_equals_greedy_decoding(corpus_setup, eval_data):
+    """score_samples' exact-match must be True iff greedy decoding reproduces the answer: make answers that ARE
+    the model's greedy continuation (must score 1) and the same with one token changed (must score 0)."""
+    cfg, corpus = corpus_setup
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size, seed=3)
+    rng = np.random.default_rng(0)
+    good, bad = [], []
+    for n_ans in (1, 3, 5):
+        prompt = [int(t) for t in eval_data.val.tokens[100 * n_ans : 100 * n_ans + 60 - n_ans]]
+        ans = greedy_decode(model, prompt, n_ans)
+        good.append((prompt, ans))
+        wrong = list(ans)
+        wrong[-1] = (wrong[-1] + 1) % corpus.tokenizer.vocab_size
+        bad.append((prompt, wrong))
+    assert score_samples(model, good, batch_size=2).exact.all()
+    assert not score_samples(model, bad, batch_size=2).exact.any()
+    # the cached decode equals recomputation without the cache
+    prompt = good[2][0]
+    x = torch.tensor([prompt])
+    out = []
+    with torch.no_grad():
+        for _ in range(5):
+            nxt = int(model(x)[0, -1].argmax())
+            out.append(nxt)
+            x = torch.cat([x, torch.tensor([[nxt]])], 1)
+    assert out == good[2][1]
+
+
+# ------------------------------------------------------------------------------------------ outputs and limits
+
+
+def test_results_json_figures_and_tensorboard(tmp_path, corpus_setup):
+    cfg, corpus = corpus_setup
+    from omegaconf import OmegaConf
+
+    pcfg = OmegaConf.merge(cfg, {"data": {"synthetic": {"style": "code"}},
+                                 "eval": {"lengths": [64, 160], "tasks": ["ppl", "passkey", "needle", "kv"],
+                                          "batches": 1, "batch_tokens": 256, "samples": 2, "depths": [0.0, 0.5, 1.0],
+                                          "needles": 2}})  # fmt: skip
+    calls = []
+    writer = SimpleNamespace(add_scalar=lambda tag, v, global_step: calls.append(("s", tag, global_step)),
+                             add_image=lambda tag, img, global_step, dataformats: calls.append(("i", tag, img.shape)),
+                             add_text=lambda *a, **k: None, flush=lambda: None)  # fmt: skip
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size)
+    model.train()
+    res = evaluate_phase(model, pcfg, "train", tmp_path / "train", 123, SimpleNamespace(experiment=writer),
+                         lambda *_: None)  # fmt: skip
+    assert model.training  # restored
+    out = tmp_path / "train" / "eval"
+    saved = json.loads((out / "results.json").read_text())
+    assert set(saved["ppl"]) == {"64", "160"} and set(saved["passkey"]) == {"64", "160"}
+    assert saved["step"] == 123 and saved["ppl"]["64"] == pytest.approx(res["ppl"]["64"])
+    assert saved["needle"]["160"] is not None and saved["kv"]["160"] is not None
+    for name in ("ppl_vs_length", "per_position_loss", "passkey_heatmap", "needle_heatmap", "retrieval_vs_length"):
+        assert (out / f"{name}.png").stat().st_size > 1000
+    report = (out / "report.md").read_text()
+    assert "| 64 |" in report and "passkey_heatmap.png" in report
+    tags = {c[1] for c in calls if c[0] == "s"}
+    assert {"eval/ppl@160", "eval/ppl@64", "eval/passkey@64", "eval/ppl_sliding@64", "eval/needle@160"} <= tags
+    assert all(c[2] == 123 for c in calls if c[0] == "s")
+    assert any(c[1] == "eval/passkey_heatmap" and c[2][-1] == 3 for c in calls if c[0] == "i")
+
+
+def test_learned_table_reports_longer_lengths_as_unsupported(corpus_setup, eval_data):
+    from minilm.positions import REGISTRY
+
+    if "learned" not in REGISTRY:
+        pytest.skip("the 'learned' encoding is not in minilm.positions.REGISTRY yet")
+    cfg, corpus = corpus_setup
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size, name="learned", max_positions=64)
+    assert length_limit(model) == 64
+    res = evaluate(model, eval_data, _settings(lengths=[64, 128], tasks=["ppl", "passkey"]), log=lambda *_: None)
+    assert res["ppl"]["64"] is not None and res["passkey"]["64"] is not None
+    assert res["ppl"]["128"] is None and res["passkey"]["128"] is None
+    assert "128" in res["unsupported"] and "64" not in res["unsupported"]
+
+
+def test_unsupported_length_in_report(tmp_path, corpus_setup, eval_data):
+    from minilm.positions import REGISTRY
+
+    if "learned" not in REGISTRY:
+        pytest.skip("the 'learned' encoding is not in minilm.positions.REGISTRY yet")
+    cfg, corpus = corpus_setup
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size, name="learned", max_positions=32)
+    res = evaluate(model, eval_data, _settings(lengths=[32, 64]), log=lambda *_: None)
+    write_report(res, tmp_path)
+    assert "| 64 | unsupported" in (tmp_path / "report.md").read_text()
+    assert json.loads((tmp_path / "results.json").read_text())["ppl"]["64"] is None
+
+
+def test_too_short_length_is_skipped_not_crashed(corpus_setup, eval_data):
+    cfg, corpus = corpus_setup
+    res = evaluate(tiny_gpt(cfg, corpus.tokenizer.vocab_size), eval_data,
+                   _settings(lengths=[8], tasks=["ppl", "passkey", "needle"]), log=lambda *_: None)  # fmt: skip
+    assert res["ppl"]["8"] is not None
+    assert res["passkey"]["8"] is None and "8" in res["skipped"]["passkey"] and "8" in res["skipped"]["needle"]
+
+
+# ------------------------------------------------------------------------------------------ extension and config
+
+
+def test_extensions_at_evaluation(corpus_setup, eval_data):
+    cfg, corpus = corpus_setup
+    V = corpus.tokenizer.vocab_size
+    model = tiny_gpt(cfg, V, seed=1)
+    x = torch.from_numpy(np.asarray(eval_data.val.tokens[:64], dtype=np.int64)).unsqueeze(0)
+    with torch.no_grad():
+        ref = model(x)
+        # dynamic NTK leaves every length up to the original one unchanged: a rebuilt model, the same logits
+        scaled, undo = apply_extension(model, cfg.model, V, {"name": "dynamic", "factor": 4}, 64)
+        assert scaled is not model and scaled.blocks[0].attn.pos.params.scaling["rope_type"] == "dynamic"
+        assert scaled.blocks[0].attn.pos.params.scaling["original_max_position_embeddings"] == 64
+        torch.testing.assert_close(scaled(x), ref)
+        # linear (PI) with factor 4 changes them
+        pi, _ = apply_extension(model, cfg.model, V, {"name": "linear", "factor": 4}, 64)
+        assert not torch.allclose(pi(x), ref, atol=1e-6, rtol=0)
+        # a training-free method is installed on the same model and removed by undo; ReRoPE with a window
+        # beyond the length is plain RoPE
+        same, undo = apply_extension(model, cfg.model, V, {"name": "rerope", "window": 1000}, 64)
+        assert same is model and model.blocks[0].attn.extension is not None
+        torch.testing.assert_close(model(x), ref, atol=1e-5, rtol=1e-4)
+        undo()
+        assert model.blocks[0].attn.extension is None
+    s = _settings(lengths=[64], sliding=False)
+    assert evaluate(scaled, eval_data, s, log=lambda *_: None)["ppl"]["64"] == pytest.approx(
+        evaluate(model, eval_data, s, log=lambda *_: None)["ppl"]["64"], rel=1e-5)
+
+
+def test_parse_extension_and_validation():
+    assert parse_extension(["yarn", "factor=4", "beta_fast=32.0"]) == {"name": "yarn", "factor": 4, "beta_fast": 32.0}
+    assert parse_extension([]) == {}
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_extension(["yarn", "factor"])
+    with pytest.raises(ConfigError, match="eval.tasks"):
+        validate_eval({"tasks": ["ppl", "bogus"]})
+    with pytest.raises(ConfigError, match="eval.depths"):
+        validate_eval({"depths": [1.5]})
+    with pytest.raises(ConfigError, match="unknown method 'nope'"):
+        validate_eval({"extension": {"name": "nope"}})
+    validate_eval({"lengths": [128], "extension": {"name": "dynamic", "factor": 2}})
+
+
+# --------------------------------------------------------------------------------------------------- run and CLI
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_evaluate_script_and_compare(tmp_path, fake_run, capsys):
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    argv = ["--run", str(fake_run), "--lengths", "32,64", "--tasks", "ppl,passkey", "--samples", "2", "--depths",
+            "0,1", "--batches", "1", "--batch-tokens", "256", "--device", "cpu"]  # fmt: skip
+    assert run_cli(ev.main, ev.parser(), argv) == 0
+    out = fake_run / "train" / "eval"
+    assert json.loads((out / "results.json").read_text())["passkey"]["64"] is not None
+    assert list((fake_run / "tb").glob("events.out.tfevents.*"))
+    assert run_cli(ev.main, ev.parser(), argv + ["--extension", "dynamic", "factor=2", "--no-tb"]) == 0
+    assert (fake_run / "train" / "eval-dynamic" / "results.json").is_file()
+    # bad input: one message, exit code 2
+    assert run_cli(ev.main, ev.parser(), argv + ["--extension", "bogus"]) == 2
+    assert "unknown method 'bogus'" in capsys.readouterr().err
+
+    cmp = _script("compare_runs")
+    assert run_cli(cmp.main, cmp.parser(), [str(fake_run), str(fake_run / "train" / "eval-dynamic"), "--out",
+                                            str(tmp_path / "cmp")]) == 0  # fmt: skip
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| run | 32 | 64 |" in table and "| run/train + dynamic |" in table
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
+
+
+def test_evaluate_run_default_lengths(fake_run):
+    res, out = evaluate_run(fake_run, tasks=["ppl"], batches=1, batch_tokens=128, sliding=False, tensorboard=False,
+                            device="cpu", log=lambda *_: None)  # fmt: skip
+    assert res["lengths"] == [32, 64, 128, 256, 512]
+    assert res["phase"] == "train" and res["step"] == 1000
