@@ -7,6 +7,8 @@ Architecture choices:
 - attention: optional grouped-query attention (n_kv_heads < n_heads, Ainslie et al. 2023), no biases;
   positions through the hooks of minilm.positions (attention.py);
 - optional tied input/output embeddings (Press & Wolf 2017);
+- optional chunked LM head + cross-entropy (``model.loss_chunk_size``, loss.py) and activation checkpointing of
+  each block (``model.activation_checkpointing``): memory savers with the same loss and gradients;
 - init: N(0, init_std) for every matrix, output projections of each residual branch scaled by 1/sqrt(2·n_layers)
   (GPT-2), so the residual stream's variance does not grow with depth.
 """
@@ -19,9 +21,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from minilm.config import ffn_dim, head_dim
 from minilm.model.attention import Attention, AttentionMask
+from minilm.model.loss import chunked_cross_entropy
 from minilm.positions import PositionDims, build_position
 
 
@@ -63,6 +67,10 @@ class GPT(nn.Module):
         """``cfg`` is the ``model`` section of the config (minilm.config.ModelConfig)."""
         super().__init__()
         self.cfg, self.vocab_size = cfg, vocab_size
+        # plain Python copies of the switches read in forward: torch.compile cannot trace DictConfig attribute
+        # access (a graph break per read), and these are fixed for the model's life
+        self.loss_chunk_size: Optional[int] = cfg.loss_chunk_size
+        self.activation_checkpointing = bool(cfg.activation_checkpointing)
         kv = cfg.n_kv_heads or cfg.n_heads
         dims = PositionDims(cfg.d_model, cfg.n_heads, kv, head_dim(cfg), cfg.n_layers, layer=-1)
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
@@ -102,8 +110,12 @@ class GPT(nn.Module):
         mask = AttentionMask(offset=offset, q_doc=doc_ids, k_doc=k_doc)
         x = self.tok_emb(idx)  # (B, T, D)
         x = self.drop(self.pos_emb.embed(x, positions))
+        checkpointed = self.activation_checkpointing and self.training and cache is None and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
-            x = block(x, positions, mask, cache.layer(i) if cache is not None else None)
+            if checkpointed:  # keep only each block's input; recompute its insides in backward (same RNG state)
+                x = checkpoint(block, x, positions, mask, None, use_reentrant=False)
+            else:
+                x = block(x, positions, mask, cache.layer(i) if cache is not None else None)
         if cache is not None:
             cache.advance(T)
         return self.norm(x)
@@ -113,7 +125,11 @@ class GPT(nn.Module):
         return self.lm_head(self.hidden(idx, positions, doc_ids, cache))
 
     def loss(self, idx: Tensor, targets: Tensor, positions=None, doc_ids=None, reduction: str = "mean") -> Tensor:
-        """Cross-entropy of next-token prediction; targets == -100 are ignored."""
+        """Cross-entropy of next-token prediction; targets == -100 are ignored. With ``model.loss_chunk_size`` the
+        LM head and the loss run chunk by chunk (minilm/model/loss.py), never holding the whole (B, T, V) logits."""
+        if self.loss_chunk_size:
+            h = self.hidden(idx, positions, doc_ids)  # (B, T, D)
+            return chunked_cross_entropy(h, self.lm_head.weight, targets, self.loss_chunk_size, reduction)
         logits = self(idx, positions, doc_ids).float()
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction=reduction)
         return loss if reduction != "none" else loss.view_as(targets)

@@ -1,0 +1,483 @@
+#!/usr/bin/env python
+"""Training-step throughput of a config: tokens/s, MFU and peak memory, optionally against a Hugging Face peer.
+
+    python scripts/benchmark.py --config configs/gpt2_small.yaml --lengths 1024,8192 \\
+        [--encodings rope,alibi,t5,kerple,fire] [--steps 10] [--warmup 3] [--repeats 1] [--batch-size B] \\
+        [--peer] [--peak-tflops 989] [--threads 2] [--precision auto|32|bf16-mixed] [--compile|--no-compile] \\
+        [--out benchmarks/results] [--update-docs] [key.sub=value ...]
+
+One step = forward + backward + gradient clipping + AdamW step on random tokens (B, T) — the work of one
+optimizer step of ``train.py`` without Lightning, the data loader and logging. The model is ``GPT(cfg.model, V)``
+with V = ``data.tokenizer.vocab_size`` and, per ``--encodings`` entry, ``model.position.name`` set to it (the
+encoding's default parameters). Per sequence length T the batch is ``--batch-size`` or, by default, as many
+sequences as keep the config's tokens per micro-batch (``train.micro_batch_size`` · ``train.seq_len``), at least 1.
+
+``--peer`` trains, in the same process, on the same device and the same way (same batch, optimizer, precision,
+compile setting), the same-shaped ``transformers.LlamaForCausalLM`` (attn_implementation="sdpa": RMSNorm,
+SwiGLU, RoPE, no biases, same d_model / layers / heads / kv heads / FFN width / vocab / tying / RoPE base) and
+reports minilm's tokens/s over the peer's. Only for the ``rope`` encoding (the peer has no other). Needs the
+``hf`` extra (transformers). With ``--repeats R`` the two alternate R times, so a shared machine's load falls on
+both alike; tokens/s always come from the median step time over all timed steps of all repeats.
+
+MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per token = 6·N + 12·L·d·T, where
+N = the parameters that take part in a matmul — every parameter except the input embedding table, the LM head
+counted even when it is tied to the embedding (its matmul costs 2·V·d FLOPs per token forward, as in nanoGPT's
+estimate) — L layers, d = d_model, T the sequence length (12·L·d·T: the attention scores and the weighted sum,
+forward and backward, counted without the causal halving, as PaLM and nanoGPT do). MFU = FLOPs/token · tokens/s /
+peak. Peak: ``--peak-tflops``, by default 989 TFLOP/s for an H100/H200 in bf16 (dense); on CPU and on
+other devices MFU is reported only when ``--peak-tflops`` is given.
+
+Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` from before the model is built to the end of the timed
+steps (weights, gradients, AdamW state, activations). On CPU the peak resident set size over the same span minus
+the resident size before it (Linux ``VmHWM`` reset through /proc/self/clear_refs; malloc_trim first so memory
+freed by an earlier measurement does not hide the growth); it includes allocator slack, so read it as an
+estimate. The JSON names which (``memory_kind``).
+
+Writes ``<out>/<date>-<device>-<run.name>[-<tag>].json`` and ``.md``; ``--update-docs`` also replaces this device and
+config's table in docs/performance.md (between ``<!-- benchmark:KEY -->`` markers; added at the end if absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import datetime
+import gc
+import importlib.metadata
+import json
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+
+from minilm.config import ffn_dim, load_config, micro_batch_size  # noqa: E402
+from minilm.errors import MinilmError  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs" / "performance.md"
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
+
+
+# --------------------------------------------------------------------------------------------- arguments
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", help="YAML experiment config (default: the schema defaults)")
+    ap.add_argument("--lengths", default=None, help="comma-separated sequence lengths (default: train.seq_len)")
+    ap.add_argument("--encodings", default=None, help="comma-separated model.position.name values (default: config's)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
+    ap.add_argument("--repeats", type=int, default=1, help="measurements per (encoding, length); median reported")
+    ap.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: config's tokens)")
+    ap.add_argument("--peer", action="store_true", help="also train the same-shaped HF LlamaForCausalLM (rope only)")
+    ap.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: known GPUs, bf16)")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    ap.add_argument("--precision", default=None, choices=["auto", "32", "bf16-mixed"], help="default: train.precision")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="default: train.compile")
+    ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for the JSON and markdown")
+    ap.add_argument("--update-docs", action="store_true", help="write the table into docs/performance.md")
+    ap.add_argument("--tag", default="", help="appended to the result files' names and the docs table's key")
+    ap.add_argument("--note", default="", help="free text stored with the results (e.g. 'machine shared')")
+    ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    return ap.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------------- memory
+
+
+class PeakMemory:
+    """Peak memory over a span: CUDA allocator peak, or on CPU the resident-set high-water mark's growth."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.kind = "cuda_max_memory_allocated" if device.type == "cuda" else "cpu_peak_rss_delta"
+
+    def __enter__(self):
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = 0
+        else:
+            _malloc_trim()
+            self.reset_ok = _reset_rss_peak()
+            self.base = _proc_status_kb("VmRSS") * 1024
+            if not self.reset_ok:
+                self.kind = "cpu_peak_rss_delta_since_process_start"
+        return self
+
+    def peak_bytes(self) -> int:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return torch.cuda.max_memory_allocated(self.device)
+        return max(0, _proc_status_kb("VmHWM") * 1024 - self.base)
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _proc_status_kb(field: str) -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+
+
+def _reset_rss_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # Linux >= 4.0: VmHWM := VmRSS
+        return True
+    except OSError:
+        return False
+
+
+def _malloc_trim() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+# ------------------------------------------------------------------------------------------------- models
+
+
+def flops_per_token(n_matmul_params: int, n_layers: int, d_model: int, seq_len: int) -> int:
+    """6·N + 12·L·d·T (module docstring)."""
+    return 6 * n_matmul_params + 12 * n_layers * d_model * seq_len
+
+
+def matmul_params(model: torch.nn.Module, input_embedding: torch.nn.Parameter, head: torch.nn.Parameter) -> int:
+    """Every parameter but the input embedding table, the LM head counted once even when tied to it."""
+    n = sum(p.numel() for p in model.parameters())  # parameters() yields a tied weight once
+    n -= input_embedding.numel()
+    if head is input_embedding:
+        n += head.numel()
+    return n
+
+
+def build_minilm(mcfg, vocab: int, device):
+    from minilm.model import GPT
+
+    model = GPT(mcfg, vocab).to(device)
+    return model, lambda x, y: model.loss(x, y), matmul_params(model, model.tok_emb.weight, model.lm_head.weight)
+
+
+def _rope_kwargs(base: float) -> dict:
+    """transformers >= 5 takes ``rope_parameters``; 4.x took ``rope_theta``."""
+    major = int(importlib.metadata.version("transformers").split(".")[0])
+    return {"rope_parameters": {"rope_type": "default", "rope_theta": base}} if major >= 5 else {"rope_theta": base}
+
+
+def build_peer(mcfg, vocab: int, max_len: int, device):
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as e:
+        raise MinilmError("--peer needs Hugging Face transformers: pip install -e '.[hf]'") from e
+    pos = mcfg.position
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=mcfg.d_model,
+        intermediate_size=ffn_dim(mcfg),
+        num_hidden_layers=mcfg.n_layers,
+        num_attention_heads=mcfg.n_heads,
+        num_key_value_heads=mcfg.n_kv_heads or mcfg.n_heads,
+        max_position_embeddings=max_len,
+        rms_norm_eps=mcfg.norm_eps,
+        tie_word_embeddings=mcfg.tie_embeddings,
+        **_rope_kwargs(float(pos.get("base", 10000.0))),
+        attention_bias=False,
+        mlp_bias=False,
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
+    model = LlamaForCausalLM(config).to(device)
+    emb, head = model.model.embed_tokens.weight, model.lm_head.weight
+
+    def loss_fn(x, y):  # HF shifts labels itself: give it the input as labels (T−1 predicted tokens per row)
+        return model(input_ids=x, labels=x, use_cache=False).loss
+
+    return model, loss_fn, matmul_params(model, emb, head)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """The trainer's split (minilm.training.lit_module.param_groups, tested equal): decay on matrices only.
+    Repeated here because importing lit_module imports Lightning, which costs seconds per benchmark run."""
+    decay, no_decay, seen = [], [], set()
+    for p in model.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model, ocfg, device):
+    return torch.optim.AdamW(
+        param_groups(model, ocfg.weight_decay),
+        lr=ocfg.lr,
+        betas=(ocfg.beta1, ocfg.beta2),
+        eps=ocfg.eps,
+        fused=True if device.type == "cuda" else None,  # as LitGPT.configure_optimizers
+    )
+
+
+# -------------------------------------------------------------------------------------------- measurement
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak_flops) -> dict:
+    """One measurement: build, warm up, time ``args.steps`` steps. Returns a result row."""
+    vocab = cfg.data.tokenizer.vocab_size
+    row = {"impl": impl, "encoding": encoding, "seq_len": T, "batch_size": B, "tokens_per_step": B * T}
+    torch.manual_seed(cfg.run.seed)
+    with PeakMemory(device) as mem:
+        try:
+            if impl == "minilm":
+                model, loss_fn, n_mm = build_minilm(cfg.model, vocab, device)
+            else:
+                model, loss_fn, n_mm = build_peer(cfg.model, vocab, T, device)
+            model.train()
+            opt = make_optimizer(model, cfg.optim, device)
+            if do_compile:
+                loss_fn = torch.compile(loss_fn)
+            g = torch.Generator(device="cpu").manual_seed(0)
+            batches = [torch.randint(0, vocab, (B, T + 1), generator=g).to(device) for _ in range(2)]
+            clip = cfg.optim.grad_clip
+            params = [p for p in model.parameters() if p.requires_grad]
+
+            def step(i):
+                seq = batches[i % len(batches)]
+                x, y = seq[:, :-1], seq[:, 1:]
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    loss = loss_fn(x, y) if impl == "minilm" else loss_fn(x, None)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                return loss
+
+            for i in range(args.warmup):
+                step(i)
+            _sync(device)
+            times = []
+            for i in range(args.steps):
+                t0 = time.perf_counter()
+                loss = step(i)
+                _sync(device)
+                times.append(time.perf_counter() - t0)
+            row["peak_mem_mb"] = round(mem.peak_bytes() / 2**20, 1)
+            row["memory_kind"] = mem.kind
+            row["loss"] = round(float(loss.detach()), 4)
+        except torch.OutOfMemoryError:
+            row.update(status="oom", tokens_per_s=None, mfu=None, peak_mem_mb=None, memory_kind=mem.kind)
+            return row
+        finally:
+            model = opt = batches = loss_fn = None  # noqa: F841 (free before the next measurement)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    tps = B * T / statistics.median(times)
+    fpt = flops_per_token(n_mm, cfg.model.n_layers, cfg.model.d_model, T)
+    row.update(
+        status="ok",
+        step_ms=[round(1000 * t, 2) for t in times],
+        tokens_per_s=round(tps, 1),
+        matmul_params=n_mm,
+        flops_per_token=fpt,
+        mfu=fpt * tps / peak_flops if peak_flops else None,
+    )
+    return row
+
+
+def median_row(rows: list[dict], peak_flops) -> dict:
+    """One row for the repeats of a measurement: tokens/s from the median of all their timed steps (robust to
+    load spikes on a shared machine), each repeat's own tokens/s, the largest peak memory."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    if not ok:
+        return rows[0]
+    med = dict(ok[0])
+    med["step_ms"] = [t for r in ok for t in r["step_ms"]]
+    med["step_ms_median"] = statistics.median(med["step_ms"])
+    med["tokens_per_s"] = round(1000 * med["tokens_per_step"] / med["step_ms_median"], 1)
+    med["mfu"] = med["flops_per_token"] * med["tokens_per_s"] / peak_flops if peak_flops else None
+    med["tokens_per_s_repeats"] = [r["tokens_per_s"] for r in ok]
+    med["peak_mem_mb"] = max(r["peak_mem_mb"] for r in ok)
+    return med
+
+
+# ------------------------------------------------------------------------------------------------- output
+
+
+def device_info(device) -> tuple[str, str]:
+    """(human name, file-name slug)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        with contextlib.suppress(OSError):
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+        name = f"CPU ({name})"
+    slug = "cpu" if device.type == "cpu" else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return name, slug
+
+
+def markdown_table(report: dict) -> str:
+    head = (
+        f"Device: {report['device_name']} · torch {report['torch']} · threads {report['threads']} · "
+        f"precision {report['precision']} · compile {report['compile']} · {report['date']} · "
+        f"config `{report['config']}` {' '.join(report['overrides'])} · {report['steps']} steps after "
+        f"{report['warmup']} warm-up, × {report['repeats']} alternating repeats, median step · "
+        f"memory: {report['memory_kind']}"
+    )
+    if report.get("note"):
+        head += f" · {report['note']}"
+    lines = [
+        head,
+        "",
+        "| impl | encoding | T | B | tokens/s | MFU | peak mem (MB) | vs peer |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    ratios = {(r["encoding"], r["seq_len"]): r["ratio"] for r in report["ratios"]}
+    for r in report["results"]:
+        tps = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else r["status"]
+        mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "–"
+        mem = f"{r['peak_mem_mb']:,.0f}" if r.get("peak_mem_mb") is not None else "–"
+        ratio = ratios.get((r["encoding"], r["seq_len"])) if r["impl"] == "minilm" else None
+        ratio = f"{ratio:.2f}×" if ratio else "–"
+        cells = [r["impl"], r["encoding"], r["seq_len"], r["batch_size"], tps, mfu, mem, ratio]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def update_docs(report: dict, md: str, path: Path) -> None:
+    """Replace (or append) the block between this device and config's markers in docs/performance.md."""
+    key = f"{report['device_slug']}-{report['config_name']}"
+    begin, end = f"<!-- benchmark:{key}:begin -->", f"<!-- benchmark:{key}:end -->"
+    block = f"{begin}\n{md}{end}"
+    text = path.read_text() if path.exists() else "# Performance\n"
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+    else:
+        text = text.rstrip("\n") + f"\n\n### {report['device_name']} — {report['config_name']}\n\n{block}\n"
+    path.write_text(text)
+
+
+# --------------------------------------------------------------------------------------------------- main
+
+
+def run(args) -> dict:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    base = load_config(args.config, args.overrides)
+    precision = args.precision or base.train.precision
+    if precision == "auto":
+        precision = "bf16-mixed" if device.type == "cuda" else "32"
+    amp_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
+    do_compile = base.train.compile if args.compile is None else args.compile
+    name, slug = device_info(device)
+    peak = args.peak_tflops
+    if peak is None and device.type == "cuda" and amp_dtype is torch.bfloat16:
+        peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+    peak_flops = peak * 1e12 if peak else None
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [base.train.seq_len]
+    encodings = args.encodings.split(",") if args.encodings else [base.model.position.name]
+    tokens = micro_batch_size(base.train) * base.train.seq_len
+
+    results, ratios = [], []
+    for enc in encodings:
+        cfg = load_config(args.config, [*args.overrides, f"model.position.name={enc}"]) if args.encodings else base
+        for T in lengths:
+            B = args.batch_size or max(1, tokens // T)
+            impls = ["minilm"] + (["hf_llama"] if args.peer and enc == "rope" else [])
+            runs = {i: [] for i in impls}
+            for _ in range(args.repeats):  # alternate, so load on a shared machine falls on both
+                for impl in impls:
+                    runs[impl].append(measure(impl, cfg, enc, T, B, args, device, amp_dtype, do_compile, peak_flops))
+            rows = {i: median_row(r, peak_flops) for i, r in runs.items()}
+            for i in impls:
+                results.append(rows[i])
+                r = rows[i]
+                print(
+                    f"{i:8s} {enc:10s} T={T:<7d} B={B:<4d} "
+                    + (f"{r['tokens_per_s']:>12,.0f} tok/s" if r["status"] == "ok" else r["status"])
+                    + (f"  MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "")
+                    + (f"  peak {r['peak_mem_mb']:,.0f} MB" if r.get("peak_mem_mb") is not None else ""),
+                    flush=True,
+                )
+            if "hf_llama" in rows and rows["minilm"]["status"] == rows["hf_llama"]["status"] == "ok":
+                ratio = rows["minilm"]["tokens_per_s"] / rows["hf_llama"]["tokens_per_s"]
+                ratios.append({"encoding": enc, "seq_len": T, "ratio": round(ratio, 3)})
+                print(f"minilm / peer at T={T}: {ratio:.2f}x", flush=True)
+    try:  # the version without importing transformers (slow)
+        tf_version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        tf_version = None
+    now = datetime.datetime.now(datetime.timezone.utc)
+    report = {
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "device": device.type,
+        "device_name": name,
+        "device_slug": slug,
+        "torch": torch.__version__,
+        "transformers": tf_version,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "config": args.config or "(defaults)",
+        "config_name": base.run.name + (f"-{args.tag}" if args.tag else ""),
+        "overrides": list(args.overrides),
+        "precision": precision,
+        "compile": do_compile,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "peak_tflops": peak,
+        "memory_kind": results[0].get("memory_kind", "") if results else "",
+        "flops_per_token": "6*N + 12*L*d*T; N = all parameters but the input embedding (LM head counted once)",
+        "note": args.note,
+        "results": results,
+        "ratios": ratios,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{now.strftime('%Y-%m-%d')}-{slug}-{report['config_name']}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    md = markdown_table(report)
+    stem.with_suffix(".md").write_text(f"# Benchmark: {report['config_name']} on {name}\n\n{md}")
+    print(f"wrote {stem}.json and .md")
+    if args.update_docs:
+        update_docs(report, md, DOCS)
+        print(f"updated {DOCS}")
+    return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        run(args)
+    except MinilmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

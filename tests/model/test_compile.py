@@ -1,0 +1,55 @@
+"""torch.compile hygiene: the training loss traces as one graph (no graph breaks), compiles once per sequence
+length (no recompilation within a phase), and equals the eager loss."""
+
+import pytest
+import torch
+
+from minilm.config import load_config
+from minilm.model import GPT
+
+V = 64
+TINY = ["model.n_layers=2", "model.d_model=32", "model.n_heads=2"]
+CASES = {
+    "rope": [],
+    "alibi": ["model.position.name=alibi"],  # a score term: the fp32 reference path on CPU
+    "rope_chunked_checkpointed": ["model.loss_chunk_size=8", "model.activation_checkpointing=true"],
+}
+
+
+def _model(overrides):
+    torch.manual_seed(0)
+    return GPT(load_config(overrides=[*TINY, *overrides]).model, V).train()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_loss_has_no_graph_breaks(case):
+    model = _model(CASES[case])
+    x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model.loss)(x, y)
+    reasons = [b.reason for b in explained.break_reasons]
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
+
+
+@pytest.mark.slow  # inductor's C++ compilation takes minutes on a shared 2-core machine
+@pytest.mark.parametrize("case", ["rope", "rope_chunked_checkpointed"])
+def test_compiled_training_steps_do_not_recompile_and_equal_eager(case):
+    model = _model(CASES[case])
+    eager = _model(CASES[case])
+    torch._dynamo.reset()
+    compiled = torch.compile(model.loss)
+    g = torch.Generator().manual_seed(0)
+    with torch._dynamo.config.patch(error_on_recompile=True):  # any recompilation after the first raises
+        for _ in range(3):  # new tokens every step, the same length: one compilation
+            x, y = torch.randint(0, V, (2, 16), generator=g), torch.randint(0, V, (2, 16), generator=g)
+            got, ref = compiled(x, y), eager.loss(x, y)
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+            got.backward()
+            ref.backward()
+            for (name, a), b in zip(model.named_parameters(), eager.parameters()):
+                torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+            with torch.no_grad():  # an optimizer-like update, so later steps see new weights
+                for a, b in zip(model.parameters(), eager.parameters()):
+                    a -= 0.1 * a.grad
+                    b -= 0.1 * b.grad
+                    a.grad = b.grad = None
