@@ -48,6 +48,9 @@ class LitGPT(L.LightningModule):
         self.model, self.cfg = model, cfg
         self.total_steps, self.step_offset, self.phase = total_steps, step_offset, phase
         self.tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
+        # train.compile compiles the loss (what a step calls), not the module: a compiled module's .loss attribute
+        # would be the eager method.
+        self.loss_fn = torch.compile(model.loss) if cfg.train.compile else model.loss
         self.initial_optimizer_state: Optional[dict] = None  # carried from the previous phase (carry_optimizer)
         self.bad_steps = 0
         self.last_grad_norm = float("nan")
@@ -57,7 +60,7 @@ class LitGPT(L.LightningModule):
     # ------------------------------------------------------------------------------------------- steps
 
     def _loss(self, batch: dict) -> torch.Tensor:
-        return self.model.loss(
+        return self.loss_fn(
             batch["input_ids"], batch["targets"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids")
         )
 

@@ -334,15 +334,12 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         default_root_dir=str(pdir),
     )
     data = PhaseData(corpus, pcfg, name)
-    if pcfg.train.compile:
-        module.model = torch.compile(model)
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=data, ckpt_path=str(ckpt) if ckpt else None)
     if trainer.global_step < steps:
         raise MinilmError(f"phase '{name}' stopped at step {trainer.global_step} of {steps}; resume with --resume")
     if not val_every or steps % val_every:
         trainer.validate(module, datamodule=data, verbose=False)
-    module.model = model
     if trainer.is_global_zero:
         _finish_phase(model, pcfg, name, pdir, trainer, module, steps, time.perf_counter() - t0, log)
 
