@@ -184,7 +184,7 @@ class _StepCheckpoint(L.Callback):
             return
         step = trainer.global_step
         if self.every and step % self.every == 0 and step < trainer.max_steps:
-            trainer.save_checkpoint(checkpoint_path(self.dir, step))
+            trainer.save_checkpoint(checkpoint_path(self.dir, step), weights_only=False)  # full: resumable
             if trainer.is_global_zero:
                 prune_checkpoints(self.dir, self.keep)
 
@@ -335,6 +335,8 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
     )
     data = PhaseData(corpus, pcfg, name)
     t0 = time.perf_counter()
+    if ckpt is None:  # the loss before the phase's first step: the start of the curve (and, for an extension
+        trainer.validate(module, datamodule=data, verbose=False)  # phase, the cost of the new length untrained)
     trainer.fit(module, datamodule=data, ckpt_path=str(ckpt) if ckpt else None)
     if trainer.global_step < steps:
         raise MinilmError(f"phase '{name}' stopped at step {trainer.global_step} of {steps}; resume with --resume")
