@@ -320,6 +320,10 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
     base = OmegaConf.structured(Config)
     try:
         merged = OmegaConf.merge(base, out)
+        # open mappings as the run has them: merging onto the schema would re-add default entries (the default
+        # 'embedded' source a YAML removed with null)
+        merged.data.sources = out["data"]["sources"]
+        merged.model.position = out["model"]["position"]
         merged.data = OmegaConf.merge(merged.data, phase.data)
         _drop_null_sources(merged.data)
     except OmegaConfBaseException as e:

@@ -97,3 +97,12 @@ def test_a_phase_may_reweight_but_not_add_sources(tmp_path):
         load_config(y, ["phases.b.data.sources.new={kind: embedded}"])
     with pytest.raises(ConfigError, match="phases.b.data.sources.extra.paths: a phase may change only"):
         load_config(y, ["phases.b.data.sources.extra={paths: ['y/*.txt']}"])
+
+
+def test_a_removed_source_stays_removed_in_every_phase(tmp_path):
+    y = tmp_path / "r.yaml"
+    y.write_text("data:\n  sources:\n    embedded: null\n    local: {kind: files, paths: ['x/*.txt']}\n"
+                 "phases:\n  a: {steps: 1}\n  b: {steps: 1, data: {long_fraction: 0.5}}\n")
+    cfg = load_config(y)
+    for name in ("a", "b"):
+        assert list(phase_config(cfg, name).data.sources) == ["local"]

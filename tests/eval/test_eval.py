@@ -213,12 +213,12 @@ def test_learned_table_reports_longer_lengths_as_unsupported(corpus_setup, eval_
     if "learned" not in REGISTRY:
         pytest.skip("the 'learned' encoding is not in minilm.positions.REGISTRY yet")
     cfg, corpus = corpus_setup
-    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size, name="learned", max_positions=64)
-    assert length_limit(model) == 64
-    res = evaluate(model, eval_data, _settings(lengths=[64, 128], tasks=["ppl", "passkey"]), log=lambda *_: None)
-    assert res["ppl"]["64"] is not None and res["passkey"]["64"] is not None
-    assert res["ppl"]["128"] is None and res["passkey"]["128"] is None
-    assert "128" in res["unsupported"] and "64" not in res["unsupported"]
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size, name="learned", max_positions=128)
+    assert length_limit(model) == 128
+    res = evaluate(model, eval_data, _settings(lengths=[128, 256], tasks=["ppl", "passkey"]), log=lambda *_: None)
+    assert res["ppl"]["128"] is not None and res["passkey"]["128"] is not None  # a passkey prompt needs >= 91
+    assert res["ppl"]["256"] is None and res["passkey"]["256"] is None
+    assert "256" in res["unsupported"] and "128" not in res["unsupported"]
 
 
 def test_unsupported_length_in_report(tmp_path, corpus_setup, eval_data):
@@ -300,11 +300,11 @@ def test_evaluate_script_and_compare(tmp_path, fake_run, capsys):
     from minilm.cli import run_cli
 
     ev = _script("evaluate")
-    argv = ["--run", str(fake_run), "--lengths", "32,64", "--tasks", "ppl,passkey", "--samples", "2", "--depths",
+    argv = ["--run", str(fake_run), "--lengths", "32,128", "--tasks", "ppl,passkey", "--samples", "2", "--depths",
             "0,1", "--batches", "1", "--batch-tokens", "256", "--device", "cpu"]  # fmt: skip
     assert run_cli(ev.main, ev.parser(), argv) == 0
     out = fake_run / "train" / "eval"
-    assert json.loads((out / "results.json").read_text())["passkey"]["64"] is not None
+    assert json.loads((out / "results.json").read_text())["passkey"]["128"] is not None
     assert list((fake_run / "tb").glob("events.out.tfevents.*"))
     assert run_cli(ev.main, ev.parser(), argv + ["--extension", "dynamic", "factor=2", "--no-tb"]) == 0
     assert (fake_run / "train" / "eval-dynamic" / "results.json").is_file()
@@ -316,7 +316,7 @@ def test_evaluate_script_and_compare(tmp_path, fake_run, capsys):
     assert run_cli(cmp.main, cmp.parser(), [str(fake_run), str(fake_run / "train" / "eval-dynamic"), "--out",
                                             str(tmp_path / "cmp")]) == 0  # fmt: skip
     table = (tmp_path / "cmp" / "compare.md").read_text()
-    assert "| run | 32 | 64 |" in table and "| run/train + dynamic |" in table
+    assert "| run | 32 | 128 |" in table and "| run/train + dynamic |" in table
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
 
 

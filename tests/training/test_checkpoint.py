@@ -66,7 +66,7 @@ def test_nan_loss_stops_the_phase_with_a_clear_message():
     cfg = load_config(overrides=["train.max_bad_steps=1"])
     model = tiny_model()
     module = LitGPT(model, cfg, total_steps=10)
-    module.model.loss = lambda *a, **k: torch.tensor(float("nan"))
+    module.loss_fn = lambda *a, **k: torch.tensor(float("nan"))
     batch = {"input_ids": torch.zeros(1, 4, dtype=torch.long), "targets": torch.zeros(1, 4, dtype=torch.long)}
     assert module.training_step(batch, 0) is None  # first bad step: skipped (max_bad_steps=1)
     with pytest.raises(MinilmError, match="loss became nan"):

@@ -21,7 +21,7 @@ data:
   tokenizer: {{vocab_size: 400, sample_chars: 200000}}
   cache_dir: {cache}
   val_fraction: 0.1
-train: {{seq_len: 32, batch_size: 4, steps: 20, val_every: 10, val_batches: 2, log_every: 5, ckpt_every: 10}}
+train: {{seq_len: 32, batch_size: 4, steps: 20, val_every: 10, val_batches: 2, log_every: 5, ckpt_every: {ckpt}}}
 optim: {{lr: 0.003, warmup_steps: 2}}
 """
 
@@ -34,14 +34,13 @@ phases:
     batch_size: 2
     lr: 0.001
     warmup_steps: 2
-    ckpt_every: 3
     carry_optimizer: true
     position: {{base: 40000.0}}
 """
 
 
 def write_config(tmp_path: Path, corpus: Path, phases: bool = False, long_steps: int = 40) -> Path:
-    text = TINY.format(corpus=corpus, cache=tmp_path / "cache")
+    text = TINY.format(corpus=corpus, cache=tmp_path / "cache", ckpt=3 if phases else 10)
     if phases:
         text += PHASES.format(long_steps=long_steps)
     path = tmp_path / "exp.yaml"
