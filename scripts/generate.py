@@ -25,19 +25,6 @@ from minilm.cli import run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 
-def parse_params(items: list[str]) -> dict:
-    """``key=value`` strings -> a dict; values are read as YAML scalars (4 -> int, 0.5 -> float, true -> bool)."""
-    import yaml
-
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise MinilmError(f"--extension: expected key=value, got {item!r}")
-        out[key] = yaml.safe_load(value)
-    return out
-
-
 def main(args: argparse.Namespace) -> int:
     import torch
 
@@ -47,9 +34,11 @@ def main(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
     if args.extension:
+        from minilm.eval import parse_extension
         from minilm.positions.training_free import install_extension
 
-        method = install_extension(run.model, args.extension[0], **parse_params(args.extension[1:]))
+        params = parse_extension(args.extension)
+        method = install_extension(run.model, params.pop("name"), **params)
         print(f"[extension: {method!r}]", file=sys.stderr)
     ids = run.tokenizer.encode(args.prompt)
     if not ids:
