@@ -251,6 +251,17 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     return cfg
 
 
+def on_schema(resolved: Any) -> DictConfig:
+    """A resolved config (a plain container or a loaded YAML) on the schema, writable. The open mappings
+    (``data.sources``, ``model.position``) are taken as given, not merged onto their defaults: a merge would
+    re-add the default ``embedded`` source to a config that removed it."""
+    given = OmegaConf.create(resolved)
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), given)
+    cfg.data.sources = given.data.sources
+    cfg.model.position = given.model.position
+    return cfg
+
+
 def _drop_null_sources(data: DictConfig) -> None:
     """``data.sources.NAME: null`` removes a source inherited from a base YAML (a merge cannot delete keys)."""
     for name in [n for n, v in data.sources.items() if v is None]:
@@ -317,13 +328,8 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
             f"({pos['name']} -> {overrides['name']}); weights carry over between phases"
         )
     out["model"]["position"] = OmegaConf.to_container(OmegaConf.merge(pos, overrides), resolve=True)
-    base = OmegaConf.structured(Config)
     try:
-        merged = OmegaConf.merge(base, out)
-        # open mappings as the run has them: merging onto the schema would re-add default entries (the default
-        # 'embedded' source a YAML removed with null)
-        merged.data.sources = out["data"]["sources"]
-        merged.model.position = out["model"]["position"]
+        merged = on_schema(out)
         merged.data = OmegaConf.merge(merged.data, phase.data)
         _drop_null_sources(merged.data)
     except OmegaConfBaseException as e:
@@ -483,6 +489,7 @@ __all__ = [
     "to_yaml",
     "phase_config",
     "phase_names",
+    "on_schema",
     "phase_steps",
     "ffn_dim",
     "head_dim",

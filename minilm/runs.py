@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from minilm.config import Config, phase_config, phase_names
+from minilm.config import on_schema, phase_config, phase_names
 from minilm.errors import MinilmError
 
 
@@ -62,12 +62,8 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
 
 
 def load_run_config(path: Path) -> DictConfig:
-    """The saved, resolved config on the schema. The open mappings are taken as saved, not merged onto their
-    defaults: a run trained without the default ``embedded`` source must not get it back."""
-    saved = OmegaConf.load(path)
-    cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
-    cfg.data.sources = saved.data.sources
-    cfg.model.position = saved.model.position
+    """The saved, resolved config on the schema (open mappings as saved: see ``minilm.config.on_schema``)."""
+    cfg = on_schema(OmegaConf.load(path))
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

@@ -106,9 +106,6 @@ def validate_position(cfg: Mapping[str, Any], where: str = "model.position") -> 
     return _entry(_plain(cfg), where)[1]
 
 
-def position_params(cfg: Mapping[str, Any], where: str = "model.position") -> Any:
-    return validate_position(cfg, where)
-
 
 def build_position(cfg: Mapping[str, Any], dims: PositionDims, role: str) -> PositionEncoding:
     """The hook object for ``role`` ("attention" — one per layer — or "embedding" — one at the input)."""
@@ -128,6 +125,5 @@ __all__ = [
     "PositionEncoding",
     "build_position",
     "validate_position",
-    "position_params",
     "compute_rope",
 ]

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 from torch import nn
 
 from minilm.errors import MinilmError
@@ -59,13 +59,17 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text), mode="w")
 
 
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write(Path(path), lambda f: f.write(buf.getbuffer()))
+
+
 class AtomicCheckpointIO(CheckpointIO):
     """Lightning CheckpointIO: atomic torch.save, weights_only torch.load."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        buf = io.BytesIO()
-        torch.save(checkpoint, buf)
-        atomic_write(Path(path), lambda f: f.write(buf.getbuffer()))
+        atomic_torch_save(checkpoint, Path(path))
 
     def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
         return load_checkpoint_dict(Path(path), map_location or "cpu")
@@ -126,16 +130,8 @@ def save_weights(model: nn.Module, path: Path) -> None:
             continue
         seen[key] = name
         tensors[name] = t.detach().cpu().contiguous()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    data = save(tensors, metadata={"format": "pt"})
+    atomic_write(Path(path), lambda f: f.write(data))
 
 
 def read_weights(path: Path) -> dict:

@@ -13,7 +13,6 @@ Layout of ``run.dir``::
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -38,11 +37,11 @@ from minilm.config import (
 )
 from minilm.errors import MinilmError
 from minilm.model import GPT
-from minilm.positions import position_params
+from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
 from minilm.training.checkpoint import (
     AtomicCheckpointIO,
-    atomic_write,
+    atomic_torch_save,
     atomic_write_text,
     checkpoint_path,
     latest_good_checkpoint,
@@ -116,8 +115,8 @@ def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=Non
     and verified against ``compute_rope``; limits of the encoding are checked against the phase's seq_len.
     Returns the transition message (also logged to the console and, as text, to TensorBoard)."""
     check_phase_fits(model, pcfg, phase)
-    params = position_params(pcfg.model.position, where=f"phases.{phase}.position")
-    built_with = position_params(model.cfg.position)  # what modules without a `params` attribute still hold
+    params = validate_position(pcfg.model.position, where=f"phases.{phase}.position")
+    built_with = validate_position(model.cfg.position)  # what modules without a `params` attribute still hold
     changed = []
     for layer, pos in enumerate(model.position_modules()):
         if getattr(pos, "params", built_with) == params:
@@ -350,9 +349,8 @@ def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, log)
     pdir.mkdir(parents=True, exist_ok=True)  # absent when no step checkpoint was written (ckpt_every > steps)
     save_weights(model, pdir / "model.safetensors")
     save_config(pcfg, pdir / "config.yaml")
-    buf = io.BytesIO()  # optimizer moments, for a next phase with carry_optimizer
-    torch.save({"state": trainer.optimizers[0].state_dict()["state"]}, buf)
-    atomic_write(pdir / "optimizer.pt", lambda f: f.write(buf.getbuffer()))
+    # optimizer moments, for a next phase with carry_optimizer
+    atomic_torch_save({"state": trainer.optimizers[0].state_dict()["state"]}, pdir / "optimizer.pt")
     if pcfg.eval.lengths:
         from minilm.eval import evaluate_phase
 
