@@ -457,6 +457,11 @@ def validate(cfg: DictConfig) -> None:
     _check(m.mlp in MLPS, "model.mlp", f"must be one of {MLPS}, got {m.mlp!r}")
     _check(0 <= m.dropout < 1, "model.dropout", f"must be in [0, 1), got {m.dropout}")
     _check(
+        m.loss_chunk_size is None or m.loss_chunk_size >= 1,
+        "model.loss_chunk_size",
+        f"must be >= 1 (rows per chunk) or null for the plain loss, got {m.loss_chunk_size}",
+    )
+    _check(
         cfg.data.tokenizer.vocab_size >= 64,
         "data.tokenizer.vocab_size",
         f"must be >= 64, got {cfg.data.tokenizer.vocab_size}",

@@ -40,6 +40,8 @@ def test_wrong_type_and_bad_value():
         load_config(overrides=["model.d_model=100", "model.n_heads=3"])
     with pytest.raises(ConfigError, match="optim.decay"):
         load_config(overrides=["optim.decay=sometimes"])
+    with pytest.raises(ConfigError, match="model.loss_chunk_size"):
+        load_config(overrides=["model.loss_chunk_size=-3"])
 
 
 def test_missing_file_and_base_cycle(tmp_path):
