@@ -1,11 +1,12 @@
 """The suite must be able to succeed too: a tiny GPT trained on CPU on the synthetic passkey rows of the training
 sampler (the generator the evaluation prompts share) scores high on passkey at its training length, and the same
-evaluation of the untrained model scores ~0. Slow: thousands of small steps (minutes on 2 cores).
+evaluation of the untrained model scores ~0. Slow: ~1 minute on 2 cores.
 
-The loss is restricted to the answer tokens, so copying the key is the whole training signal.
-NOT YET VERIFIED TO PASS: with 2 layers, d_model 64 and 3000 steps at length 48 (answer-only loss, lr 3e-3) the
-model reached about 57% per-token answer accuracy and ~0% exact match (it copies some digits, not all five); a
-larger model or a longer run is needed, and finding one is open work (see the issue's report)."""
+The loss is restricted to the answer tokens, so copying the key is the whole training signal. Depth is what makes
+it learnable at this size: 2 layers (d_model 64, 3000 steps) reached ~57 % per-token accuracy and ~0 % exact
+match; 4 layers reach 98 % per-token by step 1000 and 0.93 (seed 0) / 1.0 (seed 1) exact match on held-out
+filler (measured 2026-11-21, 2-core CPU). A wider model (d_model 128) fits the training filler instead: 98 %
+per-token on training rows and 0.1 on held-out prompts — which is why the test evaluates on held-out filler."""
 
 from __future__ import annotations
 
@@ -18,23 +19,21 @@ from minilm.eval import EvalSettings, evaluate
 
 from .conftest import tiny_gpt
 
-SEQ_LEN, STEPS = 48, 3000
+SEQ_LEN, STEPS, WARMUP = 48, 1200, 100
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,  # a known gap: when a setting that learns the task is found, this turns into an error to remove
-    reason="not yet learnable at this size: 2 layers, d_model 64, 3000 steps reach ~57% per-token and ~0% exact",
-)
 def test_tiny_model_trained_on_passkey_retrieves_at_its_training_length(corpus_setup, eval_data):
     cfg, corpus = corpus_setup
     data_cfg = OmegaConf.merge(cfg.data, {"synthetic": {"fraction": 0.99, "tasks": ["passkey"], "style": "code"}})
-    model = tiny_gpt(OmegaConf.merge(cfg, {"model": {"d_model": 64, "n_heads": 2}}), corpus.tokenizer.vocab_size)
+    shape = {"n_layers": 4, "d_model": 64, "n_heads": 2}
+    model = tiny_gpt(OmegaConf.merge(cfg, {"model": shape}), corpus.tokenizer.vocab_size)
     settings = EvalSettings(lengths=[SEQ_LEN], tasks=["passkey"], samples=10, depths=[0.0, 0.5, 1.0], seed=0)
     before = evaluate(model, eval_data, settings, log=lambda *_: None)["passkey"][str(SEQ_LEN)]
 
     sampler = make_sampler(corpus, "train", data_cfg, SEQ_LEN, 32, seed=0, phase="passkey")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    warmup = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / WARMUP))
     model.train()
     for step in range(STEPS):
         batch = sampler.batch(step)
@@ -43,7 +42,9 @@ def test_tiny_model_trained_on_passkey_retrieves_at_its_training_length(corpus_s
         loss = model.loss(batch["input_ids"], targets)
         opt.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        warmup.step()
 
     after = evaluate(model, eval_data, settings, log=lambda *_: None)
     assert before <= 0.1
