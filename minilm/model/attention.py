@@ -104,7 +104,8 @@ class Attention(nn.Module):
         if self.extension is not None:
             y = self.extension.attend(q, k, v, self.pos, q_pos, k_pos, mask)
         else:
-            q, k = self.pos.rotate(q, k, q_pos.expand(B, -1), k_pos.expand(B, -1))
+            # positions as given, (1, T) when shared by the batch: rotary tables are then computed once, not B times
+            q, k = self.pos.rotate(q, k, q_pos, k_pos)
             y = self.attend(q, k, v, q_pos.expand(B, -1), k_pos.expand(B, -1), mask)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H·Dh)
         return self.wo(y)

@@ -16,7 +16,9 @@ asking which encoding they have (DESIGN.md, "Position handling"):
 - ``"full"``  needs the whole logit / probability matrix (CoPE, Shaw's value term): the fp32 reference path.
 
 Shapes: x (B, T, D); q (B, H, T, Dh); k (B, Hkv, S, Dh); q_pos (B, T) and k_pos (B, S) integer positions, which
-carry their own values so KV caches, per-document restarts and remapped positions fit the same hooks.
+carry their own values so KV caches, per-document restarts and remapped positions fit the same hooks. ``rotate``
+alone receives them as given — (1, T) when the batch shares them, and ``k_pos is q_pos`` when the keys are the
+queries — so rotary tables are computed once per layer rather than once per row and once each for q and k.
 """
 
 from __future__ import annotations

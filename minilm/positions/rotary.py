@@ -67,16 +67,20 @@ def rotate_interleaved(x: Tensor) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
-    """Rotate the first cos.shape[-1]·2 dims of x (..., T, Dh); cos/sin (B, 1, T, Dr/2) broadcast over heads."""
+    """Rotate the first cos.shape[-1]·2 dims of x (..., T, Dh); cos/sin (B or 1, 1, T, Dr/2) broadcast over heads
+    (and over the batch when the positions are shared: pass (1, T) positions, not batch-expanded ones, so the
+    tables are computed once, not B times)."""
     dr = cos.shape[-1] * 2
-    xr, xp = x[..., :dr], x[..., dr:]
+    xr = x[..., :dr] if dr < x.shape[-1] else x
     if layout == "half":
         cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
         xr = xr * cos + rotate_half(xr) * sin
     else:
         cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
         xr = xr * cos + rotate_interleaved(xr) * sin
-    return torch.cat((xr.to(x.dtype), xp), dim=-1)
+    if dr == x.shape[-1]:
+        return xr.to(x.dtype)  # every dimension rotates: no pass-through part to concatenate
+    return torch.cat((xr.to(x.dtype), x[..., dr:]), dim=-1)
 
 
 class Rope(PositionEncoding):
@@ -121,7 +125,7 @@ class Rope(PositionEncoding):
             return q, k
         seq_len = int(k_pos.max()) + 1 if self._reads_length() else k_pos.shape[-1]
         cq, sq = self.cos_sin(q_pos, seq_len)
-        ck, sk = self.cos_sin(k_pos, seq_len)
+        ck, sk = (cq, sq) if k_pos is q_pos else self.cos_sin(k_pos, seq_len)  # training: the same positions
         return apply_rotary(q, cq, sq, self.layout), apply_rotary(k, ck, sk, self.layout)
 
     def _reads_length(self) -> bool:
@@ -162,7 +166,7 @@ class Xpos(Rope):
         seq_len = int(k_pos.max()) + 1 if self._reads_length() else k_pos.shape[-1]
         center = (k_pos.amin(-1, keepdim=True) + k_pos.amax(-1, keepdim=True)) // 2  # (B, 1)
         cq, sq = self.cos_sin(q_pos, seq_len)
-        ck, sk = self.cos_sin(k_pos, seq_len)
+        ck, sk = (cq, sq) if k_pos is q_pos else self.cos_sin(k_pos, seq_len)
         up, down = self.decay(q_pos, center, 1.0), self.decay(k_pos, center, -1.0)
         q = apply_rotary(q, cq * up, sq * up, self.layout)  # queries scaled up: ζ^(n/scale_base)
         return q, apply_rotary(k, ck * down, sk * down, self.layout)  # keys down: ζ^(−m/scale_base)
