@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from minilm.config import ffn_dim, load_config, micro_batch_size  # noqa: E402
+from minilm.training.optim import make_adamw  # noqa: E402  (the trainer's optimizer, fused where torch has it)
 from minilm.errors import MinilmError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -211,27 +212,6 @@ def build_peer(mcfg, vocab: int, max_len: int, device):
     return model, loss_fn, matmul_params(model, emb, head)
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """The trainer's split (minilm.training.lit_module.param_groups, tested equal): decay on matrices only.
-    Repeated here because importing lit_module imports Lightning, which costs seconds per benchmark run."""
-    decay, no_decay, seen = [], [], set()
-    for p in model.parameters():
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def make_optimizer(model, ocfg, device):
-    return torch.optim.AdamW(
-        param_groups(model, ocfg.weight_decay),
-        lr=ocfg.lr,
-        betas=(ocfg.beta1, ocfg.beta2),
-        eps=ocfg.eps,
-        fused=True if device.type == "cuda" else None,  # as LitGPT.configure_optimizers
-    )
-
-
 # -------------------------------------------------------------------------------------------- measurement
 
 
@@ -240,37 +220,51 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def build_step(impl, cfg, T, B, device, amp_dtype, do_compile):
+    """The model of ``impl`` ("minilm" or "hf_llama"), its optimizer and a ``step(i)`` closure doing one training
+    step on one of two fixed random batches. Returns (step, matmul_params)."""
+    vocab = cfg.data.tokenizer.vocab_size
+    torch.manual_seed(cfg.run.seed)
+    if impl == "minilm":
+        model, loss_fn, n_mm = build_minilm(cfg.model, vocab, device)
+    else:
+        model, loss_fn, n_mm = build_peer(cfg.model, vocab, T, device)
+    model.train()
+    opt = make_adamw(model, cfg.optim)
+    if do_compile:
+        loss_fn = torch.compile(loss_fn)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    batches = [torch.randint(0, vocab, (B, T + 1), generator=g).to(device) for _ in range(2)]
+    clip = cfg.optim.grad_clip
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step(i):
+        seq = batches[i % len(batches)]
+        x, y = seq[:, :-1], seq[:, 1:]
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = loss_fn(x, y) if impl == "minilm" else loss_fn(x, None)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step, n_mm
+
+
+def _free(device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak_flops) -> dict:
     """One measurement: build, warm up, time ``args.steps`` steps. Returns a result row."""
-    vocab = cfg.data.tokenizer.vocab_size
     row = {"impl": impl, "encoding": encoding, "seq_len": T, "batch_size": B, "tokens_per_step": B * T}
-    torch.manual_seed(cfg.run.seed)
+    step = None
     with PeakMemory(device) as mem:
         try:
-            if impl == "minilm":
-                model, loss_fn, n_mm = build_minilm(cfg.model, vocab, device)
-            else:
-                model, loss_fn, n_mm = build_peer(cfg.model, vocab, T, device)
-            model.train()
-            opt = make_optimizer(model, cfg.optim, device)
-            if do_compile:
-                loss_fn = torch.compile(loss_fn)
-            g = torch.Generator(device="cpu").manual_seed(0)
-            batches = [torch.randint(0, vocab, (B, T + 1), generator=g).to(device) for _ in range(2)]
-            clip = cfg.optim.grad_clip
-            params = [p for p in model.parameters() if p.requires_grad]
-
-            def step(i):
-                seq = batches[i % len(batches)]
-                x, y = seq[:, :-1], seq[:, 1:]
-                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                    loss = loss_fn(x, y) if impl == "minilm" else loss_fn(x, None)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                return loss
-
+            step, n_mm = build_step(impl, cfg, T, B, device, amp_dtype, do_compile)
             for i in range(args.warmup):
                 step(i)
             _sync(device)
@@ -287,10 +281,8 @@ def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak
             row.update(status="oom", tokens_per_s=None, mfu=None, peak_mem_mb=None, memory_kind=mem.kind)
             return row
         finally:
-            model = opt = batches = loss_fn = None  # noqa: F841 (free before the next measurement)
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            step = None  # noqa: F841 (free the model before the next measurement)
+            _free(device)
     tps = B * T / statistics.median(times)
     fpt = flops_per_token(n_mm, cfg.model.n_layers, cfg.model.d_model, T)
     row.update(
@@ -302,6 +294,41 @@ def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak
         mfu=fpt * tps / peak_flops if peak_flops else None,
     )
     return row
+
+
+def paired_ratio(cfg, T, B, args, device, amp_dtype, do_compile) -> dict:
+    """minilm's speed over the peer's from *interleaved* steps: both models live side by side and take one step
+    each in turn, ``steps · repeats`` times after the warm-up, so a load change hits both within milliseconds.
+    The ratio is the median over pairs of peer_time / minilm_time — steadier on a shared or noisy machine than
+    the ratio of two separately measured medians."""
+    ours = peer = None
+    try:
+        ours, _ = build_step("minilm", cfg, T, B, device, amp_dtype, do_compile)
+        peer, _ = build_step("hf_llama", cfg, T, B, device, amp_dtype, do_compile)
+        for i in range(args.warmup):
+            ours(i), peer(i)
+        _sync(device)
+        pairs = []
+        for i in range(args.steps * args.repeats):
+            t0 = time.perf_counter()
+            ours(i)
+            _sync(device)
+            t1 = time.perf_counter()
+            peer(i)
+            _sync(device)
+            pairs.append((t1 - t0, time.perf_counter() - t1))
+    except torch.OutOfMemoryError:
+        return {"status": "oom"}
+    finally:
+        ours = peer = None  # noqa: F841
+        _free(device)
+    return {
+        "status": "ok",
+        "pairs": len(pairs),
+        "ratio": round(statistics.median(p / m for m, p in pairs), 3),
+        "minilm_ms": round(1000 * statistics.median(m for m, _ in pairs), 2),
+        "peer_ms": round(1000 * statistics.median(p for _, p in pairs), 2),
+    }
 
 
 def median_row(rows: list[dict], peak_flops) -> dict:
@@ -352,17 +379,20 @@ def markdown_table(report: dict) -> str:
     lines = [
         head,
         "",
-        "| impl | encoding | T | B | tokens/s | MFU | peak mem (MB) | vs peer |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| impl | encoding | T | B | tokens/s | MFU | peak mem (MB) | vs peer | vs peer, interleaved |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ratios = {(r["encoding"], r["seq_len"]): r["ratio"] for r in report["ratios"]}
+    paired = {(r["encoding"], r["seq_len"]): (r.get("paired") or {}).get("ratio") for r in report["ratios"]}
     for r in report["results"]:
         tps = f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else r["status"]
         mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "–"
         mem = f"{r['peak_mem_mb']:,.0f}" if r.get("peak_mem_mb") is not None else "–"
         ratio = ratios.get((r["encoding"], r["seq_len"])) if r["impl"] == "minilm" else None
         ratio = f"{ratio:.2f}×" if ratio else "–"
-        cells = [r["impl"], r["encoding"], r["seq_len"], r["batch_size"], tps, mfu, mem, ratio]
+        pair = paired.get((r["encoding"], r["seq_len"])) if r["impl"] == "minilm" else None
+        pair = f"{pair:.2f}×" if pair else "–"
+        cells = [r["impl"], r["encoding"], r["seq_len"], r["batch_size"], tps, mfu, mem, ratio, pair]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -425,8 +455,11 @@ def run(args) -> dict:
                 )
             if "hf_llama" in rows and rows["minilm"]["status"] == rows["hf_llama"]["status"] == "ok":
                 ratio = rows["minilm"]["tokens_per_s"] / rows["hf_llama"]["tokens_per_s"]
-                ratios.append({"encoding": enc, "seq_len": T, "ratio": round(ratio, 3)})
-                print(f"minilm / peer at T={T}: {ratio:.2f}x", flush=True)
+                paired = paired_ratio(cfg, T, B, args, device, amp_dtype, do_compile)
+                ratios.append({"encoding": enc, "seq_len": T, "ratio": round(ratio, 3), "paired": paired})
+                print(f"minilm / peer at T={T}: {ratio:.2f}x (separate runs); "
+                      f"{paired.get('ratio', 0):.2f}x (interleaved steps, median of {paired.get('pairs')})",
+                      flush=True)  # fmt: skip
     try:  # the version without importing transformers (slow)
         tf_version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:

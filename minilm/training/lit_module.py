@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from minilm.errors import MinilmError
+from minilm.training.optim import make_adamw
 
 
 def lr_lambda(step: int, warmup: int, total: int, decay: str, min_ratio: float) -> float:
@@ -28,17 +29,6 @@ def lr_lambda(step: int, warmup: int, total: int, decay: str, min_ratio: float) 
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if decay == "cosine" else 1 - progress
     return min_ratio + (1 - min_ratio) * shape
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only (embeddings and linear weights); none on norms, biases, scalars."""
-    decay, no_decay, seen = [], [], set()
-    for p in model.parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 class LitGPT(L.LightningModule):
@@ -131,10 +121,7 @@ class LitGPT(L.LightningModule):
 
     def configure_optimizers(self):
         o = self.cfg.optim
-        fused = torch.cuda.is_available() and next(self.model.parameters()).is_cuda
-        opt = torch.optim.AdamW(
-            param_groups(self.model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, fused=fused or None
-        )
+        opt = make_adamw(self.model, o)
         if self.initial_optimizer_state is not None:  # moments from the previous phase; this phase's lr settings
             state = opt.state_dict()
             state["state"] = self.initial_optimizer_state["state"]

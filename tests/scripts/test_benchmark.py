@@ -29,18 +29,6 @@ def test_flops_formula_and_matmul_params(bench):
     assert bench.matmul_params(model, emb.weight, head.weight) == 12 + 40
 
 
-def test_param_groups_match_the_trainer(bench):
-    from minilm.config import load_config
-    from minilm.model import GPT
-    from minilm.training.lit_module import param_groups
-
-    model = GPT(load_config(overrides=TINY).model, 64)
-    ours, theirs = bench.param_groups(model, 0.1), param_groups(model, 0.1)
-    assert [(g["weight_decay"], [id(p) for p in g["params"]]) for g in ours] == [
-        (g["weight_decay"], [id(p) for p in g["params"]]) for g in theirs
-    ]
-
-
 def test_benchmark_writes_results(bench, tmp_path, monkeypatch):
     docs = tmp_path / "performance.md"
     docs.write_text("# Performance\n\nintro\n")
