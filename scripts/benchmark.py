@@ -17,7 +17,8 @@ compile setting), the same-shaped ``transformers.LlamaForCausalLM`` (attn_implem
 SwiGLU, RoPE, no biases, same d_model / layers / heads / kv heads / FFN width / vocab / tying / RoPE base) and
 reports minilm's tokens/s over the peer's. Only for the ``rope`` encoding (the peer has no other). Needs the
 ``hf`` extra (transformers). With ``--repeats R`` the two alternate R times, so a shared machine's load falls on
-both alike; tokens/s always come from the median step time over all timed steps of all repeats.
+both alike; tokens/s always come from the median step time over all timed steps of all repeats. A second
+ratio comes from ``paired_ratio``: both models side by side, one step each in turn, median of the per-pair ratios.
 
 MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per token = 6·N + 12·L·d·T, where
 N = the parameters that take part in a matmul — every parameter except the input embedding table, the LM head

@@ -70,3 +70,7 @@ def test_benchmark_peer_ratio(bench, tmp_path):
     minilm, peer = report["results"]
     assert minilm["matmul_params"] == peer["matmul_params"]  # the same shape, so the same FLOPs per token
     assert report["ratios"][0]["ratio"] == pytest.approx(minilm["tokens_per_s"] / peer["tokens_per_s"], rel=1e-2)
+    paired = report["ratios"][0]["paired"]
+    assert paired["status"] == "ok" and paired["pairs"] == 1 and paired["ratio"] > 0
+    md = next(tmp_path.glob("*.md")).read_text()
+    assert f"| {paired['ratio']:.2f}× |" in md  # the interleaved ratio's column
