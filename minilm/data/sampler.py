@@ -275,14 +275,16 @@ def make_sampler(corpus: Corpus, split: str, data_cfg: Any, seq_len: int, batch_
 
 
 def validation_batches(corpus: Corpus, data_cfg: Any, seq_len: int, batch_size: int, n_batches: int,
-                       seed: int) -> List[Dict[str, torch.Tensor]]:  # fmt: skip
+                       seed: int, rank: int = 0, world_size: int = 1) -> List[Dict[str, torch.Tensor]]:  # fmt: skip
     """Fixed validation batches per (seq_len, seed): packed windows of the held-out documents (all of them,
-    no long/short mixing, no synthetic rows), in the same format as ``Sampler.batch``."""
+    no long/short mixing, no synthetic rows), in the same format as ``Sampler.batch``. Like training batches,
+    batch i is the global batch of ``batch_size · world_size`` rows, and a DDP rank gets its slice: the ranks
+    together validate exactly the rows one process with the whole batch would (not the same rows on each)."""
     store = corpus.val
     if store.n_tokens < seq_len + 1:
         log.warning("the held-out split has %d tokens, fewer than one row of %d: validation rows wrap around it",
                     store.n_tokens, seq_len + 1)  # fmt: skip
     s = Sampler(corpus, store, seq_len=seq_len, batch_size=batch_size, seed=seed, phase=f"validation/{seq_len}",
                 weights=_weights(data_cfg, corpus), document_mask=data_cfg.document_mask,
-                restart_positions=data_cfg.restart_positions, split="val")  # fmt: skip
+                restart_positions=data_cfg.restart_positions, split="val", rank=rank, world_size=world_size)  # fmt: skip
     return [s.batch(i) for i in range(n_batches)]

@@ -52,6 +52,7 @@ class PhaseData(L.LightningDataModule):
 
             t = self.cfg.train
             self._val = validation_batches(
-                self.corpus, self.cfg.data, t.seq_len, micro_batch_size(t), t.val_batches, self.cfg.run.seed
-            )
+                self.corpus, self.cfg.data, t.seq_len, micro_batch_size(t), t.val_batches, self.cfg.run.seed,
+                rank=self.trainer.global_rank, world_size=self.trainer.world_size,
+            )  # fmt: skip
         return DataLoader(self._val, batch_size=None, shuffle=False, num_workers=0)

@@ -145,6 +145,19 @@ def test_validation_batches_are_fixed_and_held_out(mixed_cfg):
             assert row.astype(np.int64).tobytes() in cyc  # a window of the held-out stream
 
 
+def test_ranks_together_validate_the_one_process_rows(mixed_cfg):
+    """Validation is sharded like training: 2 ranks x batch 2 hold exactly the rows of 1 process x batch 4, so
+    val loss does not depend on the device count (each rank used to validate the same batch-2 rows)."""
+    cfg = mixed_cfg()
+    corpus = load_corpus(cfg, progress=False)
+    one = validation_batches(corpus, cfg, seq_len=32, batch_size=4, n_batches=2, seed=0)
+    ranks = [validation_batches(corpus, cfg, seq_len=32, batch_size=2, n_batches=2, seed=0, rank=r, world_size=2)
+             for r in range(2)]  # fmt: skip
+    for i in range(2):
+        together = torch.cat([ranks[r][i]["input_ids"] for r in range(2)])
+        assert torch.equal(together, one[i]["input_ids"])
+
+
 def test_synthetic_rows_are_mixed_in(files_cfg):
     cfg = files_cfg(**{"synthetic.fraction": 0.5, "synthetic.tasks": ["passkey", "kv"], "synthetic.style": "code"})
     corpus = load_corpus(cfg, progress=False)
