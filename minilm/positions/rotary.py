@@ -71,7 +71,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
     (and over the batch when the positions are shared: pass (1, T) positions, not batch-expanded ones, so the
     tables are computed once, not B times)."""
     dr = cos.shape[-1] * 2
-    xr = x[..., :dr] if dr < x.shape[-1] else x
+    xr = x[..., :dr]
     if layout == "half":
         cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
         xr = xr * cos + rotate_half(xr) * sin
@@ -120,12 +120,17 @@ class Rope(PositionEncoding):
         n = self.params.nope_every
         return not (n > 0 and (self.layer + 1) % n == 0)
 
+    def tables(self, q_pos: Tensor, k_pos: Tensor):
+        """((cos, sin) of the queries, (cos, sin) of the keys) at the current length; the keys' tables are the
+        queries' when ``k_pos is q_pos`` (training: one position tensor for both), so they are computed once."""
+        seq_len = int(k_pos.max()) + 1 if self._reads_length() else k_pos.shape[-1]
+        q_tables = self.cos_sin(q_pos, seq_len)
+        return q_tables, q_tables if k_pos is q_pos else self.cos_sin(k_pos, seq_len)
+
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if not self.rotates:
             return q, k
-        seq_len = int(k_pos.max()) + 1 if self._reads_length() else k_pos.shape[-1]
-        cq, sq = self.cos_sin(q_pos, seq_len)
-        ck, sk = (cq, sq) if k_pos is q_pos else self.cos_sin(k_pos, seq_len)  # training: the same positions
+        (cq, sq), (ck, sk) = self.tables(q_pos, k_pos)
         return apply_rotary(q, cq, sq, self.layout), apply_rotary(k, ck, sk, self.layout)
 
     def _reads_length(self) -> bool:
@@ -163,10 +168,8 @@ class Xpos(Rope):
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if not self.rotates:
             return q, k
-        seq_len = int(k_pos.max()) + 1 if self._reads_length() else k_pos.shape[-1]
         center = (k_pos.amin(-1, keepdim=True) + k_pos.amax(-1, keepdim=True)) // 2  # (B, 1)
-        cq, sq = self.cos_sin(q_pos, seq_len)
-        ck, sk = (cq, sq) if k_pos is q_pos else self.cos_sin(k_pos, seq_len)
+        (cq, sq), (ck, sk) = self.tables(q_pos, k_pos)
         up, down = self.decay(q_pos, center, 1.0), self.decay(k_pos, center, -1.0)
         q = apply_rotary(q, cq * up, sq * up, self.layout)  # queries scaled up: ζ^(n/scale_base)
         return q, apply_rotary(k, ck * down, sk * down, self.layout)  # keys down: ζ^(−m/scale_base)

@@ -52,7 +52,7 @@ def supports(rotary: Any) -> bool:
 
 
 def _length(k_pos: Tensor) -> int:
-    return int(k_pos.max()) + 1  # the current length, as Rope.rotate reads it for length-dependent scaling
+    return int(k_pos.max()) + 1  # the current length, as Rope.tables reads it for length-dependent scaling
 
 
 def _rot(x: Tensor, rotary: Rope, positions: Tensor, seq_len: int) -> Tensor:
