@@ -18,18 +18,11 @@ from minilm.export import check_exportable, export_model, max_logit_difference  
 from minilm.model import GPT  # noqa: E402
 from minilm.positions.rope_scaling import ROPE_SCALING  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: a second thread only waits
 REPO = Path(__file__).resolve().parents[1]
 V = 97
 L = 32  # the "training length" of the tiny models; parity is checked at L and 4L
 DH = 16  # head_dim = 64 / 4: 8 rotary frequencies
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def tiny(*overrides, seed=0):

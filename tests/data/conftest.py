@@ -9,6 +9,7 @@ import pytest
 from omegaconf import DictConfig, OmegaConf
 
 from minilm.config import DataConfig
+from tests.conftest import python_doc
 
 
 def make_data_cfg(tmp_path: Path, sources: dict, **overrides) -> DictConfig:
@@ -27,16 +28,6 @@ def make_data_cfg(tmp_path: Path, sources: dict, **overrides) -> DictConfig:
     return cfg
 
 
-def _python_doc(rng: np.random.Generator, n_funcs: int, tag: str) -> str:
-    words = ["alpha", "beta", "gamma", "delta", "value", "index", "result", "total", "count", "item"]
-    out = []
-    for j in range(n_funcs):
-        a, b = rng.choice(words, 2)
-        out.append(f"def {tag}_{a}_{j}({a}, {b}={j}):\n    '''Return {a} plus {j} times {b}.'''\n"
-                   f"    return {a} + {j} * {b}\n")  # fmt: skip
-    return "\n".join(out)
-
-
 @pytest.fixture
 def mixed_dir(tmp_path: Path) -> Path:
     """30 short documents (under 100 tokens) and 8 long ones (well over 512 tokens)."""
@@ -44,9 +35,9 @@ def mixed_dir(tmp_path: Path) -> Path:
     root.mkdir()
     rng = np.random.default_rng(0)
     for i in range(30):
-        (root / f"short_{i:02d}.py").write_text(_python_doc(rng, 1, f"s{i}"))
+        (root / f"short_{i:02d}.py").write_text(python_doc(rng, 1, f"s{i}"))
     for i in range(8):
-        (root / f"long_{i:02d}.py").write_text(_python_doc(rng, 40 + 10 * i, f"l{i}"))
+        (root / f"long_{i:02d}.py").write_text(python_doc(rng, 40 + 10 * i, f"l{i}"))
     return root
 
 

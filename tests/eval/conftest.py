@@ -12,16 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from minilm.config import Config, save_config
-
-
-def _doc(rng: np.random.Generator, n_funcs: int, tag: str) -> str:
-    words = ["alpha", "beta", "gamma", "delta", "value", "index", "result", "total", "count", "item"]
-    out = []
-    for j in range(n_funcs):
-        a, b = rng.choice(words, 2)
-        out.append(f"def {tag}_{a}_{j}({a}, {b}={j}):\n    '''Return {a} plus {j} times {b}.'''\n"
-                   f"    return {a} + {j} * {b}\n")  # fmt: skip
-    return "\n".join(out)
+from tests.conftest import python_doc
 
 
 def make_cfg(cache: Path, corpus_dir: Path, **overrides):
@@ -51,7 +42,7 @@ def corpus_setup(tmp_path_factory):
     docs.mkdir()
     rng = np.random.default_rng(0)
     for i in range(30):
-        (docs / f"doc_{i:02d}.py").write_text(_doc(rng, 3 if i % 3 else 40, f"f{i}"))
+        (docs / f"doc_{i:02d}.py").write_text(python_doc(rng, 3 if i % 3 else 40, f"f{i}"))
     cfg = make_cfg(root / "cache", docs)
     return cfg, load_corpus(cfg.data, progress=False)
 

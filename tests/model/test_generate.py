@@ -12,6 +12,7 @@ from minilm.model.cache import KVCache
 from minilm.model.generate import cache_blockers, filter_logits, generate
 from minilm.positions import REGISTRY
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # decoding: hundreds of tiny ops
 V = 61
 # Parameters that keep each encoding's bounds inside the tiny lengths used here (and make them bite).
 SMALL = {
@@ -21,15 +22,6 @@ SMALL = {
     "t5": ["model.position.num_buckets=8", "model.position.max_distance=16"],
     "cope": ["model.position.npos_max=8"],
 }
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Decoding is hundreds of tiny ops: intra-op threads only add synchronization (10x slower on a busy box)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def tiny(name="rope", *overrides, seed=0):

@@ -2,12 +2,8 @@
 thread spends its time waiting (measured: 30 training steps took 1.3 s with one thread, 28 s with two)."""
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _positions_use_one_thread(one_thread):
+    """Every test of this package runs with ``one_thread`` (tests/conftest.py)."""
