@@ -144,39 +144,54 @@ def hf_rope_parameters(position: dict, dh: int) -> tuple[dict, Optional[int]]:
     return params, None
 
 
-def hf_config(cfg, vocab_size: int, tokenizer=None):
-    """The transformers ``LlamaConfig`` for a run config ``cfg`` (the phase's resolved config)."""
-    from transformers import LlamaConfig
-
-    m = cfg.model
-    dh = head_dim(m)
-    rope, max_pos = hf_rope_parameters(_plain(m.position), dh)
-    kwargs = dict(
-        vocab_size=vocab_size,
+def llama_shape(m) -> dict:
+    """The ``LlamaConfig`` keywords for the shape of a ``model`` section: widths, depth, heads, norm, tying and
+    the fixed architecture (SiLU-gated MLP, no biases). The exporter and the benchmark's peer both build on it."""
+    return dict(
         hidden_size=m.d_model,
         intermediate_size=ffn_dim(m),
         num_hidden_layers=m.n_layers,
         num_attention_heads=m.n_heads,
         num_key_value_heads=m.n_kv_heads or m.n_heads,
-        head_dim=dh,
+        head_dim=head_dim(m),
         hidden_act="silu",
-        max_position_embeddings=max_pos or int(cfg.train.seq_len),
         rms_norm_eps=float(m.norm_eps),
         tie_word_embeddings=bool(m.tie_embeddings),
         attention_bias=False,
         mlp_bias=False,
+    )
+
+
+def llama_rope_kwargs(rope: dict) -> dict:
+    """``rope`` (transformers' ``rope_parameters``: rope_type, rope_theta, ...) as the installed transformers
+    takes it: ``rope_parameters`` from 5.x on; ``rope_theta`` + ``rope_scaling`` (none for the default type) in 4.x."""
+    from transformers import LlamaConfig
+
+    if hasattr(LlamaConfig(), "rope_parameters"):
+        return {"rope_parameters": dict(rope)}
+    rope = dict(rope)
+    kwargs = {"rope_theta": rope.pop("rope_theta")}
+    if rope["rope_type"] != "default":
+        kwargs["rope_scaling"] = {**rope, "type": rope["rope_type"]}
+    return kwargs
+
+
+def hf_config(cfg, vocab_size: int, tokenizer=None):
+    """The transformers ``LlamaConfig`` for a run config ``cfg`` (the phase's resolved config)."""
+    from transformers import LlamaConfig
+
+    m = cfg.model
+    rope, max_pos = hf_rope_parameters(_plain(m.position), head_dim(m))
+    kwargs = dict(
+        vocab_size=vocab_size,
+        **llama_shape(m),
+        max_position_embeddings=max_pos or int(cfg.train.seq_len),
         attention_dropout=0.0,
         architectures=["LlamaForCausalLM"],
+        **llama_rope_kwargs(rope),
     )
     if tokenizer is not None:
         kwargs.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
-    if hasattr(LlamaConfig(), "rope_parameters"):
-        kwargs["rope_parameters"] = rope  # transformers >= 5: rope_theta lives inside rope_parameters
-    else:  # transformers 4.x: rope_theta + rope_scaling (None for the default type)
-        theta = rope.pop("rope_theta")
-        kwargs["rope_theta"] = theta
-        if rope["rope_type"] != "default":
-            kwargs["rope_scaling"] = {**rope, "type": rope["rope_type"]}
     return LlamaConfig(**kwargs)
 
 

@@ -58,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from minilm.config import ffn_dim, load_config, micro_batch_size  # noqa: E402
+from minilm.config import load_config, micro_batch_size  # noqa: E402
+from minilm.export import llama_rope_kwargs, llama_shape  # noqa: E402
 from minilm.training.optim import make_adamw  # noqa: E402  (the trainer's optimizer, fused where torch has it)
 from minilm.errors import MinilmError  # noqa: E402
 
@@ -176,31 +177,16 @@ def build_minilm(mcfg, vocab: int, device):
     return model, lambda x, y: model.loss(x, y), matmul_params(model, model.tok_emb.weight, model.lm_head.weight)
 
 
-def _rope_kwargs(base: float) -> dict:
-    """transformers >= 5 takes ``rope_parameters``; 4.x took ``rope_theta``."""
-    major = int(importlib.metadata.version("transformers").split(".")[0])
-    return {"rope_parameters": {"rope_type": "default", "rope_theta": base}} if major >= 5 else {"rope_theta": base}
-
-
 def build_peer(mcfg, vocab: int, max_len: int, device):
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError as e:
         raise MinilmError("--peer needs Hugging Face transformers: pip install -e '.[hf]'") from e
-    pos = mcfg.position
-    config = LlamaConfig(
+    config = LlamaConfig(  # the same shape as minilm's model, default RoPE with its base, whatever the encoding
         vocab_size=vocab,
-        hidden_size=mcfg.d_model,
-        intermediate_size=ffn_dim(mcfg),
-        num_hidden_layers=mcfg.n_layers,
-        num_attention_heads=mcfg.n_heads,
-        num_key_value_heads=mcfg.n_kv_heads or mcfg.n_heads,
+        **llama_shape(mcfg),
         max_position_embeddings=max_len,
-        rms_norm_eps=mcfg.norm_eps,
-        tie_word_embeddings=mcfg.tie_embeddings,
-        **_rope_kwargs(float(pos.get("base", 10000.0))),
-        attention_bias=False,
-        mlp_bias=False,
+        **llama_rope_kwargs({"rope_type": "default", "rope_theta": float(mcfg.position.get("base", 10000.0))}),
         use_cache=False,
         attn_implementation="sdpa",
     )
