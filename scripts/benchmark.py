@@ -293,7 +293,8 @@ def paired_ratio(cfg, T, B, args, device, amp_dtype, do_compile) -> dict:
         ours, _ = build_step("minilm", cfg, T, B, device, amp_dtype, do_compile)
         peer, _ = build_step("hf_llama", cfg, T, B, device, amp_dtype, do_compile)
         for i in range(args.warmup):
-            ours(i), peer(i)
+            ours(i)
+            peer(i)
         _sync(device)
         pairs = []
         for i in range(args.steps * args.repeats):
