@@ -40,11 +40,13 @@ def _hex(rng: np.random.Generator, n: int) -> str:
 
 
 def _snap_to_line(filler: Sequence[int], pos: int, nl: int | None) -> int:
-    """Move an insertion point back to just after the previous newline, so the needle is a line of its own."""
+    """Move an insertion point back to just after the previous newline, or to 0 if there is none (the start of
+    the filler counts as a line start), so the needle is a line of its own — never spliced into a line. Depth 0
+    thus gets the share of the first line like any other line start: evaluation's depth 0 is trained on."""
     if nl is None or pos == 0:
         return pos
     hits = np.flatnonzero(np.asarray(filler[:pos]) == nl)
-    return int(hits[-1]) + 1 if len(hits) else pos
+    return int(hits[-1]) + 1 if len(hits) else 0
 
 
 def make_passkey_sample(tokenizer, filler_tokens: Sequence[int], length: int, depth: float,

@@ -33,6 +33,23 @@ def test_passkey_sample(setup, style, depth):
     assert abs(where - depth) < 0.2  # placed at the depth (snapped back to a line start)
 
 
+def test_passkey_needle_is_a_line_of_its_own_at_every_depth(setup):
+    """The needle goes at a line start of the filler — after a newline or at index 0 — never inside a line, also
+    when the filler starts mid-line (as a training row's window does). Splicing it into the first partial line
+    made the evaluation's depth 0 (needle first) a case training almost never showed."""
+    tok, filler = setup
+    nl = tok.encode("\n")[0]
+    mid = next(i for i in range(1, len(filler)) if filler[i - 1] != nl and filler[i] != nl)
+    at_start = 0
+    for depth in np.linspace(0.0, 0.3, 31):
+        prompt, answer = make_passkey_sample(tok, filler[mid:], 120, float(depth), np.random.default_rng(3))
+        needle = tok.encode(f'\npass_key = "{tok.decode(answer)}\n')
+        pos = next(i for i in range(len(prompt)) if prompt[i : i + len(needle)] == needle)
+        assert pos == 0 or prompt[pos - 1] == nl, (depth, tok.decode(prompt[max(0, pos - 5) : pos + 3]))
+        at_start += pos == 0
+    assert 1 < at_start < 31  # small depths land on the first line start, larger ones further in
+
+
 def test_passkey_is_deterministic_per_rng(setup):
     tok, filler = setup
     a = make_passkey_sample(tok, filler, 200, 0.3, np.random.default_rng(5))
