@@ -74,6 +74,7 @@ class SyntheticConfig:
     fraction: float = 0.0  # share of each batch replaced by generated retrieval sequences
     tasks: List[str] = field(default_factory=lambda: ["passkey", "kv"])  # passkey | kv (minilm.data.synthetic)
     style: str = "auto"  # code | text | auto (code when an embedded source is present)
+    loss: str = "all"  # all | answer: targets on every token of a synthetic row, or on its answer tokens only
 
 
 @dataclass
@@ -436,6 +437,7 @@ def _validate_data(d: DictConfig, where: str = "data") -> None:
         f"{where}.synthetic.style",
         f"must be auto, code or text, got {syn.style!r}",
     )
+    _check(syn.loss in ("all", "answer"), f"{where}.synthetic.loss", f"must be all or answer, got {syn.loss!r}")
 
 
 def validate(cfg: DictConfig) -> None:

@@ -8,7 +8,8 @@ Row kinds within a batch (counts per batch by stochastic rounding, so the measur
 ones on average and per batch up to one row; rows then shuffled):
 
 - ``synthetic`` (``data.synthetic.fraction`` of rows): a passkey / key-value retrieval sample of the row's
-  length, with corpus text as filler (``minilm.data.synthetic``).
+  length, with corpus text as filler (``minilm.data.synthetic``). With ``data.synthetic.loss: answer`` only the
+  answer tokens of these rows have targets (the rest are ``IGNORE``), so the retrieval is what they train.
 - ``long`` (``data.long_fraction`` of the remaining rows): a contiguous window that starts inside a document of
   at least ``data.long_min_tokens`` tokens (default: seq_len). Documents are chosen in proportion to their
   length, so every long-document token is equally likely to be sampled.
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 IGNORE = -100
 KINDS = ("short", "long", "synthetic")
+SYNTHETIC_LOSSES = ("all", "answer")  # data.synthetic.loss: targets on every token of a synthetic row, or the answer
 
 
 @dataclass
@@ -92,7 +94,8 @@ class Sampler:
                  rank: int = 0, world_size: int = 1, weights: Optional[Dict[str, float]] = None,
                  long_fraction: float = 0.0, long_min_tokens: Optional[int] = None, document_mask: bool = False,
                  restart_positions: bool = False, synthetic_fraction: float = 0.0,
-                 synthetic_tasks: tuple = (), synthetic_style: str = "code", split: str = "train") -> None:  # fmt: skip
+                 synthetic_tasks: tuple = (), synthetic_style: str = "code", synthetic_loss: str = "all",
+                 split: str = "train") -> None:  # fmt: skip
         self.corpus, self.store, self.split = corpus, store, split
         self.seq_len, self.batch_size, self.seed, self.phase = int(seq_len), int(batch_size), int(seed), str(phase)
         self.rank, self.world_size = int(rank), int(world_size)
@@ -100,6 +103,9 @@ class Sampler:
         self.long_min_tokens = int(long_min_tokens or seq_len)
         self.document_mask, self.restart_positions = bool(document_mask), bool(restart_positions)
         self.synthetic_tasks, self.synthetic_style = tuple(synthetic_tasks), synthetic_style
+        if synthetic_loss not in SYNTHETIC_LOSSES:
+            raise DataError(f"data.synthetic.loss: must be one of {SYNTHETIC_LOSSES}, got {synthetic_loss!r}")
+        self.synthetic_loss = synthetic_loss
         if store.n_tokens == 0:
             raise DataError(f"the {split} split has no tokens; add documents or change data.val_fraction")
         names = store.source_names
@@ -167,6 +173,8 @@ class Sampler:
         return _collate(rows, self.document_mask, self.restart_positions)
 
     def _row(self, kind: str, rng: np.random.Generator):
+        """(tokens (n,), piece ids (n,), positions (n,), k): a row of n = seq_len + 1 tokens whose first k targets
+        are ignored (k > 0 only for synthetic rows trained on their answer alone)."""
         n = self.seq_len + 1
         if kind == "long":
             pool = self._pick_source(self._long, rng)
@@ -174,11 +182,11 @@ class Sampler:
             length = int(pool.cum[i + 1] - pool.cum[i])
             start = int(pool.cum[i]) + int(rng.integers(0, max(0, length - n) + 1))
             # the window may run past a document of exactly long_min_tokens: it continues into the next one
-            return _gather(self.store, pool, start, n)
+            return (*_gather(self.store, pool, start, n), 0)
         if kind == "synthetic":
             return self._synthetic_row(rng, n)
         pool = self._pick_source(self._short, rng)
-        return _gather(self.store, pool, int(rng.integers(0, pool.total)), n)
+        return (*_gather(self.store, pool, int(rng.integers(0, pool.total)), n), 0)
 
     def _synthetic_row(self, rng: np.random.Generator, n: int):
         task = self.synthetic_tasks[int(rng.integers(0, len(self.synthetic_tasks)))]
@@ -189,7 +197,8 @@ class Sampler:
             filler = np.resize(filler, n)
         prompt, answer = make_sample(task, self.corpus.tokenizer, filler, n, rng, style=self.synthetic_style)
         tokens = np.asarray(prompt + answer, dtype=np.int64)
-        return tokens, np.zeros(n, np.int64), np.arange(n, dtype=np.int64)
+        ignored = len(prompt) - 1 if self.synthetic_loss == "answer" else 0  # target i predicts token i + 1
+        return tokens, np.zeros(n, np.int64), np.arange(n, dtype=np.int64), ignored
 
     # ---------------------------------------------------------------------------------------------- resume
     def state_dict(self) -> Dict[str, Any]:
@@ -197,13 +206,15 @@ class Sampler:
             "seed": self.seed, "phase": self.phase, "split": self.split, "seq_len": self.seq_len,
             "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
             "long_fraction": self.long_fraction, "long_min_tokens": self.long_min_tokens,
-            "synthetic_fraction": self.synthetic_fraction, "corpus": self.corpus.cache_dir.name,
+            "synthetic_fraction": self.synthetic_fraction, "synthetic_loss": self.synthetic_loss,
+            "corpus": self.corpus.cache_dir.name,
         }  # fmt: skip
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Nothing to restore (batches are a function of the index); check the sampler is the same one, so a
         resume with a changed seed, phase or corpus fails loudly instead of silently drawing other data."""
         mine = self.state_dict()
+        state = {"synthetic_loss": "all", **state}  # checkpoints from before data.synthetic.loss existed
         strict = [k for k in mine if k not in ("rank", "world_size")]
         diff = {k: (state.get(k), mine[k]) for k in strict if state.get(k) != mine[k]}
         if diff:
@@ -218,9 +229,12 @@ class Sampler:
 
 def _collate(rows, document_mask: bool, restart_positions: bool) -> Dict[str, torch.Tensor]:
     tokens = np.stack([r[0] for r in rows])  # (B, T+1)
+    targets = tokens[:, 1:].copy()  # (B, T)
+    for i, r in enumerate(rows):
+        targets[i, : r[3]] = IGNORE
     out = {
         "input_ids": torch.from_numpy(tokens[:, :-1].copy()),  # (B, T)
-        "targets": torch.from_numpy(tokens[:, 1:].copy()),  # (B, T)
+        "targets": torch.from_numpy(targets),  # (B, T)
     }
     if document_mask:
         out["doc_ids"] = torch.from_numpy(np.stack([r[1][:-1] for r in rows]))  # (B, T)
@@ -270,7 +284,8 @@ def make_sampler(corpus: Corpus, split: str, data_cfg: Any, seq_len: int, batch_
         world_size=world_size, weights=_weights(data_cfg, corpus), long_fraction=data_cfg.long_fraction,
         long_min_tokens=data_cfg.long_min_tokens, document_mask=data_cfg.document_mask,
         restart_positions=data_cfg.restart_positions, synthetic_fraction=syn.fraction,
-        synthetic_tasks=tuple(syn.tasks), synthetic_style=synthetic_style(data_cfg), split=split,
+        synthetic_tasks=tuple(syn.tasks), synthetic_style=synthetic_style(data_cfg), synthetic_loss=syn.loss,
+        split=split,
     )  # fmt: skip
 
 

@@ -166,3 +166,35 @@ def test_synthetic_rows_are_mixed_in(files_cfg):
     n_syn = sum(("pass_key" in t) or ("kv = {" in t) for t in texts)
     assert n_syn == pytest.approx(40, abs=6)
     assert any("assert pass_key ==" in t for t in texts) and any('assert kv["' in t for t in texts)
+
+
+def test_synthetic_answer_loss_keeps_only_the_answer_targets(files_cfg):
+    """``data.synthetic.loss: answer``: a synthetic row's targets are IGNORE up to its answer, which is kept
+    whole (5 digits and the closing quote decode to the key); other rows keep every target. Same tokens as
+    ``loss: all``, so only the loss changes."""
+    args = dict(seq_len=64, batch_size=8, seed=0, phase="p")
+    answer = files_cfg(**{"synthetic.fraction": 0.5, "synthetic.tasks": ["passkey"], "synthetic.style": "code",
+                          "synthetic.loss": "answer"})  # fmt: skip
+    corpus = load_corpus(answer, progress=False)
+    plain = make_sampler(corpus, "train", files_cfg(**{"synthetic.fraction": 0.5, "synthetic.tasks": ["passkey"],
+                                                       "synthetic.style": "code"}), **args)  # fmt: skip
+    s = make_sampler(corpus, "train", answer, **args)
+    seen = 0
+    for i in range(4):
+        b, p = s.batch(i), plain.batch(i)
+        kept_mask = b["targets"] != -100
+        assert torch.equal(b["input_ids"], p["input_ids"])
+        assert torch.equal(b["targets"][kept_mask], p["targets"][kept_mask]) and (p["targets"] != -100).all()
+        for row, kept in zip(b["input_ids"], b["targets"]):
+            text = corpus.tokenizer.decode(row.tolist())
+            if "assert pass_key ==" not in text:
+                assert (kept != -100).all()
+                continue
+            seen += 1
+            n_ignored = int((kept == -100).sum())
+            assert (kept[:n_ignored] == -100).all() and (kept[n_ignored:] != -100).all()
+            key = text.split('pass_key = "')[1][:5]
+            assert corpus.tokenizer.decode(kept[n_ignored:].tolist()) == f'{key}"'
+    assert seen >= 8
+    with pytest.raises(DataError, match="synthetic_loss"):
+        make_sampler(corpus, "train", answer, **args).load_state_dict(plain.state_dict())

@@ -147,6 +147,7 @@ def test_config_checks_data_values():
     for override, key in [("data.synthetic.tasks=[maze]", "data.synthetic.tasks"),
                           ("data.restart_positions=true", "data.restart_positions"),
                           ("data.tokenizer.type=wordpiece", "data.tokenizer.type"),
-                          ("data.synthetic.fraction=1.5", "data.synthetic.fraction")]:  # fmt: skip
+                          ("data.synthetic.fraction=1.5", "data.synthetic.fraction"),
+                          ("data.synthetic.loss=prompt", "data.synthetic.loss")]:  # fmt: skip
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             load_config(None, [override])
