@@ -1,6 +1,8 @@
 """Shared fixtures. Tests are CPU-first; keep each one small (CI has 2 cores)."""
 
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -25,6 +27,19 @@ def tiny_text_dir(tmp_path: Path) -> Path:
         )
         (root / f"doc_{i:03d}.py").write_text(textwrap.dedent(body))
     return root
+
+
+def run_train(*args, check: bool = True, timeout: int = 600, **kw) -> subprocess.CompletedProcess:
+    """``python train.py ARGS`` as a user runs it, from the repository root, one intra-op thread, no inherited
+    distributed environment (a DDP launcher's RANK etc. would change what the child does)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *map(str, args)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, **kw)  # fmt: skip
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
 
 
 @pytest.fixture

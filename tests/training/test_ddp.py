@@ -2,17 +2,16 @@
 directory, and an interrupted DDP run resumes exactly. Each run starts two Python processes: slow on 2 cores."""
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import run_train
+
 
 
 CONFIG = """
@@ -32,16 +31,8 @@ trainer: {{accelerator: cpu}}
 
 def train(config: Path, run_dir: Path, devices: int, batch_size: int, *extra: str) -> subprocess.CompletedProcess:
     strategy = "ddp" if devices > 1 else "auto"
-    args = [sys.executable, str(REPO / "train.py"), "--config", str(config), f"run.dir={run_dir}",
-            f"trainer.devices={devices}", f"trainer.strategy={strategy}", f"train.batch_size={batch_size}",
-            *extra]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
-        env.pop(key, None)
-    proc = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
+    return run_train("--config", config, f"run.dir={run_dir}", f"trainer.devices={devices}",
+                     f"trainer.strategy={strategy}", f"train.batch_size={batch_size}", *extra, timeout=900)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

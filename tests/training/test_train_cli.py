@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from tests.conftest import run_train as train
+
 REPO = Path(__file__).resolve().parents[2]
 
 TINY = """
@@ -46,17 +48,6 @@ def write_config(tmp_path: Path, corpus: Path, phases: bool = False, long_steps:
     path = tmp_path / "exp.yaml"
     path.write_text(text)
     return path
-
-
-def train(*args, check=True, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *map(str, args)], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=600, **kw,
-    )  # fmt: skip
-    if check and proc.returncode != 0:
-        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
 
 
 def test_twenty_steps_write_events_weights_and_config(tmp_path, tiny_text_dir):
