@@ -3,7 +3,8 @@
 - score_mod (the FlexAttention form of a score term) evaluated on broadcast index tensors equals ``score()``,
   for every encoding that declares ``score_kind = "bias"`` — with grouped-query heads, with queries that start
   after cached keys, and with positions that restart per document;
-- the whole FlexAttention path (eager on CPU: forward only) equals ``reference_attention`` with the same mask;
+- the whole FlexAttention path (eager on CPU: forward only) equals ``reference_attention`` with the same mask; so
+  does the compiled one on CPU (``-m slow``; forward only, FlexAttention has no CPU backward);
 - the SDPA path equals the reference for encodings without a score term.
 The compiled CUDA kernel runs the same score_mods; ``-m gpu`` checks it where a GPU exists.
 """
@@ -111,6 +112,26 @@ def test_ladder_routes_by_declaration():
     assert set(BIAS) >= {"alibi", "t5", "kerple", "fire", "shaw", "transformer_xl", "deberta"}
     assert hook("cope").score_kind == "full"
     assert hook("shaw").has_value_term and not hook("shaw", values=False).has_value_term
+
+
+@pytest.mark.slow  # ~4 s of inductor compile per encoding
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+@pytest.mark.parametrize("name", BIAS)
+def test_compiled_flex_on_cpu_equals_reference(name):
+    """The compiled FlexAttention path — dynamo tracing each score_mod with its captured tables, inductor lowering
+    it, the compiled document BlockMask — on CPU, forward only: FlexAttention has no CPU backward (inductor fails
+    with "IndexError: tuple index out of range" when a captured table requires grad; pytorch/pytorch#148752,
+    #169646), so this runs under no_grad. The CUDA kernel and its backward are ``-m gpu``'s."""
+    pos = hook(name, **PARAMS.get(name, {}))
+    if pos.has_value_term:
+        pos.has_value_term, pos.rel_v = False, None
+    T, S, q_pos, k_pos, mask = CASES["packed"]
+    q, k, v = qkv(T, S, seed=3)
+    with torch.no_grad():
+        want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
+        got = flex_attention_with_score_mod(q, k, v, pos.score_mod(q, k, q_pos, k_pos), mask,
+                                            pos.softmax_scale(DH), compiled=True)  # fmt: skip
+    assert torch.allclose(got, want, atol=1e-5)
 
 
 @pytest.mark.gpu
