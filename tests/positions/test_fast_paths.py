@@ -46,6 +46,16 @@ def qkv(T, S, seed=0):
     return q, torch.randn(B, HKV, S, DH, generator=g), torch.randn(B, HKV, S, DH, generator=g)
 
 
+def key_term_case(name, case, seed):
+    """(encoding, (q, k, v), (q_pos, k_pos, mask)) for a FlexAttention check: Shaw's value term lives on the
+    reference path only, so it is switched off and its key term alone is compared."""
+    pos = hook(name, **PARAMS.get(name, {}))
+    if pos.has_value_term:
+        pos.has_value_term, pos.rel_v = False, None
+    T, S, q_pos, k_pos, mask = CASES[case]
+    return pos, qkv(T, S, seed=seed), (q_pos, k_pos, mask)
+
+
 def dense(score_mod, T, S):
     """Evaluate a score_mod on every (b, h, i, j) at once by broadcasting index tensors."""
     b = torch.arange(B).view(B, 1, 1, 1)
@@ -73,11 +83,7 @@ def test_score_mod_equals_score(name, case):
 @pytest.mark.parametrize("case", ["cached", "packed"])  # (eager Flex costs seconds per call on CPU)
 @pytest.mark.parametrize("name", BIAS)
 def test_flex_path_equals_reference(name, case):
-    pos = hook(name, **PARAMS.get(name, {}))
-    if pos.has_value_term:  # Shaw's value term is on the reference path; its key term alone is checked here
-        pos.has_value_term, pos.rel_v = False, None
-    T, S, q_pos, k_pos, mask = CASES[case]
-    q, k, v = qkv(T, S, seed=1)
+    pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, case, seed=1)
     with torch.no_grad():
         want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
         got = flex_attention_with_score_mod(q, k, v, pos.score_mod(q, k, q_pos, k_pos), mask,
@@ -122,11 +128,7 @@ def test_compiled_flex_on_cpu_equals_reference(name):
     it, the compiled document BlockMask — on CPU, forward only: FlexAttention has no CPU backward (inductor fails
     with "IndexError: tuple index out of range" when a captured table requires grad; pytorch/pytorch#148752,
     #169646), so this runs under no_grad. The CUDA kernel and its backward are ``-m gpu``'s."""
-    pos = hook(name, **PARAMS.get(name, {}))
-    if pos.has_value_term:
-        pos.has_value_term, pos.rel_v = False, None
-    T, S, q_pos, k_pos, mask = CASES["packed"]
-    q, k, v = qkv(T, S, seed=3)
+    pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, "packed", seed=3)
     with torch.no_grad():
         want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
         got = flex_attention_with_score_mod(q, k, v, pos.score_mod(q, k, q_pos, k_pos), mask,
@@ -137,12 +139,8 @@ def test_compiled_flex_on_cpu_equals_reference(name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", BIAS)
 def test_compiled_flex_on_cuda_equals_reference(name):
-    pos = hook(name, **PARAMS.get(name, {})).cuda()
-    if pos.has_value_term:
-        pos.has_value_term, pos.rel_v = False, None
-    T, S, q_pos, k_pos, mask = CASES["packed"]
-    q, k, v = (t.cuda() for t in qkv(T, S, seed=3))
-    q_pos, k_pos = q_pos.cuda(), k_pos.cuda()
+    pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, "packed", seed=3)
+    pos, (q, k, v), q_pos, k_pos = pos.cuda(), (t.cuda() for t in (q, k, v)), q_pos.cuda(), k_pos.cuda()
     mask = AttentionMask(q_doc=mask.q_doc.cuda(), k_doc=mask.k_doc.cuda())
     want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
     got = flex_attention_with_score_mod(q, k, v, pos.score_mod(q, k, q_pos, k_pos), mask, pos.softmax_scale(DH))
