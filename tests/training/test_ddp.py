@@ -12,8 +12,6 @@ from safetensors.torch import load_file
 
 from tests.conftest import run_train
 
-
-
 CONFIG = """
 model: {{n_layers: 2, d_model: 32, n_heads: 2}}
 data:
