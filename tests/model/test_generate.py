@@ -65,6 +65,17 @@ def incremental_logits(model, x, chunks, doc_ids=None):
     return torch.cat(out, dim=1)
 
 
+def assert_cache_agrees(model, chunks, new_tokens):
+    """Random tokens fed through one cache in ``chunks`` give the full forward's logits, and greedy generation
+    of ``new_tokens`` from their first 5 is the same with and without the cache."""
+    x = torch.randint(0, V, (2, sum(chunks)))
+    with torch.no_grad():
+        assert torch.allclose(model(x), incremental_logits(model, x, chunks), atol=1e-4)
+    prompt = x[:, :5]
+    cached = generate(model, prompt, new_tokens, greedy=True)
+    assert torch.equal(cached, generate(model, prompt, new_tokens, greedy=True, use_cache=False))
+
+
 def supports_cache(model):
     return not cache_blockers(model)
 
@@ -109,13 +120,7 @@ ROPE_VARIANTS = {
 
 @pytest.mark.parametrize("variant", list(ROPE_VARIANTS))
 def test_rope_variants_cache(variant):
-    model = tiny("rope", *ROPE_VARIANTS[variant])
-    x = torch.randint(0, V, (2, 24))
-    with torch.no_grad():
-        assert torch.allclose(model(x), incremental_logits(model, x, [5, 1, 1, 17]), atol=1e-4)
-    prompt = x[:, :5]
-    cached, plain = generate(model, prompt, 20, greedy=True), generate(model, prompt, 20, greedy=True, use_cache=False)
-    assert torch.equal(cached, plain)
+    assert_cache_agrees(tiny("rope", *ROPE_VARIANTS[variant]), [5, 1, 1, 17], new_tokens=20)
 
 
 def test_dynamic_last_query_sees_the_current_length():
@@ -132,32 +137,22 @@ def test_dynamic_last_query_sees_the_current_length():
             assert torch.allclose(step, model(x[:, : t + 1])[:, -1], atol=1e-4), t
 
 
-def _extensions():
-    try:
-        from minilm.positions.training_free import EXTENSIONS  # noqa: F401
-    except ImportError:
-        return []
-    return [
-        ("logn", {"train_len": 8}),
-        ("rerope", {"window": 6}),
-        ("self_extend", {"group_size": 3, "window": 6}),
-        ("dca", {"chunk_size": 10, "local_window": 3}),
-        ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64}),
-    ]
+EXTENSION_CASES = [
+    ("logn", {"train_len": 8}),
+    ("rerope", {"window": 6}),
+    ("self_extend", {"group_size": 3, "window": 6}),
+    ("dca", {"chunk_size": 10, "local_window": 3}),
+    ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64}),
+]
 
 
-@pytest.mark.parametrize("method,params", _extensions(), ids=[m for m, _ in _extensions()])
+@pytest.mark.parametrize("method,params", EXTENSION_CASES, ids=[m for m, _ in EXTENSION_CASES])
 def test_training_free_extensions_with_cache(method, params):
     from minilm.positions.training_free import install_extension
 
     model = tiny("rope")
     install_extension(model, method, **params)
-    x = torch.randint(0, V, (2, 26))
-    with torch.no_grad():
-        assert torch.allclose(model(x), incremental_logits(model, x, [9, 1, 1, 15]), atol=1e-4)
-    prompt = x[:, :5]
-    cached, plain = generate(model, prompt, 21, greedy=True), generate(model, prompt, 21, greedy=True, use_cache=False)
-    assert torch.equal(cached, plain)
+    assert_cache_agrees(model, [9, 1, 1, 15], new_tokens=21)
 
 
 def test_document_ids_through_the_cache():
