@@ -30,7 +30,6 @@ import numpy as np
 
 from minilm.data.sources import SourceDocs, _plain, parse_sources, read_source, source_fingerprint
 from minilm.data.tokenizer import Tokenizer, file_digest, sample_chunks, train_tokenizer
-from minilm.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import sysconfig
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from minilm.errors import DataError
 
