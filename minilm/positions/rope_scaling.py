@@ -17,6 +17,9 @@ Conventions chosen here (implementations differ; docs/extension.md repeats them)
 - "Current length" (``seq_len``) is 1 + the largest key position (the rotary module computes it). Only the types
   in ``LENGTH_DEPENDENT`` read it; every other type ignores it. Nothing is cached between calls, so dynamic
   methods never leak state from a long call into a short one (transformers' cached dynamic RoPE does).
+  It may be an int or a 0-d tensor: the rotary module passes ``k_pos.amax() + 1`` as a tensor, so the
+  length-dependent types are computed on the device with no host sync, and ``torch.compile`` traces them
+  without a graph break and without a recompilation per length (their attention factor is then a tensor too).
 - The attention factor is applied by the rotary module to cos and sin, so queries and keys each carry it and the
   logits scale by its square (transformers and the YaRN reference implementation do the same).
 - ``partial_rotary_factor`` (transformers' rule): the function rotates ``int(head_dim · partial_rotary_factor)``
@@ -251,18 +254,27 @@ class LongRopeScaling:
 # the functions: (params, rotary dims d, base, current length or None) -> (inv_freq float64 (d/2,), factor)
 
 
-def _inv_freq64(dim: int, base: float) -> Tensor:
-    # θ_i = base^(-2i/d), i = 0 .. d/2-1 (Su et al. 2021)
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+def _inv_freq64(dim: int, base: float | Tensor, device: Optional[torch.device] = None) -> Tensor:
+    # θ_i = base^(-2i/d), i = 0 .. d/2-1 (Su et al. 2021); a tensor base (a traced length) keeps its device
+    if isinstance(base, Tensor):
+        device = base.device
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim))
+
+
+def _device(x: Any) -> Optional[torch.device]:
+    return x.device if isinstance(x, Tensor) else None
 
 
 def _default_inv_freq(dim: int, base: float) -> Tensor:
     return _inv_freq64(dim, base).float()
 
 
-def _current(seq_len: Optional[int], original: int) -> int:
-    """The length a dynamic method reads: the current length, but never below the original one."""
-    return original if seq_len is None else max(seq_len, original)
+def _current(seq_len: Optional[int | Tensor], original: int) -> float | Tensor:
+    """The length a dynamic method reads: the current length, but never below the original one (a float64 0-d
+    tensor when the length is a tensor)."""
+    if isinstance(seq_len, Tensor):
+        return seq_len.to(torch.float64).clamp(min=original)
+    return float(original if seq_len is None else max(seq_len, original))
 
 
 def _ntk_exponent(dim: int, rope_type: str) -> float:
@@ -271,12 +283,14 @@ def _ntk_exponent(dim: int, rope_type: str) -> float:
     return dim / (dim - 2)
 
 
-def _mscale(scale: float, mscale: float = 1.0) -> float:
+def _mscale(scale: float | Tensor, mscale: float = 1.0) -> float | Tensor:
     # YaRN's temperature sqrt(1/t) = 0.1·ln(s) + 1 (Peng et al. 2023, eq. 22); DeepSeek-V2 scales the 0.1 by mscale
+    if isinstance(scale, Tensor):  # a current-length scale: >= 1 (_current clamps), where the formula gives 1 at 1
+        return 0.1 * mscale * torch.log(scale) + 1.0
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _yarn_inv_freq(dim: int, base: float, factor: float, original: int, beta_fast, beta_slow, truncate) -> Tensor:
+def _yarn_inv_freq(dim: int, base: float, factor: float | Tensor, original: int, beta_fast, beta_slow, truncate):
     """NTK-by-parts (Peng et al. 2023, §3.2): dimension i keeps its frequency where its wavelength λ_i = 2π/θ_i
     fits more than beta_fast times into L, is divided by factor where it fits fewer than beta_slow times, and is
     blended linearly (in i) between the two."""
@@ -290,8 +304,9 @@ def _yarn_inv_freq(dim: int, base: float, factor: float, original: int, beta_fas
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # the reference's guard against a zero-width ramp
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)  # 0 keep .. 1 interpolate
-    inv_freq = _inv_freq64(dim, base)
+    device = _device(factor)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)  # 0 keep
+    inv_freq = _inv_freq64(dim, base, device)  # .. 1 interpolate
     return inv_freq * (1 - ramp) + (inv_freq / factor) * ramp
 
 
@@ -317,7 +332,7 @@ def _ntk(p: NtkScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[
     return _inv_freq64(dim, base * p.factor ** _ntk_exponent(dim, "ntk")), 1.0
 
 
-def _dynamic(p: DynamicScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+def _dynamic(p: DynamicScaling, dim: int, base: float, seq_len: Optional[int | Tensor]) -> tuple[Tensor, Any]:
     # base' = base · (factor·L'/L − (factor − 1))^(d/(d−2)) with L' = max(current length, L): the default at or
     # below L. transformers' _compute_dynamic_ntk_parameters, with L = original_max_position_embeddings.
     L = p.original_max_position_embeddings
@@ -336,7 +351,7 @@ def _yarn(p: YarnScaling, dim: int, base: float, seq_len: Optional[int]) -> tupl
     return inv_freq, _yarn_attention(p, p.factor)
 
 
-def _dynamic_yarn(p: DynamicYarnScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+def _dynamic_yarn(p: DynamicYarnScaling, dim: int, base: float, seq_len: Optional[int | Tensor]) -> tuple[Tensor, Any]:
     L = p.original_max_position_embeddings
     scale = p.factor * _current(seq_len, L) / L - (p.factor - 1)  # >= 1; == 1 at or below L (then: default)
     inv_freq = _yarn_inv_freq(dim, base, scale, L, p.beta_fast, p.beta_slow, p.truncate)
@@ -357,15 +372,20 @@ def _llama3(p: Llama3Scaling, dim: int, base: float, seq_len: Optional[int]) -> 
     return torch.where(medium, blended, out), 1.0
 
 
-def _longrope(p: LongRopeScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
+def _longrope(p: LongRopeScaling, dim: int, base: float, seq_len: Optional[int | Tensor]) -> tuple[Tensor, Any]:
     # Ding et al. 2024: θ_i / λ_i with λ = short_factor up to L (and when no length is given), long_factor beyond.
     L = p.original_max_position_embeddings
     for key in ("short_factor", "long_factor"):
         n = len(getattr(p, key))
         if n != dim // 2:
             raise ConfigError(f"{key}: must have one entry per rotary frequency ({dim // 2}), got {n}")
-    factors = p.long_factor if seq_len is not None and seq_len > L else p.short_factor
-    inv_freq = _inv_freq64(dim, base) / torch.tensor(factors, dtype=torch.float64)
+    device = _device(seq_len)
+    short, long = (torch.tensor(f, dtype=torch.float64, device=device) for f in (p.short_factor, p.long_factor))
+    if isinstance(seq_len, Tensor):
+        factors = torch.where(seq_len > L, long, short)
+    else:
+        factors = long if seq_len is not None and seq_len > L else short
+    inv_freq = _inv_freq64(dim, base, device) / factors
     if p.attention_factor is not None:
         attention = float(p.attention_factor)
     else:  # sqrt(1 + ln(s)/ln(L)), applied at every length (as Phi-3 / transformers do)
@@ -375,7 +395,8 @@ def _longrope(p: LongRopeScaling, dim: int, base: float, seq_len: Optional[int])
 
 class ScalingEntry(NamedTuple):
     params: type  # the typed, frozen parameter dataclass
-    fn: Callable[[Any, int, float, Optional[int]], tuple[Tensor, float]]  # (params, dim, base, seq_len)
+    # (params, dim, base, seq_len: int, 0-d tensor or None) -> (inv_freq float64, attention factor)
+    fn: Callable[[Any, int, float, Any], tuple[Tensor, Any]]
 
 
 # THE registry of RoPE scaling methods (the shape of transformers' ROPE_INIT_FUNCTIONS).
@@ -451,8 +472,8 @@ def compute_rope(
     head_dim: int,
     base: float,
     scaling: Optional[Mapping[str, Any]] = None,
-    seq_len: Optional[int] = None,
-) -> tuple[Tensor, float]:
+    seq_len: Optional[int | Tensor] = None,
+) -> tuple[Tensor, float | Tensor]:
     """(inv_freq of shape (d/2,) float32, attention_factor) with d = int(head_dim · partial_rotary_factor).
 
     ``head_dim``: the dimensions that rotate (the rotary module passes its rotary dimension); ``base``: θ base;
@@ -463,9 +484,18 @@ def compute_rope(
         raise ConfigError(f"rotary dimension must be even, got {head_dim}")
     if base <= 0:
         raise ConfigError(f"base: must be > 0, got {base}")
-    if seq_len is not None and seq_len < 1:
+    if seq_len is not None and not isinstance(seq_len, Tensor) and seq_len < 1:
         raise ConfigError(f"seq_len: must be >= 1, got {seq_len}")
     rope_type, params = parse_scaling(scaling)
+    return scaled_frequencies(rope_type, params, head_dim, base, seq_len)
+
+
+def scaled_frequencies(
+    rope_type: str, params: Any, head_dim: int, base: float, seq_len: Optional[int | Tensor] = None
+) -> tuple[Tensor, float | Tensor]:
+    """``compute_rope`` for a block already parsed by ``parse_scaling`` (the rotary module parses once, at
+    configuration, and calls this per forward: nothing here needs tracing through dataclass validation). With a
+    tensor ``seq_len`` a length-dependent type returns inv_freq on its device and a tensor attention factor."""
     dim = int(head_dim * params.partial_rotary_factor)  # transformers' rule
     if dim < 2 or dim % 2:
         raise ConfigError(
@@ -473,6 +503,8 @@ def compute_rope(
             " it must be an even number >= 2"
         )
     inv_freq, attention_factor = ROPE_SCALING[rope_type].fn(params, dim, float(base), seq_len)
+    if isinstance(attention_factor, Tensor):
+        return inv_freq.float(), attention_factor.float()
     return inv_freq.float(), float(attention_factor)
 
 

@@ -9,7 +9,8 @@ Conventions chosen here (implementations differ; docs/positions.md repeats them)
   ``fraction · head_dim`` dimensions (rounded down to even) and passes the rest through unchanged.
 - Frequencies come only from ``compute_rope`` (rope_scaling.py). Its attention factor multiplies cos and sin, so
   queries and keys each carry it and the logits scale by its square, as transformers' YaRN does.
-- Methods that read the current length (dynamic NTK, dynamic YaRN) take it as 1 + the largest key position.
+- Methods that read the current length (dynamic NTK, dynamic YaRN, LongRoPE) take it as 1 + the largest key
+  position, as a 0-d tensor: no host sync, so ``torch.compile`` traces them as one graph for every length.
 - ``nope_every: n`` (n > 0) leaves every n-th layer (layers n-1, 2n-1, ...) unrotated: NoPE interleaved with
   RoPE (Yang et al. 2025, "RoPE to NoPE and Back Again", arXiv:2501.18795; Llama 4). 0 rotates every layer.
 - xPos (``Xpos``) decays the rotated dimensions only; positions are centered on the middle key position before
@@ -26,7 +27,13 @@ import torch
 from torch import Tensor
 
 from minilm.positions.base import PositionDims, PositionEncoding
-from minilm.positions.rope_scaling import LENGTH_DEPENDENT, compute_rope, validate_scaling
+from minilm.positions.rope_scaling import (
+    LENGTH_DEPENDENT,
+    compute_rope,
+    parse_scaling,
+    scaled_frequencies,
+    validate_scaling,
+)
 
 LAYOUTS = ("half", "interleaved")
 
@@ -101,15 +108,19 @@ class Rope(PositionEncoding):
         inv_freq, factor = compute_rope(self.rot_dim, params.base, params.scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_factor = factor
+        self.rope_type, self.scaling_params = parse_scaling(params.scaling)  # parsed once, read per forward
 
-    def frequencies(self, seq_len: int) -> tuple[Tensor, float]:
-        scaling = self.params.scaling or {}
-        if scaling.get("rope_type", "default") in LENGTH_DEPENDENT:
-            inv_freq, factor = compute_rope(self.rot_dim, self.params.base, scaling, seq_len=seq_len)
+    def frequencies(self, seq_len: int | Tensor) -> tuple[Tensor, float | Tensor]:
+        """(inv_freq, attention factor) at the current length ``seq_len`` (an int, or a 0-d tensor as ``tables``
+        passes it); only the LENGTH_DEPENDENT types read it, the others return the configured buffer."""
+        if self.rope_type in LENGTH_DEPENDENT:
+            inv_freq, factor = scaled_frequencies(
+                self.rope_type, self.scaling_params, self.rot_dim, self.params.base, seq_len
+            )
             return inv_freq.to(self.inv_freq.device), factor
         return self.inv_freq, self.attention_factor
 
-    def cos_sin(self, positions: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
+    def cos_sin(self, positions: Tensor, seq_len: int | Tensor) -> tuple[Tensor, Tensor]:
         inv_freq, factor = self.frequencies(seq_len)
         angles = positions.unsqueeze(-1).float() * inv_freq  # (B, T, Dr/2)
         return (angles.cos() * factor).unsqueeze(1), (angles.sin() * factor).unsqueeze(1)  # (B, 1, T, Dr/2)
@@ -123,7 +134,7 @@ class Rope(PositionEncoding):
     def tables(self, q_pos: Tensor, k_pos: Tensor):
         """((cos, sin) of the queries, (cos, sin) of the keys) at the current length; the keys' tables are the
         queries' when ``k_pos is q_pos`` (training: one position tensor for both), so they are computed once."""
-        seq_len = int(k_pos.max()) + 1 if self._reads_length() else k_pos.shape[-1]
+        seq_len = k_pos.amax() + 1 if self.rope_type in LENGTH_DEPENDENT else k_pos.shape[-1]  # tensor: no sync
         q_tables = self.cos_sin(q_pos, seq_len)
         return q_tables, q_tables if k_pos is q_pos else self.cos_sin(k_pos, seq_len)
 
@@ -132,9 +143,6 @@ class Rope(PositionEncoding):
             return q, k
         (cq, sq), (ck, sk) = self.tables(q_pos, k_pos)
         return apply_rotary(q, cq, sq, self.layout), apply_rotary(k, ck, sk, self.layout)
-
-    def _reads_length(self) -> bool:
-        return (self.params.scaling or {}).get("rope_type", "default") in LENGTH_DEPENDENT
 
 
 @dataclass

@@ -51,11 +51,11 @@ def supports(rotary: Any) -> bool:
     return isinstance(rotary, Rope) and type(rotary).rotate is Rope.rotate
 
 
-def _length(k_pos: Tensor) -> int:
-    return int(k_pos.max()) + 1  # the current length, as Rope.tables reads it for length-dependent scaling
+def _length(k_pos: Tensor) -> Tensor:
+    return k_pos.amax() + 1  # the current length, as Rope.tables reads it: a 0-d tensor (no host sync)
 
 
-def _rot(x: Tensor, rotary: Rope, positions: Tensor, seq_len: int) -> Tensor:
+def _rot(x: Tensor, rotary: Rope, positions: Tensor, seq_len: Tensor) -> Tensor:
     """x (B, H, N, Dh) rotated at ``positions`` (1 or B, N) by the layer's own rotary module."""
     if not rotary.rotates:
         return x
@@ -301,7 +301,7 @@ class RopeScaling(Extension):
         super().check(rotary, where)
         validate_scaling(self.params, rotary.rot_dim, where)  # e.g. longrope lists must match the rotary dims
 
-    def _rot(self, x: Tensor, rotary: Rope, positions: Tensor, seq_len: int) -> Tensor:
+    def _rot(self, x: Tensor, rotary: Rope, positions: Tensor, seq_len: Tensor) -> Tensor:
         if not rotary.rotates:
             return x
         inv_freq, factor = compute_rope(rotary.rot_dim, rotary.params.base, self.params, seq_len=seq_len)

@@ -13,7 +13,15 @@ CASES = {
     "rope": [],
     "alibi": ["model.position.name=alibi"],  # a score term: the fp32 reference path on CPU
     "rope_chunked_checkpointed": ["model.loss_chunk_size=8", "model.activation_checkpointing=true"],
+    # the length-dependent scalings read 1 + the largest key position: as a tensor, so no break and no recompile
+    "rope_dynamic": ["model.position.scaling={rope_type: dynamic, factor: 2, original_max_position_embeddings: 8}"],
+    "rope_dynamic_yarn": ["model.position.scaling={rope_type: dynamic_yarn, original_max_position_embeddings: 8}"],
+    "rope_longrope": [
+        "model.position.scaling={rope_type: longrope, original_max_position_embeddings: 8, factor: 4,"
+        " short_factor: [1, 1, 1, 1, 1.5, 2, 2, 2], long_factor: [1, 1, 2, 3, 4, 4, 4, 4]}"
+    ],
 }
+LENGTH_DEPENDENT_CASES = ["rope_dynamic", "rope_dynamic_yarn", "rope_longrope"]
 
 
 def _model(overrides):
@@ -31,8 +39,15 @@ def test_loss_has_no_graph_breaks(case):
     assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
 
 
+def _step_positions(step: int) -> torch.Tensor:
+    """(2, 16) positions whose largest value changes per step, across the length-dependent cases' original length
+    8: one sequence (max 15), documents restarting at 10 (max 9), documents of 6 (max 5, under 8)."""
+    restart = [16, 10, 6][step % 3]
+    return (torch.arange(16) % restart).expand(2, 16)
+
+
 @pytest.mark.slow  # inductor's C++ compilation takes minutes on a shared 2-core machine
-@pytest.mark.parametrize("case", ["rope", "rope_chunked_checkpointed"])
+@pytest.mark.parametrize("case", ["rope", "rope_chunked_checkpointed", *LENGTH_DEPENDENT_CASES])
 def test_compiled_training_steps_do_not_recompile_and_equal_eager(case):
     model = _model(CASES[case])
     eager = _model(CASES[case])
@@ -40,9 +55,10 @@ def test_compiled_training_steps_do_not_recompile_and_equal_eager(case):
     compiled = torch.compile(model.loss)
     g = torch.Generator().manual_seed(0)
     with torch._dynamo.config.patch(error_on_recompile=True):  # any recompilation after the first raises
-        for _ in range(3):  # new tokens every step, the same length: one compilation
+        for step in range(3):  # new tokens and a new largest position every step, the same length: one compilation
             x, y = torch.randint(0, V, (2, 16), generator=g), torch.randint(0, V, (2, 16), generator=g)
-            got, ref = compiled(x, y), eager.loss(x, y)
+            pos = _step_positions(step)
+            got, ref = compiled(x, y, pos), eager.loss(x, y, pos)
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
             got.backward()
             ref.backward()

@@ -162,6 +162,20 @@ def test_rotary_module_keeps_no_state_between_lengths(rope_type):
     torch.testing.assert_close(rope.frequencies(4 * L)[0], compute_rope(D, BASE, block, seq_len=4 * L)[0])
 
 
+@pytest.mark.parametrize("rope_type", sorted(LENGTH_DEPENDENT))
+@pytest.mark.parametrize("seq_len", [1, L - 1, L, L + 1, 4 * L])
+def test_a_tensor_length_gives_what_the_int_length_gives(rope_type, seq_len):
+    """The rotary module passes the current length as a 0-d tensor (no host sync under torch.compile); the
+    frequencies and the attention factor must be the int path's, on both sides of the original length."""
+    block = {"rope_type": rope_type, **FACTOR_ONE[rope_type], "factor": 3}
+    if rope_type == "longrope":
+        block["long_factor"] = [1.0 + i / 4 for i in range(D // 2)]
+    want, want_factor = compute_rope(D, BASE, block, seq_len=seq_len)
+    got, got_factor = compute_rope(D, BASE, block, seq_len=torch.tensor(seq_len))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    assert float(got_factor) == pytest.approx(want_factor, rel=1e-6)
+
+
 def test_llama3_three_regions():
     factor, low, high = 8, 1, 4
     block = {
