@@ -78,6 +78,29 @@ def test_score_mod_equals_score(name, case):
     assert want.abs().max() > 1e-3  # the term is really there
 
 
+@pytest.mark.parametrize("name", BIAS)
+def test_score_mod_gradients_equal_score_gradients(name):
+    """Training through FlexAttention needs the gradients of the tables a score_mod captures: evaluated densely,
+    the score_mod must pass the reference score's gradients to q, k and the encoding's parameters (a table
+    built under no_grad or detached would give none). The kernel's own backward is the CUDA test's."""
+    pos = hook(name, **PARAMS.get(name, {}))
+    T, S, q_pos, k_pos, _ = CASES["packed"]
+    q, k, _ = (t.requires_grad_() for t in qkv(T, S, seed=2))
+    inputs = [q, k, *pos.parameters()]
+    want = pos.score(q, repeat_kv(k, H // HKV), q_pos, k_pos, None).expand(B, H, T, S)
+    got = dense(pos.score_mod(q, k, q_pos, k_pos), T, S)
+    if not want.requires_grad:  # ALiBi: fixed slopes, a bias independent of q and k; nothing to learn
+        assert not got.requires_grad and not inputs[2:]
+        return
+    out_grad = torch.randn(B, H, T, S, generator=torch.Generator().manual_seed(0))
+    want_grads = torch.autograd.grad(want, inputs, out_grad, allow_unused=True)
+    got_grads = torch.autograd.grad(got, inputs, out_grad, allow_unused=True)
+    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
+        assert (g is None) == (w is None), f"input {i}: a gradient on one path only"
+        if w is not None:
+            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=f"input {i}")
+
+
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("case", ["cached", "packed"])  # (eager Flex costs seconds per call on CPU)
@@ -127,7 +150,7 @@ def test_compiled_flex_on_cpu_equals_reference(name):
     """The compiled FlexAttention path — dynamo tracing each score_mod with its captured tables, inductor lowering
     it, the compiled document BlockMask — on CPU, forward only: FlexAttention has no CPU backward (inductor fails
     with "IndexError: tuple index out of range" when a captured table requires grad; pytorch/pytorch#148752,
-    #169646), so this runs under no_grad. The CUDA kernel and its backward are ``-m gpu``'s."""
+    #169646), so this runs under no_grad. The CUDA kernel and its backward are ``-m gpu``'s (below)."""
     pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, "packed", seed=3)
     with torch.no_grad():
         want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
@@ -139,12 +162,22 @@ def test_compiled_flex_on_cpu_equals_reference(name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", BIAS)
 def test_compiled_flex_on_cuda_equals_reference(name):
+    """The CUDA kernel, forward and backward: the gradients of q, k, v and of the encoding's own parameters
+    (reached through the tables the score_mod captures) equal the reference path's."""
     pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, "packed", seed=3)
-    pos, (q, k, v), q_pos, k_pos = pos.cuda(), (t.cuda() for t in (q, k, v)), q_pos.cuda(), k_pos.cuda()
+    pos, q_pos, k_pos = pos.cuda(), q_pos.cuda(), k_pos.cuda()
+    q, k, v = (t.detach().cuda().requires_grad_() for t in (q, k, v))
     mask = AttentionMask(q_doc=mask.q_doc.cuda(), k_doc=mask.k_doc.cuda())
     want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
     got = flex_attention_with_score_mod(q, k, v, pos.score_mod(q, k, q_pos, k_pos), mask, pos.softmax_scale(DH))
     assert torch.allclose(got, want, atol=1e-4)
+    inputs, out_grad = [q, k, v, *pos.parameters()], torch.randn_like(want)
+    want_grads = torch.autograd.grad(want, inputs, out_grad, allow_unused=True)
+    got_grads = torch.autograd.grad(got, inputs, out_grad, allow_unused=True)
+    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
+        assert (g is None) == (w is None), f"input {i}: a gradient on one path only"
+        if w is not None:
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3, msg=f"input {i}")
 
 
 @pytest.mark.parametrize("name", ["rope", "xpos"])
