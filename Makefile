@@ -4,7 +4,7 @@ PYTHON ?= python3
 TORCH_VERSION ?= 2.13.0
 CONFIG ?= configs/tiny.yaml
 
-.PHONY: setup train test test-all
+.PHONY: setup train test test-all gpu-wheels
 
 setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "torch==$(TORCH_VERSION)"
@@ -18,3 +18,9 @@ test: setup
 
 test-all: setup
 	$(PYTHON) -m pytest -m "not gpu"
+
+# Wheels a lent GPU machine lacks (its image has torch, lightning, transformers, ...; not omegaconf), for
+# scripts/gpu_session.sh: pass .whl in the device tool's carry. omegaconf's own version, pure Python.
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: -d .whl \
+		"omegaconf==$$($(PYTHON) -c 'import importlib.metadata as m; print(m.version("omegaconf"))')"

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The GPU measurements of docs/performance.md ("GPU: not yet measured"), in parts that each aim to fit one
+# 10-minute command of a lent GPU machine (estimates: not yet timed on one). Run from the repository root:
+#
+#   bash scripts/gpu_session.sh PART
+#
+#   check      versions, the GPU, one short uncompiled step of the config (no tables written): run first
+#   peer       the config at 1024 tokens against the Hugging Face peer, whole and chunked loss (MFU, ratio)
+#   enc-1k     RoPE, ALiBi, T5, KERPLE, FIRE at 1024 tokens (chunked loss)
+#   enc-8k     the same at 8192 tokens
+#   long       batch 1 at 16K, 32K, 64K, 128K tokens, no activation checkpointing
+#   long-ckpt  the same with activation checkpointing
+#   tests      python -m pytest -m gpu
+#
+# Every benchmark part writes benchmarks/results/*.{json,md} and its table in docs/performance.md
+# (--update-docs). Where $OUT is set (the device tool's output folder), the part also leaves there
+# gpu-PART.log (everything printed) and gpu-PART.tgz (benchmarks/results and docs/performance.md): unpack that
+# in the checkout (tar xzf gpu-PART.tgz) to take the results home.
+#
+# Packages the GPU image lacks travel as wheels in .whl/ (`make gpu-wheels` downloads them; pass .whl in the
+# device tool's carry); they are installed into /tmp/site first (WHEELS names another folder). GPU_CONFIG picks
+# another config (default configs/gpt2_small.yaml); PYTHON another interpreter.
+set -uo pipefail
+
+part=${1:-}
+case $part in
+check | peer | enc-1k | enc-8k | long | long-ckpt | tests) ;;
+*)
+    echo "usage: bash scripts/gpu_session.sh check|peer|enc-1k|enc-8k|long|long-ckpt|tests (got '$part')" >&2
+    exit 2
+    ;;
+esac
+cd "$(dirname "$0")/.." || exit 1
+py=${PYTHON:-python3}
+cfg=${GPU_CONFIG:-configs/gpt2_small.yaml}
+out=${OUT:-}
+
+wheels=${WHEELS:-.whl}
+if compgen -G "$wheels/*.whl" >/dev/null; then
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$wheels"/*.whl || exit 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} # pytest imports minilm from the checkout, uninstalled
+
+bench() { $py scripts/benchmark.py --config "$cfg" "$@"; }
+long_lengths=16384,32768,65536,131072
+
+run_part() {
+    case $part in
+    check)
+        command -v nvidia-smi >/dev/null && nvidia-smi
+        $py -c "import sys, torch, omegaconf, lightning; print('python', sys.version.split()[0], '| torch',
+torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name(),
+'| omegaconf', omegaconf.__version__, '| lightning', lightning.__version__)"
+        bench --steps 2 --warmup 1 --no-compile --batch-size 1 --out "${TMPDIR:-/tmp}/minilm-check"
+        ;;
+    peer)
+        bench --lengths 1024 --peer --steps 20 --warmup 5 --repeats 2 --update-docs &&
+            bench --lengths 1024 --peer --steps 20 --warmup 5 --repeats 2 --tag chunked --update-docs \
+                model.loss_chunk_size=4096
+        ;;
+    enc-1k | enc-8k)
+        local T=1024
+        [ "$part" = enc-8k ] && T=8192
+        bench --lengths $T --encodings rope,alibi,t5,kerple,fire --steps 10 --warmup 3 --tag "$part" \
+            --update-docs model.loss_chunk_size=4096
+        ;;
+    long)
+        bench --lengths $long_lengths --batch-size 1 --steps 5 --warmup 2 --tag long --update-docs \
+            model.loss_chunk_size=4096
+        ;;
+    long-ckpt)
+        bench --lengths $long_lengths --batch-size 1 --steps 5 --warmup 2 --tag long-ckpt --update-docs \
+            model.loss_chunk_size=4096 model.activation_checkpointing=true
+        ;;
+    tests)
+        $py -m pytest -m gpu -q
+        ;;
+    esac
+}
+
+if [ -z "$out" ]; then
+    run_part
+    exit $?
+fi
+mkdir -p "$out"
+run_part 2>&1 | tee "$out/gpu-$part.log"
+status=${PIPESTATUS[0]}
+tar czf "$out/gpu-$part.tgz" benchmarks/results docs/performance.md
+echo "gpu_session $part: exit $status; results in $out/gpu-$part.tgz" | tee -a "$out/gpu-$part.log"
+exit "$status"

@@ -1,0 +1,36 @@
+"""scripts/gpu_session.sh, the runner of the GPU measurements: its `check` part runs on CPU as well (one short
+step of a config), so the plumbing a GPU session depends on — wheels, PYTHONPATH, the log and the tarball left
+in $OUT for the device tool to bring back — is exercised on every test run."""
+
+import os
+import subprocess
+import sys
+import tarfile
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "scripts" / "gpu_session.sh"
+
+
+def _run(part, tmp_path, **env):
+    env = {**os.environ, "PYTHON": sys.executable, "WHEELS": str(tmp_path / "no-wheels"), "TMPDIR": str(tmp_path),
+           **env}  # fmt: skip
+    return subprocess.run(["bash", str(SCRIPT), part], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_check_part_leaves_its_log_and_results_in_out(tmp_path):
+    out = tmp_path / "out"
+    proc = _run("check", tmp_path, OUT=str(out), GPU_CONFIG="configs/tiny.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    log = (out / "gpu-check.log").read_text()
+    assert "tok/s" in log and "gpu_session check: exit 0" in log
+    with tarfile.open(out / "gpu-check.tgz") as tar:
+        names = tar.getnames()
+    assert "docs/performance.md" in names and "benchmarks/results" in names
+    assert list((tmp_path / "minilm-check").glob("*.json")), "the check's results go to TMPDIR, not the repo"
+
+
+def test_unknown_part_is_refused_with_usage(tmp_path):
+    proc = _run("everything", tmp_path)
+    assert proc.returncode == 2
+    assert "usage:" in proc.stderr and "long-ckpt" in proc.stderr
