@@ -149,7 +149,6 @@ def test_teacher_forced_verdict_equals_greedy_decoding(corpus_setup, eval_data):
     the model's greedy continuation (must score 1) and the same with one token changed (must score 0)."""
     cfg, corpus = corpus_setup
     model = tiny_gpt(cfg, corpus.tokenizer.vocab_size, seed=3)
-    rng = np.random.default_rng(0)
     good, bad = [], []
     for n_ans in (1, 3, 5):
         prompt = [int(t) for t in eval_data.val.tokens[100 * n_ans : 100 * n_ans + 60 - n_ans]]
