@@ -5,7 +5,9 @@ encoding declared (``score_kind``, ``has_value_term``; see minilm/positions/base
 
 1. no score term                    -> ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN on GPU);
 2. a score term with a score_mod    -> FlexAttention on CUDA (no T×S bias materialized) — see ``flex.py``;
-3. anything else, and the reference -> ``reference_attention``: plain matmul–softmax in fp32.
+3. a bias score term elsewhere      -> ``sdpa_bias_attention``: SDPA in fp32 with the bias as its float mask
+                                       (CPU, or CUDA without FlexAttention);
+4. anything else, and the reference -> ``reference_attention``: plain matmul–softmax in fp32.
 
 Masking is by *index*, not by position value: query i (at absolute index ``offset + i``) sees key j when
 j <= offset + i and, with document masking, when both lie in the same document. Positions (which may restart
@@ -80,6 +82,22 @@ def sdpa_attention(q, k, v, pos, mask: AttentionMask) -> Tensor:
     )
 
 
+def sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tensor:
+    """A ``"bias"`` score term (one that does not read the logits) as SDPA's float ``attn_mask``: the bias with
+    −inf where attention is not allowed, in fp32 like the reference. The (B|1, H, T, S) bias is still built, but
+    the logits, the probabilities and their backward are SDPA's: on CPU its flash kernel when the bias needs no
+    gradient (ALiBi), its fused math path otherwise (T5, KERPLE, FIRE, ...). Equal to the reference up to
+    rounding (tests/positions/test_fast_paths.py)."""
+    Dh, T, S = q.shape[-1], q.shape[2], k.shape[2]
+    bias = pos.score(q, repeat_kv(k, q.shape[1] // k.shape[1]), q_pos, k_pos, None)  # fp32, (B|1, H, T, S)
+    attn_mask = bias.float().masked_fill(~mask.dense(T, S, q.device), float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=attn_mask, scale=pos.softmax_scale(Dh),
+        enable_gqa=q.shape[1] != k.shape[1],
+    )  # fmt: skip
+    return out.to(q.dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, position: dict, dims: PositionDims, dropout=0.0):
         super().__init__()
@@ -122,4 +140,6 @@ class Attention(nn.Module):
                 score_mod = pos.score_mod(q, k, q_pos, k_pos)
                 if score_mod is not None:
                     return flex_attention_with_score_mod(q, k, v, score_mod, mask, pos.softmax_scale(q.shape[-1]))
+        if pos.score_kind == "bias" and not pos.has_value_term:
+            return sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask)
         return reference_attention(q, k, v, pos, q_pos, k_pos, mask)

@@ -11,8 +11,9 @@ asking which encoding they have (DESIGN.md, "Position handling"):
 ``score_kind`` declares what the score term needs, and so which kernel the attention block may use:
 
 - ``"none"``  no score term: ``scaled_dot_product_attention``;
-- ``"bias"``  a term of (h, i, j) only, or gathered per (b, h, i, j) from small per-step tables: FlexAttention
-              ``score_mod`` on CUDA (``score_mod()`` returns it), the reference path elsewhere;
+- ``"bias"``  a term of (h, i, j) only, or gathered per (b, h, i, j) from small per-step tables; ``score`` must
+              not read ``logits``: FlexAttention ``score_mod`` on CUDA (``score_mod()`` returns it), elsewhere
+              SDPA with ``score(...)`` as its float mask;
 - ``"full"``  needs the whole logit / probability matrix (CoPE, Shaw's value term): the fp32 reference path.
 
 Shapes: x (B, T, D); q (B, H, T, Dh); k (B, Hkv, S, Dh); q_pos (B, T) and k_pos (B, S) integer positions, which

@@ -5,15 +5,24 @@
   after cached keys, and with positions that restart per document;
 - the whole FlexAttention path (eager on CPU: forward only) equals ``reference_attention`` with the same mask; so
   does the compiled one on CPU (``-m slow``; forward only, FlexAttention has no CPU backward);
-- the SDPA path equals the reference for encodings without a score term.
+- the SDPA path equals the reference for encodings without a score term, and SDPA with a bias score term as its
+  float mask (the CPU path of ALiBi, T5, KERPLE, FIRE, ...) equals it in the forward and in every gradient.
 The compiled CUDA kernel runs the same score_mods; ``-m gpu`` checks it where a GPU exists.
 """
 
 import pytest
 import torch
 
-from minilm.model.attention import AttentionMask, reference_attention, repeat_kv, sdpa_attention
+from minilm.model.attention import (
+    Attention,
+    AttentionMask,
+    reference_attention,
+    repeat_kv,
+    sdpa_attention,
+    sdpa_bias_attention,
+)
 from minilm.model.flex import flex_attention_available, flex_attention_with_score_mod
+from minilm.positions import PositionDims
 
 from .helpers import ATTENTION_SIDE, hook
 
@@ -56,6 +65,18 @@ def key_term_case(name, case, seed):
     return pos, qkv(T, S, seed=seed), (q_pos, k_pos, mask)
 
 
+def grads_agree(got, want, inputs, atol, rtol):
+    """The gradients of ``got`` and ``want`` for one random output gradient agree on every input (None on both
+    or on neither)."""
+    out_grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(0)).to(want.device)
+    want_grads = torch.autograd.grad(want, inputs, out_grad, allow_unused=True)
+    got_grads = torch.autograd.grad(got, inputs, out_grad, allow_unused=True)
+    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
+        assert (g is None) == (w is None), f"input {i}: a gradient on one path only"
+        if w is not None:
+            torch.testing.assert_close(g, w, atol=atol, rtol=rtol, msg=f"input {i}")
+
+
 def dense(score_mod, T, S):
     """Evaluate a score_mod on every (b, h, i, j) at once by broadcasting index tensors."""
     b = torch.arange(B).view(B, 1, 1, 1)
@@ -92,13 +113,7 @@ def test_score_mod_gradients_equal_score_gradients(name):
     if not want.requires_grad:  # ALiBi: fixed slopes, a bias independent of q and k; nothing to learn
         assert not got.requires_grad and not inputs[2:]
         return
-    out_grad = torch.randn(B, H, T, S, generator=torch.Generator().manual_seed(0))
-    want_grads = torch.autograd.grad(want, inputs, out_grad, allow_unused=True)
-    got_grads = torch.autograd.grad(got, inputs, out_grad, allow_unused=True)
-    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
-        assert (g is None) == (w is None), f"input {i}: a gradient on one path only"
-        if w is not None:
-            torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4, msg=f"input {i}")
+    grads_agree(got, want, inputs, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
@@ -126,6 +141,35 @@ def test_sdpa_path_equals_reference(name, case):
         assert torch.allclose(sdpa_attention(q, k, v, pos, mask), want, atol=1e-5)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", BIAS)
+def test_sdpa_bias_path_equals_reference(name, case):
+    """The bias as SDPA's float mask: same output and same gradients of q, k, v and the encoding's parameters."""
+    pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, case, seed=4)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
+    got = sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-5, rtol=1e-4)
+
+
+def test_ladder_on_cpu_sends_bias_terms_to_sdpa_and_full_terms_to_the_reference(monkeypatch):
+    """Routed by declaration: ALiBi (bias) takes SDPA with its bias as the mask; CoPE (full: reads the logits)
+    and Shaw with its value term (needs the probabilities) take the reference."""
+    import minilm.model.attention as attention
+
+    taken = []
+    for fn in ("sdpa_bias_attention", "reference_attention"):
+        real = getattr(attention, fn)
+        monkeypatch.setattr(attention, fn, lambda *a, _fn=fn, _real=real, **kw: taken.append(_fn) or _real(*a, **kw))
+    T, S, q_pos, k_pos, mask = CASES["plain"]
+    for name, params in [("alibi", {}), ("cope", {}), ("shaw", {"max_distance": 3})]:
+        dims = PositionDims(d_model=H * DH, n_heads=H, n_kv_heads=HKV, head_dim=DH, n_layers=1)
+        layer = Attention(H * DH, H, HKV, {"name": name, **params}, dims)
+        layer(torch.randn(B, T, H * DH), q_pos, mask)
+    assert taken == ["sdpa_bias_attention", "reference_attention", "reference_attention"]
+
+
 def test_shaw_value_term_matches_the_definition():
     """z_i = Σ_j α_ij (v_j + R^V[clip(i − j, −k, k)]): the bucketed value term equals the direct sum."""
     pos = hook("shaw", max_distance=3)
@@ -136,8 +180,9 @@ def test_shaw_value_term_matches_the_definition():
     assert torch.allclose(pos.value(probs, q_pos, k_pos), want, atol=1e-6)
 
 
-def test_ladder_routes_by_declaration():
-    """The CPU ladder: no score term -> SDPA; a score term (any kind) -> the reference; never by name."""
+def test_encodings_declare_the_kernel_they_need():
+    """What the ladder routes by (never by name): these are bias terms (SDPA with the bias as mask on CPU, Flex on
+    CUDA); CoPE reads the logits and Shaw's value term the probabilities, so both take the reference."""
     assert set(BIAS) >= {"alibi", "t5", "kerple", "fire", "shaw", "transformer_xl", "deberta"}
     assert hook("cope").score_kind == "full"
     assert hook("shaw").has_value_term and not hook("shaw", values=False).has_value_term
@@ -171,13 +216,7 @@ def test_compiled_flex_on_cuda_equals_reference(name):
     want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
     got = flex_attention_with_score_mod(q, k, v, pos.score_mod(q, k, q_pos, k_pos), mask, pos.softmax_scale(DH))
     assert torch.allclose(got, want, atol=1e-4)
-    inputs, out_grad = [q, k, v, *pos.parameters()], torch.randn_like(want)
-    want_grads = torch.autograd.grad(want, inputs, out_grad, allow_unused=True)
-    got_grads = torch.autograd.grad(got, inputs, out_grad, allow_unused=True)
-    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
-        assert (g is None) == (w is None), f"input {i}: a gradient on one path only"
-        if w is not None:
-            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-3, msg=f"input {i}")
+    grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.parametrize("name", ["rope", "xpos"])
