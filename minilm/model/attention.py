@@ -54,7 +54,13 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 
 
 def reference_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tensor:
-    """The exact reference: fp32 matmul -> + score term -> mask -> softmax -> @ v (+ value term)."""
+    """The exact reference: fp32 matmul -> + score term -> mask -> softmax -> @ v (+ value term). fp32 under
+    autocast too (which would otherwise run the matmuls in bf16)."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _reference_attention(q, k, v, pos, q_pos, k_pos, mask)
+
+
+def _reference_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tensor:
     B, H, T, Dh = q.shape
     n_rep = H // k.shape[1]
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
@@ -87,14 +93,15 @@ def sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tens
     −inf where attention is not allowed, in fp32 like the reference. The (B|1, H, T, S) bias is still built, but
     the logits, the probabilities and their backward are SDPA's: on CPU its flash kernel when the bias needs no
     gradient (ALiBi), its fused math path otherwise (T5, KERPLE, FIRE, ...). Equal to the reference up to
-    rounding (tests/positions/test_fast_paths.py)."""
+    rounding (tests/positions/test_fast_paths.py); fp32 under autocast too, as FlexAttention's scores are."""
     Dh, T, S = q.shape[-1], q.shape[2], k.shape[2]
-    bias = pos.score(q, repeat_kv(k, q.shape[1] // k.shape[1]), q_pos, k_pos, None)  # fp32, (B|1, H, T, S)
-    attn_mask = bias.float().masked_fill(~mask.dense(T, S, q.device), float("-inf"))
-    out = F.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), attn_mask=attn_mask, scale=pos.softmax_scale(Dh),
-        enable_gqa=q.shape[1] != k.shape[1],
-    )  # fmt: skip
+    with torch.autocast(q.device.type, enabled=False):
+        bias = pos.score(q, repeat_kv(k, q.shape[1] // k.shape[1]), q_pos, k_pos, None)  # fp32, (B|1, H, T, S)
+        attn_mask = bias.float().masked_fill(~mask.dense(T, S, q.device), float("-inf"))
+        out = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), attn_mask=attn_mask, scale=pos.softmax_scale(Dh),
+            enable_gqa=q.shape[1] != k.shape[1],
+        )  # fmt: skip
     return out.to(q.dtype)
 
 

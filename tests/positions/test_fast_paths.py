@@ -153,6 +153,17 @@ def test_sdpa_bias_path_equals_reference(name, case):
     grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("path", [reference_attention, sdpa_bias_attention])
+def test_fp32_paths_stay_fp32_under_autocast(path):
+    """bf16 autocast (bf16-mixed training) would run their matmuls and SDPA in bf16 (~1e-2 off); both promise fp32."""
+    pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case("kerple", "packed", seed=5)
+    want = path(q, k, v, pos, q_pos, k_pos, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = path(q, k, v, pos, q_pos, k_pos, mask)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 def test_ladder_on_cpu_sends_bias_terms_to_sdpa_and_full_terms_to_the_reference(monkeypatch):
     """Routed by declaration: ALiBi (bias) takes SDPA with its bias as the mask; CoPE (full: reads the logits)
     and Shaw with its value term (needs the probabilities) take the reference."""
