@@ -131,22 +131,26 @@ class Attention(nn.Module):
         else:
             # positions as given, (1, T) when shared by the batch: rotary tables are then computed once, not B times
             q, k = self.pos.rotate(q, k, q_pos, k_pos)
-            y = self.attend(q, k, v, q_pos.expand(B, -1), k_pos.expand(B, -1), mask)
+            y = self.attend(q, k, v, q_pos, k_pos, mask)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H·Dh)
         return self.wo(y)
 
     def attend(self, q, k, v, q_pos, k_pos, mask: AttentionMask) -> Tensor:
-        """The kernel ladder (module docstring)."""
+        """The kernel ladder (module docstring). Positions arrive as given, (1, T) when the batch shares them;
+        every score-term path reads them per row, except a position-only bias (``score_reads_qk = False``)
+        through SDPA, which then builds one bias for the whole batch."""
         pos = self.pos
         if pos.score_kind == "none" and not pos.has_value_term:
             return sdpa_attention(q, k, v, pos, mask)
-        if pos.score_kind == "bias" and not pos.has_value_term and q.is_cuda:
-            from minilm.model.flex import flex_attention_available, flex_attention_with_score_mod
+        B = q.shape[0]
+        rows = q_pos.expand(B, -1), k_pos.expand(B, -1)
+        if pos.score_kind == "bias" and not pos.has_value_term:
+            if q.is_cuda:
+                from minilm.model.flex import flex_attention_available, flex_attention_with_score_mod
 
-            if flex_attention_available():
-                score_mod = pos.score_mod(q, k, q_pos, k_pos)
+                score_mod = pos.score_mod(q, k, *rows) if flex_attention_available() else None
                 if score_mod is not None:
                     return flex_attention_with_score_mod(q, k, v, score_mod, mask, pos.softmax_scale(q.shape[-1]))
-        if pos.score_kind == "bias" and not pos.has_value_term:
-            return sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask)
-        return reference_attention(q, k, v, pos, q_pos, k_pos, mask)
+            shared = rows if pos.score_reads_qk else (q_pos, k_pos)
+            return sdpa_bias_attention(q, k, v, pos, *shared, mask)
+        return reference_attention(q, k, v, pos, *rows, mask)

@@ -20,6 +20,9 @@ Shapes: x (B, T, D); q (B, H, T, Dh); k (B, Hkv, S, Dh); q_pos (B, T) and k_pos 
 carry their own values so KV caches, per-document restarts and remapped positions fit the same hooks. ``rotate``
 alone receives them as given — (1, T) when the batch shares them, and ``k_pos is q_pos`` when the keys are the
 queries — so rotary tables are computed once per layer rather than once per row and once each for q and k.
+``score`` receives them as given too when the encoding declares ``score_reads_qk = False`` (its term depends on
+positions and parameters only, never on q or k) and the attention block runs SDPA with the bias as mask: a
+batch sharing its positions then shares one (1, H, T, S) bias instead of building B equal ones.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class PositionEncoding(nn.Module):
     """Base class: every hook is the identity / absent. Subclasses override what they need."""
 
     score_kind: str = "none"  # "none" | "bias" | "full"   (see the module docstring)
+    score_reads_qk: bool = True  # False: score() reads positions and parameters only (see Shapes above)
     has_value_term: bool = False
     # False for an encoding whose output for the new tokens depends on more than their own positions and the
     # cached keys / values (e.g. a convolution over neighbouring embeddings): generation then decodes without a

@@ -1,8 +1,8 @@
 """Relative biases: a term added to the attention logits that depends on (head, query position, key position)
 only — ALiBi, T5 buckets, KERPLE, FIRE.
 
-Every class here has ``score_kind = "bias"``: ``score`` materializes the (B, H, T, S) term for the fp32
-reference path, and ``score_mod`` returns the same term as a FlexAttention ``score_mod(score, b, h, i, j)`` that
+Every class here has ``score_kind = "bias"`` and ``score_reads_qk = False``: ``score`` materializes the
+(B|1, H, T, S) term for SDPA's mask and the fp32 reference path, and ``score_mod`` returns the same term as a FlexAttention ``score_mod(score, b, h, i, j)`` that
 reads the position tensors (and, for T5, a small per-step table over distances) inside the kernel, so no T×S bias
 exists on the fast path. ``i`` and ``j`` are indices; positions are looked up as q_pos[b, i], k_pos[b, j].
 
@@ -61,6 +61,7 @@ class Alibi(PositionEncoding):
     """ALiBi (Press et al. 2022, arXiv:2108.12409): logits − m_h · (i − j), fixed head-specific slopes m_h."""
 
     score_kind = "bias"
+    score_reads_qk = False
 
     def __init__(self, params: AlibiParams, dims: PositionDims):
         super().__init__()
@@ -122,6 +123,7 @@ class T5Bias(PositionEncoding):
     log-spaced bucket of i − j. Convention: every layer owns its table (T5 shares the first layer's)."""
 
     score_kind = "bias"
+    score_reads_qk = False
 
     def __init__(self, params: T5Params, dims: PositionDims):
         super().__init__()
@@ -133,14 +135,23 @@ class T5Bias(PositionEncoding):
         d = torch.arange(-m, m + 1)
         self.register_buffer("bucket_of", t5_bucket(d, params.num_buckets, m, params.bidirectional), persistent=False)
 
+    def by_distance(self) -> Tensor:
+        """(H, 2m+1) fp32: the bias of every distance in [−max_distance, max_distance], computed once per step."""
+        return self.table[self.bucket_of].float().t()
+
     def score(self, q, k, q_pos, k_pos, logits):
         m = self.params.max_distance
         d = relative_distance(q_pos, k_pos).clamp(-m, m) + m  # (B, 1, T, S)
-        return self.table[self.bucket_of[d.squeeze(1)]].permute(0, 3, 1, 2).float()  # (B, H, T, S)
+        table = self.by_distance()
+        H = table.shape[0]
+        # gather from the per-distance table rather than index the parameter per (b, i, j): the backward is then
+        # one scatter_add into (H, 2m+1) (3x faster on CPU at T = 2048 than advanced indexing's index_put)
+        bias = table.gather(1, d.reshape(1, -1).expand(H, -1))  # (H, B·T·S)
+        return bias.view(H, d.shape[0], *d.shape[2:]).transpose(0, 1)  # (B, H, T, S)
 
     def score_mod(self, q, k, q_pos, k_pos):
         m = self.params.max_distance
-        by_distance = self.table[self.bucket_of].float().t()  # (H, 2m+1): the per-step table
+        by_distance = self.by_distance()  # (H, 2m+1): the per-step table
 
         def t5(score, b, h, i, j):
             return score + by_distance[h, (q_pos[b, i] - k_pos[b, j]).clamp(-m, m) + m]
@@ -167,6 +178,7 @@ class Kerple(PositionEncoding):
     step instead); initialized like the authors' code, r1 ~ U(0, 2), r2 ~ U(0, 1)."""
 
     score_kind = "bias"
+    score_reads_qk = False
 
     def __init__(self, params: KerpleParams, dims: PositionDims):
         super().__init__()
@@ -226,6 +238,7 @@ class Fire(PositionEncoding):
     being over-stretched. Follows the paper's reference code: L = |multiplier · init_L|, ψ(max(L, i)) + eps."""
 
     score_kind = "bias"
+    score_reads_qk = False
 
     def __init__(self, params: FireParams, dims: PositionDims):
         super().__init__()

@@ -153,6 +153,21 @@ def test_sdpa_bias_path_equals_reference(name, case):
     grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", [n for n in BIAS if not hook(n).score_reads_qk])
+def test_position_only_bias_is_shared_by_a_batch_sharing_positions(name, case):
+    """``score_reads_qk = False`` lets SDPA build one (1, H, T, S) bias for a batch whose rows share positions:
+    the result and the gradients must equal those from per-row positions (the declaration is checked, too)."""
+    pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, case, seed=6)
+    q_pos, k_pos = q_pos[:1], k_pos[:1]  # one row of positions for the batch (the packed case keeps its doc mask)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    assert pos.score(q, k, q_pos, k_pos, None).shape[0] == 1
+    want = sdpa_bias_attention(q, k, v, pos, q_pos.expand(B, -1), k_pos.expand(B, -1), mask)
+    got = sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-5, rtol=1e-4)  # sums over rows reordered
+
+
 @pytest.mark.parametrize("path", [reference_attention, sdpa_bias_attention])
 def test_fp32_paths_stay_fp32_under_autocast(path):
     """bf16 autocast (bf16-mixed training) would run their matmuls and SDPA in bf16 (~1e-2 off); both promise fp32."""
