@@ -9,7 +9,8 @@
   q·R tables of Shaw, Transformer-XL, DeBERTa), which reads positions as q_pos[b, i], k_pos[b, j];
 - grouped-query attention through ``enable_gqa`` (consecutive query heads share a key head, as ``repeat_kv``).
 
-It is compiled on CUDA (the fused kernel); elsewhere it runs FlexAttention's eager implementation, which
+It is compiled on CUDA (the fused kernel: by ``_compiled_flex`` in an eager model, by the model's own compile
+under ``train.compile``); elsewhere it runs FlexAttention's eager implementation, which
 materializes the scores and supports no backward on CPU — the attention block only takes this path on CUDA, and
 the CPU tests use it to check each score_mod against the reference path.
 """
@@ -50,6 +51,8 @@ def _causal_block_mask(T: int, S: int, offset: int, device: str):
 def block_mask(mask, B: int, T: int, S: int, device: torch.device):
     """The BlockMask equal to ``mask.dense(T, S)`` (minilm.model.attention.AttentionMask)."""
     if mask.q_doc is None:
+        if torch.compiler.is_compiling():  # inside a compiled model the mask is part of the graph; no cache
+            return _causal_block_mask.__wrapped__(T, S, mask.offset, str(device))
         return _causal_block_mask(T, S, mask.offset, str(device))
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -66,7 +69,10 @@ def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None
     from torch.nn.attention.flex_attention import flex_attention
 
     compiled = q.is_cuda if compiled is None else compiled
-    attend = _compiled_flex() if compiled else flex_attention
+    # Inside a compiled model (train.compile) the outer compile captures flex_attention itself. Calling
+    # torch.compile there would break the graph in every layer: dynamo traces into _compiled_flex (it ignores
+    # the cache), and Lightning replaces torch.compile with a wrapper dynamo cannot trace.
+    attend = _compiled_flex() if compiled and not torch.compiler.is_compiling() else flex_attention
 
     def mod(score, b, h, i, j):  # the encodings' tables are fp32; the kernel keeps the score's dtype
         return score_mod(score, b, h, i, j).to(score.dtype)
