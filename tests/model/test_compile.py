@@ -11,7 +11,11 @@ V = 64
 TINY = ["model.n_layers=2", "model.d_model=32", "model.n_heads=2"]
 CASES = {
     "rope": [],
-    "alibi": ["model.position.name=alibi"],  # a score term: the fp32 reference path on CPU
+    # bias score terms: SDPA with the bias as its mask on CPU (one bias for the batch: positions are shared)
+    "alibi": ["model.position.name=alibi"],
+    "t5": ["model.position.name=t5"],
+    "kerple": ["model.position.name=kerple"],
+    "fire": ["model.position.name=fire"],
     "rope_chunked_checkpointed": ["model.loss_chunk_size=8", "model.activation_checkpointing=true"],
     # the length-dependent scalings read 1 + the largest key position: as a tensor, so no break and no recompile
     "rope_dynamic": ["model.position.scaling={rope_type: dynamic, factor: 2, original_max_position_embeddings: 8}"],
