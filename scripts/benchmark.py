@@ -401,11 +401,11 @@ def update_docs(report: dict, md: str, path: Path) -> None:
 # --------------------------------------------------------------------------------------------------- main
 
 
-def run(args) -> dict:
+def _setup(args, base):
+    """(device, precision, amp dtype, compile, device name, device slug, peak TFLOP/s or None) for a run."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.threads:
         torch.set_num_threads(args.threads)
-    base = load_config(args.config, args.overrides)
     precision = args.precision or base.train.precision
     if precision == "auto":
         precision = "bf16-mixed" if device.type == "cuda" else "32"
@@ -415,11 +415,25 @@ def run(args) -> dict:
     peak = args.peak_tflops
     if peak is None and device.type == "cuda" and amp_dtype is torch.bfloat16:
         peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    peak_flops = peak * 1e12 if peak else None
+    return device, precision, amp_dtype, do_compile, name, slug, peak
+
+
+def _print_row(impl: str, enc: str, T: int, B: int, r: dict) -> None:
+    print(
+        f"{impl:8s} {enc:10s} T={T:<7d} B={B:<4d} "
+        + (f"{r['tokens_per_s']:>12,.0f} tok/s" if r["status"] == "ok" else r["status"])
+        + (f"  MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "")
+        + (f"  peak {r['peak_mem_mb']:,.0f} MB" if r.get("peak_mem_mb") is not None else ""),
+        flush=True,
+    )
+
+
+def measure_all(args, base, device, amp_dtype, do_compile, peak_flops) -> tuple[list[dict], list[dict]]:
+    """Every (encoding, length): minilm and, for RoPE with --peer, the peer, alternating per repeat; returns the
+    median rows and the minilm / peer ratios (separate and interleaved)."""
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [base.train.seq_len]
     encodings = args.encodings.split(",") if args.encodings else [base.model.position.name]
     tokens = micro_batch_size(base.train) * base.train.seq_len
-
     results, ratios = [], []
     for enc in encodings:
         cfg = load_config(args.config, [*args.overrides, f"model.position.name={enc}"]) if args.encodings else base
@@ -433,14 +447,7 @@ def run(args) -> dict:
             rows = {i: median_row(r, peak_flops) for i, r in runs.items()}
             for i in impls:
                 results.append(rows[i])
-                r = rows[i]
-                print(
-                    f"{i:8s} {enc:10s} T={T:<7d} B={B:<4d} "
-                    + (f"{r['tokens_per_s']:>12,.0f} tok/s" if r["status"] == "ok" else r["status"])
-                    + (f"  MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "")
-                    + (f"  peak {r['peak_mem_mb']:,.0f} MB" if r.get("peak_mem_mb") is not None else ""),
-                    flush=True,
-                )
+                _print_row(i, enc, T, B, rows[i])
             if "hf_llama" in rows and rows["minilm"]["status"] == rows["hf_llama"]["status"] == "ok":
                 ratio = rows["minilm"]["tokens_per_s"] / rows["hf_llama"]["tokens_per_s"]
                 paired = paired_ratio(cfg, T, B, args, device, amp_dtype, do_compile)
@@ -448,6 +455,13 @@ def run(args) -> dict:
                 print(f"minilm / peer at T={T}: {ratio:.2f}x (separate runs); "
                       f"{paired.get('ratio', 0):.2f}x (interleaved steps, median of {paired.get('pairs')})",
                       flush=True)  # fmt: skip
+    return results, ratios
+
+
+def run(args) -> dict:
+    base = load_config(args.config, args.overrides)
+    device, precision, amp_dtype, do_compile, name, slug, peak = _setup(args, base)
+    results, ratios = measure_all(args, base, device, amp_dtype, do_compile, peak * 1e12 if peak else None)
     try:  # the version without importing transformers (slow)
         tf_version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
@@ -477,17 +491,21 @@ def run(args) -> dict:
         "results": results,
         "ratios": ratios,
     }
-    out = Path(args.out)
+    write_report(report, Path(args.out), now, args.update_docs)
+    return report
+
+
+def write_report(report: dict, out: Path, now, update: bool) -> None:
+    """The JSON and markdown under ``out``, and with ``update`` the table in docs/performance.md."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{now.strftime('%Y-%m-%d')}-{slug}-{report['config_name']}"
+    stem = out / f"{now.strftime('%Y-%m-%d')}-{report['device_slug']}-{report['config_name']}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     md = markdown_table(report)
-    stem.with_suffix(".md").write_text(f"# Benchmark: {report['config_name']} on {name}\n\n{md}")
+    stem.with_suffix(".md").write_text(f"# Benchmark: {report['config_name']} on {report['device_name']}\n\n{md}")
     print(f"wrote {stem}.json and .md")
-    if args.update_docs:
+    if update:
         update_docs(report, md, DOCS)
         print(f"updated {DOCS}")
-    return report
 
 
 def main(argv=None) -> int:

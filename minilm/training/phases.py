@@ -209,23 +209,13 @@ def _has_outputs(run_dir: Path, names: list[str]) -> bool:
     return any(phase_dir(run_dir, n).exists() for n in names)
 
 
-def run_phases(
-    cfg,
-    *,
-    resume: bool = False,
-    start_phase: Optional[str] = None,
-    init: Optional[str] = None,
-    log: Callable[[str], None] = print,
-) -> Path:
-    """Train every phase of ``cfg`` in order; returns the run directory."""
+def _open_run(cfg, run_dir: Path, names: list[str], resume: bool, start_phase: Optional[str], primary: bool):
+    """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
+    a model section that differs from the run's on --resume, bad data), then create run.dir. Returns the corpus."""
     from minilm.data import load_corpus
 
-    run_dir = Path(cfg.run.dir)
-    names = phase_names(cfg)
-    pcfgs = {n: phase_config(cfg, n) for n in names}
     if start_phase is not None and start_phase not in names:
         raise MinilmError(f"--phase {start_phase}: no such phase; phases are: {', '.join(names)}")
-    primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
     if primary and not resume and start_phase is None and _has_outputs(run_dir, names):
         raise MinilmError(
             f"{run_dir} already holds a run; continue it with --resume, restart a phase with --phase NAME, or set "
@@ -242,6 +232,24 @@ def run_phases(
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MinilmError(f"run.dir {run_dir} cannot be created ({e.strerror}); set run.dir to a writable path")
+    return corpus
+
+
+def run_phases(
+    cfg,
+    *,
+    resume: bool = False,
+    start_phase: Optional[str] = None,
+    init: Optional[str] = None,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Train every phase of ``cfg`` in order; returns the run directory."""
+    run_dir = Path(cfg.run.dir)
+    names = phase_names(cfg)
+    pcfgs = {n: phase_config(cfg, n) for n in names}
+    primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
+    corpus = _open_run(cfg, run_dir, names, resume, start_phase, primary)
+    saved = run_dir / "config.yaml"
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
             save_config(cfg, saved)
