@@ -29,10 +29,11 @@ def tiny_text_dir(tmp_path: Path) -> Path:
     return root
 
 
-def run_train(*args, check: bool = True, timeout: int = 600, **kw) -> subprocess.CompletedProcess:
+def run_train(*args, check: bool = True, timeout: int = 600, env: dict | None = None, **kw):
     """``python train.py ARGS`` as a user runs it, from the repository root, one intra-op thread, no inherited
-    distributed environment (a DDP launcher's RANK etc. would change what the child does)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    distributed environment (a DDP launcher's RANK etc. would change what the child does); ``env`` adds
+    variables. Returns the CompletedProcess."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
         env.pop(key, None)
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), *map(str, args)], cwd=REPO, env=env,
