@@ -218,8 +218,9 @@ def build_step(impl, cfg, T, B, device, amp_dtype, do_compile):
         model, loss_fn, n_mm = build_peer(cfg.model, vocab, T, device)
     model.train()
     opt = make_adamw(model, cfg.optim)
-    if do_compile:
-        loss_fn = torch.compile(loss_fn)
+    if do_compile:  # each measurement compiles afresh and static, as a training phase does at its one length
+        torch._dynamo.reset()  # (else earlier encodings' and lengths' graphs pile up toward the recompile limit,
+        loss_fn = torch.compile(loss_fn, dynamic=False)  # and from the second length on T would be dynamic)
     g = torch.Generator(device="cpu").manual_seed(0)
     batches = [torch.randint(0, vocab, (B, T + 1), generator=g).to(device) for _ in range(2)]
     clip = cfg.optim.grad_clip

@@ -40,6 +40,11 @@ class LitGPT(L.LightningModule):
         self.tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
         # train.compile compiles the loss (what a step calls), not the module: a compiled module's .loss attribute
         # would be the eager method.
+        if cfg.train.compile:
+            # Each phase compiles afresh. Dynamo's cache for GPT.loss would otherwise keep every earlier phase's
+            # graphs (other lengths and batch sizes; train and eval), and past its recompile limit (8) it runs the
+            # loss eagerly without an error: the third phase of configs/rope_yarn_tiny.yaml did.
+            torch._dynamo.reset()
         self.loss_fn = torch.compile(model.loss) if cfg.train.compile else model.loss
         self.initial_optimizer_state: Optional[dict] = None  # carried from the previous phase (carry_optimizer)
         self.bad_steps = 0

@@ -74,3 +74,24 @@ def test_benchmark_peer_ratio(bench, tmp_path):
     assert paired["status"] == "ok" and paired["pairs"] == 1 and paired["ratio"] > 0
     md = next(tmp_path.glob("*.md")).read_text()
     assert f"| {paired['ratio']:.2f}× |" in md  # the interleaved ratio's column
+
+
+def test_compiled_measurements_compile_afresh_and_static(bench, tmp_path, monkeypatch):
+    """With --compile, each (encoding, length) is a fresh static compilation, as a training phase at one length:
+    without a reset the second length recompiled into a dynamic-shape graph, and graphs piled up towards dynamo's
+    recompile limit. error_on_recompile turns any recompilation into a failure; the eager backend skips inductor."""
+    real_compile, seen = torch.compile, []
+
+    def eager_compile(fn, **kw):
+        seen.append(kw)
+        return real_compile(fn, **{**kw, "backend": "eager"})
+
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    args = bench.parse_args(
+        ["--lengths", "8,16,24", "--encodings", "rope,alibi", "--steps", "1", "--warmup", "1", "--threads", "1",
+         "--batch-size", "2", "--device", "cpu", "--compile", "--out", str(tmp_path), *TINY]
+    )  # fmt: skip
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        report = bench.run(args)
+    assert [r["status"] for r in report["results"]] == ["ok"] * 6
+    assert len(seen) == 6 and all(kw.get("dynamic") is False for kw in seen)

@@ -1,7 +1,7 @@
 """train.py with ``train.compile: true`` as a user runs it: Lightning around the compiled loss, fused AdamW, and
 on CUDA bf16 autocast with FlexAttention for the bias encodings. The run must finish, learn, and trace with no
 graph break (TORCH_LOGS=graph_breaks prints one line per break), packed documents with restarted positions
-included. On CPU it is ``-m slow`` (inductor's C++ compilation takes a minute or two); on CUDA ``-m gpu``."""
+included, and each phase compiles afresh. On CPU it is ``-m slow`` (inductor's C++ compilation takes a minute or two); on CUDA ``-m gpu``."""
 
 import json
 import math
@@ -39,26 +39,45 @@ def _corpus(root):
     return corpus
 
 
-def _compiled_run(tmp_path, encoding, accelerator):
+def _compiled_run(tmp_path, encoding, accelerator, *overrides):
     config = tmp_path / "exp.yaml"
     config.write_text(CONFIG.format(encoding=encoding, corpus=_corpus(tmp_path), cache=tmp_path / "cache",
                                     vocab=VOCAB, accelerator=accelerator))  # fmt: skip
     run_dir = tmp_path / "run"
-    proc = run_train("--config", config, f"run.dir={run_dir}", env={"TORCH_LOGS": "graph_breaks"}, timeout=1200)
+    proc = run_train("--config", config, f"run.dir={run_dir}", *overrides,
+                     env={"TORCH_LOGS": "graph_breaks,recompiles"}, timeout=1200)  # fmt: skip
     breaks = [line for line in proc.stderr.splitlines() if "Graph break" in line]
     assert not breaks, "\n".join(breaks[:5])
-    summary = json.loads((run_dir / "train" / "complete.json").read_text())
+    # past dynamo's recompile limit the loss would run eagerly, with only this warning to say so
+    assert "recompile_limit" not in proc.stderr
+    return run_dir
+
+
+def _learned(run_dir, phase="train"):
+    summary = json.loads((run_dir / phase / "complete.json").read_text())
     assert summary["val_loss"] < math.log(VOCAB) - 1.0, summary  # well below the uniform guess: it learned
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["rope", "alibi"])
 def test_compiled_training_on_cpu(tmp_path, encoding):
-    _compiled_run(tmp_path, encoding, "cpu")
+    _learned(_compiled_run(tmp_path, encoding, "cpu"))
+
+
+@pytest.mark.slow
+def test_each_phase_compiles_afresh(tmp_path):
+    """Three phases, as configs/rope_yarn_tiny.yaml has them: lengths and batch sizes change (the last batch is
+    1, which dynamo's dynamic shapes do not cover), and each phase compiles the loss for validation, training and
+    validation after training. Had the phases shared dynamo's cache, the third phase would pass its recompile limit
+    (8) and train eagerly, with one warning to say so."""
+    phases = ("phases={p1: {seq_len: 16, steps: 6}, p2: {seq_len: 32, steps: 4, batch_size: 4},"
+              " p3: {seq_len: 64, steps: 3, batch_size: 1}}")  # fmt: skip
+    run_dir = _compiled_run(tmp_path, "rope", "cpu", phases, "train.val_every=0")
+    assert all((run_dir / p / "complete.json").is_file() for p in ("p1", "p2", "p3"))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "t5", "kerple", "fire"])
 def test_compiled_training_on_cuda(tmp_path, encoding):
-    _compiled_run(tmp_path, encoding, "gpu")
+    _learned(_compiled_run(tmp_path, encoding, "gpu"))
