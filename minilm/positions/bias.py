@@ -2,9 +2,10 @@
 only — ALiBi, T5 buckets, KERPLE, FIRE.
 
 Every class here has ``score_kind = "bias"`` and ``score_reads_qk = False``: ``score`` materializes the
-(B|1, H, T, S) term for SDPA's mask and the fp32 reference path, and ``score_mod`` returns the same term as a FlexAttention ``score_mod(score, b, h, i, j)`` that
-reads the position tensors (and, for T5, a small per-step table over distances) inside the kernel, so no T×S bias
-exists on the fast path. ``i`` and ``j`` are indices; positions are looked up as q_pos[b, i], k_pos[b, j].
+(B|1, H, T, S) term for SDPA's mask and the fp32 reference path, and ``score_mod`` returns the same term as a
+FlexAttention ``score_mod(score, b, h, i, j)`` that reads the position tensors (and, for T5, a small per-step
+table over distances) inside the kernel, so no T×S bias exists on the CUDA path. ``i`` and ``j`` are indices;
+positions are looked up as q_pos[b, i], k_pos[b, j].
 
 Convention: the relative distance is d = i − j = q_pos − k_pos (≥ 0 for the keys a causal query sees).
 """

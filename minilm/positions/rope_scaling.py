@@ -304,9 +304,10 @@ def _yarn_inv_freq(dim: int, base: float, factor: float | Tensor, original: int,
     low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001  # the reference's guard against a zero-width ramp
-    device = _device(factor)
-    ramp = ((torch.arange(dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)  # 0 keep
-    inv_freq = _inv_freq64(dim, base, device)  # .. 1 interpolate
+    device = _device(factor)  # a traced current-length factor: compute on its device
+    i = torch.arange(dim // 2, dtype=torch.float64, device=device)
+    ramp = ((i - low) / (high - low)).clamp(0, 1)  # 0 keep .. 1 interpolate
+    inv_freq = _inv_freq64(dim, base, device)
     return inv_freq * (1 - ramp) + (inv_freq / factor) * ramp
 
 
@@ -351,7 +352,7 @@ def _yarn(p: YarnScaling, dim: int, base: float, seq_len: Optional[int]) -> tupl
     return inv_freq, _yarn_attention(p, p.factor)
 
 
-def _dynamic_yarn(p: DynamicYarnScaling, dim: int, base: float, seq_len: Optional[int | Tensor]) -> tuple[Tensor, Any]:
+def _dynamic_yarn(p: DynamicYarnScaling, dim: int, base: float, seq_len: Optional[int | Tensor]):
     L = p.original_max_position_embeddings
     scale = p.factor * _current(seq_len, L) / L - (p.factor - 1)  # >= 1; == 1 at or below L (then: default)
     inv_freq = _yarn_inv_freq(dim, base, scale, L, p.beta_fast, p.beta_slow, p.truncate)

@@ -1,7 +1,8 @@
 """train.py with ``train.compile: true`` as a user runs it: Lightning around the compiled loss, fused AdamW, and
 on CUDA bf16 autocast with FlexAttention for the bias encodings. The run must finish, learn, and trace with no
 graph break (TORCH_LOGS=graph_breaks prints one line per break), packed documents with restarted positions
-included, and each phase compiles afresh. On CPU it is ``-m slow`` (inductor's C++ compilation takes a minute or two); on CUDA ``-m gpu``."""
+included, and each phase compiles afresh. On CPU it is ``-m slow`` (inductor's C++ compilation takes a minute
+or two); on CUDA ``-m gpu``."""
 
 import json
 import math
