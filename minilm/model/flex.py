@@ -48,12 +48,9 @@ def _causal_block_mask(T: int, S: int, offset: int, device: str):
     return create_block_mask(causal, None, None, T, S, device=device)
 
 
-def block_mask(mask, B: int, T: int, S: int, device: torch.device):
-    """The BlockMask equal to ``mask.dense(T, S)`` (minilm.model.attention.AttentionMask)."""
-    if mask.q_doc is None:
-        if torch.compiler.is_compiling():  # inside a compiled model the mask is part of the graph; no cache
-            return _causal_block_mask.__wrapped__(T, S, mask.offset, str(device))
-        return _causal_block_mask(T, S, mask.offset, str(device))
+def document_block_mask(mask, B: int, T: int, S: int, device, compile: bool = False):
+    """Causal and same-document. ``compile`` builds it with create_block_mask's compiled kernel, block by block;
+    uncompiled, create_block_mask evaluates the rule on the whole (B, T, S) grid at once (8 GB at B 8, T 32K)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     offset, q_doc, k_doc = mask.offset, mask.q_doc, mask.k_doc
@@ -61,7 +58,24 @@ def block_mask(mask, B: int, T: int, S: int, device: torch.device):
     def causal_same_document(b, h, i, j):
         return (j <= i + offset) & (q_doc[b, i] == k_doc[b, j])
 
-    return create_block_mask(causal_same_document, B, None, T, S, device=device)
+    return create_block_mask(causal_same_document, B, None, T, S, device=device, _compile=compile)
+
+
+def block_mask(mask, B: int, T: int, S: int, device: torch.device):
+    """The BlockMask equal to ``mask.dense(T, S)`` (minilm.model.attention.AttentionMask). Inside a compiled model
+    it is built in the graph. In an eager one the causal mask is cached per shape, and a document mask is built
+    once per forward (every layer gets the same AttentionMask object), compiled on CUDA."""
+    if torch.compiler.is_compiling():  # part of the compiled graph: no caches, no nested compile
+        if mask.q_doc is None:
+            return _causal_block_mask.__wrapped__(T, S, mask.offset, str(device))
+        return document_block_mask(mask, B, T, S, device)
+    if mask.q_doc is None:
+        return _causal_block_mask(T, S, mask.offset, str(device))
+    memo = mask.__dict__.setdefault("_block_masks", {})
+    key = (B, T, S, str(device))
+    if key not in memo:
+        memo[key] = document_block_mask(mask, B, T, S, device, compile=torch.device(device).type == "cuda")
+    return memo[key]
 
 
 def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None):

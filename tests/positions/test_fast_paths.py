@@ -256,6 +256,36 @@ def test_flex_path_traces_as_one_graph_inside_a_compiled_model(name, case):
     assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
 
 
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+def test_document_block_mask_is_built_once_per_forward():
+    """Every layer of a forward gets the same AttentionMask: the eager path builds its BlockMask once, not per
+    layer (each build evaluates the rule over the whole (B, T, S) grid)."""
+    from minilm.model.flex import block_mask
+
+    T, S, _, _, mask = CASES["packed"]
+    first = block_mask(mask, B, T, S, torch.device("cpu"))
+    assert block_mask(mask, B, T, S, torch.device("cpu")) is first
+    fresh = AttentionMask(q_doc=mask.q_doc.clone(), k_doc=mask.k_doc.clone())  # the next forward's mask
+    assert block_mask(fresh, B, T, S, torch.device("cpu")) is not first
+
+
+@pytest.mark.slow  # create_block_mask's compiled kernel: seconds of inductor on CPU
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+def test_compiled_document_block_mask_equals_uncompiled():
+    """On CUDA the eager path builds document masks with create_block_mask's compiled kernel (block by block, not
+    the whole grid at once): the blocks must be the uncompiled build's. 3 x 3 blocks of 128, documents of 100
+    and 200 tokens and the rest, so there are full, partial and empty blocks."""
+    from minilm.model.flex import document_block_mask
+
+    T = 384
+    docs = torch.tensor([[0] * 100 + [1] * 200 + [2] * 84, [0] * 250 + [1] * 134])
+    mask = AttentionMask(q_doc=docs, k_doc=docs)
+    want = document_block_mask(mask, 2, T, T, "cpu")
+    got = document_block_mask(mask, 2, T, T, "cpu", compile=True)
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", BIAS)
 def test_compiled_flex_on_cuda_equals_reference(name):
