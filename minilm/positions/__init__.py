@@ -106,7 +106,6 @@ def validate_position(cfg: Mapping[str, Any], where: str = "model.position") -> 
     return _entry(_plain(cfg), where)[1]
 
 
-
 def build_position(cfg: Mapping[str, Any], dims: PositionDims, role: str) -> PositionEncoding:
     """The hook object for ``role`` ("attention" — one per layer — or "embedding" — one at the input)."""
     entry, params = _entry(_plain(cfg), "model.position")

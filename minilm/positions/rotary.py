@@ -7,7 +7,8 @@ Conventions chosen here (implementations differ; docs/positions.md repeats them)
   permutation of the head dimensions.
 - ``fraction`` (partial rotary, GPT-NeoX / ChatGLM; transformers' ``partial_rotary_factor``) rotates the first
   ``fraction · head_dim`` dimensions (rounded down to even) and passes the rest through unchanged.
-- Frequencies come only from ``compute_rope`` (rope_scaling.py). Its attention factor multiplies cos and sin, so
+- Frequencies come only from ``compute_rope`` (rope_scaling.py; ``scaled_frequencies`` is its core, for a block
+  parsed once). Its attention factor multiplies cos and sin, so
   queries and keys each carry it and the logits scale by its square, as transformers' YaRN does.
 - Methods that read the current length (dynamic NTK, dynamic YaRN, LongRoPE) take it as 1 + the largest key
   position, as a 0-d tensor: no host sync, so ``torch.compile`` traces them as one graph for every length.
@@ -29,7 +30,6 @@ from torch import Tensor
 from minilm.positions.base import PositionDims, PositionEncoding
 from minilm.positions.rope_scaling import (
     LENGTH_DEPENDENT,
-    compute_rope,
     parse_scaling,
     scaled_frequencies,
     validate_scaling,
@@ -90,6 +90,12 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
     return torch.cat((xr.to(x.dtype), x[..., dr:]), dim=-1)
 
 
+def cos_sin_tables(positions: Tensor, inv_freq: Tensor, factor: float | Tensor) -> tuple[Tensor, Tensor]:
+    """cos and sin of positions · θ, times the attention factor: (B|1, 1, T, Dr/2) each, for ``apply_rotary``."""
+    angles = positions.unsqueeze(-1).float() * inv_freq  # (B|1, T, Dr/2)
+    return (angles.cos() * factor).unsqueeze(1), (angles.sin() * factor).unsqueeze(1)
+
+
 class Rope(PositionEncoding):
     """q, k rotated by angle position · θ_i; q·k then depends on the offset m − n only."""
 
@@ -105,10 +111,10 @@ class Rope(PositionEncoding):
         """(Re)compute the frequencies for new parameters: the only place inv_freq is set (phases call this)."""
         self.params = params
         self.layout = params.layout
-        inv_freq, factor = compute_rope(self.rot_dim, params.base, params.scaling)
+        self.rope_type, self.scaling_params = parse_scaling(params.scaling)  # parsed once, read per forward
+        inv_freq, factor = scaled_frequencies(self.rope_type, self.scaling_params, self.rot_dim, params.base)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_factor = factor
-        self.rope_type, self.scaling_params = parse_scaling(params.scaling)  # parsed once, read per forward
 
     def frequencies(self, seq_len: int | Tensor) -> tuple[Tensor, float | Tensor]:
         """(inv_freq, attention factor) at the current length ``seq_len`` (an int, or a 0-d tensor as ``tables``
@@ -121,9 +127,7 @@ class Rope(PositionEncoding):
         return self.inv_freq, self.attention_factor
 
     def cos_sin(self, positions: Tensor, seq_len: int | Tensor) -> tuple[Tensor, Tensor]:
-        inv_freq, factor = self.frequencies(seq_len)
-        angles = positions.unsqueeze(-1).float() * inv_freq  # (B, T, Dr/2)
-        return (angles.cos() * factor).unsqueeze(1), (angles.sin() * factor).unsqueeze(1)  # (B, 1, T, Dr/2)
+        return cos_sin_tables(positions, *self.frequencies(seq_len))
 
     @property
     def rotates(self) -> bool:

@@ -37,8 +37,8 @@ from torch import Tensor
 
 from minilm.errors import ConfigError
 from minilm.positions.base import make_params
-from minilm.positions.rope_scaling import compute_rope, parse_scaling, validate_scaling
-from minilm.positions.rotary import Rope, apply_rotary
+from minilm.positions.rope_scaling import parse_scaling, scaled_frequencies, validate_scaling
+from minilm.positions.rotary import Rope, apply_rotary, cos_sin_tables
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -288,14 +288,14 @@ class RopeScaling(Extension):
 
     def __init__(self, scaling: Mapping[str, Any]):
         super().__init__(dict(scaling))
+        self._parsed = parse_scaling(self.params)  # (rope_type, typed parameters): parsed once, read per layer
 
     @classmethod
     def from_params(cls, values: Mapping[str, Any], where: str) -> "RopeScaling":
         try:
-            parse_scaling(values)
+            return cls(values)
         except ConfigError as e:
             raise ConfigError(f"{where}.{e}") from None
-        return cls(values)
 
     def check(self, rotary: Any, where: str) -> None:
         super().check(rotary, where)
@@ -304,9 +304,8 @@ class RopeScaling(Extension):
     def _rot(self, x: Tensor, rotary: Rope, positions: Tensor, seq_len: Tensor) -> Tensor:
         if not rotary.rotates:
             return x
-        inv_freq, factor = compute_rope(rotary.rot_dim, rotary.params.base, self.params, seq_len=seq_len)
-        angles = positions.unsqueeze(-1).float() * inv_freq.to(x.device)  # (B|1, N, Dr/2)
-        cos, sin = (angles.cos() * factor).unsqueeze(1), (angles.sin() * factor).unsqueeze(1)
+        inv_freq, factor = scaled_frequencies(*self._parsed, rotary.rot_dim, rotary.params.base, seq_len)
+        cos, sin = cos_sin_tables(positions, inv_freq.to(x.device), factor)
         return apply_rotary(x, cos, sin, rotary.layout)
 
     def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
