@@ -31,18 +31,9 @@ trainer: {{accelerator: {accelerator}}}
 """
 
 
-def _corpus(root):
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(40):
-        body = "\n".join(f"def f_{i}_{j}(x, y={j}):\n    return x + {j} * y\n" for j in range(4 + i % 7))
-        (corpus / f"doc_{i:03d}.py").write_text(body)
-    return corpus
-
-
-def _compiled_run(tmp_path, encoding, accelerator, *overrides):
+def _compiled_run(tmp_path, corpus, encoding, accelerator, *overrides):
     config = tmp_path / "exp.yaml"
-    config.write_text(CONFIG.format(encoding=encoding, corpus=_corpus(tmp_path), cache=tmp_path / "cache",
+    config.write_text(CONFIG.format(encoding=encoding, corpus=corpus, cache=tmp_path / "cache",
                                     vocab=VOCAB, accelerator=accelerator))  # fmt: skip
     run_dir = tmp_path / "run"
     proc = run_train("--config", config, f"run.dir={run_dir}", *overrides,
@@ -61,24 +52,24 @@ def _learned(run_dir, phase="train"):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("encoding", ["rope", "alibi"])
-def test_compiled_training_on_cpu(tmp_path, encoding):
-    _learned(_compiled_run(tmp_path, encoding, "cpu"))
+def test_compiled_training_on_cpu(tmp_path, tiny_text_dir, encoding):
+    _learned(_compiled_run(tmp_path, tiny_text_dir, encoding, "cpu"))
 
 
 @pytest.mark.slow
-def test_each_phase_compiles_afresh(tmp_path):
+def test_each_phase_compiles_afresh(tmp_path, tiny_text_dir):
     """Three phases, as configs/rope_yarn_tiny.yaml has them: lengths and batch sizes change (the last batch is
     1, which dynamo's dynamic shapes do not cover), and each phase compiles the loss for validation, training and
     validation after training. Had the phases shared dynamo's cache, the third phase would pass its recompile limit
     (8) and train eagerly, with one warning to say so."""
     phases = ("phases={p1: {seq_len: 16, steps: 6}, p2: {seq_len: 32, steps: 4, batch_size: 4},"
               " p3: {seq_len: 64, steps: 3, batch_size: 1}}")  # fmt: skip
-    run_dir = _compiled_run(tmp_path, "rope", "cpu", phases, "train.val_every=0")
+    run_dir = _compiled_run(tmp_path, tiny_text_dir, "rope", "cpu", phases, "train.val_every=0")
     assert all((run_dir / p / "complete.json").is_file() for p in ("p1", "p2", "p3"))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("encoding", ["rope", "alibi", "t5", "kerple", "fire"])
-def test_compiled_training_on_cuda(tmp_path, encoding):
-    _learned(_compiled_run(tmp_path, encoding, "gpu"))
+def test_compiled_training_on_cuda(tmp_path, tiny_text_dir, encoding):
+    _learned(_compiled_run(tmp_path, tiny_text_dir, encoding, "gpu"))
