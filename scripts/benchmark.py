@@ -36,6 +36,9 @@ estimate. The JSON names which (``memory_kind``).
 
 Writes ``<out>/<date>-<device>-<run.name>[-<tag>].json`` and ``.md``; ``--update-docs`` also replaces this device and
 config's table in docs/performance.md (between ``<!-- benchmark:KEY -->`` markers; added at the end if absent).
+All three are rewritten after every (encoding, length), so a run stopped by SIGINT keeps what it measured
+(``"complete": false``, the table marked partial; exit 130). A measurement that raises (a compiler or kernel
+failure) becomes a row with status "error" and the message, and the run goes on (exit 1 at the end).
 """
 
 from __future__ import annotations
@@ -49,9 +52,12 @@ import importlib.metadata
 import json
 import platform
 import re
+import signal
 import statistics
 import sys
+import threading
 import time
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -62,6 +68,7 @@ from minilm.config import load_config, micro_batch_size  # noqa: E402
 from minilm.export import llama_rope_kwargs, llama_shape  # noqa: E402
 from minilm.training.optim import make_adamw  # noqa: E402  (the trainer's optimizer, fused where torch has it)
 from minilm.errors import MinilmError  # noqa: E402
+from minilm.training.checkpoint import atomic_write_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "performance.md"
@@ -240,6 +247,13 @@ def build_step(impl, cfg, T, B, device, amp_dtype, do_compile):
     return step, n_mm
 
 
+def _error_text(e: Exception) -> str:
+    """Print the traceback (the log keeps it) and return the exception's one-line summary for the report."""
+    traceback.print_exc()
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 def _free(device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -267,6 +281,10 @@ def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak
             row["loss"] = round(float(loss.detach()), 4)
         except torch.OutOfMemoryError:
             row.update(status="oom", tokens_per_s=None, mfu=None, peak_mem_mb=None, memory_kind=mem.kind)
+            return row
+        except Exception as e:  # a kernel or compiler failure for one encoding must not lose the other rows
+            row.update(status="error", error=_error_text(e), tokens_per_s=None, mfu=None, peak_mem_mb=None,
+                       memory_kind=mem.kind)  # fmt: skip
             return row
         finally:
             step = None  # noqa: F841 (free the model before the next measurement)
@@ -308,6 +326,8 @@ def paired_ratio(cfg, T, B, args, device, amp_dtype, do_compile) -> dict:
             pairs.append((t1 - t0, time.perf_counter() - t1))
     except torch.OutOfMemoryError:
         return {"status": "oom"}
+    except Exception as e:
+        return {"status": "error", "error": _error_text(e)}
     finally:
         ours = peer = None  # noqa: F841
         _free(device)
@@ -365,6 +385,8 @@ def markdown_table(report: dict) -> str:
     )
     if report.get("note"):
         head += f" · {report['note']}"
+    if not report.get("complete", True):
+        head += f" · **partial: stopped after {report['measured']} of {report['planned']} measurements**"
     lines = [
         head,
         "",
@@ -383,6 +405,12 @@ def markdown_table(report: dict) -> str:
         pair = f"{pair:.2f}×" if pair else "–"
         cells = [r["impl"], r["encoding"], r["seq_len"], r["batch_size"], tps, mfu, mem, ratio, pair]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    errors = [f"- {r['impl']} {r['encoding']} T={r['seq_len']}: `{r['error']}`"
+              for r in report["results"] if r.get("error")]  # fmt: skip
+    errors += [f"- interleaved ratio at T={r['seq_len']}: `{r['paired']['error']}`" for r in report["ratios"]
+               if r["paired"].get("error")]  # fmt: skip
+    if errors:
+        lines += ["", "Failed:", *errors]
     return "\n".join(lines) + "\n"
 
 
@@ -396,7 +424,7 @@ def update_docs(report: dict, md: str, path: Path) -> None:
         text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip("\n") + f"\n\n### {report['device_name']} — {report['config_name']}\n\n{block}\n"
-    path.write_text(text)
+    atomic_write_text(path, text)
 
 
 # --------------------------------------------------------------------------------------------------- main
@@ -424,45 +452,56 @@ def _print_row(impl: str, enc: str, T: int, B: int, r: dict) -> None:
         f"{impl:8s} {enc:10s} T={T:<7d} B={B:<4d} "
         + (f"{r['tokens_per_s']:>12,.0f} tok/s" if r["status"] == "ok" else r["status"])
         + (f"  MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "")
-        + (f"  peak {r['peak_mem_mb']:,.0f} MB" if r.get("peak_mem_mb") is not None else ""),
+        + (f"  peak {r['peak_mem_mb']:,.0f} MB" if r.get("peak_mem_mb") is not None else "")
+        + (f"  {r['error']}" if r.get("error") else ""),
         flush=True,
     )
 
 
-def measure_all(args, base, device, amp_dtype, do_compile, peak_flops) -> tuple[list[dict], list[dict]]:
-    """Every (encoding, length): minilm and, for RoPE with --peer, the peer, alternating per repeat; returns the
-    median rows and the minilm / peer ratios (separate and interleaved)."""
+def plan(args, base) -> list[tuple[str, int]]:
+    """The (encoding, length) pairs a run measures, in order."""
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [base.train.seq_len]
     encodings = args.encodings.split(",") if args.encodings else [base.model.position.name]
+    return [(enc, T) for enc in encodings for T in lengths]
+
+
+def measure_all(args, base, device, amp_dtype, do_compile, peak_flops, report: dict, save) -> None:
+    """Every planned (encoding, length): minilm and, for RoPE with --peer, the peer, alternating per repeat. Appends
+    the median rows and the minilm / peer ratios (separate and interleaved) to ``report`` and calls ``save()``
+    after each pair, so a run stopped part-way (a time limit, Ctrl-C) leaves what it measured."""
     tokens = micro_batch_size(base.train) * base.train.seq_len
-    results, ratios = [], []
-    for enc in encodings:
-        cfg = load_config(args.config, [*args.overrides, f"model.position.name={enc}"]) if args.encodings else base
-        for T in lengths:
-            B = args.batch_size or max(1, tokens // T)
-            impls = ["minilm"] + (["hf_llama"] if args.peer and enc == "rope" else [])
-            runs = {i: [] for i in impls}
-            for _ in range(args.repeats):  # alternate, so load on a shared machine falls on both
-                for impl in impls:
-                    runs[impl].append(measure(impl, cfg, enc, T, B, args, device, amp_dtype, do_compile, peak_flops))
-            rows = {i: median_row(r, peak_flops) for i, r in runs.items()}
-            for i in impls:
-                results.append(rows[i])
-                _print_row(i, enc, T, B, rows[i])
-            if "hf_llama" in rows and rows["minilm"]["status"] == rows["hf_llama"]["status"] == "ok":
-                ratio = rows["minilm"]["tokens_per_s"] / rows["hf_llama"]["tokens_per_s"]
-                paired = paired_ratio(cfg, T, B, args, device, amp_dtype, do_compile)
-                ratios.append({"encoding": enc, "seq_len": T, "ratio": round(ratio, 3), "paired": paired})
-                print(f"minilm / peer at T={T}: {ratio:.2f}x (separate runs); "
-                      f"{paired.get('ratio', 0):.2f}x (interleaved steps, median of {paired.get('pairs')})",
-                      flush=True)  # fmt: skip
-    return results, ratios
+    configs = {}
+    for enc, T in plan(args, base):
+        if args.encodings and enc not in configs:
+            configs[enc] = load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
+        cfg = configs[enc] if args.encodings else base
+        B = args.batch_size or max(1, tokens // T)
+        impls = ["minilm"] + (["hf_llama"] if args.peer and enc == "rope" else [])
+        runs = {i: [] for i in impls}
+        for _ in range(args.repeats):  # alternate, so load on a shared machine falls on both
+            for impl in impls:
+                runs[impl].append(measure(impl, cfg, enc, T, B, args, device, amp_dtype, do_compile, peak_flops))
+        rows = {i: median_row(r, peak_flops) for i, r in runs.items()}
+        for i in impls:
+            report["results"].append(rows[i])
+            _print_row(i, enc, T, B, rows[i])
+        if "hf_llama" in rows and rows["minilm"]["status"] == rows["hf_llama"]["status"] == "ok":
+            ratio = rows["minilm"]["tokens_per_s"] / rows["hf_llama"]["tokens_per_s"]
+            paired = paired_ratio(cfg, T, B, args, device, amp_dtype, do_compile)
+            report["ratios"].append({"encoding": enc, "seq_len": T, "ratio": round(ratio, 3), "paired": paired})
+            print(f"minilm / peer at T={T}: {ratio:.2f}x (separate runs); "
+                  f"{paired.get('ratio', 0):.2f}x (interleaved steps, median of {paired.get('pairs')})",
+                  flush=True)  # fmt: skip
+        report["measured"] += 1
+        save()
+        if SIGINT_SEEN.is_set():  # a SIGINT that a measurement swallowed (say, as a compile worker's error)
+            raise KeyboardInterrupt
 
 
 def run(args) -> dict:
+    """Measure, writing the report after every (encoding, length); ``report["complete"]`` is True at the end."""
     base = load_config(args.config, args.overrides)
     device, precision, amp_dtype, do_compile, name, slug, peak = _setup(args, base)
-    results, ratios = measure_all(args, base, device, amp_dtype, do_compile, peak * 1e12 if peak else None)
     try:  # the version without importing transformers (slow)
         tf_version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
@@ -486,36 +525,84 @@ def run(args) -> dict:
         "warmup": args.warmup,
         "repeats": args.repeats,
         "peak_tflops": peak,
-        "memory_kind": results[0].get("memory_kind", "") if results else "",
+        "memory_kind": "cuda_max_memory_allocated" if device.type == "cuda" else "cpu_peak_rss_delta",
         "flops_per_token": "6*N + 12*L*d*T; N = all parameters but the input embedding (LM head counted once)",
         "note": args.note,
-        "results": results,
-        "ratios": ratios,
+        "planned": len(plan(args, base)),
+        "measured": 0,
+        "complete": False,
+        "results": [],
+        "ratios": [],
     }
-    write_report(report, Path(args.out), now, args.update_docs)
+
+    def save():
+        if report["results"]:
+            report["memory_kind"] = report["results"][0].get("memory_kind", report["memory_kind"])
+        write_report(report, Path(args.out), now, args.update_docs)
+
+    try:
+        measure_all(args, base, device, amp_dtype, do_compile, peak * 1e12 if peak else None, report, save)
+    except KeyboardInterrupt:  # SIGINT (Ctrl-C, `timeout -s INT`): what was measured is already written
+        where = f"in {result_stem(report, Path(args.out), now)}.json" if report["measured"] else "none written"
+        raise Interrupted(f"interrupted after {report['measured']} of {report['planned']} measurements; "
+                          f"results {where}") from None  # fmt: skip
+    report["complete"] = True
+    save()
+    updated = f"; updated {DOCS}" if args.update_docs else ""
+    print(f"wrote {result_stem(report, Path(args.out), now)}.json and .md{updated}")
     return report
+
+
+def result_stem(report: dict, out: Path, now) -> Path:
+    return out / f"{now.strftime('%Y-%m-%d')}-{report['device_slug']}-{report['config_name']}"
 
 
 def write_report(report: dict, out: Path, now, update: bool) -> None:
     """The JSON and markdown under ``out``, and with ``update`` the table in docs/performance.md."""
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{now.strftime('%Y-%m-%d')}-{report['device_slug']}-{report['config_name']}"
-    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    stem = result_stem(report, out, now)
+    atomic_write_text(stem.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
     md = markdown_table(report)
-    stem.with_suffix(".md").write_text(f"# Benchmark: {report['config_name']} on {report['device_name']}\n\n{md}")
-    print(f"wrote {stem}.json and .md")
+    title = f"# Benchmark: {report['config_name']} on {report['device_name']}"
+    atomic_write_text(stem.with_suffix(".md"), f"{title}\n\n{md}")
     if update:
         update_docs(report, md, DOCS)
-        print(f"updated {DOCS}")
+
+
+SIGINT_SEEN = threading.Event()
+
+
+def _on_sigint(signum, frame):
+    SIGINT_SEEN.set()
+    signal.default_int_handler(signum, frame)
+
+
+class Interrupted(Exception):
+    """The run was stopped part-way (SIGINT); its message says how far it got and where the results are."""
 
 
 def main(argv=None) -> int:
+    """Exit 0; 1 when a measurement failed (its row says "error" and why; the traceback is in the output above);
+    2 on bad input; 130 when interrupted, with the measurements finished so far written."""
     args = parse_args(argv)
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_sigint) if on_main_thread else None
     try:
-        run(args)
+        report = run(args)
     except MinilmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(str(e), file=sys.stderr)
+        return 130
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGINT, previous)
+    failed = [r for r in report["results"] if r["status"] == "error"]
+    failed += [r["paired"] for r in report["ratios"] if r["paired"].get("status") == "error"]
+    if failed:
+        print(f"{len(failed)} measurement(s) failed: {'; '.join(r['error'] for r in failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# The GPU measurements of docs/performance.md ("GPU: not yet measured"), in parts that each aim to fit one
-# 10-minute command of a lent GPU machine (estimates: not yet timed on one). Run from the repository root:
+# The GPU measurements of docs/performance.md ("GPU: not yet measured"), in parts. Run from the repository root:
 #
-#   bash scripts/gpu_session.sh PART
+#   bash scripts/gpu_session.sh PART [PART ...]
 #
 #   check      versions, the GPU, one short uncompiled step of the config (no tables written): run first
 #   peer       the config at 1024 tokens against the Hugging Face peer (MFU, ratio)
@@ -13,25 +12,34 @@
 #   long-ckpt  the same with activation checkpointing
 #   tests      python -m pytest -m gpu
 #
+# The parts run in the order given, inside one time budget: BUDGET seconds (default 540, under the device tool's
+# 10 minutes per command) from the start. Each part runs under `timeout -s INT` with what is left of it, so a
+# part that runs long is stopped with its finished measurements written (scripts/benchmark.py saves after each
+# one and marks the table partial), and the parts after it are skipped; a machine start is not wasted on one
+# slow part. (Part durations are estimates: not yet timed on a GPU.)
+#
 # Every benchmark part writes benchmarks/results/*.{json,md} and its table in docs/performance.md
-# (--update-docs). Where $OUT is set (the device tool's output folder), the part also leaves there
-# gpu-PART.log (everything printed) and gpu-PART.tgz (benchmarks/results and docs/performance.md): unpack that
-# in the checkout (tar xzf gpu-PART.tgz) to take the results home.
+# (--update-docs). Where $OUT is set (the device tool's output folder), each part also leaves there
+# gpu-PART.log (everything printed) and gpu-PART.tgz (benchmarks/results and docs/performance.md): unpack the
+# last one in the checkout (tar xzf gpu-PART.tgz) to take the results home.
 #
 # Packages the GPU image lacks travel as wheels in .whl/ (`make gpu-wheels` downloads them; pass .whl in the
 # device tool's carry); they are installed into /tmp/site first (WHEELS names another folder). GPU_CONFIG picks
 # another config (default configs/gpt2_small.yaml); PYTHON another interpreter.
 set -uo pipefail
 
-part=${1:-}
-case $part in
-check | peer | peer-chunked | enc-1k | enc-8k | long | long-ckpt | tests) ;;
-*)
-    echo "usage: bash scripts/gpu_session.sh check|peer|peer-chunked|enc-1k|enc-8k|long|long-ckpt|tests" \
-        "(got '$part')" >&2
-    exit 2
-    ;;
-esac
+parts_known="check peer peer-chunked enc-1k enc-8k long long-ckpt tests"
+usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
+[ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
+for part in "$@"; do
+    case " $parts_known " in
+    *" $part "*) ;;
+    *) echo "$usage (got '$part')" >&2; exit 2 ;;
+    esac
+done
+budget=${BUDGET:-540}
+[[ $budget =~ ^[0-9]+$ ]] || { echo "BUDGET must be a whole number of seconds, got '$budget'" >&2; exit 2; }
+deadline=$((SECONDS + budget))
 cd "$(dirname "$0")/.." || exit 1
 py=${PYTHON:-python3}
 cfg=${GPU_CONFIG:-configs/gpt2_small.yaml}
@@ -45,7 +53,9 @@ if compgen -G "$wheels/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} # pytest imports minilm from the checkout, uninstalled
 
-bench() { $py scripts/benchmark.py --config "$cfg" "$@"; }
+# what is left of the budget, less 15 s for the tarball; SIGINT lets the benchmark and pytest write what they have
+limited() { timeout -s INT -k 30 $((deadline - SECONDS - 15)) "$@"; }
+bench() { limited $py scripts/benchmark.py --config "$cfg" "$@"; }
 long_lengths=16384,32768,65536,131072
 
 run_part() {
@@ -79,18 +89,28 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
             model.loss_chunk_size=4096 model.activation_checkpointing=true
         ;;
     tests)
-        $py -m pytest -m gpu -q
+        limited $py -m pytest -m gpu -q
         ;;
     esac
 }
 
-if [ -z "$out" ]; then
-    run_part
-    exit $?
-fi
-mkdir -p "$out"
-run_part 2>&1 | tee "$out/gpu-$part.log"
-status=${PIPESTATUS[0]}
-tar czf "$out/gpu-$part.tgz" benchmarks/results docs/performance.md
-echo "gpu_session $part: exit $status; results in $out/gpu-$part.tgz" | tee -a "$out/gpu-$part.log"
+status=0
+for part in "$@"; do
+    if ((deadline - SECONDS < 60)); then
+        echo "gpu_session $part: skipped, $((deadline - SECONDS)) s of the $budget s budget left" >&2
+        status=124
+        continue
+    fi
+    if [ -z "$out" ]; then
+        run_part
+        rc=$?
+    else
+        mkdir -p "$out"
+        run_part 2>&1 | tee "$out/gpu-$part.log"
+        rc=${PIPESTATUS[0]}
+        tar czf "$out/gpu-$part.tgz" benchmarks/results docs/performance.md
+        echo "gpu_session $part: exit $rc; results in $out/gpu-$part.tgz" | tee -a "$out/gpu-$part.log"
+    fi
+    ((rc == 0)) || status=$rc
+done
 exit "$status"

@@ -95,3 +95,50 @@ def test_compiled_measurements_compile_afresh_and_static(bench, tmp_path, monkey
         report = bench.run(args)
     assert [r["status"] for r in report["results"]] == ["ok"] * 6
     assert len(seen) == 6 and all(kw.get("dynamic") is False for kw in seen)
+
+
+def _two_encodings(tmp_path):
+    return ["--lengths", "8", "--encodings", "rope,alibi", "--steps", "1", "--warmup", "1", "--threads", "1",
+            "--batch-size", "2", "--device", "cpu", "--out", str(tmp_path / "out"), "--update-docs", *TINY]  # fmt: skip
+
+
+def _fail_for(bench, monkeypatch, encoding, exc):
+    real = bench.build_step
+
+    def build_step(impl, cfg, *a, **kw):
+        if cfg.model.position.name == encoding:
+            raise exc
+        return real(impl, cfg, *a, **kw)
+
+    monkeypatch.setattr(bench, "build_step", build_step)
+
+
+def test_a_failing_measurement_is_reported_and_the_others_still_run(bench, tmp_path, monkeypatch, capsys):
+    """A compiler or kernel failure for one encoding (likely on a first GPU run) must not lose the other rows: the
+    row says "error" and why, the table lists it, and the exit code is 1."""
+    monkeypatch.setattr(bench, "DOCS", tmp_path / "performance.md")
+    _fail_for(bench, monkeypatch, "rope", RuntimeError("kernel exploded\nsecond line"))
+    assert bench.main(_two_encodings(tmp_path)) == 1
+    saved = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    assert saved["complete"] and saved["measured"] == saved["planned"] == 2
+    rope, alibi = saved["results"]
+    assert rope["status"] == "error" and rope["error"] == "RuntimeError: kernel exploded"
+    assert alibi["status"] == "ok" and alibi["tokens_per_s"] > 0
+    md = next((tmp_path / "out").glob("*.md")).read_text()
+    assert "| minilm | rope | 8 | 2 | error |" in md and "- minilm rope T=8: `RuntimeError: kernel exploded`" in md
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "1 measurement(s) failed: RuntimeError: kernel exploded" in err
+
+
+def test_an_interrupted_run_keeps_what_it_measured(bench, tmp_path, monkeypatch, capsys):
+    """SIGINT part-way (Ctrl-C, or gpu_session.sh's time limit) leaves the finished measurements in the JSON,
+    the markdown and the docs, marked partial; exit code 130."""
+    docs = tmp_path / "performance.md"
+    monkeypatch.setattr(bench, "DOCS", docs)
+    _fail_for(bench, monkeypatch, "alibi", KeyboardInterrupt())
+    assert bench.main(_two_encodings(tmp_path)) == 130
+    saved = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    assert not saved["complete"] and (saved["measured"], saved["planned"]) == (1, 2)
+    assert [(r["encoding"], r["status"]) for r in saved["results"]] == [("rope", "ok")]
+    assert "**partial: stopped after 1 of 2 measurements**" in docs.read_text()
+    assert "interrupted after 1 of 2 measurements; results in" in capsys.readouterr().err

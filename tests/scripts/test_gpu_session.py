@@ -12,10 +12,10 @@ from tests.conftest import REPO
 SCRIPT = REPO / "scripts" / "gpu_session.sh"
 
 
-def _run(part, tmp_path, **env):
+def _run(parts, tmp_path, **env):
     env = {**os.environ, "PYTHON": sys.executable, "WHEELS": str(tmp_path / "no-wheels"), "TMPDIR": str(tmp_path),
            **env}  # fmt: skip
-    return subprocess.run(["bash", str(SCRIPT), part], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(["bash", str(SCRIPT), *parts.split()], env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_check_part_leaves_its_log_and_results_in_out(tmp_path):
@@ -30,7 +30,20 @@ def test_check_part_leaves_its_log_and_results_in_out(tmp_path):
     assert list((tmp_path / "minilm-check").glob("*.json")), "the check's results go to TMPDIR, not the repo"
 
 
-def test_unknown_part_is_refused_with_usage(tmp_path):
-    proc = _run("everything", tmp_path)
+def test_unknown_part_is_refused_with_usage_before_anything_runs(tmp_path):
+    out = tmp_path / "out"
+    proc = _run("check everything", tmp_path, OUT=str(out))
     assert proc.returncode == 2
-    assert "usage:" in proc.stderr and "long-ckpt" in proc.stderr
+    assert "usage:" in proc.stderr and "long-ckpt" in proc.stderr and "'everything'" in proc.stderr
+    assert not out.exists()
+    assert _run("", tmp_path).returncode == 2
+
+
+def test_parts_past_the_time_budget_are_skipped_and_say_so(tmp_path):
+    """A part that would start with under a minute of BUDGET left is skipped (exit 124), not started and killed."""
+    proc = _run("check tests", tmp_path, BUDGET="30", OUT=str(tmp_path / "out"))
+    assert proc.returncode == 124
+    assert "gpu_session check: skipped" in proc.stderr and "gpu_session tests: skipped" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    bad = _run("check", tmp_path, BUDGET="ten minutes")
+    assert bad.returncode == 2 and "BUDGET must be a whole number of seconds" in bad.stderr
