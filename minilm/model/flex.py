@@ -38,6 +38,13 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+@functools.cache
+def _compiled_create_block_mask():  # (create_block_mask's own _compile flag is deprecated since torch 2.11)
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask)
+
+
 @functools.lru_cache(maxsize=32)
 def _causal_block_mask(T: int, S: int, offset: int, device: str):
     from torch.nn.attention.flex_attention import create_block_mask
@@ -58,7 +65,8 @@ def document_block_mask(mask, B: int, T: int, S: int, device, compile: bool = Fa
     def causal_same_document(b, h, i, j):
         return (j <= i + offset) & (q_doc[b, i] == k_doc[b, j])
 
-    return create_block_mask(causal_same_document, B, None, T, S, device=device, _compile=compile)
+    build = _compiled_create_block_mask() if compile else create_block_mask
+    return build(causal_same_document, B, None, T, S, device=device)
 
 
 def block_mask(mask, B: int, T: int, S: int, device: torch.device):

@@ -10,6 +10,8 @@
 The compiled CUDA kernel runs the same score_mods; ``-m gpu`` checks it where a GPU exists.
 """
 
+import warnings
+
 import pytest
 import torch
 
@@ -281,7 +283,9 @@ def test_compiled_document_block_mask_equals_uncompiled():
     docs = torch.tensor([[0] * 100 + [1] * 200 + [2] * 84, [0] * 250 + [1] * 134])
     mask = AttentionMask(q_doc=docs, k_doc=docs)
     want = document_block_mask(mask, 2, T, T, "cpu")
-    got = document_block_mask(mask, 2, T, T, "cpu", compile=True)
+    with warnings.catch_warnings():  # not through create_block_mask's deprecated _compile flag
+        warnings.filterwarnings("error", message=".*_compile flag", category=DeprecationWarning)
+        got = document_block_mask(mask, 2, T, T, "cpu", compile=True)
     for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
