@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minilm.positions import PositionDims, build_position
+from minilm.positions.base import PositionEncoding
 
 
 @dataclass
@@ -135,22 +136,38 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H·Dh)
         return self.wo(y)
 
+    def kernel(self, device: torch.device) -> str:
+        """The rung of the kernel ladder (module docstring) this encoding takes on ``device``: "sdpa", "flex",
+        "sdpa_bias" or "reference"."""
+        pos = self.pos
+        if pos.has_value_term or pos.score_kind not in ("none", "bias"):
+            return "reference"
+        if pos.score_kind == "none":
+            return "sdpa"
+        if torch.device(device).type == "cuda" and type(pos).score_mod is not PositionEncoding.score_mod:
+            from minilm.model.flex import flex_attention_available
+
+            if flex_attention_available():
+                return "flex"
+        return "sdpa_bias"
+
     def attend(self, q, k, v, q_pos, k_pos, mask: AttentionMask) -> Tensor:
         """The kernel ladder (module docstring). Positions arrive as given, (1, T) when the batch shares them;
         every score-term path reads them per row, except a position-only bias (``score_reads_qk = False``)
         through SDPA, which then builds one bias for the whole batch."""
-        pos = self.pos
-        if pos.score_kind == "none" and not pos.has_value_term:
+        pos, kernel = self.pos, self.kernel(q.device)
+        if kernel == "sdpa":
             return sdpa_attention(q, k, v, pos, mask)
         B = q.shape[0]
         rows = q_pos.expand(B, -1), k_pos.expand(B, -1)
-        if pos.score_kind == "bias" and not pos.has_value_term:
-            if q.is_cuda:
-                from minilm.model.flex import flex_attention_available, flex_attention_with_score_mod
+        if kernel == "flex":
+            from minilm.model.flex import flex_attention_with_score_mod
 
-                score_mod = pos.score_mod(q, k, *rows) if flex_attention_available() else None
-                if score_mod is not None:
-                    return flex_attention_with_score_mod(q, k, v, score_mod, mask, pos.softmax_scale(q.shape[-1]))
+            score_mod = pos.score_mod(q, k, *rows)
+            if score_mod is not None:
+                return flex_attention_with_score_mod(q, k, v, score_mod, mask, pos.softmax_scale(q.shape[-1]))
+            kernel = "sdpa_bias"
+        if kernel == "sdpa_bias":
             shared = rows if pos.score_reads_qk else (q_pos, k_pos)
             return sdpa_bias_attention(q, k, v, pos, *shared, mask)
         return reference_attention(q, k, v, pos, *rows, mask)

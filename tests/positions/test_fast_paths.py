@@ -198,6 +198,23 @@ def test_ladder_on_cpu_sends_bias_terms_to_sdpa_and_full_terms_to_the_reference(
     assert taken == ["sdpa_bias_attention", "reference_attention", "reference_attention"]
 
 
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+def test_kernel_names_the_rung_per_device():
+    """The routing a GPU run takes, checked without a GPU (``kernel`` reads the device, not a tensor): every bias
+    term with a score_mod goes to Flex on CUDA and to SDPA-with-bias elsewhere; no score term to SDPA."""
+    dims = PositionDims(d_model=H * DH, n_heads=H, n_kv_heads=HKV, head_dim=DH, n_layers=1)
+
+    def kernels(name, **params):
+        layer = Attention(H * DH, H, HKV, {"name": name, **params}, dims)
+        return layer.kernel(torch.device("cpu")), layer.kernel(torch.device("cuda"))
+
+    for name in ["rope", "none", "alibi", "t5", "kerple", "fire", "transformer_xl", "deberta"]:
+        want = ("sdpa", "sdpa") if hook(name).score_kind == "none" else ("sdpa_bias", "flex")
+        assert kernels(name, **PARAMS.get(name, {})) == want, name
+    assert kernels("shaw", values=False) == ("sdpa_bias", "flex")
+    assert kernels("shaw") == kernels("cope") == ("reference", "reference")
+
+
 def test_shaw_value_term_matches_the_definition():
     """z_i = Σ_j α_ij (v_j + R^V[clip(i − j, −k, k)]): the bucketed value term equals the direct sum."""
     pos = hook("shaw", max_distance=3)
