@@ -29,9 +29,22 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\).*")  # Lightning vs torch 2.13
 
 
+def flush_denormals() -> None:
+    """Flush subnormal floats to zero on CPU (FTZ/DAZ; a no-op where the CPU has no such mode). A softmax over
+    logits far below the row's maximum — a distance bias such as ALiBi's, or a sharp trained head — yields
+    exp(x) below 1.2e-38, and x86 arithmetic on such subnormals is many times slower: ALiBi's SDPA backward at
+    T 2048 on 2 threads took 106 ms with them and 31 ms flushed (scripts/bench_attention.py; docs/performance.md).
+    Nothing of that size changes a result. Call it before torch's first parallel operation: CPU threads copy the
+    mode when they start, and torch's worker threads start with the first parallel operation."""
+    import torch
+
+    torch.set_flush_denormal(True)
+
+
 def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argparse.ArgumentParser,
             argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
+    flush_denormals()  # before anything else runs: before torch starts its worker threads
     quiet_libraries()
     try:
         return main(args) or 0

@@ -67,6 +67,7 @@ import torch  # noqa: E402
 from minilm.config import load_config, micro_batch_size  # noqa: E402
 from minilm.export import llama_rope_kwargs, llama_shape  # noqa: E402
 from minilm.training.optim import make_adamw  # noqa: E402  (the trainer's optimizer, fused where torch has it)
+from minilm.cli import flush_denormals  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 from minilm.training.checkpoint import atomic_write_text  # noqa: E402
 
@@ -577,6 +578,20 @@ def _on_sigint(signum, frame):
     signal.default_int_handler(signum, frame)
 
 
+@contextlib.contextmanager
+def sigint_flag():
+    """Within: SIGINT still raises KeyboardInterrupt, and also sets SIGINT_SEEN, which the measuring loops check
+    after each measurement (a measurement's own ``except Exception`` may have swallowed the signal's effect)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class Interrupted(Exception):
     """The run was stopped part-way (SIGINT); its message says how far it got and where the results are."""
 
@@ -585,19 +600,16 @@ def main(argv=None) -> int:
     """Exit 0; 1 when a measurement failed (its row says "error" and why; the traceback is in the output above);
     2 on bad input; 130 when interrupted, with the measurements finished so far written."""
     args = parse_args(argv)
-    on_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, _on_sigint) if on_main_thread else None
+    flush_denormals()  # as train.py does (run_cli), before torch starts its worker threads
     try:
-        report = run(args)
+        with sigint_flag():
+            report = run(args)
     except MinilmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Interrupted as e:
         print(str(e), file=sys.stderr)
         return 130
-    finally:
-        if on_main_thread:
-            signal.signal(signal.SIGINT, previous)
     failed = [r for r in report["results"] if r["status"] == "error"]
     failed += [r["paired"] for r in report["ratios"] if r["paired"].get("status") == "error"]
     if failed:

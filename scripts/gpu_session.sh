@@ -4,6 +4,7 @@
 #   bash scripts/gpu_session.sh PART [PART ...]
 #
 #   check      versions, the GPU, one short uncompiled step of the config (no tables written): run first
+#   attn       the attention core alone (scripts/bench_attention.py), five encodings at 1K, 8K, 32K tokens
 #   peer       the config at 1024 tokens against the Hugging Face peer (MFU, ratio)
 #   peer-chunked  the same with the chunked loss (model.loss_chunk_size=4096)
 #   enc-1k     RoPE, ALiBi, T5, KERPLE, FIRE at 1024 tokens (chunked loss)
@@ -28,7 +29,7 @@
 # another config (default configs/gpt2_small.yaml); PYTHON another interpreter.
 set -uo pipefail
 
-parts_known="check peer peer-chunked enc-1k enc-8k long long-ckpt tests"
+parts_known="check attn peer peer-chunked enc-1k enc-8k long long-ckpt tests"
 usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
 [ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
 for part in "$@"; do
@@ -66,6 +67,9 @@ run_part() {
 torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name(),
 '| omegaconf', omegaconf.__version__, '| lightning', lightning.__version__)"
         bench --steps 2 --warmup 1 --no-compile --batch-size 1 --out "${TMPDIR:-/tmp}/minilm-check"
+        ;;
+    attn)
+        limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192,32768 --update-docs
         ;;
     peer) # each repeat builds and compiles both models again, and the interleaved ratio once more
         bench --lengths 1024 --peer --steps 20 --warmup 5 --repeats 2 --update-docs

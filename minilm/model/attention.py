@@ -98,7 +98,7 @@ def sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tens
     Dh, T, S = q.shape[-1], q.shape[2], k.shape[2]
     with torch.autocast(q.device.type, enabled=False):
         bias = pos.score(q, repeat_kv(k, q.shape[1] // k.shape[1]), q_pos, k_pos, None)  # fp32, (B|1, H, T, S)
-        attn_mask = bias.float().masked_fill(~mask.dense(T, S, q.device), float("-inf"))
+        attn_mask = torch.where(mask.dense(T, S, q.device), bias.float(), float("-inf"))  # one pass, not a copy + fill
         out = F.scaled_dot_product_attention(
             q.float(), k.float(), v.float(), attn_mask=attn_mask, scale=pos.softmax_scale(Dh),
             enable_gqa=q.shape[1] != k.shape[1],

@@ -23,7 +23,7 @@ from minilm.positions.base import PositionDims, PositionEncoding
 
 
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
-    """d = q_pos − k_pos: (B, T), (B, S) -> (B, 1, T, S), long."""
+    """d = q_pos − k_pos: (B, T), (B, S) -> (B, 1, T, S), in the positions' dtype (long; fp32 where given fp32)."""
     return (q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)).unsqueeze(1)
 
 
@@ -69,7 +69,8 @@ class Alibi(PositionEncoding):
         self.register_buffer("slopes", alibi_slopes(dims.n_heads, params.max_bias), persistent=False)  # (H,)
 
     def score(self, q, k, q_pos, k_pos, logits):
-        return -self.slopes.view(1, -1, 1, 1) * relative_distance(q_pos, k_pos).float()  # (B, H, T, S)
+        # distances in fp32 from the start (exact below 2^24): no (B, 1, T, S) int64 pass and conversion
+        return -self.slopes.view(1, -1, 1, 1) * relative_distance(q_pos.float(), k_pos.float())  # (B, H, T, S)
 
     def score_mod(self, q, k, q_pos, k_pos):
         slopes = self.slopes
@@ -199,7 +200,7 @@ class Kerple(PositionEncoding):
 
     def score(self, q, k, q_pos, k_pos, logits):
         r1, r2 = (c.view(1, -1, 1, 1) for c in self.coefficients())
-        return -r1 * torch.log1p(r2 * relative_distance(q_pos, k_pos).abs().float())  # (B, H, T, S)
+        return -r1 * torch.log1p(r2 * relative_distance(q_pos.float(), k_pos.float()).abs())  # (B, H, T, S)
 
     def score_mod(self, q, k, q_pos, k_pos):
         r1, r2 = self.coefficients()

@@ -1,0 +1,235 @@
+#!/usr/bin/env python
+"""The attention core alone, per encoding and length: forward + backward of rotate + the kernel ladder.
+
+    python scripts/bench_attention.py --config configs/gpt2_small.yaml --lengths 1024,8192 \\
+        [--encodings rope,alibi,t5,kerple,fire] [--tokens 16384] [--steps 10] [--warmup 3] [--device cuda|cpu] \\
+        [--precision auto|32|bf16-mixed] [--compile|--no-compile] [--threads N] [--out benchmarks/results] \\
+        [--tag TAG] [--update-docs] [key.sub=value ...]
+
+What differs between encodings is this part of a layer: the projections, the MLP and the loss are the same for
+all of them, so scripts/benchmark.py's whole-model ratios dilute it. Per (encoding, length) this builds layer 0's
+``Attention`` of the config with ``model.position.name`` set, random q (B, H, T, Dh), k and v (B, Hkv, T, Dh)
+that require gradients (bf16 under bf16-mixed, as the projections give them), positions 0..T−1 and a plain
+causal mask, and times ``pos.rotate`` + ``Attention.attend`` forward and backward (gradients of q, k, v and of
+the encoding's own parameters) — on the rung ``Attention.kernel`` names: SDPA, FlexAttention (CUDA),
+SDPA with the bias as its mask, or the fp32 reference. B = ``--tokens`` // T (at least 1); by default the
+config's tokens per micro-batch. ``--compile`` wraps the core in ``torch.compile(dynamic=False)`` (default: off;
+FlexAttention's kernel is compiled either way on CUDA).
+
+Reports ms per forward + backward (median), tokens/s, the ratio to RoPE's tokens/s at the same length (when
+``rope`` is among the encodings) and peak memory (as scripts/benchmark.py measures it). Writes
+``<out>/<date>-<device>-<run.name>-attention[-<tag>].{json,md}`` after every measurement; ``--update-docs`` puts
+the table in docs/performance.md. Failures and SIGINT are handled as in scripts/benchmark.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/benchmark.py, for its measuring tools
+
+import benchmark as bench  # noqa: E402
+import torch  # noqa: E402
+
+from minilm.config import load_config, micro_batch_size  # noqa: E402
+from minilm.cli import flush_denormals  # noqa: E402
+from minilm.errors import MinilmError  # noqa: E402
+from minilm.model.attention import AttentionMask  # noqa: E402
+from minilm.model.transformer import Block  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", help="YAML experiment config (default: the schema defaults)")
+    ap.add_argument("--lengths", default=None, help="comma-separated sequence lengths (default: train.seq_len)")
+    ap.add_argument("--encodings", default="rope,alibi,t5,kerple,fire", help="comma-separated model.position.name")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens per step, B = tokens // T (default: config's)")
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
+    ap.add_argument("--precision", default=None, choices=["auto", "32", "bf16-mixed"], help="default: train.precision")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="compile the core")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
+    ap.add_argument("--out", default=str(bench.REPO / "benchmarks" / "results"), help="folder for JSON and markdown")
+    ap.add_argument("--update-docs", action="store_true", help="write the table into docs/performance.md")
+    ap.add_argument("--tag", default="", help="appended to the result files' names and the docs table's key")
+    ap.add_argument("--note", default="", help="free text stored with the results")
+    ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
+    return ap.parse_args(argv)
+
+
+def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool):
+    """(step, kernel name): ``step()`` runs the core forward and backward once on fixed random inputs."""
+    torch.manual_seed(cfg.run.seed)
+    attn = Block(cfg.model, 0).attn.to(device)
+    H, Hkv, Dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(B, h, T, Dh, generator=g).to(device, dtype).requires_grad_() for h in (H, Hkv, Hkv))
+    grad = torch.randn(B, H, T, Dh, generator=g).to(device, dtype)
+    positions, mask = torch.arange(T, device=device).unsqueeze(0), AttentionMask()
+
+    def core(q, k, v):
+        qr, kr = attn.pos.rotate(q, k, positions, positions)
+        return attn.attend(qr, kr, v, positions, positions, mask)
+
+    if do_compile:
+        torch._dynamo.reset()
+        core = torch.compile(core, dynamic=False)
+    leaves = [q, k, v, *attn.parameters()]
+
+    def step():
+        core(q, k, v).backward(grad)
+        for t in leaves:
+            t.grad = None
+
+    return step, attn.kernel(torch.device(device))
+
+
+def measure(cfg, enc: str, T: int, B: int, args, device, dtype) -> dict:
+    row = {"encoding": enc, "seq_len": T, "batch_size": B, "tokens_per_step": B * T}
+    with bench.PeakMemory(device) as mem:
+        step = None
+        try:
+            step, row["kernel"] = build_core(cfg, T, B, device, dtype, args.compile)
+            for _ in range(args.warmup):
+                step()
+            bench._sync(device)
+            times = []
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                step()
+                bench._sync(device)
+                times.append(time.perf_counter() - t0)
+            row["peak_mem_mb"] = round(mem.peak_bytes() / 2**20, 1)
+        except torch.OutOfMemoryError:
+            return {**row, "status": "oom", "tokens_per_s": None, "peak_mem_mb": None}
+        except Exception as e:  # one encoding's kernel or compiler failure must not lose the others
+            return {**row, "status": "error", "error": bench._error_text(e), "tokens_per_s": None, "peak_mem_mb": None}
+        finally:
+            step = None  # noqa: F841
+            bench._free(device)
+    ms = 1000 * statistics.median(times)
+    return {**row, "status": "ok", "step_ms": [round(1000 * t, 3) for t in times], "ms": round(ms, 3),
+            "tokens_per_s": round(1000 * B * T / ms, 1), "memory_kind": mem.kind}  # fmt: skip
+
+
+def markdown_table(report: dict) -> str:
+    head = (
+        f"Device: {report['device_name']} · torch {report['torch']} · threads {report['threads']} · precision "
+        f"{report['precision']} · compile {report['compile']} · {report['date']} · config `{report['config']}` "
+        f"{' '.join(report['overrides'])} · attention core (rotate + kernel), forward + backward, median of "
+        f"{report['steps']} after {report['warmup']} warm-up · memory: {report['memory_kind']}"
+    )
+    if report.get("note"):
+        head += f" · {report['note']}"
+    if not report["complete"]:
+        head += f" · **partial: stopped after {report['measured']} of {report['planned']} measurements**"
+    lines = [head, "", "| encoding | kernel | T | B | ms | tokens/s | vs RoPE | peak mem (MB) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    rope = {r["seq_len"]: r["tokens_per_s"] for r in report["results"] if r["encoding"] == "rope" and r["tokens_per_s"]}
+    for r in report["results"]:
+        ok = r["status"] == "ok"
+        vs = f"{r['tokens_per_s'] / rope[r['seq_len']]:.2f}×" if ok and r["seq_len"] in rope else "–"
+        cells = [r["encoding"], r.get("kernel", "–"), r["seq_len"], r["batch_size"], f"{r['ms']:,.2f}" if ok else
+                 r["status"], f"{r['tokens_per_s']:,.0f}" if ok else "–", vs,
+                 f"{r['peak_mem_mb']:,.0f}" if r.get("peak_mem_mb") is not None else "–"]  # fmt: skip
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    errors = [f"- {r['encoding']} T={r['seq_len']}: `{r['error']}`" for r in report["results"] if r.get("error")]
+    return "\n".join(lines + (["", "Failed:", *errors] if errors else [])) + "\n"
+
+
+def _print_row(r: dict) -> None:
+    if r["status"] == "ok":
+        result = f"{r['ms']:10.2f} ms {r['tokens_per_s']:>14,.0f} tok/s  peak {r['peak_mem_mb']:,.0f} MB"
+    else:
+        result = f"{r['status']} {r.get('error', '')}"
+    print(f"{r['encoding']:14s} {r.get('kernel', '?'):9s} T={r['seq_len']:<7d} B={r['batch_size']:<4d} {result}",
+          flush=True)  # fmt: skip
+
+
+def run(args) -> dict:
+    base = load_config(args.config, args.overrides)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    precision = args.precision or base.train.precision
+    if precision == "auto":
+        precision = "bf16-mixed" if device.type == "cuda" else "32"
+    dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [base.train.seq_len]
+    encodings = args.encodings.split(",")
+    tokens = args.tokens or micro_batch_size(base.train) * base.train.seq_len
+    name, slug = bench.device_info(device)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    report = {
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"), "device": device.type, "device_name": name, "device_slug": slug,
+        "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads(),
+        "config": args.config or "(defaults)",
+        "config_name": f"{base.run.name}-attention" + (f"-{args.tag}" if args.tag else ""),
+        "overrides": list(args.overrides), "precision": precision, "compile": args.compile, "steps": args.steps,
+        "warmup": args.warmup, "memory_kind": bench.PeakMemory(device).kind, "note": args.note,
+        "planned": len(encodings) * len(lengths), "measured": 0, "complete": False, "results": [],
+    }  # fmt: skip
+    out = Path(args.out)
+    try:
+        for enc in encodings:
+            cfg = load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
+            for T in lengths:
+                row = measure(cfg, enc, T, max(1, tokens // T), args, device, dtype)
+                report["results"].append(row)
+                report["measured"] += 1
+                _print_row(row)
+                write(report, out, now, args.update_docs)
+                if bench.SIGINT_SEEN.is_set():
+                    raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        where = f"in {bench.result_stem(report, out, now)}.json" if report["measured"] else "none written"
+        raise bench.Interrupted(f"interrupted after {report['measured']} of {report['planned']} measurements; "
+                                f"results {where}") from None  # fmt: skip
+    report["complete"] = True
+    write(report, out, now, args.update_docs)
+    updated = f"; updated {bench.DOCS}" if args.update_docs else ""
+    print(f"wrote {bench.result_stem(report, out, now)}.json and .md{updated}")
+    return report
+
+
+def write(report: dict, out: Path, now, update: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    stem = bench.result_stem(report, out, now)
+    bench.atomic_write_text(stem.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
+    md = markdown_table(report)
+    title = f"# Attention core: {report['config_name']} on {report['device_name']}"
+    bench.atomic_write_text(stem.with_suffix(".md"), f"{title}\n\n{md}")
+    if update:
+        bench.update_docs(report, md, bench.DOCS)
+
+
+def main(argv=None) -> int:
+    """Exit codes as scripts/benchmark.py's: 0, 1 (a measurement failed), 2 (bad input), 130 (interrupted)."""
+    args = parse_args(argv)
+    flush_denormals()  # as train.py does (run_cli), before torch starts its worker threads
+    try:
+        with bench.sigint_flag():
+            report = run(args)
+    except MinilmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except bench.Interrupted as e:
+        print(str(e), file=sys.stderr)
+        return 130
+    failed = [r for r in report["results"] if r["status"] == "error"]
+    if failed:
+        print(f"{len(failed)} measurement(s) failed: {'; '.join(r['error'] for r in failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""scripts/bench_attention.py: the attention core per encoding, on a tiny model on CPU."""
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+TINY = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "data.tokenizer.vocab_size=64"]
+
+
+@pytest.fixture(scope="module")
+def attn_bench():
+    sys.path.insert(0, str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location("bench_attention", REPO / "scripts" / "bench_attention.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_rows_name_their_kernel_and_compare_with_rope(attn_bench, tmp_path, monkeypatch):
+    docs = tmp_path / "performance.md"
+    monkeypatch.setattr(attn_bench.bench, "DOCS", docs)
+    argv = ["--lengths", "8,16", "--encodings", "rope,alibi,cope", "--tokens", "32", "--steps", "2", "--warmup", "1",
+            "--threads", "1", "--device", "cpu", "--out", str(tmp_path / "out"), "--update-docs", *TINY]  # fmt: skip
+    assert attn_bench.main(argv) == 0
+    saved = json.loads(next((tmp_path / "out").glob("*-attention.json")).read_text())
+    assert saved["complete"] and saved["measured"] == saved["planned"] == 6
+    rows = {(r["encoding"], r["seq_len"]): r for r in saved["results"]}
+    assert [rows["rope", 8]["kernel"], rows["alibi", 8]["kernel"], rows["cope", 8]["kernel"]] == [
+        "sdpa", "sdpa_bias", "reference"]  # fmt: skip
+    assert rows["alibi", 16]["batch_size"] == 2 and rows["rope", 8]["batch_size"] == 4  # B = tokens // T
+    for r in rows.values():
+        assert r["status"] == "ok" and r["ms"] > 0 and r["tokens_per_s"] == pytest.approx(
+            1000 * r["tokens_per_step"] / r["ms"], rel=1e-2)  # fmt: skip
+    ratio = rows["alibi", 16]["tokens_per_s"] / rows["rope", 16]["tokens_per_s"]
+    assert f"| alibi | sdpa_bias | 16 | 2 | {rows['alibi', 16]['ms']:,.2f} |" in docs.read_text()
+    assert f"| {ratio:.2f}× |" in docs.read_text()
+
+
+def test_a_backward_that_fails_is_an_error_row(attn_bench, tmp_path, monkeypatch):
+    """The core's backward is timed too (the gradients FlexAttention must scatter into the encoding's tables are
+    the part most likely to fail or be slow on a GPU): an exception there is an error row, and the exit code 1."""
+    real = attn_bench.build_core
+
+    def failing_backward(cfg, *a, **kw):
+        step, kernel = real(cfg, *a, **kw)
+        if cfg.model.position.name == "kerple":
+            def step():
+                raise RuntimeError("backward of the captured table failed")
+        return step, kernel
+
+    monkeypatch.setattr(attn_bench, "build_core", failing_backward)
+    argv = ["--lengths", "8", "--encodings", "rope,kerple", "--tokens", "16", "--steps", "1", "--warmup", "1",
+            "--threads", "1", "--device", "cpu", "--out", str(tmp_path), *TINY]  # fmt: skip
+    assert attn_bench.main(argv) == 1
+    rope, kerple = json.loads(next(tmp_path.glob("*.json")).read_text())["results"]
+    assert rope["status"] == "ok" and kerple["status"] == "error" and "captured table" in kerple["error"]
+    assert kerple["kernel"] == "sdpa_bias"
