@@ -39,8 +39,6 @@ import benchmark as bench  # noqa: E402
 import torch  # noqa: E402
 
 from minilm.config import load_config, micro_batch_size  # noqa: E402
-from minilm.cli import flush_denormals  # noqa: E402
-from minilm.errors import MinilmError  # noqa: E402
 from minilm.model.attention import AttentionMask  # noqa: E402
 from minilm.model.transformer import Block  # noqa: E402
 
@@ -156,12 +154,7 @@ def _print_row(r: dict) -> None:
 
 def run(args) -> dict:
     base = load_config(args.config, args.overrides)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    precision = args.precision or base.train.precision
-    if precision == "auto":
-        precision = "bf16-mixed" if device.type == "cuda" else "32"
+    device, precision = bench.device_and_precision(args, base)
     dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [base.train.seq_len]
     encodings = args.encodings.split(",")
@@ -213,22 +206,7 @@ def write(report: dict, out: Path, now, update: bool) -> None:
 
 def main(argv=None) -> int:
     """Exit codes as scripts/benchmark.py's: 0, 1 (a measurement failed), 2 (bad input), 130 (interrupted)."""
-    args = parse_args(argv)
-    flush_denormals()  # as train.py does (run_cli), before torch starts its worker threads
-    try:
-        with bench.sigint_flag():
-            report = run(args)
-    except MinilmError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except bench.Interrupted as e:
-        print(str(e), file=sys.stderr)
-        return 130
-    failed = [r for r in report["results"] if r["status"] == "error"]
-    if failed:
-        print(f"{len(failed)} measurement(s) failed: {'; '.join(r['error'] for r in failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return bench.exit_code(run, parse_args(argv))
 
 
 if __name__ == "__main__":

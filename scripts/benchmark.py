@@ -431,14 +431,21 @@ def update_docs(report: dict, md: str, path: Path) -> None:
 # --------------------------------------------------------------------------------------------------- main
 
 
-def _setup(args, base):
-    """(device, precision, amp dtype, compile, device name, device slug, peak TFLOP/s or None) for a run."""
+def device_and_precision(args, base) -> tuple[torch.device, str]:
+    """The device (--device, else CUDA when available), with --threads applied, and the precision: --precision,
+    else train.precision, "auto" resolved as the trainer does (bf16-mixed on CUDA, 32 elsewhere)."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.threads:
         torch.set_num_threads(args.threads)
     precision = args.precision or base.train.precision
     if precision == "auto":
         precision = "bf16-mixed" if device.type == "cuda" else "32"
+    return device, precision
+
+
+def _setup(args, base):
+    """(device, precision, amp dtype, compile, device name, device slug, peak TFLOP/s or None) for a run."""
+    device, precision = device_and_precision(args, base)
     amp_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
     do_compile = base.train.compile if args.compile is None else args.compile
     name, slug = device_info(device)
@@ -596,14 +603,14 @@ class Interrupted(Exception):
     """The run was stopped part-way (SIGINT); its message says how far it got and where the results are."""
 
 
-def main(argv=None) -> int:
-    """Exit 0; 1 when a measurement failed (its row says "error" and why; the traceback is in the output above);
-    2 on bad input; 130 when interrupted, with the measurements finished so far written."""
-    args = parse_args(argv)
+def exit_code(run_fn, args) -> int:
+    """Run ``run_fn(args)`` (this script's ``run`` or bench_attention's) as a command: exit 0; 1 when a
+    measurement failed (its row says "error" and why; the traceback is in the output above); 2 on bad input;
+    130 when interrupted, with the measurements finished so far written."""
     flush_denormals()  # as train.py does (run_cli), before torch starts its worker threads
     try:
         with sigint_flag():
-            report = run(args)
+            report = run_fn(args)
     except MinilmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -611,11 +618,15 @@ def main(argv=None) -> int:
         print(str(e), file=sys.stderr)
         return 130
     failed = [r for r in report["results"] if r["status"] == "error"]
-    failed += [r["paired"] for r in report["ratios"] if r["paired"].get("status") == "error"]
+    failed += [r["paired"] for r in report.get("ratios", []) if r["paired"].get("status") == "error"]
     if failed:
         print(f"{len(failed)} measurement(s) failed: {'; '.join(r['error'] for r in failed)}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv=None) -> int:
+    return exit_code(run, parse_args(argv))
 
 
 if __name__ == "__main__":
