@@ -26,11 +26,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/benchmark.py, for its measuring tools
@@ -64,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool):
-    """(step, kernel name): ``step()`` runs the core forward and backward once on fixed random inputs."""
+    """(step, kernel name): ``step(i)`` runs the core forward and backward once on fixed random inputs."""
     torch.manual_seed(cfg.run.seed)
     attn = Block(cfg.model, 0).attn.to(device)
     H, Hkv, Dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
@@ -82,7 +79,7 @@ def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool):
         core = torch.compile(core, dynamic=False)
     leaves = [q, k, v, *attn.parameters()]
 
-    def step():
+    def step(_i):
         core(q, k, v).backward(grad)
         for t in leaves:
             t.grad = None
@@ -96,15 +93,7 @@ def measure(cfg, enc: str, T: int, B: int, args, device, dtype) -> dict:
         step = None
         try:
             step, row["kernel"] = build_core(cfg, T, B, device, dtype, args.compile)
-            for _ in range(args.warmup):
-                step()
-            bench._sync(device)
-            times = []
-            for _ in range(args.steps):
-                t0 = time.perf_counter()
-                step()
-                bench._sync(device)
-                times.append(time.perf_counter() - t0)
+            times, _ = bench.time_steps(step, args.warmup, args.steps, device)
             row["peak_mem_mb"] = round(mem.peak_bytes() / 2**20, 1)
         except torch.OutOfMemoryError:
             return {**row, "status": "oom", "tokens_per_s": None, "peak_mem_mb": None}
@@ -156,52 +145,23 @@ def run(args) -> dict:
     base = load_config(args.config, args.overrides)
     device, precision = bench.device_and_precision(args, base)
     dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
-    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [base.train.seq_len]
-    encodings = args.encodings.split(",")
     tokens = args.tokens or micro_batch_size(base.train) * base.train.seq_len
-    name, slug = bench.device_info(device)
+    planned = bench.plan(args, base)
     now = datetime.datetime.now(datetime.timezone.utc)
-    report = {
-        "date": now.strftime("%Y-%m-%d %H:%M UTC"), "device": device.type, "device_name": name, "device_slug": slug,
-        "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads(),
-        "config": args.config or "(defaults)",
-        "config_name": f"{base.run.name}-attention" + (f"-{args.tag}" if args.tag else ""),
-        "overrides": list(args.overrides), "precision": precision, "compile": args.compile, "steps": args.steps,
-        "warmup": args.warmup, "memory_kind": bench.PeakMemory(device).kind, "note": args.note,
-        "planned": len(encodings) * len(lengths), "measured": 0, "complete": False, "results": [],
-    }  # fmt: skip
-    out = Path(args.out)
-    try:
-        for enc in encodings:
-            cfg = load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
-            for T in lengths:
-                row = measure(cfg, enc, T, max(1, tokens // T), args, device, dtype)
-                report["results"].append(row)
-                report["measured"] += 1
-                _print_row(row)
-                write(report, out, now, args.update_docs)
-                if bench.SIGINT_SEEN.is_set():
-                    raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        where = f"in {bench.result_stem(report, out, now)}.json" if report["measured"] else "none written"
-        raise bench.Interrupted(f"interrupted after {report['measured']} of {report['planned']} measurements; "
-                                f"results {where}") from None  # fmt: skip
-    report["complete"] = True
-    write(report, out, now, args.update_docs)
-    updated = f"; updated {bench.DOCS}" if args.update_docs else ""
-    print(f"wrote {bench.result_stem(report, out, now)}.json and .md{updated}")
-    return report
+    report = bench.new_report(args, base, device, precision, args.compile, now, len(planned), kind="attention")
 
+    def measure_loop(done):
+        configs = {}
+        for enc, T in planned:
+            if enc not in configs:
+                configs[enc] = load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
+            row = measure(configs[enc], enc, T, max(1, tokens // T), args, device, dtype)
+            report["results"].append(row)
+            _print_row(row)
+            done()
 
-def write(report: dict, out: Path, now, update: bool) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    stem = bench.result_stem(report, out, now)
-    bench.atomic_write_text(stem.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
-    md = markdown_table(report)
-    title = f"# Attention core: {report['config_name']} on {report['device_name']}"
-    bench.atomic_write_text(stem.with_suffix(".md"), f"{title}\n\n{md}")
-    if update:
-        bench.update_docs(report, md, bench.DOCS)
+    return bench.run_measurements(report, measure_loop, Path(args.out), now, args.update_docs, markdown_table,
+                                  title="Attention core")  # fmt: skip
 
 
 def main(argv=None) -> int:

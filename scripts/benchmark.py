@@ -59,6 +59,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -248,6 +249,21 @@ def build_step(impl, cfg, T, B, device, amp_dtype, do_compile):
     return step, n_mm
 
 
+def time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], Any]:
+    """``step(i)`` ``warmup`` times untimed, then ``steps`` times timed, the device synchronized around each:
+    (seconds per timed call, the last call's result)."""
+    for i in range(warmup):
+        step(i)
+    _sync(device)
+    times, out = [], None
+    for i in range(steps):
+        t0 = time.perf_counter()
+        out = step(i)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
 def _error_text(e: Exception) -> str:
     """Print the traceback (the log keeps it) and return the exception's one-line summary for the report."""
     traceback.print_exc()
@@ -268,15 +284,7 @@ def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak
     with PeakMemory(device) as mem:
         try:
             step, n_mm = build_step(impl, cfg, T, B, device, amp_dtype, do_compile)
-            for i in range(args.warmup):
-                step(i)
-            _sync(device)
-            times = []
-            for i in range(args.steps):
-                t0 = time.perf_counter()
-                loss = step(i)
-                _sync(device)
-                times.append(time.perf_counter() - t0)
+            times, loss = time_steps(step, args.warmup, args.steps, device)
             row["peak_mem_mb"] = round(mem.peak_bytes() / 2**20, 1)
             row["memory_kind"] = mem.kind
             row["loss"] = round(float(loss.detach()), 4)
@@ -444,15 +452,15 @@ def device_and_precision(args, base) -> tuple[torch.device, str]:
 
 
 def _setup(args, base):
-    """(device, precision, amp dtype, compile, device name, device slug, peak TFLOP/s or None) for a run."""
+    """(device, precision, amp dtype, compile, peak TFLOP/s or None) for a run."""
     device, precision = device_and_precision(args, base)
     amp_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
     do_compile = base.train.compile if args.compile is None else args.compile
-    name, slug = device_info(device)
     peak = args.peak_tflops
     if peak is None and device.type == "cuda" and amp_dtype is torch.bfloat16:
+        name, _ = device_info(device)
         peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    return device, precision, amp_dtype, do_compile, name, slug, peak
+    return device, precision, amp_dtype, do_compile, peak
 
 
 def _print_row(impl: str, enc: str, T: int, B: int, r: dict) -> None:
@@ -473,10 +481,10 @@ def plan(args, base) -> list[tuple[str, int]]:
     return [(enc, T) for enc in encodings for T in lengths]
 
 
-def measure_all(args, base, device, amp_dtype, do_compile, peak_flops, report: dict, save) -> None:
+def measure_all(args, base, device, amp_dtype, do_compile, peak_flops, report: dict, done) -> None:
     """Every planned (encoding, length): minilm and, for RoPE with --peer, the peer, alternating per repeat. Appends
-    the median rows and the minilm / peer ratios (separate and interleaved) to ``report`` and calls ``save()``
-    after each pair, so a run stopped part-way (a time limit, Ctrl-C) leaves what it measured."""
+    the median rows and the minilm / peer ratios (separate and interleaved) to ``report`` and calls ``done()``
+    after each pair (``run_measurements``)."""
     tokens = micro_batch_size(base.train) * base.train.seq_len
     configs = {}
     for enc, T in plan(args, base):
@@ -500,64 +508,84 @@ def measure_all(args, base, device, amp_dtype, do_compile, peak_flops, report: d
             print(f"minilm / peer at T={T}: {ratio:.2f}x (separate runs); "
                   f"{paired.get('ratio', 0):.2f}x (interleaved steps, median of {paired.get('pairs')})",
                   flush=True)  # fmt: skip
-        report["measured"] += 1
-        save()
-        if SIGINT_SEEN.is_set():  # a SIGINT that a measurement swallowed (say, as a compile worker's error)
-            raise KeyboardInterrupt
+        done()
 
 
 def run(args) -> dict:
     """Measure, writing the report after every (encoding, length); ``report["complete"]`` is True at the end."""
     base = load_config(args.config, args.overrides)
-    device, precision, amp_dtype, do_compile, name, slug, peak = _setup(args, base)
+    device, precision, amp_dtype, do_compile, peak = _setup(args, base)
     try:  # the version without importing transformers (slow)
         tf_version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         tf_version = None
     now = datetime.datetime.now(datetime.timezone.utc)
-    report = {
+    report = new_report(args, base, device, precision, do_compile, now, len(plan(args, base)))
+    report.update(
+        transformers=tf_version,
+        repeats=args.repeats,
+        peak_tflops=peak,
+        flops_per_token="6*N + 12*L*d*T; N = all parameters but the input embedding (LM head counted once)",
+        ratios=[],
+    )
+    peak_flops = peak * 1e12 if peak else None
+    return run_measurements(
+        report, lambda done: measure_all(args, base, device, amp_dtype, do_compile, peak_flops, report, done),
+        Path(args.out), now, args.update_docs,
+    )  # fmt: skip
+
+
+def new_report(args, base, device, precision: str, do_compile: bool, now, planned: int, kind: str = "") -> dict:
+    """The fields both scripts' reports carry (device, versions, config, settings), with no results yet.
+    ``kind`` (e.g. "attention") goes between the config's run name and the tag in the files' and table's name."""
+    name, slug = device_info(device)
+    return {
         "date": now.strftime("%Y-%m-%d %H:%M UTC"),
         "device": device.type,
         "device_name": name,
         "device_slug": slug,
         "torch": torch.__version__,
-        "transformers": tf_version,
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
         "config": args.config or "(defaults)",
-        "config_name": base.run.name + (f"-{args.tag}" if args.tag else ""),
+        "config_name": "-".join(x for x in (base.run.name, kind, args.tag) if x),
         "overrides": list(args.overrides),
         "precision": precision,
         "compile": do_compile,
         "steps": args.steps,
         "warmup": args.warmup,
-        "repeats": args.repeats,
-        "peak_tflops": peak,
-        "memory_kind": "cuda_max_memory_allocated" if device.type == "cuda" else "cpu_peak_rss_delta",
-        "flops_per_token": "6*N + 12*L*d*T; N = all parameters but the input embedding (LM head counted once)",
+        "memory_kind": PeakMemory(device).kind,
         "note": args.note,
-        "planned": len(plan(args, base)),
+        "planned": planned,
         "measured": 0,
         "complete": False,
         "results": [],
-        "ratios": [],
     }
 
-    def save():
-        if report["results"]:
-            report["memory_kind"] = report["results"][0].get("memory_kind", report["memory_kind"])
-        write_report(report, Path(args.out), now, args.update_docs)
+
+def run_measurements(report: dict, measure_loop, out: Path, now, update: bool, table=None, title="Benchmark"):
+    """Run ``measure_loop(done)``, which appends to ``report["results"]`` and calls ``done()`` after each
+    measurement: the report (JSON, markdown, with ``update`` the docs table) is written then, so a run stopped
+    part-way leaves what it measured, and once more at the end with ``complete`` True. SIGINT becomes
+    ``Interrupted``, saying how far the run got and where its results are."""
+    table = table or markdown_table
+
+    def done():
+        report["measured"] += 1
+        write_report(report, out, now, update, table, title)
+        if SIGINT_SEEN.is_set():  # a SIGINT that a measurement swallowed (say, as a compile worker's error)
+            raise KeyboardInterrupt
 
     try:
-        measure_all(args, base, device, amp_dtype, do_compile, peak * 1e12 if peak else None, report, save)
+        measure_loop(done)
     except KeyboardInterrupt:  # SIGINT (Ctrl-C, `timeout -s INT`): what was measured is already written
-        where = f"in {result_stem(report, Path(args.out), now)}.json" if report["measured"] else "none written"
+        where = f"in {result_stem(report, out, now)}.json" if report["measured"] else "none written"
         raise Interrupted(f"interrupted after {report['measured']} of {report['planned']} measurements; "
                           f"results {where}") from None  # fmt: skip
     report["complete"] = True
-    save()
-    updated = f"; updated {DOCS}" if args.update_docs else ""
-    print(f"wrote {result_stem(report, Path(args.out), now)}.json and .md{updated}")
+    write_report(report, out, now, update, table, title)
+    updated = f"; updated {DOCS}" if update else ""
+    print(f"wrote {result_stem(report, out, now)}.json and .md{updated}")
     return report
 
 
@@ -565,14 +593,17 @@ def result_stem(report: dict, out: Path, now) -> Path:
     return out / f"{now.strftime('%Y-%m-%d')}-{report['device_slug']}-{report['config_name']}"
 
 
-def write_report(report: dict, out: Path, now, update: bool) -> None:
-    """The JSON and markdown under ``out``, and with ``update`` the table in docs/performance.md."""
+def write_report(report: dict, out: Path, now, update: bool, table=None, title: str = "Benchmark") -> None:
+    """The JSON and markdown (``table(report)``, default ``markdown_table``) under ``out``, and with ``update``
+    the table in docs/performance.md. The memory kind is the rows' (the CPU one says when it could not reset)."""
+    if report["results"]:
+        report["memory_kind"] = report["results"][0].get("memory_kind", report["memory_kind"])
     out.mkdir(parents=True, exist_ok=True)
     stem = result_stem(report, out, now)
     atomic_write_text(stem.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
-    md = markdown_table(report)
-    title = f"# Benchmark: {report['config_name']} on {report['device_name']}"
-    atomic_write_text(stem.with_suffix(".md"), f"{title}\n\n{md}")
+    md = (table or markdown_table)(report)
+    heading = f"# {title}: {report['config_name']} on {report['device_name']}"
+    atomic_write_text(stem.with_suffix(".md"), f"{heading}\n\n{md}")
     if update:
         update_docs(report, md, DOCS)
 

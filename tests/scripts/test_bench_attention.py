@@ -48,7 +48,7 @@ def test_a_backward_that_fails_is_an_error_row(attn_bench, tmp_path, monkeypatch
     def failing_backward(cfg, *a, **kw):
         step, kernel = real(cfg, *a, **kw)
         if cfg.model.position.name == "kerple":
-            def step():
+            def step(_i):
                 raise RuntimeError("backward of the captured table failed")
         return step, kernel
 
