@@ -69,12 +69,15 @@ class TokenizerConfig:
     sample_chars: int = 10_000_000  # characters of the mixture the tokenizer is trained on
 
 
+SYNTHETIC_LOSSES = ("all", "answer")  # data.synthetic.loss: the values the schema and the sampler accept
+
+
 @dataclass
 class SyntheticConfig:
     fraction: float = 0.0  # share of each batch replaced by generated retrieval sequences
     tasks: List[str] = field(default_factory=lambda: ["passkey", "kv"])  # passkey | kv (minilm.data.synthetic)
     style: str = "auto"  # code | text | auto (code when an embedded source is present)
-    loss: str = "all"  # all | answer: targets on every token of a synthetic row, or on its answer tokens only
+    loss: str = "all"  # one of SYNTHETIC_LOSSES: targets on every token of a synthetic row, or its answer tokens only
 
 
 @dataclass
@@ -437,7 +440,7 @@ def _validate_data(d: DictConfig, where: str = "data") -> None:
         f"{where}.synthetic.style",
         f"must be auto, code or text, got {syn.style!r}",
     )
-    _check(syn.loss in ("all", "answer"), f"{where}.synthetic.loss", f"must be all or answer, got {syn.loss!r}")
+    _check(syn.loss in SYNTHETIC_LOSSES, f"{where}.synthetic.loss", f"must be all or answer, got {syn.loss!r}")
 
 
 def validate(cfg: DictConfig) -> None:

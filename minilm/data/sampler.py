@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from minilm.config import SYNTHETIC_LOSSES
 from minilm.data.prepare import Corpus, TokenStore
 from minilm.data.sources import _plain, parse_sources
 from minilm.data.synthetic import make_sample
@@ -44,7 +45,6 @@ log = logging.getLogger(__name__)
 
 IGNORE = -100
 KINDS = ("short", "long", "synthetic")
-SYNTHETIC_LOSSES = ("all", "answer")  # data.synthetic.loss: targets on every token of a synthetic row, or the answer
 
 
 @dataclass
@@ -301,5 +301,6 @@ def validation_batches(corpus: Corpus, data_cfg: Any, seq_len: int, batch_size: 
                     store.n_tokens, seq_len + 1)  # fmt: skip
     s = Sampler(corpus, store, seq_len=seq_len, batch_size=batch_size, seed=seed, phase=f"validation/{seq_len}",
                 weights=_weights(data_cfg, corpus), document_mask=data_cfg.document_mask,
-                restart_positions=data_cfg.restart_positions, split="val", rank=rank, world_size=world_size)  # fmt: skip
+                restart_positions=data_cfg.restart_positions, split="val",
+                rank=rank, world_size=world_size)  # fmt: skip
     return [s.batch(i) for i in range(n_batches)]

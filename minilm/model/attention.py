@@ -160,13 +160,11 @@ class Attention(nn.Module):
             return sdpa_attention(q, k, v, pos, mask)
         B = q.shape[0]
         rows = q_pos.expand(B, -1), k_pos.expand(B, -1)
-        if kernel == "flex":
+        if kernel == "flex":  # (only encodings that define score_mod get here: ``kernel``)
             from minilm.model.flex import flex_attention_with_score_mod
 
             score_mod = pos.score_mod(q, k, *rows)
-            if score_mod is not None:
-                return flex_attention_with_score_mod(q, k, v, score_mod, mask, pos.softmax_scale(q.shape[-1]))
-            kernel = "sdpa_bias"
+            return flex_attention_with_score_mod(q, k, v, score_mod, mask, pos.softmax_scale(q.shape[-1]))
         if kernel == "sdpa_bias":
             shared = rows if pos.score_reads_qk else (q_pos, k_pos)
             return sdpa_bias_attention(q, k, v, pos, *shared, mask)

@@ -71,7 +71,8 @@ class PositionEncoding(nn.Module):
         return None
 
     def score_mod(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Callable]:
-        """A FlexAttention ``score_mod(score, b, h, i, j)`` equal to ``score``; None if this encoding has none."""
+        """A FlexAttention ``score_mod(score, b, h, i, j)`` equal to ``score``. None here, the base: an encoding
+        that has one overrides this and always returns it (``Attention.kernel`` routes by the override)."""
         return None
 
     def value(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Tensor]:
