@@ -3,8 +3,8 @@
 
     python scripts/bench_attention.py --config configs/gpt2_small.yaml --lengths 1024,8192 \\
         [--encodings rope,alibi,t5,kerple,fire] [--tokens 16384] [--steps 10] [--warmup 3] [--device cuda|cpu] \\
-        [--precision auto|32|bf16-mixed] [--compile|--no-compile] [--threads N] [--out benchmarks/results] \\
-        [--tag TAG] [--update-docs] [key.sub=value ...]
+        [--precision auto|32|bf16-mixed] [--compile|--no-compile] [--no-flex-table] [--threads N] \\
+        [--out benchmarks/results] [--tag TAG] [--update-docs] [key.sub=value ...]
 
 What differs between encodings is this part of a layer: the projections, the MLP and the loss are the same for
 all of them, so scripts/benchmark.py's whole-model ratios dilute it. Per (encoding, length) this builds layer 0's
@@ -14,7 +14,9 @@ causal mask, and times ``pos.rotate`` + ``Attention.attend`` forward and backwar
 the encoding's own parameters) — on the rung ``Attention.kernel`` names: SDPA, FlexAttention (CUDA),
 SDPA with the bias as its mask, or the fp32 reference. B = ``--tokens`` // T (at least 1); by default the
 config's tokens per micro-batch. ``--compile`` wraps the core in ``torch.compile(dynamic=False)`` (default: off;
-FlexAttention's kernel is compiled either way on CUDA).
+FlexAttention's kernel is compiled either way on CUDA). ``--no-flex-table`` gives T5 and KERPLE their direct
+score_mods instead of the per-distance tables (``flex_distance_table`` in minilm/positions/bias.py), to measure
+what the tables change in FlexAttention's backward.
 
 Reports ms per forward + backward (median), tokens/s, the ratio to RoPE's tokens/s at the same length (when
 ``rope`` is among the encodings) and peak memory (as scripts/benchmark.py measures it). Writes
@@ -50,6 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     ap.add_argument("--precision", default=None, choices=["auto", "32", "bf16-mixed"], help="default: train.precision")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="compile the core")
+    ap.add_argument("--flex-table", action=argparse.BooleanOptionalAction, default=True,
+                    help="T5 and KERPLE read per-distance tables in FlexAttention (default) or their direct form")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--out", default=str(bench.REPO / "benchmarks" / "results"), help="folder for JSON and markdown")
@@ -60,10 +64,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool):
+def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool, flex_table: bool = True):
     """(step, kernel name): ``step(i)`` runs the core forward and backward once on fixed random inputs."""
     torch.manual_seed(cfg.run.seed)
     attn = Block(cfg.model, 0).attn.to(device)
+    if hasattr(attn.pos, "flex_distance_table"):
+        attn.pos.flex_distance_table = flex_table
     H, Hkv, Dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(B, h, T, Dh, generator=g).to(device, dtype).requires_grad_() for h in (H, Hkv, Hkv))
@@ -92,7 +98,7 @@ def measure(cfg, enc: str, T: int, B: int, args, device, dtype) -> dict:
     with bench.PeakMemory(device) as mem:
         step = None
         try:
-            step, row["kernel"] = build_core(cfg, T, B, device, dtype, args.compile)
+            step, row["kernel"] = build_core(cfg, T, B, device, dtype, args.compile, args.flex_table)
             times, _ = bench.time_steps(step, args.warmup, args.steps, device)
             row["peak_mem_mb"] = round(mem.peak_bytes() / 2**20, 1)
         except torch.OutOfMemoryError:
@@ -110,7 +116,8 @@ def measure(cfg, enc: str, T: int, B: int, args, device, dtype) -> dict:
 def markdown_table(report: dict) -> str:
     head = (
         f"Device: {report['device_name']} · torch {report['torch']} · threads {report['threads']} · precision "
-        f"{report['precision']} · compile {report['compile']} · {report['date']} · config `{report['config']}` "
+        f"{report['precision']} · compile {report['compile']}{'' if report['flex_table'] else ' · no Flex tables'} · "
+        f"{report['date']} · config `{report['config']}` "
         f"{' '.join(report['overrides'])} · attention core (rotate + kernel), forward + backward, median of "
         f"{report['steps']} after {report['warmup']} warm-up · memory: {report['memory_kind']}"
     )
@@ -149,6 +156,7 @@ def run(args) -> dict:
     planned = bench.plan(args, base)
     now = datetime.datetime.now(datetime.timezone.utc)
     report = bench.new_report(args, base, device, precision, args.compile, now, len(planned), kind="attention")
+    report["flex_table"] = args.flex_table
 
     def measure_loop(done):
         configs = {}

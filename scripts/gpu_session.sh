@@ -5,6 +5,8 @@
 #
 #   check      versions, the GPU, one short uncompiled step of the config (no tables written): run first
 #   attn       the attention core alone (scripts/bench_attention.py), five encodings at 1K, 8K, 32K tokens
+#   attn-direct  RoPE, T5, KERPLE at 8K with T5's and KERPLE's direct score_mods (--no-flex-table): the A/B of
+#              the per-distance tables their FlexAttention backward scatters into (minilm/positions/bias.py)
 #   peer       the config at 1024 tokens against the Hugging Face peer (MFU, ratio)
 #   peer-chunked  the same with the chunked loss (model.loss_chunk_size=4096)
 #   enc-1k     RoPE, ALiBi, T5, KERPLE, FIRE at 1024 tokens (chunked loss)
@@ -29,7 +31,7 @@
 # another config (default configs/gpt2_small.yaml); PYTHON another interpreter.
 set -uo pipefail
 
-parts_known="check attn peer peer-chunked enc-1k enc-8k long long-ckpt tests"
+parts_known="check attn attn-direct peer peer-chunked enc-1k enc-8k long long-ckpt tests"
 usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
 [ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
 for part in "$@"; do
@@ -70,6 +72,10 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
         ;;
     attn)
         limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192,32768 --update-docs
+        ;;
+    attn-direct)
+        limited $py scripts/bench_attention.py --config "$cfg" --lengths 8192 --encodings rope,t5,kerple \
+            --no-flex-table --tag direct --update-docs
         ;;
     peer) # each repeat builds and compiles both models again, and the interleaved ratio once more
         bench --lengths 1024 --peer --steps 20 --warmup 5 --repeats 2 --update-docs

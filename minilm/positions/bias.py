@@ -3,9 +3,16 @@ only — ALiBi, T5 buckets, KERPLE, FIRE.
 
 Every class here has ``score_kind = "bias"`` and ``score_reads_qk = False``: ``score`` materializes the
 (B|1, H, T, S) term for SDPA's mask and the fp32 reference path, and ``score_mod`` returns the same term as a
-FlexAttention ``score_mod(score, b, h, i, j)`` that reads the position tensors (and, for T5, a small per-step
-table over distances) inside the kernel, so no T×S bias exists on the CUDA path. ``i`` and ``j`` are indices;
-positions are looked up as q_pos[b, i], k_pos[b, j].
+FlexAttention ``score_mod(score, b, h, i, j)`` that reads the position tensors inside the kernel, so no T×S bias
+exists on the CUDA path. ``i`` and ``j`` are indices; positions are looked up as q_pos[b, i], k_pos[b, j].
+
+The learned biases of one distance only (T5, KERPLE) give the kernel a per-step table with one entry per
+distance the positions can produce, built outside it: FlexAttention's backward adds the gradient of every score
+element into the captured tensor it read with one atomic add (pytorch/pytorch#137452), so reading KERPLE's
+r1[h] and r2[h], or T5's one far-distance entry, directly would send a whole block's adds to one address per
+head; through the table, neighbouring elements add into neighbouring entries, and autograd takes the table's
+gradient to the parameters outside the kernel. ``flex_distance_table = False`` restores the direct form, for
+scripts/bench_attention.py to compare the two (``--no-flex-table``).
 
 Convention: the relative distance is d = i − j = q_pos − k_pos (≥ 0 for the keys a causal query sees).
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +33,16 @@ from minilm.positions.base import PositionDims, PositionEncoding
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     """d = q_pos − k_pos: (B, T), (B, S) -> (B, 1, T, S), in the positions' dtype (long; fp32 where given fp32)."""
     return (q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)).unsqueeze(1)
+
+
+def assert_distances_within(q_pos: Tensor, k_pos: Tensor, n: int, name: str) -> None:
+    """Fail unless every |q_pos − k_pos| is at most ``n``: true whenever positions lie in [0, S) (training, the KV
+    cache, restarted documents), false only for positions a caller spread further apart. Asynchronous on the GPU
+    (no host sync; a device-side assert when it fails) and traced into a compiled graph."""
+    lo = torch.minimum(q_pos.min(), k_pos.min())
+    hi = torch.maximum(q_pos.max(), k_pos.max())
+    torch._assert_async(hi - lo <= n, f"{name} on FlexAttention: query and key positions lie more than {n} apart; "
+                        f"its per-distance table covers 0..{n} (positions within [0, {n + 1}) always fit)")
 
 
 def _inv_softplus(y: Tensor) -> Tensor:
@@ -137,9 +155,15 @@ class T5Bias(PositionEncoding):
         d = torch.arange(-m, m + 1)
         self.register_buffer("bucket_of", t5_bucket(d, params.num_buckets, m, params.bidirectional), persistent=False)
 
-    def by_distance(self) -> Tensor:
-        """(H, 2m+1) fp32: the bias of every distance in [−max_distance, max_distance], computed once per step."""
-        return self.table[self.bucket_of].float().t()
+    def by_distance(self, n: Optional[int] = None) -> Tensor:
+        """(H, 2n+1) fp32: the bias of every distance in [−n, n], n = max(``n``, max_distance), computed once per
+        step. Beyond max_distance the bucket no longer changes, so a distance clamped into [−n, n] reads its own
+        bias for every n ≥ max_distance."""
+        m = self.params.max_distance
+        if n is None or n <= m:
+            return self.table[self.bucket_of].float().t()
+        d = torch.arange(-n, n + 1, device=self.bucket_of.device).clamp(-m, m) + m
+        return self.table[self.bucket_of[d]].float().t()
 
     def score(self, q, k, q_pos, k_pos, logits):
         m = self.params.max_distance
@@ -151,12 +175,15 @@ class T5Bias(PositionEncoding):
         bias = table.gather(1, d.reshape(1, -1).expand(H, -1))  # (H, B·T·S)
         return bias.view(H, d.shape[0], *d.shape[2:]).transpose(0, 1)  # (B, H, T, S)
 
+    flex_distance_table = True  # one table entry per distance in [−(S − 1), S − 1] (the module docstring)
+
     def score_mod(self, q, k, q_pos, k_pos):
         m = self.params.max_distance
-        by_distance = self.by_distance()  # (H, 2m+1): the per-step table
+        n = max(m, k_pos.shape[-1] - 1) if self.flex_distance_table else m  # exact for any positions (clamped)
+        by_distance = self.by_distance(n)  # (H, 2n+1): the per-step table
 
         def t5(score, b, h, i, j):
-            return score + by_distance[h, (q_pos[b, i] - k_pos[b, j]).clamp(-m, m) + m]
+            return score + by_distance[h, (q_pos[b, i] - k_pos[b, j]).clamp(-n, n) + n]
 
         return t5
 
@@ -202,11 +229,27 @@ class Kerple(PositionEncoding):
         r1, r2 = (c.view(1, -1, 1, 1) for c in self.coefficients())
         return -r1 * torch.log1p(r2 * relative_distance(q_pos.float(), k_pos.float()).abs())  # (B, H, T, S)
 
+    def by_distance(self, n: int) -> Tensor:
+        """(H, n + 1) fp32: the bias of every distance 0..n."""
+        r1, r2 = (c.unsqueeze(1) for c in self.coefficients())
+        return -r1 * torch.log1p(r2 * torch.arange(n + 1, device=r1.device, dtype=torch.float32))
+
+    flex_distance_table = True  # the bias read from by_distance(S − 1) (the module docstring)
+
     def score_mod(self, q, k, q_pos, k_pos):
-        r1, r2 = self.coefficients()
+        if not self.flex_distance_table:
+            r1, r2 = self.coefficients()
+
+            def kerple_direct(score, b, h, i, j):
+                return score - r1[h] * torch.log1p(r2[h] * (q_pos[b, i] - k_pos[b, j]).abs().float())
+
+            return kerple_direct
+        n = k_pos.shape[-1] - 1
+        assert_distances_within(q_pos, k_pos, n, "KERPLE")
+        by_distance = self.by_distance(n)  # (H, S)
 
         def kerple(score, b, h, i, j):
-            return score - r1[h] * torch.log1p(r2[h] * (q_pos[b, i] - k_pos[b, j]).abs().float())
+            return score + by_distance[h, (q_pos[b, i] - k_pos[b, j]).abs().clamp(max=n)]
 
         return kerple
 

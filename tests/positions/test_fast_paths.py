@@ -118,6 +118,58 @@ def test_score_mod_gradients_equal_score_gradients(name):
     grads_agree(got, want, inputs, atol=1e-5, rtol=1e-4)
 
 
+DISTANCE_TABLES = ["t5", "kerple"]  # the learned biases of i − j alone (FIRE's also reads the query position)
+
+
+def captured_tensors(score_mod):
+    """The tensors a score_mod closes over (what FlexAttention captures and, in its backward, scatters into)."""
+    return [c.cell_contents for c in score_mod.__closure__ or () if isinstance(c.cell_contents, torch.Tensor)]
+
+
+@pytest.mark.parametrize("name", DISTANCE_TABLES)
+def test_learned_distance_biases_give_flex_one_table_entry_per_distance(name):
+    """FlexAttention's backward adds each score element's gradient into the captured tensor it read with one
+    atomic add, so what a learned bias captures decides how many adds meet at one address. T5 and KERPLE capture
+    one table with an entry per distance the keys span (S = 64 keys here, beyond T5's max_distance of 12): not
+    KERPLE's two per-head coefficients, nor T5's table clamped at max_distance, which every far key reads."""
+    pos = hook(name, **PARAMS.get(name, {}))
+    S = 64
+    positions = torch.arange(S).unsqueeze(0)
+    q, k, _ = qkv(S, S)
+    learned = [t for t in captured_tensors(pos.score_mod(q, k, positions, positions)) if t.requires_grad]
+    assert learned, "the score_mod captures no learned table"
+    for t in learned:
+        assert t.shape[0] == H and t.shape[-1] >= S, f"a captured learned tensor of shape {tuple(t.shape)}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", DISTANCE_TABLES)
+def test_direct_score_mods_equal_the_distance_tables(name, case):
+    """``flex_distance_table = False`` (scripts/bench_attention.py --no-flex-table) gives the same bias."""
+    pos = hook(name, **PARAMS.get(name, {}))
+    T, S, q_pos, k_pos, _ = CASES[case]
+    q, k, _ = qkv(T, S)
+    with torch.no_grad():
+        table = dense(pos.score_mod(q, k, q_pos, k_pos), T, S)
+        pos.flex_distance_table = False
+        direct = dense(pos.score_mod(q, k, q_pos, k_pos), T, S)
+    torch.testing.assert_close(table, direct, atol=1e-6, rtol=1e-6)
+
+
+def test_positions_spread_beyond_the_keys():
+    """The tables cover the distances of positions within [0, S). T5's stays exact for any positions (beyond
+    max_distance the bucket no longer changes); KERPLE's refuses positions further apart instead of clamping."""
+    T = S = 16
+    q, k, _ = qkv(T, S)
+    spread = (torch.arange(S) * 40).expand(B, S)  # distances up to 600, far beyond S − 1 and T5's max_distance
+    t5 = hook("t5", **PARAMS["t5"])
+    with torch.no_grad():
+        want = t5.score(q, repeat_kv(k, H // HKV), spread, spread, None).expand(B, H, T, S)
+        torch.testing.assert_close(dense(t5.score_mod(q, k, spread, spread), T, S), want)
+    with pytest.raises(RuntimeError, match="KERPLE on FlexAttention: query and key positions lie more than 15 apart"):
+        hook("kerple").score_mod(q, k, spread, spread)
+
+
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("case", ["cached", "packed"])  # (eager Flex costs seconds per call on CPU)

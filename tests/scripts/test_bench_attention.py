@@ -59,3 +59,22 @@ def test_a_backward_that_fails_is_an_error_row(attn_bench, tmp_path, monkeypatch
     rope, kerple = json.loads(next(tmp_path.glob("*.json")).read_text())["results"]
     assert rope["status"] == "ok" and kerple["status"] == "error" and "captured table" in kerple["error"]
     assert kerple["kernel"] == "sdpa_bias"
+
+
+def test_no_flex_table_gives_t5_and_kerple_their_direct_score_mods(attn_bench, tmp_path, monkeypatch):
+    """``--no-flex-table``, the A/B of the per-distance tables FlexAttention reads (minilm/positions/bias.py): the
+    encodings measured have ``flex_distance_table`` off, and the report and its table say so."""
+    built = []
+    real_block = attn_bench.Block
+
+    def recording_block(*a, **kw):
+        built.append(real_block(*a, **kw))
+        return built[-1]
+
+    monkeypatch.setattr(attn_bench, "Block", recording_block)
+    argv = ["--lengths", "8", "--encodings", "t5,kerple", "--tokens", "16", "--steps", "1", "--warmup", "1",
+            "--threads", "1", "--device", "cpu", "--out", str(tmp_path), "--no-flex-table", *TINY]  # fmt: skip
+    assert attn_bench.main(argv) == 0
+    assert [b.attn.pos.flex_distance_table for b in built] == [False, False]
+    assert json.loads(next(tmp_path.glob("*.json")).read_text())["flex_table"] is False
+    assert "no Flex tables" in next(tmp_path.glob("*.md")).read_text()
