@@ -13,7 +13,9 @@ Two parts of the schema are open mappings validated by their owners rather than 
 ``data.sources`` (source name -> ``{kind, weight, ...}``, checked by ``minilm.data``).
 
 Merge rule for ``model.position``: a layer that sets a different ``name`` starts a fresh position block, so
-``model.position.name=alibi`` on the command line does not inherit RoPE's ``base`` from the YAML.
+``model.position.name=alibi`` on the command line does not inherit RoPE's ``base`` from the YAML. Likewise a
+``scaling`` block (in ``model.position`` or a phase's ``position``, and a phase's over the run's) that names a
+different ``rope_type`` replaces the inherited one: PI does not inherit YaRN's ``original_max_position_embeddings``.
 """
 
 from __future__ import annotations
@@ -193,6 +195,23 @@ MLPS = ("swiglu", "gelu")
 # ---------------------------------------------------------------------------------------------------- loading
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error: plain YAML keeps the last value
+    silently, so a duplicated section or key would drop settings without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark,
+                )  # fmt: skip
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
     """The YAML chain root-first: [(label, layer), ...]; ``base:`` is relative to the file naming it."""
     path = path.resolve()
@@ -203,7 +222,7 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
         where = f" (named by 'base:' in {chain[-1]})" if chain else ""
         raise ConfigError(f"config file not found: {path}{where}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
@@ -218,13 +237,39 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
     return layers
 
 
+def _scaling_type(block: Any) -> Optional[str]:
+    """The ``rope_type`` a position block's ``scaling`` names (None: no scaling block, or none named)."""
+    scaling = block.get("scaling") if isinstance(block, (dict, DictConfig)) else None
+    return scaling.get("rope_type") if isinstance(scaling, (dict, DictConfig)) else None
+
+
+def _fresh_scaling(old: Any, new: Any) -> None:
+    """A ``scaling`` block that names another ``rope_type`` replaces the one in ``old`` instead of merging onto it:
+    linear scaling must not inherit YaRN's ``original_max_position_embeddings``."""
+    new_type = _scaling_type(new)
+    if new_type is not None and _scaling_type(old) not in (None, new_type):
+        old["scaling"] = None
+
+
 def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
     new_name = OmegaConf.select(layer, "model.position.name", default=None)
     if new_name is not None and new_name != cfg.model.position.get("name"):
         cfg.model.position = {}  # a different encoding starts from a fresh parameter block
+    _fresh_scaling(cfg.model.position, OmegaConf.select(layer, "model.position", default=None))
+    layer_phases = OmegaConf.select(layer, "phases", default=None)
+    if isinstance(layer_phases, DictConfig):
+        for name, phase in layer_phases.items_ex(resolve=False):
+            if name in cfg.phases and isinstance(phase, DictConfig):
+                _fresh_scaling(cfg.phases[name].position, phase.get("position"))
     try:
         return OmegaConf.merge(cfg, layer)
-    except OmegaConfBaseException as e:
+    except (OmegaConfBaseException, TypeError, ValueError) as e:  # TypeError: a list onto a mapping (phases)
+        # a section given as a scalar or a list: OmegaConf's message does not name the key
+        wrong = [f"'{k}' must be a mapping of keys, got {OmegaConf.to_container(v) if OmegaConf.is_config(v) else v!r}"
+                 for k, v in layer.items_ex(resolve=False)
+                 if isinstance(cfg.get(k), DictConfig) and not isinstance(v, DictConfig)]  # fmt: skip
+        if wrong:
+            raise ConfigError(f"{label}: {'; '.join(wrong)}") from None
         key = getattr(e, "full_key", None) or "?"
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{label}: bad config key '{key}': {msg}") from None
@@ -242,8 +287,11 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
                 raise ConfigError(f"command line: override '{item}' must look like key.sub=value")
         try:
             dot = OmegaConf.from_dotlist(list(overrides))
-        except OmegaConfBaseException as e:
-            raise ConfigError(f"command line: cannot parse overrides: {e}") from None
+        except (OmegaConfBaseException, yaml.YAMLError) as e:
+            bad = next((item for item in overrides if not _parses(item)), None)
+            where = f"override '{bad}'" if bad else "overrides"
+            raise ConfigError(f"command line: cannot parse {where} (values are YAML: write "
+                              f"'key={{a: 1, b: [x, y]}}' with a space after each colon): {e}") from None
         cfg = _merge_layer(cfg, dot, "command line")
     try:
         OmegaConf.resolve(cfg)
@@ -253,6 +301,14 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _parses(item: str) -> bool:
+    try:
+        OmegaConf.from_dotlist([item])
+    except (OmegaConfBaseException, yaml.YAMLError):
+        return False
+    return True
 
 
 def on_schema(resolved: Any) -> DictConfig:
@@ -331,6 +387,7 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
             f"phases.{name}.position.name: a phase cannot change the encoding "
             f"({pos['name']} -> {overrides['name']}); weights carry over between phases"
         )
+    _fresh_scaling(pos, overrides)
     out["model"]["position"] = OmegaConf.to_container(OmegaConf.merge(pos, overrides), resolve=True)
     try:
         merged = on_schema(out)
@@ -404,6 +461,10 @@ def _validate_train(cfg: DictConfig, where: Optional[str] = None) -> None:
     )
     _check(t.steps is None or t.steps >= 1, f"{where}.steps", f"must be >= 1, got {t.steps}")
     _check(t.tokens is None or t.tokens >= 1, f"{where}.tokens", f"must be >= 1, got {t.tokens}")
+    for key in ("log_every",):
+        _check(t[key] >= 1, f"{where}.{key}", f"must be >= 1, got {t[key]}")
+    for key in ("val_every", "val_batches", "ckpt_every", "keep_checkpoints", "max_bad_steps"):
+        _check(t[key] >= 0, f"{where}.{key}", f"must be >= 0, got {t[key]}")
     _check(t.precision in PRECISIONS, f"{where}.precision", f"must be one of {PRECISIONS}, got {t.precision!r}")
     _check(o.decay in DECAYS, f"{w_opt}.decay", f"must be one of {DECAYS}, got {o.decay!r}")
     _check(o.lr > 0, f"{w_opt}.lr", f"must be > 0, got {o.lr}")

@@ -63,6 +63,28 @@ def test_position_block_resets_when_the_encoding_changes(tmp_path):
         load_config(overrides=["model.position.bogus=1"])
 
 
+def test_a_scaling_block_of_another_rope_type_replaces_the_inherited_one(tmp_path):
+    """configs/rope_pi.yaml extends rope_yarn.yaml: its phases' linear scaling must not inherit YaRN's
+    original_max_position_embeddings (linear takes none, so the merged block failed when the phase began). The
+    same for a command-line override and for a phase's block over the run's; one of the same type still merges."""
+    base = tmp_path / "base.yaml"
+    yarn = "{rope_type: yarn, factor: %s, original_max_position_embeddings: 64}"
+    base.write_text(f"model:\n  position:\n    scaling: {yarn % 2.0}\nphases:\n  pre: {{steps: 1}}\n  ext:\n"
+                    f"    steps: 1\n    position:\n      scaling: {yarn % 4.0}\n")  # fmt: skip
+    child = tmp_path / "child.yaml"
+    child.write_text("base: base.yaml\nphases:\n  ext:\n    position:\n"
+                     "      scaling: {rope_type: linear, factor: 4.0}\n")
+    cfg = load_config(child)
+    assert dict(phase_config(cfg, "ext").model.position.scaling) == {"rope_type": "linear", "factor": 4.0}
+    cfg = load_config(base, ["model.position.scaling={rope_type: ntk, factor: 3.0}"])
+    assert dict(cfg.model.position.scaling) == {"rope_type": "ntk", "factor": 3.0}
+    assert dict(phase_config(cfg, "ext").model.position.scaling)["rope_type"] == "yarn"  # the phase's own block
+    cfg = load_config(base, ["phases.ext.position.scaling={rope_type: linear, factor: 8.0}"])
+    assert dict(phase_config(cfg, "ext").model.position.scaling) == {"rope_type": "linear", "factor": 8.0}
+    cfg = load_config(base, ["phases.ext.position.scaling.factor=8.0"])  # same type: merged onto the inherited one
+    assert dict(phase_config(cfg, "ext").model.position.scaling)["original_max_position_embeddings"] == 64
+
+
 def test_phase_overrides_and_errors(tmp_path):
     y = tmp_path / "p.yaml"
     y.write_text(
@@ -108,3 +130,32 @@ def test_a_removed_source_stays_removed_in_every_phase(tmp_path):
     cfg = load_config(y)
     for name in ("a", "b"):
         assert list(phase_config(cfg, name).data.sources) == ["local"]
+
+
+def test_a_section_of_the_wrong_shape_is_named(tmp_path):
+    (tmp_path / "list.yaml").write_text("phases:\n  - {steps: 2}\n")
+    with pytest.raises(ConfigError, match=r"list\.yaml: 'phases' must be a mapping"):
+        load_config(tmp_path / "list.yaml")
+    (tmp_path / "scalar.yaml").write_text("train: 5\n")
+    with pytest.raises(ConfigError, match=r"scalar\.yaml: 'train' must be a mapping"):
+        load_config(tmp_path / "scalar.yaml")
+    with pytest.raises(ConfigError, match="command line: 'phases' must be a mapping"):
+        load_config(overrides=["phases=[1]"])
+
+
+def test_a_duplicated_yaml_key_is_an_error_not_a_silent_override(tmp_path):
+    (tmp_path / "dup.yaml").write_text("train:\n  steps: 3\n  steps: 4\n")
+    with pytest.raises(ConfigError, match=r"(?s)dup\.yaml.*duplicate key 'steps'"):
+        load_config(tmp_path / "dup.yaml")
+
+
+def test_an_override_that_is_not_yaml_is_named():
+    with pytest.raises(ConfigError, match=r"command line: cannot parse override 'data.sources.x=\{kind:files"):
+        load_config(overrides=["train.steps=3", "data.sources.x={kind:files,paths:[]}"])
+
+
+@pytest.mark.parametrize("key, value", [("log_every", 0), ("val_every", -1), ("ckpt_every", -1),
+                                        ("val_batches", -1), ("keep_checkpoints", -1), ("max_bad_steps", -1)])
+def test_train_counters_are_checked(key, value):
+    with pytest.raises(ConfigError, match=f"train.{key}: must be >="):
+        load_config(overrides=[f"train.{key}={value}"])

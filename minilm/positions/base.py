@@ -93,7 +93,9 @@ class Identity(PositionEncoding):
 
 def make_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
     """Build the typed parameter dataclass ``cls`` from ``values``; unknown keys, wrong types and bad values
-    raise ConfigError naming ``where.key``. Dataclasses signal bad values by raising ValueError("key: why")."""
+    raise ConfigError naming ``where.key``. Dataclasses signal bad values by raising ValueError("key: why") from
+    ``__post_init__``, or from an optional ``check()`` for checks that call into other modules (RoPE's scaling
+    block), which run here, when a config is validated."""
     assert is_dataclass(cls)
     allowed = {f.name: f for f in fields(cls)}
     unknown = sorted(set(values) - set(allowed))
@@ -104,7 +106,10 @@ def make_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
     for name, value in values.items():
         kwargs[name] = _coerce(value, allowed[name].type, f"{where}.{name}")
     try:
-        return cls(**kwargs)
+        params = cls(**kwargs)
+        if hasattr(params, "check"):
+            params.check()
+        return params
     except ValueError as e:
         raise ConfigError(f"{where}.{e}") from None
 

@@ -22,11 +22,12 @@ Conventions chosen here (implementations differ; docs/positions.md repeats them)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 from torch import Tensor
 
+from minilm.errors import ConfigError
 from minilm.positions.base import PositionDims, PositionEncoding
 from minilm.positions.rope_scaling import (
     LENGTH_DEPENDENT,
@@ -55,8 +56,22 @@ class RopeParams:
             raise ValueError(f"layout: must be one of {LAYOUTS}, got {self.layout!r}")
         if self.nope_every < 0:
             raise ValueError(f"nope_every: must be >= 0, got {self.nope_every}")
-        if self.scaling is not None and not isinstance(self.scaling, dict):
+        if self.scaling is not None:
+            if not isinstance(self.scaling, Mapping):
+                raise ValueError(
+                    f"scaling: must be a mapping such as {{rope_type: yarn, factor: 4.0, "
+                    f"original_max_position_embeddings: 256}}, got {self.scaling!r}"
+                )
             self.scaling = dict(self.scaling)
+
+    def check(self) -> None:
+        """The scaling block's keys and values, when the config is validated (``make_params``), not first when a
+        model is built: a bad block in a later phase must stop the run before its first phase trains. (Its checks
+        that need head_dim, such as longrope's list lengths, run when the module is built.)"""
+        try:
+            parse_scaling(self.scaling)
+        except ConfigError as e:
+            raise ValueError(f"scaling.{e}") from None
 
 
 def rotary_dim(head_dim: int, fraction: float) -> int:
@@ -104,6 +119,11 @@ class Rope(PositionEncoding):
         self.head_dim = dims.head_dim
         self.layer = dims.layer
         self.rot_dim = rotary_dim(dims.head_dim, params.fraction)
+        if self.rot_dim < 2:  # checked here, where head_dim is known: else the scaling check names the wrong key
+            raise ConfigError(
+                f"model.position.fraction: {params.fraction} of head_dim {dims.head_dim} rotates {self.rot_dim} "
+                f"dimensions; it must rotate at least 2 (fraction >= {2 / dims.head_dim:.3g}), or use name: none"
+            )
         validate_scaling(params.scaling, self.rot_dim, "model.position.scaling")
         self.configure(params)
 

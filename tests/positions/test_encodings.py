@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from minilm.errors import ConfigError
 from minilm.positions import PositionDims, build_position
 from minilm.positions.absolute import sinusoid
 from minilm.positions.bias import alibi_slopes, t5_bucket
@@ -77,6 +78,15 @@ def test_apply_rotary_keeps_the_pass_through_dims():
     x = torch.randn(1, 1, 3, 8)
     cos, sin = torch.zeros(1, 1, 3, 2), torch.ones(1, 1, 3, 2)
     assert torch.equal(apply_rotary(x, cos, sin, "half")[..., 4:], x[..., 4:])
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos"])
+def test_fraction_that_rotates_nothing_names_fraction(name):
+    """fraction · head_dim below 2 rotates no dimension: the error names model.position.fraction (not the scaling
+    block's partial_rotary_factor, which the user never set)."""
+    with pytest.raises(ConfigError, match=r"model\.position\.fraction: 0\.1 of head_dim 8 rotates 0") as e:
+        hook(name, fraction=0.1)
+    assert "partial_rotary_factor" not in str(e.value)
 
 
 def test_nope_every_leaves_every_nth_layer_unrotated():

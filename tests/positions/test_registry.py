@@ -42,11 +42,23 @@ def test_unknown_parameter_is_named(name):
         ({"name": "fire", "init_c": 0.0}, "init_c"),
         ({"name": "multiplicative", "amplitude": 1.5}, "amplitude"),
         ({"name": "rope", "nope_every": -1}, "nope_every"),
+        ({"name": "rope", "scaling": "yarn"}, "scaling: must be a mapping"),
+        ({"name": "rope", "scaling": [1, 2]}, "scaling: must be a mapping"),
+        ({"name": "rope", "scaling": {"rope_type": "yarn", "factr": 4.0}}, r"scaling\.factr"),
+        ({"name": "xpos", "scaling": {"rope_type": "linear"}}, r"scaling\.factor: required"),
     ],
 )
 def test_bad_value_names_the_key(block, key):
     with pytest.raises(ConfigError, match=rf"model\.position\.{key}"):
         validate_position(block)
+
+
+def test_bad_scaling_in_a_later_phase_stops_at_load_time():
+    """A typo in a phase's scaling block is a ConfigError naming the phase's key when the config loads, not an
+    error after the earlier phases have trained."""
+    with pytest.raises(ConfigError, match=r"phases\.extend\.position\.scaling\.factr: not a parameter"):
+        load_config(overrides=["phases.pre.steps=1", "phases.extend.steps=1",
+                               "phases.extend.position.scaling={rope_type: yarn, factr: 4.0}"])  # fmt: skip
 
 
 @pytest.mark.parametrize("name", NAMES)
