@@ -137,8 +137,9 @@ def hf_rope_parameters(position: dict, dh: int) -> tuple[dict, Optional[int]]:
         params.setdefault("low_freq_factor", 1.0)
         params.setdefault("high_freq_factor", 4.0)
     original = params.get("original_max_position_embeddings")
-    if rope_type == "dynamic":
-        return params, int(original)  # transformers' dynamic NTK reads max_position_embeddings as the original length
+    if rope_type == "dynamic":  # transformers' dynamic NTK reads max_position_embeddings as the original length,
+        del params["original_max_position_embeddings"]  # and warns at every load about this key in rope_parameters
+        return params, int(original)
     if original is not None and params.get("factor"):
         return params, int(round(original * params["factor"]))  # the target length (transformers checks the ratio)
     return params, None
@@ -308,7 +309,13 @@ def export_model(model, cfg, tokenizer, out_dir: str | Path) -> Path:
 
     check_exportable(cfg.model, model)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file of that name, a file on the way, no permission: bad input, not a crash
+        raise MinilmError(
+            f"{out}: cannot create the export directory ({e.strerror}); give a directory path to write (created "
+            "if missing, files in it replaced)"
+        ) from None
     config = hf_config(cfg, model.vocab_size, tokenizer)
     config.save_pretrained(out)
     save_file(hf_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})

@@ -89,6 +89,17 @@ def test_config_form_matches_installed_transformers(tmp_path):
     assert rope["original_max_position_embeddings"] == L
 
 
+def test_dynamic_sets_the_original_length_once(tmp_path):
+    """transformers' dynamic NTK reads the original length from max_position_embeddings; the key minilm names it by
+    is not one of its dynamic keys ("Unrecognized keys in rope_parameters" at every load), so it is not written."""
+    model, cfg = tiny(*CASES["dynamic"])
+    export_model(model, cfg, None, tmp_path)
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    rope = getattr(config, "rope_parameters", None) or config.rope_scaling
+    assert config.max_position_embeddings == L and rope["factor"] == 4.0
+    assert "original_max_position_embeddings" not in rope
+
+
 def test_greedy_generation_matches_transformers(tmp_path):
     from minilm.model.generate import generate
 
@@ -124,6 +135,18 @@ def test_refuses_what_llama_cannot_express(case, tmp_path):
         export_model(model, cfg, None, tmp_path)
     assert needle in str(err.value)
     assert not (tmp_path / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("target", ["file", "under_file"])
+def test_output_path_that_is_a_file_is_a_clear_error(target, tmp_path):
+    """An output path naming an existing file (or a path through one) is bad input: MinilmError naming the path."""
+    model, cfg = tiny()
+    blocker = tmp_path / "taken"
+    blocker.write_text("not a directory")
+    out = blocker if target == "file" else blocker / "hf"
+    with pytest.raises(MinilmError, match="cannot create the export directory") as err:
+        export_model(model, cfg, None, out)
+    assert str(out) in str(err.value)
 
 
 def test_refuses_installed_training_free_method(tmp_path):
