@@ -43,7 +43,7 @@ def flush_denormals() -> None:
 
 def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argparse.ArgumentParser,
             argv: Optional[Sequence[str]] = None) -> int:
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow flags: `--config X --resume key=value`
     flush_denormals()  # before anything else runs: before torch starts its worker threads
     quiet_libraries()
     try:

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # overrides may follow flags: `--config X --quiet key=value`
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         report(args.config, args.overrides, progress=not args.quiet)

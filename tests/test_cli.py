@@ -27,3 +27,25 @@ def test_entry_points_flush_subnormals_on_every_cpu_thread():
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "nonzero 0" in proc.stdout, proc.stdout
+
+
+def test_overrides_may_follow_flags():
+    """`train.py --config X --resume train.steps=9`: argparse's plain parse_args rejects positionals after a flag
+    once the (empty) positional list was consumed; run_cli parses them intermixed."""
+    import argparse
+
+    from minilm.cli import add_config_args, run_cli
+
+    seen = {}
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    parser.add_argument("--resume", action="store_true")
+    argv = ["--config", "c.yaml", "--resume", "a.b=1", "c=2"]
+    assert run_cli(lambda args: seen.update(vars(args)), parser, argv) == 0
+    assert seen["overrides"] == ["a.b=1", "c=2"] and seen["resume"]
+
+
+def test_prepare_data_takes_overrides_after_flags():
+    proc = subprocess.run([sys.executable, "scripts/prepare_data.py", "--quiet", "data.num_proc=0"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "data.num_proc: must be >= 1" in proc.stderr, proc.stderr

@@ -129,6 +129,23 @@ class Sampler:
             self._short = self._pools(np.ones(store.n_docs, bool))
         if not self._short:
             raise DataError(f"no {split} documents in any source with weight > 0: {dict(zip(names, w))}")
+        if self.synthetic_fraction > 0:
+            self._check_synthetic_fits()
+
+    def _check_synthetic_fits(self) -> None:
+        """A retrieval sample needs a minimum length (its needle, question and answer): refuse a seq_len too short
+        for a task now, naming the keys, rather than when the first such row is drawn, mid-phase. A few draws per
+        task (kv's length depends on how its random hex keys tokenize)."""
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed % 2**63, _phase_key(self.phase)]))
+        for task in self.synthetic_tasks:
+            for _ in range(8):
+                try:
+                    self._synthetic_row(rng, self.seq_len + 1, task)
+                except DataError as e:
+                    raise DataError(f"data.synthetic.tasks: a '{task}' sample does not fit a row of seq_len "
+                                    f"{self.seq_len} ({e}); raise train.seq_len, or drop '{task}' from "
+                                    f"data.synthetic.tasks or set data.synthetic.fraction to 0 for this "
+                                    f"phase") from None  # fmt: skip
 
     def _pools(self, mask: np.ndarray) -> Dict[int, _Pool]:
         """source index -> pool of that source's documents selected by ``mask`` (sources with weight 0 left out)."""
@@ -188,8 +205,8 @@ class Sampler:
         pool = self._pick_source(self._short, rng)
         return (*_gather(self.store, pool, int(rng.integers(0, pool.total)), n), 0)
 
-    def _synthetic_row(self, rng: np.random.Generator, n: int):
-        task = self.synthetic_tasks[int(rng.integers(0, len(self.synthetic_tasks)))]
+    def _synthetic_row(self, rng: np.random.Generator, n: int, task: Optional[str] = None):
+        task = task or self.synthetic_tasks[int(rng.integers(0, len(self.synthetic_tasks)))]
         pool = self._pick_source(self._short, rng)
         filler, _, _ = _gather(self.store, pool, int(rng.integers(0, pool.total)), n)
         filler = filler[filler != self.corpus.tokenizer.eos_id]  # one document: no EOS inside the haystack
@@ -207,6 +224,9 @@ class Sampler:
             "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
             "long_fraction": self.long_fraction, "long_min_tokens": self.long_min_tokens,
             "synthetic_fraction": self.synthetic_fraction, "synthetic_loss": self.synthetic_loss,
+            "synthetic_tasks": list(self.synthetic_tasks), "synthetic_style": self.synthetic_style,
+            "document_mask": self.document_mask, "restart_positions": self.restart_positions,
+            "weights": {n: float(w) for n, w in zip(self.store.source_names, self._weights)},
             "corpus": self.corpus.cache_dir.name,
         }  # fmt: skip
 
@@ -296,7 +316,7 @@ def validation_batches(corpus: Corpus, data_cfg: Any, seq_len: int, batch_size: 
     batch i is the global batch of ``batch_size · world_size`` rows, and a DDP rank gets its slice: the ranks
     together validate exactly the rows one process with the whole batch would (not the same rows on each)."""
     store = corpus.val
-    if store.n_tokens < seq_len + 1:
+    if store.n_tokens < seq_len + 1 and n_batches > 0:  # (0 batches: a check that the sampler builds)
         log.warning("the held-out split has %d tokens, fewer than one row of %d: validation rows wrap around it",
                     store.n_tokens, seq_len + 1)  # fmt: skip
     s = Sampler(corpus, store, seq_len=seq_len, batch_size=batch_size, seed=seed, phase=f"validation/{seq_len}",

@@ -9,7 +9,8 @@ Kinds:
   Present wherever Python is, needs no network, and has a natural mix of short and very long documents.
 - ``files``: glob patterns of local ``.txt/.md/.py`` files (one file = one document) and ``.jsonl/.parquet``
   files (one record = one document, text taken from ``text_field``; read through ``datasets``).
-- ``hf``: anything ``datasets.load_dataset`` opens (hub name or local path / data files).
+- ``hf``: anything ``datasets.load_dataset`` opens (hub name or local path / data files), and a directory written
+  by ``save_to_disk`` (opened with ``datasets.load_from_disk``; ``split`` picks a split of a ``DatasetDict``).
 
 Unreadable, binary (NUL byte) and non-UTF-8 files are skipped and *counted*; the counts end up in the stats.
 """
@@ -188,6 +189,9 @@ def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
         extra = {"files": _stat_digest(_expand_globs(spec, where))}
     else:
         local = [Path(p) for p in _as_list(spec.data_files)] + [Path(spec.path)]
+        # a local directory (save_to_disk, or data files of a builder) by the files in it: rewriting a shard in
+        # place does not change the directory's own mtime
+        local = [f for p in local for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])]
         extra = {"files": _stat_digest([p for p in local if p.exists()])}
     return {"settings": settings, **extra}
 
@@ -275,11 +279,34 @@ def _read_hf(name: str, spec: HfSource, where: str) -> SourceDocs:
     if data_files is None and Path(path).is_file() and suffix in RECORD_SUFFIXES + (".csv",):
         # a local file: datasets opens it through its packaged builder of that format
         path, data_files = {".parquet": "parquet", ".csv": "csv"}.get(suffix, "json"), path
-    ds = _load_dataset(where, path, spec.name, spec.split, data_files, spec.streaming)
+    if data_files is None and _saved_to_disk(Path(path)):
+        ds = _load_from_disk(where, Path(path), spec.split)
+    else:
+        ds = _load_dataset(where, path, spec.name, spec.split, data_files, spec.streaming)
     docs = SourceDocs([], [], Counter())
     _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=f"{spec.path}/{spec.name}/{spec.split}",
                     file=spec.path, max_docs=spec.max_docs)  # fmt: skip
     return docs
+
+
+def _saved_to_disk(path: Path) -> bool:
+    """A directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (load_dataset refuses those)."""
+    return path.is_dir() and any((path / f).is_file() for f in ("state.json", "dataset_dict.json"))
+
+
+def _load_from_disk(where: str, path: Path, split: str):
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:  # a damaged directory: FileNotFoundError, ValueError, pyarrow errors...
+        raise DataError(f"{where}: datasets.load_from_disk({str(path)!r}) failed: {type(e).__name__}: "
+                        f"{(str(e).splitlines() or [''])[0]}") from None  # fmt: skip
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{where}.split: {split!r} is not a split of {path} (splits: {', '.join(ds)})")
+        ds = ds[split]
+    return ds
 
 
 def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_files: Any, streaming: bool):

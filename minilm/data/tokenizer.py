@@ -72,7 +72,12 @@ def _load_processor(model_file: str) -> spm.SentencePieceProcessor:
 
 
 def file_digest(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """sha256 of ``data.tokenizer.model_file`` (part of the cache key); a missing file is a ``DataError``."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as e:
+        raise DataError(f"data.tokenizer.model_file: cannot read {path} ({e.strerror}); give the path of an "
+                        f"existing sentencepiece .model, or null to train one") from None  # fmt: skip
 
 
 def sample_chunks(texts: Sequence[str], order: Sequence[int], sample_chars: int) -> Iterator[str]:
@@ -135,8 +140,14 @@ def train_tokenizer(chunks: Iterable[str], out_file: Path, tok_cfg, num_threads:
             minloglevel=2,
         )  # fmt: skip
     except RuntimeError as e:
-        raise DataError(f"data.tokenizer: sentencepiece training failed ({e}); a larger sample or a smaller "
-                        f"data.tokenizer.vocab_size usually fixes this") from None  # fmt: skip
+        if "smaller than required_chars" in str(e):  # every distinct character of the sample needs a piece
+            hint = (f"data.tokenizer.vocab_size ({tok_cfg.vocab_size}) is below the characters the sample needs "
+                    f"(the second number); raise it")
+            if not tok_cfg.byte_fallback:
+                hint += ", or set data.tokenizer.byte_fallback: true (rare characters become bytes)"
+        else:
+            hint = "a larger sample or a smaller data.tokenizer.vocab_size usually fixes this"
+        raise DataError(f"data.tokenizer: sentencepiece training failed ({e}); {hint}") from None
     out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_bytes(buf.getvalue())
     return Tokenizer(out_file)

@@ -32,14 +32,26 @@ class PhaseData(L.LightningDataModule):
         self.accum = pcfg.train.batch_size // micro_batch_size(pcfg.train)
         self._val = None
 
-    def train_dataloader(self) -> DataLoader:
+    def _sampler(self):
         from minilm.data import make_sampler
 
         t = self.cfg.train
-        sampler = make_sampler(
+        return make_sampler(
             self.corpus, "train", self.cfg.data, t.seq_len, micro_batch_size(t), self.cfg.run.seed, self.phase,
             rank=self.trainer.global_rank, world_size=self.trainer.world_size,
         )  # fmt: skip
+
+    # Saved in every checkpoint and checked on resume: the batches are a function of the step, so there is no
+    # position to restore, but a resume whose seed or sampling settings differ would silently draw other data.
+    def state_dict(self) -> dict:
+        return {"sampler": self._sampler().state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "sampler" in state:  # checkpoints written before the sampler's identity was saved have none
+            self._sampler().load_state_dict(state["sampler"])
+
+    def train_dataloader(self) -> DataLoader:
+        sampler = self._sampler()
         total = phase_steps(self.cfg) * self.accum
         start = self.trainer.global_step * self.accum  # restored before this is called
         # The loader keeps the phase's full length (Lightning checks val_check_interval against it); the loop

@@ -7,6 +7,7 @@ carry over and the schedule restarts). Scalars go to TensorBoard on the run's co
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from typing import Optional
@@ -53,6 +54,16 @@ class LitGPT(L.LightningModule):
         self._val_losses: list[torch.Tensor] = []
 
     # ------------------------------------------------------------------------------------------- steps
+
+    def on_train_batch_start(self, batch: dict, batch_idx: int) -> None:
+        """Seed torch's generator (dropout) from (seed, phase, micro-step, rank), as the sampler seeds the data:
+        the global generator is also drawn from by Lightning's data loaders (one number per loader iterator, so a
+        resumed fit and every validation shift it), so a restored generator state alone does not make a resumed
+        or restarted phase draw the masks of an uninterrupted run; a pure function of the step does."""
+        accum = self.trainer.accumulate_grad_batches
+        micro_step = self.global_step * accum + batch_idx % accum
+        key = f"{self.cfg.run.seed}/{self.phase}/{micro_step}/{self.global_rank}"
+        torch.manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 2**63)
 
     def _loss(self, batch: dict) -> torch.Tensor:
         return self.loss_fn(

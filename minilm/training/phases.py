@@ -209,6 +209,40 @@ def _has_outputs(run_dir: Path, names: list[str]) -> bool:
     return any(phase_dir(run_dir, n).exists() for n in names)
 
 
+def check_phase_data(corpus, pcfg, phase: str) -> None:
+    """Build the phase's samplers once, so that what only its data can refuse (too few tokens for a batch, no
+    document long enough for its long_fraction, every source weighted 0) fails before any phase trains, not when
+    the phase is reached after the earlier ones have run."""
+    from minilm.data import make_sampler, validation_batches
+    from minilm.errors import DataError
+
+    t = pcfg.train
+    try:
+        make_sampler(corpus, "train", pcfg.data, t.seq_len, micro_batch_size(t), pcfg.run.seed, phase)
+        validation_batches(corpus, pcfg.data, t.seq_len, micro_batch_size(t), 0, pcfg.run.seed)
+    except DataError as e:
+        raise DataError(f"phase '{phase}': {e}") from None
+
+
+def _check_resumed_sampler(corpus, pcfg, phase: str, run_dir: Path) -> None:
+    """--resume into a phase with a checkpoint: its data sampler must be the one the checkpoint trained with
+    (same seed, sampling settings and corpus), checked before run.dir's config.yaml is rewritten. Lightning checks
+    again when it restores the checkpoint (PhaseData.load_state_dict)."""
+    from minilm.data import make_sampler
+
+    ckpt = latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
+    saved = load_checkpoint_dict(ckpt).get(PhaseData.__qualname__, {}).get("sampler") if ckpt else None
+    if saved is None:  # no checkpoint, or one written before the sampler's identity was saved
+        return
+    t = pcfg.train
+    sampler = make_sampler(corpus, "train", pcfg.data, t.seq_len, micro_batch_size(t), pcfg.run.seed, phase,
+                           rank=saved.get("rank", 0), world_size=saved.get("world_size", 1))  # fmt: skip
+    try:
+        sampler.load_state_dict(saved)
+    except MinilmError as e:
+        raise MinilmError(f"--resume: phase '{phase}' ({ckpt}): {e}") from None
+
+
 def _open_run(cfg, run_dir: Path, names: list[str], resume: bool, start_phase: Optional[str], primary: bool):
     """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
     a model section that differs from the run's on --resume, bad data), then create run.dir. Returns the corpus."""
@@ -228,6 +262,10 @@ def _open_run(cfg, run_dir: Path, names: list[str], resume: bool, start_phase: O
         if OmegaConf.to_container(old.model) != OmegaConf.to_container(cfg.model, resolve=True):
             raise MinilmError(f"--resume: the model section differs from the run's saved {saved}; refusing")
     corpus = load_corpus(cfg.data)  # bad data fails here, before the run directory is touched
+    for n in names[names.index(start_phase) if start_phase else 0 :]:
+        check_phase_data(corpus, phase_config(cfg, n), n)
+        if resume and not is_complete(run_dir, n):
+            _check_resumed_sampler(corpus, phase_config(cfg, n), n, run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -9,6 +9,7 @@ import pytest
 
 from minilm.data import held_out, load_corpus, long_share
 from minilm.data import prepare as prepare_mod
+from minilm.errors import DataError
 
 
 def test_tokenizer_round_trips_code_unicode_and_whitespace(files_cfg):
@@ -100,3 +101,15 @@ def test_existing_model_file_is_used_as_is(files_cfg):
     again = load_corpus(files_cfg(**{"tokenizer.model_file": first.tokenizer.model_file}), progress=False)
     assert again.cache_dir != first.cache_dir
     assert again.tokenizer.encode("def f(x):\n") == first.tokenizer.encode("def f(x):\n")
+
+
+def test_missing_model_file_is_a_data_error_naming_the_key(files_cfg, tmp_path):
+    with pytest.raises(DataError, match="data.tokenizer.model_file: cannot read .*nope.model"):
+        load_corpus(files_cfg(**{"tokenizer.model_file": str(tmp_path / "nope.model")}), progress=False)
+
+
+def test_vocab_below_the_sample_characters_says_to_raise_it(files_cfg):
+    """sentencepiece needs a piece per character it must cover: a vocab below that is too small, and the advice
+    is to raise it (the generic advice, a smaller vocab, would make it worse)."""
+    with pytest.raises(DataError, match=r"vocab_size \(40\) is below the characters the sample needs.*raise it$"):
+        load_corpus(files_cfg(**{"tokenizer.vocab_size": 40}), progress=False)

@@ -198,3 +198,13 @@ def test_synthetic_answer_loss_keeps_only_the_answer_targets(files_cfg):
     assert seen >= 8
     with pytest.raises(DataError, match="synthetic_loss"):
         make_sampler(corpus, "train", answer, **args).load_state_dict(plain.state_dict())
+
+
+def test_a_seq_len_too_short_for_a_synthetic_task_fails_when_the_sampler_is_made(files_cfg):
+    """Not mid-phase, when the first retrieval row happens to be drawn: when the sampler is built (train.py builds
+    every phase's sampler before the first phase trains), naming the keys to change."""
+    cfg = files_cfg(**{"synthetic.fraction": 0.1, "synthetic.tasks": ["kv"]})
+    corpus = load_corpus(cfg, progress=False)
+    with pytest.raises(DataError, match="data.synthetic.tasks: a 'kv' sample does not fit a row of seq_len 16"):
+        make_sampler(corpus, "train", cfg, seq_len=16, batch_size=2, seed=0, phase="p")
+    make_sampler(corpus, "train", cfg, seq_len=256, batch_size=2, seed=0, phase="p").batch(0)

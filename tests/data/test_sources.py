@@ -52,6 +52,30 @@ def test_hf_kind_with_builder_and_data_files(tmp_path, jsonl_file):
     assert _texts(load_corpus(cfg, progress=False)) == set(STORIES)
 
 
+def test_hf_kind_opens_a_save_to_disk_directory(tmp_path):
+    """``datasets.load_dataset`` refuses a ``save_to_disk`` directory; the hf kind opens it with load_from_disk,
+    a DatasetDict by ``split``, and re-saving other records there invalidates the cache."""
+    import shutil
+
+    import datasets
+
+    one, whole = tmp_path / "one", tmp_path / "dict"
+    datasets.Dataset.from_dict({"story": STORIES}).save_to_disk(str(one))
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"story": STORIES[:20]}),
+                          "test": datasets.Dataset.from_dict({"story": STORIES[20:]})}).save_to_disk(str(whole))
+    cfg = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(one), "text_field": "story"}})
+    assert _texts(load_corpus(cfg, progress=False)) == set(STORIES)
+    test = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(whole), "split": "test", "text_field": "story"}})
+    assert _texts(load_corpus(test, progress=False)) == set(STORIES[20:])
+    bad = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(whole), "split": "val", "text_field": "story"}})
+    with pytest.raises(DataError, match=r"data.sources.st.split: 'val' is not a split .*\(splits: train, test\)"):
+        load_corpus(bad, progress=False)
+    datasets.Dataset.from_dict({"story": STORIES[:10]}).save_to_disk(str(one) + ".new")
+    for f in (one.parent / "one.new").iterdir():  # rewrite the files in place: the directory's mtime stays
+        shutil.copyfile(f, one / f.name)
+    assert _texts(load_corpus(cfg, progress=False)) == set(STORIES[:10])
+
+
 def test_files_kind_reads_records_and_text_files(tmp_path, parquet_file, tiny_text_dir):
     cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "text_field": "story",
                                          "paths": [str(parquet_file), f"{tiny_text_dir}/doc_00*.py"]}})  # fmt: skip

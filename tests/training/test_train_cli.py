@@ -78,6 +78,10 @@ def test_twenty_steps_write_events_weights_and_config(tmp_path, tiny_text_dir):
         (["model.n_layers=two"], "model.n_layers"),
         (["data.sources.local.paths=[/nonexistent/*.txt]"], "data.sources.local"),
         (["run.dir={tmp}/a_file/run"], "run.dir"),
+        (["data.tokenizer.model_file={tmp}/nope.model"], "data.tokenizer.model_file"),
+        # a later phase's data is checked before the first phase trains
+        (["phases.a.steps=2", "phases.b.steps=2", "phases.b.data.long_fraction=0.5",
+          "phases.b.data.long_min_tokens=1000000"], "phase 'b': data.long_fraction=0.5"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(tmp_path, tiny_text_dir, args, message):
@@ -164,3 +168,58 @@ def test_a_second_process_is_refused_by_the_lock(tmp_path, tiny_text_dir):
     # the holder is dead now: its lock is stale and is taken over
     out = train("--config", cfg, f"run.dir={run}", "train.steps=2").stdout
     assert "stale lock" in out and not (run / ".lock").exists()
+
+
+@pytest.mark.parametrize("keep_step", [6, pytest.param(None, marks=pytest.mark.slow)],
+                         ids=["mid_phase", "before_first_checkpoint"])  # fmt: skip
+def test_resume_with_dropout_equals_uninterrupted(tmp_path, tiny_text_dir, keep_step):
+    """Dropout draws from torch's global generator, which Lightning's data loaders also draw from (one number per
+    loader iterator: the validation loader every val_every steps, the training loader at the start of a fit): a
+    resumed run must still train with the dropout masks of the uninterrupted one, and so must a phase started in a
+    fresh process (killed before its first checkpoint). Simulated by deleting what a kill would not have written."""
+    import shutil
+
+    cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=12)
+    args = ["model.dropout=0.2", "train.keep_checkpoints=100", "train.val_every=4"]
+    straight = tmp_path / "straight"
+    train("--config", cfg, f"run.dir={straight}", *args)
+    killed = tmp_path / "killed"
+    shutil.copytree(straight, killed)
+    for name in ("model.safetensors", "final_config.yaml"):
+        (killed / name).unlink()
+    long_dir = killed / "long"
+    for path in long_dir.iterdir():
+        if path.name != "checkpoints":
+            path.unlink()
+    for ckpt in (long_dir / "checkpoints").iterdir():
+        if keep_step is None or ckpt.name != f"step-{keep_step:08d}.ckpt":
+            ckpt.unlink()
+    out = train("--config", cfg, f"run.dir={killed}", *args, "--resume").stdout
+    assert ("resuming from" in out) == (keep_step is not None)
+    a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    for k in a:
+        assert (a[k] == b[k]).all(), f"{k} differs after resume"
+
+
+def test_resume_with_other_sampling_settings_is_refused_before_the_run_changes(tmp_path, tiny_text_dir):
+    """The sampler's identity is saved in each checkpoint: a --resume whose seed or data settings differ would
+    otherwise continue silently on other batches (and record the new settings in the run's config.yaml)."""
+    import shutil
+
+    cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=6)
+    straight = tmp_path / "straight"
+    train("--config", cfg, f"run.dir={straight}", "train.keep_checkpoints=100")
+    killed = tmp_path / "killed"
+    shutil.copytree(straight, killed)
+    for name in ("model.safetensors", "final_config.yaml"):
+        (killed / name).unlink()
+    for path in (killed / "long").iterdir():
+        if path.is_file():
+            path.unlink()
+    saved = (killed / "config.yaml").read_text()
+    for override, key in (("run.seed=7", "seed"), ("phases.long.data.long_fraction=0.5", "long_fraction")):
+        proc = train("--config", cfg, f"run.dir={killed}", "--resume", override, check=False)
+        assert proc.returncode == 2 and "--resume: phase 'long'" in proc.stderr and key in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and (killed / "config.yaml").read_text() == saved
+    again = train("--config", cfg, f"run.dir={killed}", "--resume", "train.log_every=3").stdout
+    assert "resuming from" in again
