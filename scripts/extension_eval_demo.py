@@ -26,8 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from minilm.cli import run_cli  # noqa: E402
 from minilm.config import load_config  # noqa: E402
 from minilm.data import load_corpus, make_sampler, validation_batches  # noqa: E402
+from minilm.errors import ConfigError  # noqa: E402
 from minilm.model import GPT  # noqa: E402
 from minilm.positions.training_free import extension  # noqa: E402
 
@@ -36,10 +38,10 @@ def methods(L: int, factor: int) -> dict:
     """name -> (extension name, params) or None for plain RoPE; all set for a model trained at length L."""
     return {
         "extrapolation (plain RoPE)": None,
-        "PI (linear, factor 4)": ("rope_scaling", {"rope_type": "linear", "factor": factor}),
-        "NTK-aware (ntk, factor 4)": ("rope_scaling", {"rope_type": "ntk", "factor": factor}),
+        f"PI (linear, factor {factor})": ("rope_scaling", {"rope_type": "linear", "factor": factor}),
+        f"NTK-aware (ntk, factor {factor})": ("rope_scaling", {"rope_type": "ntk", "factor": factor}),
         "dynamic NTK": ("rope_scaling", {"rope_type": "dynamic", "factor": 1, "original_max_position_embeddings": L}),
-        "YaRN (factor 4)": (
+        f"YaRN (factor {factor})": (
             "rope_scaling",
             {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": L},
         ),
@@ -63,7 +65,7 @@ def evaluate(model: GPT, batches, start: int = 0) -> float:
     return total / count
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/tiny.yaml")
     p.add_argument("--seq-len", type=int, default=64, help="training length L")
@@ -75,7 +77,15 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("overrides", nargs="*", help="config overrides (key.sub=value)")
-    args = p.parse_args(argv)
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    for key, minimum in (("seq_len", 2), ("factor", 1), ("steps", 1), ("batch_size", 1), ("eval_batches", 1),
+                         ("threads", 1)):  # fmt: skip
+        if getattr(args, key) < minimum:
+            raise ConfigError(f"--{key.replace('_', '-')}: must be >= {minimum}, got {getattr(args, key)}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
@@ -124,4 +134,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main, parser()))

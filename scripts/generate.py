@@ -26,12 +26,11 @@ from minilm.errors import MinilmError  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    import torch
-
+    from minilm.eval import resolve_device
     from minilm.model.generate import generate
     from minilm.runs import load_run
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
     if args.extension:
         from minilm.eval import parse_extension

@@ -12,6 +12,7 @@ from minilm.eval.suite import (
     EvalData,
     EvalSettings,
     apply_extension,
+    check_extension,
     default_lengths,
     eval_data,
     evaluate,
@@ -19,6 +20,7 @@ from minilm.eval.suite import (
     evaluate_run,
     length_limit,
     parse_extension,
+    resolve_device,
     validate_eval,
 )
 
@@ -27,6 +29,7 @@ __all__ = [
     "EvalData",
     "EvalSettings",
     "apply_extension",
+    "check_extension",
     "compare",
     "default_lengths",
     "eval_data",
@@ -37,6 +40,7 @@ __all__ = [
     "load_results",
     "log_tensorboard",
     "parse_extension",
+    "resolve_device",
     "validate_eval",
     "write_report",
 ]

@@ -28,6 +28,7 @@ import math
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+from minilm.errors import MinilmError
 
 
 class _Pyplot:
@@ -65,8 +66,17 @@ def _fmt(v, kind: str) -> str:
     return f"{v:.2f}"
 
 
+def make_output_dir(out_dir: Path) -> None:
+    """mkdir -p, or one message naming the directory (a file of that name, no permission, ...)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MinilmError(f"{out_dir}: cannot write the evaluation output there ({e.strerror}); choose another "
+                          "output directory (--out)") from None  # fmt: skip
+
+
 def write_json(results: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_output_dir(path.parent)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(results, indent=2, default=_json_default, allow_nan=False))
     tmp.replace(path)
@@ -83,8 +93,20 @@ def _json_default(o):
 
 
 def load_results(path: Path) -> dict:
+    """A ``results.json`` (or the directory holding it); MinilmError naming the file if it is not one."""
     path = Path(path)
-    return json.loads((path / "results.json" if path.is_dir() else path).read_text())
+    path = path / "results.json" if path.is_dir() else path
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise MinilmError(f"{path}: cannot read it ({e})") from None
+    except json.JSONDecodeError as e:
+        raise MinilmError(f"{path}: not a results.json of scripts/evaluate.py (invalid JSON at line {e.lineno}, "
+                          f"column {e.colno}: {e.msg})") from None  # fmt: skip
+    if not isinstance(results, dict):
+        raise MinilmError(f"{path}: not a results.json of scripts/evaluate.py (a JSON object expected, got "
+                          f"{type(results).__name__})")  # fmt: skip
+    return results
 
 
 # ------------------------------------------------------------------------------------------------------ figures
@@ -182,7 +204,7 @@ def _depth_key(d: float) -> str:
 
 def write_figures(results: dict, out_dir: Path) -> Dict[str, Path]:
     """Every figure the results have data for, as PNGs in ``out_dir``; returns name -> path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out_dir)
     makers = {
         "ppl_vs_length": (lambda: _ppl_figure(results), any(_lengths(results, k) for k in ("ppl", "ppl_sliding"))),
         "per_position_loss": (lambda: _position_figure(results), bool(results.get("per_position_loss"))),
@@ -296,7 +318,7 @@ def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple
     """Overlay several evaluations (one ``results.json`` each): one figure (perplexity and every retrieval task
     vs length, one line per run) and one markdown table. Returns (figure, table) paths."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out_dir)
     panels = [k for k in ("ppl", "ppl_sliding", *RETRIEVAL) if any(_lengths(r, k) for r in runs)]
     if not panels:
         panels = ["ppl"]

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from minilm.errors import ConfigError, MinilmError
 from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
-from minilm.eval.report import log_tensorboard, write_report
+from minilm.eval.report import log_tensorboard, make_output_dir, write_report
 from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
 
 TASKS = ("ppl", "passkey", "needle", "kv")
@@ -75,6 +75,9 @@ class EvalSettings:
         check(self.batches >= 1, "batches", f"must be >= 1, got {self.batches}")
         check(self.batch_tokens >= 1, "batch_tokens", f"must be >= 1, got {self.batch_tokens}")
         check(self.stride is None or self.stride >= 1, "stride", f"must be >= 1 or null, got {self.stride}")
+        shortest = min(self.lengths, default=None)
+        check(self.stride is None or not self.sliding or shortest is None or self.stride <= shortest, "stride",
+              f"must be <= the shortest length ({shortest}) for sliding windows, got {self.stride}")  # fmt: skip
         check(all(0 <= d <= 1 for d in self.depths) and len(self.depths) > 0, "depths",
               f"must be a non-empty list of numbers in [0, 1], got {list(self.depths)}")  # fmt: skip
         check(self.samples >= 1, "samples", f"must be >= 1, got {self.samples}")
@@ -89,8 +92,7 @@ def validate_eval(eval_cfg, where: str = "eval") -> None:
     known = {f.name for f in fields(EvalSettings)}
     EvalSettings(**{k: v for k, v in ev.items() if k in known}).validate(where)
     if ev.get("extension"):
-        ext = dict(ev["extension"])
-        _check_extension_name(ext["name"], f"{where}.extension")
+        check_extension(dict(ev["extension"]), f"{where}.extension")
 
 
 def default_lengths(train_seq_len: int) -> List[int]:
@@ -126,6 +128,32 @@ def _check_extension_name(name: str, where: str) -> None:
         )
 
 
+def check_extension(extension: Mapping[str, Any], where: str = "extension") -> None:
+    """Check an extension block ``{name, ...params}`` without a model, so a bad parameter in ``eval.extension``
+    fails when the config loads rather than after training. Errors name ``where.<key>``. The parameters filled
+    in from the training length at evaluation time (``original_max_position_embeddings``, logn's ``train_len``)
+    get a placeholder here when absent; what needs the model (longrope's list lengths) is checked when applied."""
+    from minilm.positions.rope_scaling import ROPE_SCALING, parse_scaling
+    from minilm.positions.training_free import EXTENSIONS
+
+    name = extension["name"]
+    _check_extension_name(name, where)
+    params = {k: v for k, v in extension.items() if k != "name"}
+    if name in EXTENSIONS:
+        if name == "logn":
+            params.setdefault("train_len", 2)
+        EXTENSIONS[name].from_params(params, where)
+        return
+    if "original_max_position_embeddings" in {f.name for f in fields(ROPE_SCALING[name].params)}:
+        params.setdefault("original_max_position_embeddings", 1)
+    if "rope_type" in params:
+        raise ConfigError(f"{where}.rope_type: not a parameter here; the rope_type is the name ({name!r})")
+    try:
+        parse_scaling({"rope_type": name, **params})
+    except ConfigError as e:
+        raise ConfigError(f"{where}.{e}") from None
+
+
 def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, Any], train_seq_len: int):
     """Apply a training-free method to a trained model for evaluation. Returns ``(model, undo)``.
 
@@ -143,6 +171,7 @@ def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, A
     params = {k: v for k, v in extension.items() if k != "name"}
     name = extension["name"]
     _check_extension_name(name, "extension")
+    check_extension(extension, f"extension.{name}")
     if name in EXTENSIONS:
         if name == "logn":
             params.setdefault("train_len", train_seq_len)
@@ -163,6 +192,26 @@ def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, A
     scaled.load_state_dict(model.state_dict())  # the same architecture: every tensor by name, strictly
     scaled.to(model_device(model)).eval()
     return scaled, lambda: None
+
+
+def resolve_device(device: Optional[str]) -> str:
+    """``device`` checked (cpu, cuda, cuda:N; None: cuda when available, else cpu), so a typo or a GPU that is
+    not there is one message rather than a traceback from deep inside torch."""
+    if not device:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device: must be cpu, cuda or cuda:N, got {device!r}")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"device: {device!r} asked for, but this machine has no usable CUDA GPU; use cpu")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"device: {device!r} asked for, but this machine has {count} CUDA GPU(s)")
+    return device
 
 
 def length_limit(model) -> Optional[int]:
@@ -443,7 +492,7 @@ def evaluate_run(
     from minilm.config import phase_names
     from minilm.runs import load_run, load_run_config
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     loaded = load_run(path, phase, map_location=device)
     cfg = loaded.cfg
     run_cfg = load_run_config(loaded.run_dir / "config.yaml")
@@ -463,6 +512,7 @@ def evaluate_run(
                                    cfg.train.seq_len)  # fmt: skip
     suffix = f"-{settings.extension['name']}" if settings.extension else ""
     out_dir = Path(out) if out else loaded.run_dir / phase / f"eval{suffix}"
+    make_output_dir(out_dir)  # before the evaluation, not after it
     log(f"evaluating {loaded.weights} (phase {phase}, step {step}) at lengths {settings.lengths} on {device}")
     results = evaluate(model, data, settings, meta=_meta(cfg, loaded.run_dir, phase, step, settings.extension), log=log)
     figures = write_report(results, out_dir)

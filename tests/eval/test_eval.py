@@ -324,3 +324,108 @@ def test_evaluate_run_default_lengths(fake_run):
                             device="cpu", log=lambda *_: None)  # fmt: skip
     assert res["lengths"] == [32, 64, 128, 256, 512]
     assert res["phase"] == "train" and res["step"] == 1000
+
+
+# ----------------------------------------------------------------------------------------- bad input, one message
+
+
+@pytest.mark.parametrize(
+    "extension,message",
+    [
+        ({"name": "rerope"}, "eval.extension.window: required"),
+        ({"name": "rerope", "window": 8, "foo": 1}, "eval.extension.foo: unknown parameter"),
+        ({"name": "self_extend", "group_size": 4}, "eval.extension.window: required"),
+        ({"name": "yarn", "factor": 0.5}, "eval.extension.factor: must be >= 1, got 0.5"),
+        ({"name": "yarn", "factor": 4, "bogus": 1}, "eval.extension.bogus: not a parameter of rope_type 'yarn'"),
+        ({"name": "yarn", "rope_type": "linear", "factor": 4}, "eval.extension.rope_type: not a parameter here"),
+        ({"name": "rope_scaling", "rope_type": "dynamic"}, "eval.extension.factor: required"),
+    ],
+)
+def test_bad_extension_parameters_fail_when_the_config_loads(extension, message):
+    # not only after a whole phase has trained (evaluate_phase would write them to eval/error.txt)
+    with pytest.raises(ConfigError, match=message):
+        validate_eval({"lengths": [64], "extension": extension})
+
+
+@pytest.mark.parametrize("extension", [{"name": "logn"}, {"name": "yarn", "factor": 4}, {"name": "dynamic_yarn"},
+                                       {"name": "dca", "chunk_size": 48, "local_window": 4}])  # fmt: skip
+def test_good_extensions_pass_config_validation(extension):
+    validate_eval({"lengths": [64], "extension": extension})  # training-length defaults are filled in later
+
+
+def test_a_scaling_extension_cannot_change_its_rope_type(corpus_setup):
+    cfg, corpus = corpus_setup
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size)
+    with pytest.raises(ConfigError, match="extension.yarn.rope_type"):  # would have built a linear model as 'yarn'
+        apply_extension(model, cfg.model, corpus.tokenizer.vocab_size,
+                        {"name": "yarn", "rope_type": "linear", "factor": 4}, 64)  # fmt: skip
+    with pytest.raises(ConfigError, match="extension.yarn.factor: must be >= 1"):
+        apply_extension(model, cfg.model, corpus.tokenizer.vocab_size, {"name": "yarn", "factor": 0.5}, 64)
+
+
+def test_resolve_device(monkeypatch):
+    from minilm.eval import resolve_device
+
+    assert resolve_device("cpu") == "cpu"
+    with pytest.raises(ConfigError, match="device: must be cpu, cuda or cuda:N, got 'xyz'"):
+        resolve_device("xyz")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert resolve_device(None) == "cpu"
+    with pytest.raises(ConfigError, match="no usable CUDA GPU"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="has 1 CUDA GPU"):
+        resolve_device("cuda:3")
+
+
+def test_scripts_give_one_message_for_bad_input(tmp_path, fake_run, capsys):
+    from minilm.cli import run_cli
+
+    ev, gen, cmp = _script("evaluate"), _script("generate"), _script("compare_runs")
+    argv = ["--run", str(fake_run), "--lengths", "32", "--tasks", "ppl", "--batches", "1", "--no-tb"]
+    assert run_cli(ev.main, ev.parser(), argv + ["--device", "xyz"]) == 2
+    assert "device: must be cpu, cuda or cuda:N" in capsys.readouterr().err
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    assert run_cli(ev.main, ev.parser(), argv + ["--out", str(not_a_dir)]) == 2
+    assert f"{not_a_dir}: cannot write the evaluation output there" in capsys.readouterr().err
+    assert run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt", "x", "--device", "xyz"]) == 2
+    assert "device: must be cpu" in capsys.readouterr().err
+
+    bad, listed = tmp_path / "bad.json", tmp_path / "list.json"
+    bad.write_text("{bad")
+    listed.write_text("[1, 2]")
+    assert run_cli(cmp.main, cmp.parser(), [str(bad), "--out", str(tmp_path / "c")]) == 2
+    assert f"{bad}: not a results.json of scripts/evaluate.py (invalid JSON at line 1" in capsys.readouterr().err
+    assert run_cli(cmp.main, cmp.parser(), [str(listed), "--out", str(tmp_path / "c")]) == 2
+    assert "a JSON object expected, got list" in capsys.readouterr().err
+    assert run_cli(cmp.main, cmp.parser(), [str(fake_run / "config.yaml"), "--out", str(tmp_path / "c")]) == 2
+    good = tmp_path / "results.json"
+    good.write_text(json.dumps({"lengths": [32], "ppl": {"32": 10.0}}))
+    assert run_cli(cmp.main, cmp.parser(), [str(good), "--out", str(not_a_dir)]) == 2
+    assert "cannot write the evaluation output there" in capsys.readouterr().err
+
+
+def test_extension_demo_labels_and_bad_input(capsys):
+    from minilm.cli import run_cli
+
+    demo = _script("extension_eval_demo")
+    labels = list(demo.methods(32, 2))
+    assert "PI (linear, factor 2)" in labels and "YaRN (factor 2)" in labels and "NTK-aware (ntk, factor 2)" in labels
+    assert not any("factor 4" in label for label in labels)
+    assert run_cli(demo.main, demo.parser(), ["--seq-len", "1"]) == 2
+    assert "--seq-len: must be >= 2, got 1" in capsys.readouterr().err
+    assert run_cli(demo.main, demo.parser(), ["model.bogus=1"]) == 2
+    assert "model.bogus" in capsys.readouterr().err
+
+
+def test_a_stride_longer_than_a_length_is_refused_up_front(fake_run):
+    # it used to record ppl at that length and list ppl as skipped there too, with ppl_sliding null
+    with pytest.raises(ConfigError, match=r"eval.stride: must be <= the shortest length \(32\) for sliding"):
+        evaluate_run(fake_run, lengths=[32, 128], tasks=["ppl"], stride=100, tensorboard=False, device="cpu",
+                     log=lambda *_: None)  # fmt: skip
+    res, _ = evaluate_run(fake_run, lengths=[32], tasks=["ppl"], stride=100, sliding=False, batches=1,
+                          batch_tokens=64, tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
+    assert res["ppl"]["32"] is not None and not res["skipped"]["ppl"]
