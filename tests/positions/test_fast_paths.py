@@ -88,10 +88,18 @@ def dense(score_mod, T, S):
     return score_mod(torch.zeros(B, H, T, S), b, h, i, j).expand(B, H, T, S)
 
 
+DISTANCE_TABLES = ["t5", "kerple"]  # the learned biases of i − j alone (FIRE's also reads the query position)
+
+
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("name", BIAS)
+@pytest.mark.parametrize("name", BIAS + [f"{n}/direct" for n in DISTANCE_TABLES])
 def test_score_mod_equals_score(name, case):
+    """Every bias score_mod, and T5's and KERPLE's direct forms (``flex_distance_table = False``,
+    scripts/bench_attention.py --no-flex-table) besides their per-distance tables."""
+    name, _, direct = name.partition("/")
     pos = hook(name, **PARAMS.get(name, {}))
+    if direct:
+        pos.flex_distance_table = False
     T, S, q_pos, k_pos, mask = CASES[case]
     q, k, _ = qkv(T, S)
     with torch.no_grad():
@@ -118,9 +126,6 @@ def test_score_mod_gradients_equal_score_gradients(name):
     grads_agree(got, want, inputs, atol=1e-5, rtol=1e-4)
 
 
-DISTANCE_TABLES = ["t5", "kerple"]  # the learned biases of i − j alone (FIRE's also reads the query position)
-
-
 def captured_tensors(score_mod):
     """The tensors a score_mod closes over (what FlexAttention captures and, in its backward, scatters into)."""
     return [c.cell_contents for c in score_mod.__closure__ or () if isinstance(c.cell_contents, torch.Tensor)]
@@ -140,20 +145,6 @@ def test_learned_distance_biases_give_flex_one_table_entry_per_distance(name):
     assert learned, "the score_mod captures no learned table"
     for t in learned:
         assert t.shape[0] == H and t.shape[-1] >= S, f"a captured learned tensor of shape {tuple(t.shape)}"
-
-
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("name", DISTANCE_TABLES)
-def test_direct_score_mods_equal_the_distance_tables(name, case):
-    """``flex_distance_table = False`` (scripts/bench_attention.py --no-flex-table) gives the same bias."""
-    pos = hook(name, **PARAMS.get(name, {}))
-    T, S, q_pos, k_pos, _ = CASES[case]
-    q, k, _ = qkv(T, S)
-    with torch.no_grad():
-        table = dense(pos.score_mod(q, k, q_pos, k_pos), T, S)
-        pos.flex_distance_table = False
-        direct = dense(pos.score_mod(q, k, q_pos, k_pos), T, S)
-    torch.testing.assert_close(table, direct, atol=1e-6, rtol=1e-6)
 
 
 def test_positions_spread_beyond_the_keys():
