@@ -1,8 +1,10 @@
 """Sampling training rows from a prepared corpus: a pure function of (seed, phase, index, rank).
 
-Each batch draws its rows from a generator seeded by ``SeedSequence([seed, hash(phase), index, rank])`` and
-nothing else, so a resumed run sees exactly the batches it would have seen, and each DDP rank draws its own
-share without coordination. There is no iterator state to checkpoint beyond the step.
+Each batch plans its global batch (``batch_size · world_size`` rows) with a generator seeded by
+``SeedSequence([seed, hash(phase), index])`` and draws global row g with ``SeedSequence([seed, hash(phase), index,
+g])``, and nothing else; a rank takes its slice of rows. So a resumed run sees exactly the batches it would have
+seen, and the DDP ranks draw their shares without coordination, together the rows of a one-process run. There is
+no iterator state to checkpoint beyond the step.
 
 Row kinds within a batch (counts per batch by stochastic rounding, so the measured shares match the configured
 ones on average and per batch up to one row; rows then shuffled):
