@@ -236,7 +236,6 @@ class Sampler:
         """Nothing to restore (batches are a function of the index); check the sampler is the same one, so a
         resume with a changed seed, phase or corpus fails loudly instead of silently drawing other data."""
         mine = self.state_dict()
-        state = {"synthetic_loss": "all", **state}  # checkpoints from before data.synthetic.loss existed
         strict = [k for k in mine if k not in ("rank", "world_size")]
         diff = {k: (state.get(k), mine[k]) for k in strict if state.get(k) != mine[k]}
         if diff:

@@ -8,6 +8,8 @@ one would.
 
 from __future__ import annotations
 
+import functools
+
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
@@ -32,7 +34,9 @@ class PhaseData(L.LightningDataModule):
         self.accum = pcfg.train.batch_size // micro_batch_size(pcfg.train)
         self._val = None
 
-    def _sampler(self):
+    @functools.cached_property
+    def sampler(self):
+        """The phase's train sampler, built once the trainer (its rank) is attached."""
         from minilm.data import make_sampler
 
         t = self.cfg.train
@@ -44,14 +48,14 @@ class PhaseData(L.LightningDataModule):
     # Saved in every checkpoint and checked on resume: the batches are a function of the step, so there is no
     # position to restore, but a resume whose seed or sampling settings differ would silently draw other data.
     def state_dict(self) -> dict:
-        return {"sampler": self._sampler().state_dict()}
+        return {"sampler": self.sampler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if "sampler" in state:  # checkpoints written before the sampler's identity was saved have none
-            self._sampler().load_state_dict(state["sampler"])
+            self.sampler.load_state_dict(state["sampler"])
 
     def train_dataloader(self) -> DataLoader:
-        sampler = self._sampler()
+        sampler = self.sampler
         total = phase_steps(self.cfg) * self.accum
         start = self.trainer.global_step * self.accum  # restored before this is called
         # The loader keeps the phase's full length (Lightning checks val_check_interval against it); the loop

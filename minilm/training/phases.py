@@ -243,11 +243,13 @@ def _check_resumed_sampler(corpus, pcfg, phase: str, run_dir: Path) -> None:
         raise MinilmError(f"--resume: phase '{phase}' ({ckpt}): {e}") from None
 
 
-def _open_run(cfg, run_dir: Path, names: list[str], resume: bool, start_phase: Optional[str], primary: bool):
+def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool):
     """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
-    a model section that differs from the run's on --resume, bad data), then create run.dir. Returns the corpus."""
+    a model section that differs from the run's on --resume, bad data), then create run.dir. ``pcfgs``: each phase's
+    config (``phase_config``), in order. Returns the corpus."""
     from minilm.data import load_corpus
 
+    names = list(pcfgs)
     if start_phase is not None and start_phase not in names:
         raise MinilmError(f"--phase {start_phase}: no such phase; phases are: {', '.join(names)}")
     if primary and not resume and start_phase is None and _has_outputs(run_dir, names):
@@ -263,9 +265,9 @@ def _open_run(cfg, run_dir: Path, names: list[str], resume: bool, start_phase: O
             raise MinilmError(f"--resume: the model section differs from the run's saved {saved}; refusing")
     corpus = load_corpus(cfg.data)  # bad data fails here, before the run directory is touched
     for n in names[names.index(start_phase) if start_phase else 0 :]:
-        check_phase_data(corpus, phase_config(cfg, n), n)
+        check_phase_data(corpus, pcfgs[n], n)
         if resume and not is_complete(run_dir, n):
-            _check_resumed_sampler(corpus, phase_config(cfg, n), n, run_dir)
+            _check_resumed_sampler(corpus, pcfgs[n], n, run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -286,7 +288,7 @@ def run_phases(
     names = phase_names(cfg)
     pcfgs = {n: phase_config(cfg, n) for n in names}
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
-    corpus = _open_run(cfg, run_dir, names, resume, start_phase, primary)
+    corpus = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary)
     saved = run_dir / "config.yaml"
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
