@@ -144,6 +144,7 @@ class T5Bias(PositionEncoding):
 
     score_kind = "bias"
     score_reads_qk = False
+    flex_distance_table = True  # one table entry per distance in [−(S − 1), S − 1] (the module docstring)
 
     def __init__(self, params: T5Params, dims: PositionDims):
         super().__init__()
@@ -160,8 +161,7 @@ class T5Bias(PositionEncoding):
         step. Beyond max_distance the bucket no longer changes, so a distance clamped into [−n, n] reads its own
         bias for every n ≥ max_distance."""
         m = self.params.max_distance
-        if n is None or n <= m:
-            return self.table[self.bucket_of].float().t()
+        n = m if n is None else max(n, m)
         d = torch.arange(-n, n + 1, device=self.bucket_of.device).clamp(-m, m) + m
         return self.table[self.bucket_of[d]].float().t()
 
@@ -174,8 +174,6 @@ class T5Bias(PositionEncoding):
         # one scatter_add into (H, 2m+1) (3x faster on CPU at T = 2048 than advanced indexing's index_put)
         bias = table.gather(1, d.reshape(1, -1).expand(H, -1))  # (H, B·T·S)
         return bias.view(H, d.shape[0], *d.shape[2:]).transpose(0, 1)  # (B, H, T, S)
-
-    flex_distance_table = True  # one table entry per distance in [−(S − 1), S − 1] (the module docstring)
 
     def score_mod(self, q, k, q_pos, k_pos):
         m = self.params.max_distance
@@ -208,6 +206,7 @@ class Kerple(PositionEncoding):
 
     score_kind = "bias"
     score_reads_qk = False
+    flex_distance_table = True  # the bias read from by_distance(S − 1) (the module docstring)
 
     def __init__(self, params: KerpleParams, dims: PositionDims):
         super().__init__()
@@ -225,23 +224,26 @@ class Kerple(PositionEncoding):
     def coefficients(self) -> tuple[Tensor, Tensor]:
         return self.eps + F.softplus(self.raw_r1.float()), self.eps + F.softplus(self.raw_r2.float())  # (H,) each
 
+    @staticmethod
+    def bias(r1: Tensor, r2: Tensor, distance: Tensor) -> Tensor:
+        """−r1 · log(1 + r2 · |d|) for a fp32 distance, broadcast."""
+        return -r1 * torch.log1p(r2 * distance.abs())
+
     def score(self, q, k, q_pos, k_pos, logits):
         r1, r2 = (c.view(1, -1, 1, 1) for c in self.coefficients())
-        return -r1 * torch.log1p(r2 * relative_distance(q_pos.float(), k_pos.float()).abs())  # (B, H, T, S)
+        return self.bias(r1, r2, relative_distance(q_pos.float(), k_pos.float()))  # (B, H, T, S)
 
     def by_distance(self, n: int) -> Tensor:
         """(H, n + 1) fp32: the bias of every distance 0..n."""
         r1, r2 = (c.unsqueeze(1) for c in self.coefficients())
-        return -r1 * torch.log1p(r2 * torch.arange(n + 1, device=r1.device, dtype=torch.float32))
-
-    flex_distance_table = True  # the bias read from by_distance(S − 1) (the module docstring)
+        return self.bias(r1, r2, torch.arange(n + 1, device=r1.device, dtype=torch.float32))
 
     def score_mod(self, q, k, q_pos, k_pos):
         if not self.flex_distance_table:
             r1, r2 = self.coefficients()
 
             def kerple_direct(score, b, h, i, j):
-                return score - r1[h] * torch.log1p(r2[h] * (q_pos[b, i] - k_pos[b, j]).abs().float())
+                return score + self.bias(r1[h], r2[h], (q_pos[b, i] - k_pos[b, j]).float())
 
             return kerple_direct
         n = k_pos.shape[-1] - 1
