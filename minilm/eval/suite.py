@@ -128,24 +128,36 @@ def _check_extension_name(name: str, where: str) -> None:
         )
 
 
+def _with_length_defaults(extension: Mapping[str, Any], train_len: int) -> tuple[str, dict]:
+    """(name, parameters) of an extension block whose name is known, with the parameters that default to the
+    training length filled in where absent: ``original_max_position_embeddings`` (scalings that have it) and
+    logn's ``train_len``."""
+    from minilm.positions.rope_scaling import ROPE_SCALING
+
+    name = extension["name"]
+    params = {k: v for k, v in extension.items() if k != "name"}
+    if name == "logn":
+        params.setdefault("train_len", train_len)
+    elif name in ROPE_SCALING and "original_max_position_embeddings" in {
+        f.name for f in fields(ROPE_SCALING[name].params)
+    }:
+        params.setdefault("original_max_position_embeddings", train_len)
+    return name, params
+
+
 def check_extension(extension: Mapping[str, Any], where: str = "extension") -> None:
     """Check an extension block ``{name, ...params}`` without a model, so a bad parameter in ``eval.extension``
     fails when the config loads rather than after training. Errors name ``where.<key>``. The parameters filled
     in from the training length at evaluation time (``original_max_position_embeddings``, logn's ``train_len``)
     get a placeholder here when absent; what needs the model (longrope's list lengths) is checked when applied."""
-    from minilm.positions.rope_scaling import ROPE_SCALING, parse_scaling
+    from minilm.positions.rope_scaling import parse_scaling
     from minilm.positions.training_free import EXTENSIONS
 
-    name = extension["name"]
-    _check_extension_name(name, where)
-    params = {k: v for k, v in extension.items() if k != "name"}
+    _check_extension_name(extension["name"], where)
+    name, params = _with_length_defaults(extension, train_len=2)  # any valid length: a placeholder
     if name in EXTENSIONS:
-        if name == "logn":
-            params.setdefault("train_len", 2)
         EXTENSIONS[name].from_params(params, where)
         return
-    if "original_max_position_embeddings" in {f.name for f in fields(ROPE_SCALING[name].params)}:
-        params.setdefault("original_max_position_embeddings", 1)
     if "rope_type" in params:
         raise ConfigError(f"{where}.rope_type: not a parameter here; the rope_type is the name ({name!r})")
     try:
@@ -165,23 +177,17 @@ def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, A
 
     Defaults taken from the training length when not given: ``original_max_position_embeddings`` (scalings that
     have it) and logn's ``train_len``."""
-    from minilm.positions.rope_scaling import ROPE_SCALING
     from minilm.positions.training_free import EXTENSIONS, install_extension, remove_extension
 
-    params = {k: v for k, v in extension.items() if k != "name"}
-    name = extension["name"]
-    _check_extension_name(name, "extension")
-    check_extension(extension, f"extension.{name}")
+    _check_extension_name(extension["name"], "extension")
+    check_extension(extension, f"extension.{extension['name']}")
+    name, params = _with_length_defaults(extension, train_seq_len)
     if name in EXTENSIONS:
-        if name == "logn":
-            params.setdefault("train_len", train_seq_len)
         install_extension(model, name, **params)
         return model, lambda: remove_extension(model)
     from minilm.model import GPT
     from minilm.positions import validate_position
 
-    if "original_max_position_embeddings" in {f.name for f in fields(ROPE_SCALING[name].params)}:
-        params.setdefault("original_max_position_embeddings", train_seq_len)
     mcfg = OmegaConf.to_container(model_cfg, resolve=True)
     if mcfg["position"].get("name") != "rope":
         raise ConfigError(f"extension.name: {name!r} is a RoPE scaling; this model's encoding is "
