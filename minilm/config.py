@@ -13,7 +13,8 @@ Two parts of the schema are open mappings validated by their owners rather than 
 ``data.sources`` (source name -> ``{kind, weight, ...}``, checked by ``minilm.data``).
 
 Merge rule for ``model.position``: a layer that sets a different ``name`` starts a fresh position block, so
-``model.position.name=alibi`` on the command line does not inherit RoPE's ``base`` from the YAML. Likewise a
+``model.position.name=alibi`` on the command line does not inherit RoPE's ``base`` from the YAML, nor the phases'
+RoPE scaling blocks (every phase's ``position`` starts fresh too: same schedule, new encoding). Likewise a
 ``scaling`` block (in ``model.position`` or a phase's ``position``, and a phase's over the run's) that names a
 different ``rope_type`` replaces the inherited one: PI does not inherit YaRN's ``original_max_position_embeddings``.
 """
@@ -254,7 +255,9 @@ def _fresh_scaling(old: Any, new: Any) -> None:
 def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
     new_name = OmegaConf.select(layer, "model.position.name", default=None)
     if new_name is not None and new_name != cfg.model.position.get("name"):
-        cfg.model.position = {}  # a different encoding starts from a fresh parameter block
+        cfg.model.position = {}  # a different encoding starts from a fresh parameter block, and so does every
+        for phase in cfg.phases.values():  # phase's: its position overrides were the old encoding's parameters
+            phase.position = {}
     _fresh_scaling(cfg.model.position, OmegaConf.select(layer, "model.position", default=None))
     layer_phases = OmegaConf.select(layer, "phases", default=None)
     if isinstance(layer_phases, DictConfig):

@@ -63,6 +63,18 @@ def test_position_block_resets_when_the_encoding_changes(tmp_path):
         load_config(overrides=["model.position.bogus=1"])
 
 
+def test_phase_position_blocks_reset_when_the_encoding_changes():
+    """configs/rope_yarn_tiny.yaml with model.position.name=alibi: the phases' YaRN blocks were RoPE's parameters,
+    so ALiBi starts them fresh (the same schedule, no position change), as it does the run's block; a phase
+    block given in the same layer as the new name still applies."""
+    cfg = load_config(REPO / "configs/rope_yarn_tiny.yaml", ["model.position.name=alibi"])
+    assert all(dict(cfg.phases[n].position) == {} for n in cfg.phases)
+    assert phase_config(cfg, "extend_2k").model.position.name == "alibi"
+    cfg = load_config(REPO / "configs/rope_yarn_tiny.yaml",
+                      ["model.position.name=alibi", "phases.extend_2k.position.max_bias=4.0"])  # fmt: skip
+    assert phase_config(cfg, "extend_2k").model.position.max_bias == 4.0
+
+
 def test_a_scaling_block_of_another_rope_type_replaces_the_inherited_one(tmp_path):
     """configs/rope_pi.yaml extends rope_yarn.yaml: its phases' linear scaling must not inherit YaRN's
     original_max_position_embeddings (linear takes none, so the merged block failed when the phase began). The
