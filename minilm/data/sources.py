@@ -117,6 +117,10 @@ def _parse_one(name: str, entry: Any) -> SourceSpec:
             raise DataError(f"{where}.paths: give a non-empty list of glob patterns, got {spec.paths!r}")
     if isinstance(spec, HfSource) and (not isinstance(spec.path, str) or not spec.path):
         raise DataError(f"{where}.path: give a dataset name, builder or local path, got {spec.path!r}")
+    if isinstance(spec, (FilesSource, HfSource)) and (not isinstance(spec.text_field, str) or not spec.text_field):
+        # checked here: otherwise a files source of text files never notices, and a record source fails on lookup
+        raise DataError(f"{where}.text_field: must be a non-empty string, the name of the records' text column "
+                        f"(default 'text'), got {spec.text_field!r}")  # fmt: skip
     return spec
 
 

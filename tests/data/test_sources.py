@@ -107,6 +107,13 @@ def test_embedded_max_docs(tmp_path):
     ({"x": {"kind": "embedded", "weight": 0}, "y": {"kind": "embedded", "weight": 0}}, "all weights are zero"),
     ({"x": {"kind": "embedded", "max_docs": 0}}, r"data\.sources\.x\.max_docs"),
     ({"x": {"kind": "hf"}}, r"data\.sources\.x\.path"),
+    # text_field names one column: a number, a list or "" is refused here, not when (or whether) records are read
+    ({"x": {"kind": "files", "paths": ["a/*.jsonl"], "text_field": 3}},
+     r"data\.sources\.x\.text_field: must be a non-empty string.*got 3"),
+    ({"x": {"kind": "files", "paths": ["a/*.txt"], "text_field": ["a", "b"]}},
+     r"data\.sources\.x\.text_field: must be a non-empty string.*got \['a', 'b'\]"),
+    ({"x": {"kind": "hf", "path": "json", "text_field": ""}}, r"data\.sources\.x\.text_field: must be a non-empty"),
+    ({"x": {"kind": "hf", "path": "json", "text_field": None}}, r"data\.sources\.x\.text_field: must be a non-empty"),
 ])  # fmt: skip
 def test_bad_source_configs_name_the_key(sources, match):
     with pytest.raises(DataError, match=match):
