@@ -403,7 +403,16 @@ def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, log)
         from minilm.eval import evaluate_phase
 
         evaluate_phase(model, pcfg, name, pdir, module.step_offset + steps, trainer.logger, log)
-    val_loss = getattr(module, "last_val_loss", None)
+    val_loss = getattr(module, "last_val_loss", None)  # None: train.val_batches=0, no validation (null in JSON)
     summary = {"phase": name, "steps": steps, "seconds": round(seconds, 1), "val_loss": val_loss}
     atomic_write_text(pdir / COMPLETE, json.dumps(summary, indent=2))  # written last: marks the phase finished
-    log(f"phase '{name}' finished in {seconds:.0f}s, val loss {val_loss}")
+    log(f"phase '{name}' finished in {seconds:.0f}s, {_val_summary(pcfg, val_loss)}")
+
+
+def _val_summary(pcfg, val_loss: Optional[float]) -> str:
+    """The end of a phase's last log line: its validation loss, or why it has none (not "val loss None")."""
+    if val_loss is not None:
+        return f"val loss {val_loss}"
+    if pcfg.train.val_batches == 0:
+        return "no validation (train.val_batches=0)"
+    return "no validation loss"

@@ -223,3 +223,23 @@ def test_resume_with_other_sampling_settings_is_refused_before_the_run_changes(t
         assert "Traceback" not in proc.stderr and (killed / "config.yaml").read_text() == saved
     again = train("--config", cfg, f"run.dir={killed}", "--resume", "train.log_every=3").stdout
     assert "resuming from" in again
+
+
+def test_val_batches_0_trains_without_validation_and_says_so(tmp_path, tiny_text_dir):
+    """train.val_batches=0 turns validation off: the phase must say so (it printed "val loss None"), Lightning must
+    not be handed an empty validation loader (it warned that its length is zero), and TensorBoard gets no val/."""
+    import json
+
+    cfg = write_config(tmp_path, tiny_text_dir)
+    run = tmp_path / "run"
+    proc = train("--config", cfg, f"run.dir={run}", "train.val_batches=0", "train.steps=4")
+    finished = [line for line in proc.stdout.splitlines() if "finished in" in line]
+    assert finished and "no validation (train.val_batches=0)" in finished[0] and "None" not in finished[0], finished
+    assert "DataLoader" not in proc.stderr, proc.stderr[-2000:]
+    assert json.loads((run / "train" / "complete.json").read_text())["val_loss"] is None
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tb"))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert "train/loss" in tags and not any(t.startswith("val/") for t in tags), tags
