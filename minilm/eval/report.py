@@ -15,7 +15,8 @@
     examples       {task: [{length, depth, answer, greedy}]}    one greedy continuation per length
 
 Figures (Agg backend, written next to results.json): ``ppl_vs_length.png``, ``per_position_loss.png``,
-``passkey_heatmap.png``, ``needle_heatmap.png``, ``retrieval_vs_length.png`` (each only when its data exists).
+``passkey_heatmap.png``, ``needle_heatmap.png``, ``retrieval_vs_length.png`` (each only when its data exists; a
+re-run into the same folder removes those it does not draw). Every file is written whole, then moved in place.
 TensorBoard: scalars ``eval/ppl@L``, ``eval/ppl_sliding@L``, ``eval/passkey@L``, ``eval/needle@L``, ``eval/kv@L``
 and the figures as images ``eval/<figure>``, at the run's global step (with an extension the prefix is
 ``eval-<method>`` so runs with and without one do not overwrite each other's curves).
@@ -49,6 +50,8 @@ import numpy as np  # noqa: E402
 
 RETRIEVAL = ("passkey", "needle", "kv")
 SCALARS = ("ppl", "ppl_sliding", "passkey", "needle", "kv")
+# every figure an evaluation can draw, as <name>.png: a re-run into the same folder removes those it did not draw
+FIGURES = ("ppl_vs_length", "per_position_loss", "passkey_heatmap", "needle_heatmap", "retrieval_vs_length")
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -77,8 +80,13 @@ def make_output_dir(out_dir: Path) -> None:
 
 def write_json(results: dict, path: Path) -> None:
     make_output_dir(path.parent)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=_json_default, allow_nan=False))
+    _write_text_atomic(path, json.dumps(results, indent=2, default=_json_default, allow_nan=False))
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    """Written beside ``path`` and moved in place: a reader (or an interrupted run) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
     tmp.replace(path)
 
 
@@ -203,7 +211,8 @@ def _depth_key(d: float) -> str:
 
 
 def write_figures(results: dict, out_dir: Path) -> Dict[str, Path]:
-    """Every figure the results have data for, as PNGs in ``out_dir``; returns name -> path."""
+    """Every figure the results have data for, as PNGs in ``out_dir`` (each of the names in FIGURES, written whole
+    and moved in place); returns name -> path."""
     make_output_dir(out_dir)
     makers = {
         "ppl_vs_length": (lambda: _ppl_figure(results), any(_lengths(results, k) for k in ("ppl", "ppl_sliding"))),
@@ -212,14 +221,17 @@ def write_figures(results: dict, out_dir: Path) -> Dict[str, Path]:
         "needle_heatmap": (lambda: _heatmap_figure(results, "needle"), bool(results.get("needle_grid"))),
         "retrieval_vs_length": (lambda: _retrieval_figure(results), any(_lengths(results, t) for t in RETRIEVAL)),
     }  # fmt: skip
+    assert tuple(makers) == FIGURES
     paths = {}
     for name, (make, has_data) in makers.items():
         if not has_data:
             continue
         fig = make()
         path = out_dir / f"{name}.png"
-        fig.savefig(path, dpi=110)
+        tmp = path.with_name(path.name + ".tmp")
+        fig.savefig(tmp, dpi=110, format="png")
         plt.close(fig)
+        tmp.replace(path)
         paths[name] = path
     return paths
 
@@ -287,11 +299,18 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
 
 
 def write_report(results: dict, out_dir: Path) -> Dict[str, Path]:
-    """results.json + figures + report.md in ``out_dir``; returns the figures written."""
+    """results.json + figures + report.md in ``out_dir``; returns the figures written. A folder that held an
+    evaluation before loses the figures this one did not draw (a task left out now), so report, results and
+    figures agree; other files are left alone."""
     out_dir = Path(out_dir)
+    evaluated_before = (out_dir / "results.json").is_file()
     write_json(results, out_dir / "results.json")
     figures = write_figures(results, out_dir)
-    (out_dir / "report.md").write_text(markdown(results, figures))
+    _write_text_atomic(out_dir / "report.md", markdown(results, figures))
+    if evaluated_before:
+        for name in FIGURES:
+            if name not in figures:
+                (out_dir / f"{name}.png").unlink(missing_ok=True)
     return figures
 
 

@@ -427,6 +427,9 @@ def _meta(cfg, run_dir, phase, step, extension) -> dict:
     }  # fmt: skip
 
 
+PHASE_ERROR = "error.txt"  # what a failed end-of-phase evaluation leaves in RUN/PHASE/eval/
+
+
 def _tb_prefix(extension: Mapping[str, Any]) -> str:
     return f"eval-{extension['name']}" if extension else "eval"
 
@@ -444,7 +447,7 @@ def evaluate_phase(model, pcfg, phase_name: str, phase_dir, global_step: int, lo
         return _evaluate_phase(model, pcfg, phase_name, phase_dir, global_step, logger, log)
     except MinilmError as e:
         (phase_dir / "eval").mkdir(parents=True, exist_ok=True)
-        (phase_dir / "eval" / "error.txt").write_text(f"{e}\n")
+        (phase_dir / "eval" / PHASE_ERROR).write_text(f"{e}\n")
         log(f"phase '{phase_name}': evaluation failed: {e} (the phase itself is complete; fix the input and run "
             f"scripts/evaluate.py --run {phase_dir.parent} --phase {phase_name})")
         return {}
@@ -464,11 +467,19 @@ def _evaluate_phase(model, pcfg, phase_name: str, phase_dir: Path, global_step: 
     finally:
         undo()
     figures = write_report(results, phase_dir / "eval")
+    _clear_phase_error(phase_dir / "eval", phase_dir)
     writer = getattr(logger, "experiment", None) if logger is not None else None
     if writer is not None:
         log_tensorboard(writer, results, figures, global_step, prefix=_tb_prefix(settings.extension))
     log(f"phase '{phase_name}': evaluation written to {phase_dir / 'eval'}")
     return results
+
+
+def _clear_phase_error(out_dir: Path, phase_dir: Path) -> None:
+    """A failed end-of-phase evaluation leaves its message in ``phase_dir/eval/error.txt``; once an evaluation has
+    been written there, the message is stale (it would contradict the report beside it)."""
+    if out_dir.resolve() == (phase_dir / "eval").resolve():
+        (out_dir / PHASE_ERROR).unlink(missing_ok=True)
 
 
 def global_step(cfg, phase: str) -> int:
@@ -522,6 +533,7 @@ def evaluate_run(
     log(f"evaluating {loaded.weights} (phase {phase}, step {step}) at lengths {settings.lengths} on {device}")
     results = evaluate(model, data, settings, meta=_meta(cfg, loaded.run_dir, phase, step, settings.extension), log=log)
     figures = write_report(results, out_dir)
+    _clear_phase_error(out_dir, loaded.run_dir / phase)
     if tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 

@@ -319,6 +319,31 @@ def test_evaluate_script_and_compare(tmp_path, fake_run, capsys):
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
 
 
+def test_a_second_evaluation_into_the_folder_leaves_exactly_its_figures(fake_run):
+    """Re-running into the same folder with fewer tasks used to leave the old passkey figures next to a report and a
+    results.json without passkey, and a failed end-of-phase evaluation's error.txt next to a successful one. Only
+    what minilm wrote goes; a user's files in the folder stay."""
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    out = fake_run / "train" / "eval"
+    argv = ["--run", str(fake_run), "--lengths", "32,128", "--samples", "2", "--depths", "0,1", "--batches", "1",
+            "--batch-tokens", "256", "--no-sliding", "--device", "cpu", "--no-tb"]  # fmt: skip
+    assert run_cli(ev.main, ev.parser(), argv + ["--tasks", "ppl,passkey"]) == 0
+    assert (out / "passkey_heatmap.png").is_file() and (out / "retrieval_vs_length.png").is_file()
+    (out / "notes.txt").write_text("mine")
+    (out / "my_plot.png").write_bytes(b"not minilm's")
+    (out / "error.txt").write_text("evaluation failed: ...\n")  # as evaluate_phase leaves it
+    assert run_cli(ev.main, ev.parser(), argv + ["--tasks", "ppl"]) == 0
+    pngs = {p.name for p in out.glob("*.png")}
+    assert pngs == {"ppl_vs_length.png", "per_position_loss.png", "my_plot.png"}, pngs
+    assert (out / "notes.txt").read_text() == "mine" and (out / "my_plot.png").read_bytes() == b"not minilm's"
+    assert not (out / "error.txt").exists()
+    assert "passkey" not in json.loads((out / "results.json").read_text())
+    assert "passkey_heatmap" not in (out / "report.md").read_text()
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]  # every file written whole, then moved in place
+
+
 def test_evaluate_run_default_lengths(fake_run):
     res, out = evaluate_run(fake_run, tasks=["ppl"], batches=1, batch_tokens=128, sliding=False, tensorboard=False,
                             device="cpu", log=lambda *_: None)  # fmt: skip
