@@ -91,3 +91,20 @@ def load_run(path: str | Path, phase: Optional[str] = None, map_location: str = 
     model = GPT(cfg.model, tokenizer.vocab_size)
     load_weights(model, weights)
     return LoadedRun(model.to(map_location).eval(), cfg, tokenizer, run_dir, phase, weights)
+
+
+def find_results(path: str | Path) -> Path:
+    """The ``results.json`` an evaluation wrote, for a run directory (its last phase with an evaluation), a phase
+    directory, an evaluation directory or the file itself."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if (path / "results.json").is_file():
+        return path / "results.json"
+    if (path / "eval" / "results.json").is_file():
+        return path / "eval" / "results.json"
+    if (path / "config.yaml").is_file():  # a run directory: its last phase with an evaluation
+        for phase in reversed(run_phase_names(path)):
+            if (path / phase / "eval" / "results.json").is_file():
+                return path / phase / "eval" / "results.json"
+    raise MinilmError(f"{path}: no results.json found; run scripts/evaluate.py --run {path} first")

@@ -20,25 +20,9 @@ from minilm.cli import run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 
-def find_results(path: Path) -> Path:
-    """results.json for a run dir, a phase dir, an eval dir or the file itself."""
-    if path.is_file():
-        return path
-    if (path / "results.json").is_file():
-        return path / "results.json"
-    if (path / "eval" / "results.json").is_file():
-        return path / "eval" / "results.json"
-    if (path / "config.yaml").is_file():  # a run directory: its last phase with an evaluation
-        from minilm.runs import run_phase_names
-
-        for phase in reversed(run_phase_names(path)):
-            if (path / phase / "eval" / "results.json").is_file():
-                return path / phase / "eval" / "results.json"
-    raise MinilmError(f"{path}: no results.json found; run scripts/evaluate.py --run {path} first")
-
-
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import compare, load_results
+    from minilm.runs import find_results
 
     if args.label and len(args.label) != len(args.runs):
         raise MinilmError(f"--label: give one label per run ({len(args.runs)}), got {len(args.label)}")

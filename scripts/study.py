@@ -1,0 +1,47 @@
+#!/usr/bin/env python
+"""Train the variants of a study one after another and compare them: one command for one question.
+
+    python scripts/study.py configs/studies/extension_tiny.yaml              # -> runs/studies/extension_tiny/
+    python scripts/study.py configs/studies/extension_tiny.yaml --resume     # continue an interrupted study
+    python scripts/study.py STUDY.yaml --only yarn,alibi --out /tmp/s phases.pretrain.steps=50   # for every variant
+
+A study file names the config every variant starts from and each variant's overrides (minilm/study.py, and
+docs/extension.md "Studies"). Variants whose first phases are identical train them once. At the end
+``<out>/study.md`` has a row per variant (its overrides, what it shared, the validation loss after each phase),
+and ``compare.png`` / ``compare.md`` overlay each variant's last evaluation. ``tensorboard --logdir <out>`` shows
+all variants' curves together.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from minilm.cli import run_cli  # noqa: E402
+
+
+def main(args: argparse.Namespace) -> int:
+    from minilm.study import load_study, run_study
+
+    study = load_study(args.study)
+    out = Path(args.out) if args.out else Path("runs") / "studies" / study.name
+    only = [n for n in args.only.split(",") if n] if args.only else None
+    run_study(study, out, extra=tuple(args.overrides), resume=args.resume, share=not args.no_share, only=only)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("study", help="a study YAML (configs/studies/*.yaml)")
+    p.add_argument("overrides", nargs="*", help="overrides for every variant, e.g. trainer.accelerator=cpu")
+    p.add_argument("--out", help="where the variants' run directories go (default runs/studies/<name>)")
+    p.add_argument("--resume", action="store_true", help="continue: finished variants and phases are skipped")
+    p.add_argument("--only", help="comma-separated variants to train now (the summary covers all finished ones)")
+    p.add_argument("--no-share", action="store_true", help="train every variant's phases itself, shared or not")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, parser()))

@@ -1,0 +1,151 @@
+"""scripts/study.py: several variants of one schedule trained and compared in one command; shared phases are
+exact (a variant that starts from a copy of another's pretraining ends bitwise where it would alone)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from minilm.cli import run_cli
+from minilm.errors import ConfigError
+from minilm.config import phase_config, phase_names, phase_steps
+from minilm.study import load_study, phase_keys, plan_sharing, variant_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE = """
+model: {{n_layers: 1, d_model: 32, n_heads: 2}}
+data:
+  sources:
+    embedded: null
+    local: {{kind: files, paths: ["{corpus}/*.py"]}}
+  tokenizer: {{vocab_size: 400, sample_chars: 200000}}
+  cache_dir: {cache}
+  val_fraction: 0.1
+train: {{seq_len: 32, batch_size: 4, steps: 8, val_every: 4, val_batches: 2, log_every: 4, ckpt_every: 4}}
+optim: {{lr: 0.003, warmup_steps: 2}}
+eval: {{tasks: [ppl], sliding: false, batches: 1, batch_tokens: 256}}
+phases:
+  short: {{seq_len: 32, steps: 6, eval_lengths: [32, 64]}}
+  long:
+    seq_len: 64
+    steps: 6
+    batch_size: 2
+    position: {{scaling: {{rope_type: yarn, factor: 2.0, original_max_position_embeddings: 32}}}}
+    eval_lengths: [32, 64]
+"""
+
+STUDY = """
+config: base.yaml
+variants:
+  yarn: []
+  pi: ["phases.long.position.scaling={rope_type: linear, factor: 2.0}"]
+  alibi: [model.position.name=alibi]
+"""
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def study_file(tmp_path, tiny_text_dir) -> Path:
+    (tmp_path / "base.yaml").write_text(BASE.format(corpus=tiny_text_dir, cache=tmp_path / "cache"))
+    path = tmp_path / "study.yaml"
+    path.write_text(STUDY)
+    return path
+
+
+def _study(argv) -> int:
+    mod = _script("study")
+    return run_cli(mod.main, mod.parser(), [str(a) for a in argv])
+
+
+def test_a_study_trains_every_variant_shares_pretraining_exactly_and_compares(tmp_path, study_file, capsys):
+    out = tmp_path / "out"
+    assert _study([study_file, "--out", out, "--only", "yarn,pi"]) == 0  # alibi later, by --resume
+    pi, yarn = out / "pi", out / "yarn"
+    # pi's first phase is yarn's, copied (no checkpoints: it was not trained there); its second phase trained
+    assert (pi / "short" / "complete.json").is_file() and not (pi / "short" / "checkpoints").exists()
+    assert load_file(pi / "short" / "model.safetensors").keys() == load_file(yarn / "short" / "model.safetensors").keys()
+    assert (pi / "long" / "checkpoints").is_dir() and (pi / "model.safetensors").is_file()
+    assert not (out / "alibi").exists()
+    # sharing is exact: pi trained alone, from scratch, ends with the same weights
+    spec = importlib.util.spec_from_file_location("train", REPO / "train.py")
+    train_py = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_py)
+    alone = tmp_path / "pi_alone"
+    argv = ["--config", str(tmp_path / "base.yaml"), f"run.dir={alone}",
+            "phases.long.position.scaling={rope_type: linear, factor: 2.0}"]  # fmt: skip
+    assert run_cli(train_py.main, train_py.parser(), argv) == 0
+    a, b = load_file(pi / "model.safetensors"), load_file(alone / "model.safetensors")
+    assert all((a[k] == b[k]).all() for k in a), "a shared pretraining changed the variant's result"
+
+    # without --resume an existing study is refused; with it, finished variants are skipped and alibi trains
+    capsys.readouterr()
+    assert _study([study_file, "--out", out]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert _study([study_file, "--out", out, "--resume"]) == 0
+    assert "variant 'pi' starts from 'yarn' after short" in capsys.readouterr().out
+    assert (out / "alibi" / "short" / "checkpoints").is_dir()  # a different model: nothing shared
+    report = json.loads((out / "study.json").read_text())
+    rows = {r["variant"]: r for r in report["variants"]}
+    assert rows["pi"]["shared"] == {"from": "yarn", "phases": ["short"]} and rows["alibi"]["shared"] is None
+    assert all(isinstance(rows[v]["val_loss"][p], float) for v in rows for p in ("short", "long"))
+    md = (out / "study.md").read_text()
+    assert "| pi | `phases.long.position.scaling={rope_type: linear, factor: 2.0}` | short from yarn |" in md
+    assert "| run | 32 | 64 |" in md  # the evaluation table of compare_runs, one row per variant
+    assert (out / "compare.png").stat().st_size > 1000
+
+
+def test_plan_sharing_takes_the_longest_equal_prefix_never_the_last_phase():
+    keys = {"a": ["p", "p+x", "p+x+y"], "b": ["p", "p+x", "p+x+z"], "c": ["p", "p+w"], "d": ["q"],
+            "e": ["p", "p+x", "p+x+y"]}  # fmt: skip
+    plan = plan_sharing(keys)
+    assert plan["b"] == ("a", 2) and plan["c"] == ("a", 1)
+    assert "d" not in plan  # a different first phase shares nothing
+    assert plan["e"] == ("a", 2)  # identical to a: its last phase still trains
+    assert plan_sharing({"a": ["p"], "b": ["p"]}) == {}  # one phase: nothing to share
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs" / "studies").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_study_resolves_and_its_rope_variants_share_the_pretraining(path, tmp_path):
+    study = load_study(path)
+    cfgs = {v.name: variant_config(study, v, tmp_path, []) for v in study.variants}
+    for cfg in cfgs.values():
+        assert [phase_steps(phase_config(cfg, n)) for n in phase_names(cfg)]  # every phase resolves
+    plan = plan_sharing({n: phase_keys(c) for n, c in cfgs.items()})
+    rope = [n for n, c in cfgs.items() if c.model.position.name == "rope"]
+    assert {n: plan[n] for n in rope[1:]} == {n: (rope[0], 1) for n in rope[1:]}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("variants: {a: []}\n", "config: the path of a config YAML"),
+        ("config: nope.yaml\nvariants: {a: []}\n", "config file not found"),
+        ("config: base.yaml\n", "variants: a mapping"),
+        ("config: base.yaml\nvariants: {a: [model.n_layers]}\n", "must look like key.sub=value"),
+        ("config: base.yaml\nvariants: {a: 3}\n", "variants.a: a list of overrides"),
+        ("config: base.yaml\nvariants: {a/b: []}\n", "variants.a/b: a variant name is a directory name"),
+        ("config: base.yaml\nvariants: {a: {overides: []}}\n", "unknown key 'overides'"),
+        ("config: base.yaml\nvariant: {a: []}\n", "unknown key 'variant'"),
+    ],
+)
+def test_bad_study_files_are_refused_with_the_key(study_file, text, message):
+    study_file.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        load_study(study_file)
+
+
+def test_a_bad_variant_override_exits_2_naming_the_variant_before_anything_trains(tmp_path, study_file, capsys):
+    study_file.write_text(STUDY + "  broken: [model.n_layer=3]\n")
+    assert _study([study_file, "--out", tmp_path / "out"]) == 2
+    err = capsys.readouterr().err
+    assert "variant 'broken'" in err and "model.n_layer" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
