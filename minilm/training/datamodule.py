@@ -34,12 +34,6 @@ class PhaseData(L.LightningDataModule):
         self.accum = pcfg.train.batch_size // micro_batch_size(pcfg.train)
         self._val = None
 
-    def setup(self, stage: str) -> None:
-        """train.val_batches=0 means no validation: the trainer is told so (its limit_val_batches, read when its
-        loops set up their data, after this hook), rather than handed an empty loader it warns about."""
-        if self.cfg.train.val_batches == 0:
-            self.trainer.limit_val_batches = 0
-
     @functools.cached_property
     def sampler(self):
         """The phase's train sampler, built once the trainer (its rank) is attached."""

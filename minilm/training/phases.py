@@ -374,6 +374,7 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         enable_model_summary=False,
         accumulate_grad_batches=accum,
         val_check_interval=val_every * accum if val_every else None,
+        limit_val_batches=0 if t.val_batches == 0 else None,  # none at all: not an empty loader Lightning warns of
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
         use_distributed_sampler=False,
