@@ -404,7 +404,7 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
     _validate_train(merged, where=f"phases.{name}")
     from minilm.positions import validate_position  # positions imports nothing from config
 
-    validate_position(merged.model.position, where=f"phases.{name}.position")
+    validate_position(merged.model.position, where=f"phases.{name}.position", head_dim=head_dim(merged.model))
     from minilm.eval import validate_eval
 
     validate_eval(merged.eval, where=f"phases.{name}.eval")
@@ -544,7 +544,7 @@ def validate(cfg: DictConfig) -> None:
     from minilm.eval import validate_eval
     from minilm.positions import validate_position
 
-    validate_position(m.position, where="model.position")
+    validate_position(m.position, where="model.position", head_dim=head_dim(m))
     validate_eval(cfg.eval)
     for name in cfg.phases:
         phase_config(cfg, name)  # raises with the phase's name on any bad override

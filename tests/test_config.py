@@ -76,6 +76,17 @@ def test_phase_position_blocks_reset_when_the_encoding_changes():
     assert phase_config(cfg, "extend_2k").model.position.max_bias == 4.0
 
 
+def test_checks_that_need_the_head_size_run_at_load_for_every_phase():
+    """longrope's lists need one entry per rotary frequency (head_dim 32 here: 16): a later phase's wrong list used
+    to fail only when that phase began, after the earlier ones had trained. So did a fraction rotating < 2 dims."""
+    long = "{rope_type: longrope, factor: 4.0, original_max_position_embeddings: 128, short_factor: [1.0, 1.0], "
+    long += "long_factor: [1.0, 1.0]}"
+    with pytest.raises(ConfigError, match=r"phases.extend_2k.position.scaling.short_factor: .*\(16\), got 2"):
+        load_config(REPO / "configs/rope_yarn_tiny.yaml", [f"phases.extend_2k.position.scaling={long}"])
+    with pytest.raises(ConfigError, match=r"model.position.fraction: 0.03 of head_dim 32 rotates 0"):
+        load_config(REPO / "configs/tiny.yaml", ["model.position.fraction=0.03"])
+
+
 def test_a_scaling_block_of_another_rope_type_replaces_the_inherited_one(tmp_path):
     """configs/rope_pi.yaml extends rope_yarn.yaml: its phases' linear scaling must not inherit YaRN's
     original_max_position_embeddings (linear takes none, so the merged block failed when the phase began). The

@@ -101,9 +101,13 @@ def _plain(cfg: Mapping[str, Any]) -> dict:
     return dict(cfg)
 
 
-def validate_position(cfg: Mapping[str, Any], where: str = "model.position") -> Any:
-    """Check a position block; returns its parameter object."""
-    return _entry(_plain(cfg), where)[1]
+def validate_position(cfg: Mapping[str, Any], where: str = "model.position", head_dim: Optional[int] = None) -> Any:
+    """Check a position block; returns its parameter object. With ``head_dim`` also what depends on the head size
+    (the parameters' ``check_dims``, where they have one: RoPE's rotary dimensions and scaling lists)."""
+    params = _entry(_plain(cfg), where)[1]
+    if head_dim is not None and hasattr(params, "check_dims"):
+        params.check_dims(head_dim, where)
+    return params
 
 
 def build_position(cfg: Mapping[str, Any], dims: PositionDims, role: str) -> PositionEncoding:

@@ -64,10 +64,23 @@ class RopeParams:
                 )
             self.scaling = dict(self.scaling)
 
+    def check_dims(self, head_dim: int, where: str) -> int:
+        """The checks that need the head size (the config validates every phase's block with it; the module again
+        when built): at least 2 rotating dimensions, and a scaling block that fits them (longrope's lists have one
+        entry per frequency). Returns the number of rotary dimensions."""
+        rot_dim = rotary_dim(head_dim, self.fraction)
+        if rot_dim < 2:  # checked before the scaling block: else its check names the wrong key
+            raise ConfigError(
+                f"{where}.fraction: {self.fraction} of head_dim {head_dim} rotates {rot_dim} dimensions; it must "
+                f"rotate at least 2 (fraction >= {2 / head_dim:.3g}), or use name: none"
+            )
+        validate_scaling(self.scaling, rot_dim, f"{where}.scaling")
+        return rot_dim
+
     def check(self) -> None:
         """The scaling block's keys and values, when the config is validated (``make_params``), not first when a
         model is built: a bad block in a later phase must stop the run before its first phase trains. (Its checks
-        that need head_dim, such as longrope's list lengths, run when the module is built.)"""
+        that need head_dim, such as longrope's list lengths, are ``check_dims``.)"""
         try:
             parse_scaling(self.scaling)
         except ConfigError as e:
@@ -118,13 +131,7 @@ class Rope(PositionEncoding):
         super().__init__()
         self.head_dim = dims.head_dim
         self.layer = dims.layer
-        self.rot_dim = rotary_dim(dims.head_dim, params.fraction)
-        if self.rot_dim < 2:  # checked here, where head_dim is known: else the scaling check names the wrong key
-            raise ConfigError(
-                f"model.position.fraction: {params.fraction} of head_dim {dims.head_dim} rotates {self.rot_dim} "
-                f"dimensions; it must rotate at least 2 (fraction >= {2 / dims.head_dim:.3g}), or use name: none"
-            )
-        validate_scaling(params.scaling, self.rot_dim, "model.position.scaling")
+        self.rot_dim = params.check_dims(dims.head_dim, "model.position")
         self.configure(params)
 
     def configure(self, params: RopeParams) -> None:
