@@ -243,6 +243,48 @@ def _check_resumed_sampler(corpus, pcfg, phase: str, run_dir: Path) -> None:
         raise MinilmError(f"--resume: phase '{phase}' ({ckpt}): {e}") from None
 
 
+TRAINED_BY = ("model", "data", "train", "optim")  # the sections a finished phase's weights depend on (and run.seed)
+HOW_NOT_WHAT = {  # keys of those sections that change how a phase runs or is watched, not what it learns
+    "data.num_proc", "data.cache_dir", "train.micro_batch_size", "train.precision", "train.compile",
+    "train.val_every", "train.val_batches", "train.log_every", "train.ckpt_every", "train.keep_checkpoints",
+    "train.max_bad_steps",
+}
+
+
+def _first_difference(old, new, key: str) -> Optional[tuple[str, object, object]]:
+    """(dotted key, old value, new value) of the first leaf where two plain containers differ, or None."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in sorted(set(old) | set(new), key=str):
+            diff = _first_difference(old.get(k), new.get(k), f"{key}.{k}")
+            if diff:
+                return diff
+        return None
+    return None if old == new or key in HOW_NOT_WHAT else (key, old, new)
+
+
+def _check_finished_phase(pcfg, phase: str, run_dir: Path) -> None:
+    """--resume skips a finished phase: refuse if the config now trains it differently (its lr, data, position,
+    ...), since keeping the old weights under the new config would be silently wrong. Evaluation, hardware and
+    bookkeeping settings (HOW_NOT_WHAT) may change."""
+    from minilm.runs import load_run_config
+
+    path = phase_dir(run_dir, phase) / "config.yaml"
+    if not path.is_file():
+        return
+    saved = OmegaConf.to_container(load_run_config(path), resolve=True)
+    now = OmegaConf.to_container(pcfg, resolve=True)
+    for key in (*TRAINED_BY, "run"):
+        old, new = saved[key], now[key]
+        if key == "run":
+            old, new = old["seed"], new["seed"]
+        diff = _first_difference(old, new, key if key != "run" else "run.seed")
+        if diff:
+            raise MinilmError(
+                f"--resume: phase '{phase}' finished with {diff[0]} = {diff[1]!r} ({path}), the config now says "
+                f"{diff[2]!r}; retrain it and the phases after it with --phase {phase}, or set run.name for a new run"
+            )
+
+
 def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool):
     """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
     a model section that differs from the run's on --resume, bad data), then create run.dir. ``pcfgs``: each phase's
@@ -266,7 +308,9 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     corpus = load_corpus(cfg.data)  # bad data fails here, before the run directory is touched
     for n in names[names.index(start_phase) if start_phase else 0 :]:
         check_phase_data(corpus, pcfgs[n], n)
-        if resume and not is_complete(run_dir, n):
+        if resume and is_complete(run_dir, n):
+            _check_finished_phase(pcfgs[n], n, run_dir)
+        elif resume:
             _check_resumed_sampler(corpus, pcfgs[n], n, run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -217,12 +217,27 @@ def test_resume_with_other_sampling_settings_is_refused_before_the_run_changes(t
         if path.is_file():
             path.unlink()
     saved = (killed / "config.yaml").read_text()
-    for override, key in (("run.seed=7", "seed"), ("phases.long.data.long_fraction=0.5", "long_fraction")):
+    for override, phase, key in (("run.seed=7", "short", "seed"),  # the finished phase is refused first
+                                 ("phases.long.data.long_fraction=0.5", "long", "long_fraction")):
         proc = train("--config", cfg, f"run.dir={killed}", "--resume", override, check=False)
-        assert proc.returncode == 2 and "--resume: phase 'long'" in proc.stderr and key in proc.stderr, proc.stderr
+        assert proc.returncode == 2 and f"--resume: phase '{phase}'" in proc.stderr and key in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and (killed / "config.yaml").read_text() == saved
     again = train("--config", cfg, f"run.dir={killed}", "--resume", "train.log_every=3").stdout
     assert "resuming from" in again
+
+
+def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_path, tiny_text_dir):
+    """--resume skips finished phases: had their lr, data or position changed since, the run would silently keep
+    weights the config no longer describes. Evaluation and bookkeeping settings may change."""
+    cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=2)
+    run = tmp_path / "run"
+    train("--config", cfg, f"run.dir={run}")
+    for override, key in (("phases.long.lr=0.002", "optim.lr"), ("phases.short.seq_len=16", "train.seq_len"),
+                          ("phases.long.position.base=20000.0", "model.position.base")):  # fmt: skip
+        proc = train("--config", cfg, f"run.dir={run}", "--resume", override, check=False)
+        assert proc.returncode == 2 and key in proc.stderr and "--phase" in proc.stderr, proc.stderr
+    again = train("--config", cfg, f"run.dir={run}", "--resume", "train.log_every=1", "phases.long.eval_lengths=[32]")
+    assert "phase 'long' is complete; skipping" in again.stdout
 
 
 def test_val_batches_0_trains_without_validation_and_says_so(tmp_path, tiny_text_dir):
