@@ -234,6 +234,12 @@ def _val_losses(run_dir: Path, phases: list[str]) -> dict[str, Optional[float]]:
     return out
 
 
+def _short(override: str, width: int = 100) -> str:
+    """An override as a table cell: long ones (longrope's lists) cut, in full in study.json."""
+    text = " ".join(override.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Callable[[str], None] = print) -> None:
     """study.json and study.md (one row per variant), compare.png / compare.md over the variants' last
     evaluations. Variants not finished yet appear with what they have."""
@@ -264,10 +270,11 @@ def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Call
         shared = f"{', '.join(r['shared']['phases'])} from {r['shared']['from']}" if r["shared"] else "–"
         losses = [r["val_loss"].get(p) for p in phases]
         cells = ["–" if x is None else f"{x:.4f}" for x in losses]
-        md.append(f"| {r['variant']} | {'<br>'.join(f'`{o}`' for o in r['overrides']) or '–'} | {shared} | "
+        md.append(f"| {r['variant']} | {'<br>'.join(f'`{_short(o)}`' for o in r['overrides']) or '–'} | {shared} | "
                   + " | ".join(cells) + " |")  # fmt: skip
     if results:
         fig, table = compare(results, labels, out_dir)
-        md += ["", "Each variant's last evaluation (`compare.png`):", "", Path(table).read_text().strip()]
+        body = re.sub(r"^(#+) ", r"#\1 ", Path(table).read_text().strip(), flags=re.M)  # its headings under ours
+        md += ["", "Each variant's last evaluation (`compare.png`, `compare.md`):", "", body]
     atomic_write_text(out_dir / "study.md", "\n".join(md) + "\n")
     log(f"study {study.name}: {out_dir / 'study.md'}" + (f", {out_dir / 'compare.png'}" if results else ""))
