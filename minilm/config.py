@@ -196,7 +196,7 @@ MLPS = ("swiglu", "gelu")
 # ---------------------------------------------------------------------------------------------------- loading
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class UniqueKeyLoader(yaml.SafeLoader):
     """yaml.safe_load, except that a key given twice in one mapping is an error: plain YAML keeps the last value
     silently, so a duplicated section or key would drop settings without a word."""
 
@@ -223,7 +223,7 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
         where = f" (named by 'base:' in {chain[-1]})" if chain else ""
         raise ConfigError(f"config file not found: {path}{where}")
     try:
-        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+        raw = yaml.load(path.read_text(), Loader=UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):

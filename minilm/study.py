@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import re
+import statistics
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from typing import Callable, Optional
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from minilm.config import load_config, phase_config, phase_names
+from minilm.config import UniqueKeyLoader, load_config, phase_config, phase_names
 from minilm.errors import ConfigError, MinilmError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -54,6 +55,25 @@ class Study:
     path: Path
     name: str
     variants: list[Variant]
+    seeds: list[int] = field(default_factory=list)  # empty: one run per variant, with its config's run.seed
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One training of a study: a variant at a seed (None: the config's). Its run directory is ``<out>/<label>``."""
+
+    variant: str
+    seed: Optional[int]
+
+    @property
+    def label(self) -> str:
+        return self.variant if self.seed is None else f"{self.variant}/seed{self.seed}"
+
+
+def study_runs(study: Study) -> list[StudyRun]:
+    """Every run, seed by seed: each seed's variants are all trained before the next seed's begin, so a study
+    stopped early still compares every variant."""
+    return [StudyRun(v.name, seed) for seed in (study.seeds or [None]) for v in study.variants]
 
 
 # ------------------------------------------------------------------------------------------------- reading
@@ -84,16 +104,17 @@ def load_study(path: str | Path) -> Study:
     """Read and check a study file; every error names the file and the key."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # a variant named twice is an error
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the study file ({e.strerror})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a study must be a mapping with 'config' and 'variants'")
-    unknown = sorted(set(raw) - {"name", "config", "overrides", "variants"})
+    unknown = sorted(set(raw) - {"name", "config", "overrides", "variants", "seeds"})
     if unknown:
-        raise ConfigError(f"{path}: unknown key '{unknown[0]}'; a study takes: name, config, overrides, variants")
+        raise ConfigError(f"{path}: unknown key '{unknown[0]}'; a study takes: name, config, overrides, variants, "
+                          "seeds")  # fmt: skip
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not _NAME.match(name):
         raise ConfigError(f"{path}: name: letters, digits, '_', '-', '.' expected, got {name!r}")
@@ -116,15 +137,28 @@ def load_study(path: str | Path) -> Study:
             out.append(Variant(vname, vconfig, common + _overrides(spec.get("overrides"), f"{where}.overrides")))
         else:
             out.append(Variant(vname, config, common + _overrides(spec, where)))
-    return Study(path, name, out)
+    return Study(path, name, out, check_seeds(raw.get("seeds"), f"{path}: seeds"))
 
 
-def variant_config(study: Study, variant: Variant, out_dir: Path, extra: list[str]) -> DictConfig:
-    """The variant's resolved config, its run directory ``out_dir/<variant>``. ``extra``: overrides for every
-    variant from the command line (after the study's own)."""
-    run = [f"run.name={variant.name}", f"run.dir={out_dir / variant.name}"]
+def check_seeds(value, where: str) -> list[int]:
+    """A study's seeds: distinct integers (or none given: the config's run.seed)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not value or not all(type(x) is int for x in value):
+        raise ConfigError(f"{where}: a non-empty list of integer seeds expected, got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"{where}: seeds must differ, got {value!r}")
+    return list(value)
+
+
+def run_config(study: Study, run: StudyRun, out_dir: Path, extra: list[str]) -> DictConfig:
+    """The resolved config of one run of the study, its run directory ``out_dir/<label>``. ``extra``: overrides
+    for every variant from the command line (after the study's own)."""
+    variant = next(v for v in study.variants if v.name == run.variant)
+    own = [f"run.name={run.label.replace('/', '-')}", f"run.dir={out_dir / run.label}"]
+    own += [] if run.seed is None else [f"run.seed={run.seed}"]
     try:
-        return load_config(variant.config, variant.overrides + list(extra) + run)
+        return load_config(variant.config, variant.overrides + list(extra) + own)
     except ConfigError as e:
         raise ConfigError(f"{study.path}: variant '{variant.name}': {e}") from None
 
@@ -190,37 +224,47 @@ def copy_finished_phase(src: Path, dst: Path) -> None:
 
 def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resume: bool = False, share: bool = True,
               only: Optional[list[str]] = None, log: Callable[[str], None] = print) -> Path:  # fmt: skip
-    """Train every variant (or ``only`` those) in study order, then write the summary. Returns ``out_dir``."""
-    from minilm.training.phases import is_complete, is_primary_process, phase_dir, run_phases
-
+    """Train every run of the study (of ``only`` those variants), in ``study_runs`` order, then write the summary.
+    Returns ``out_dir``."""
     names = [v.name for v in study.variants]
     unknown = [n for n in only or [] if n not in names]
     if unknown:
         raise MinilmError(f"--only {unknown[0]}: no such variant in {study.path}; variants are: {', '.join(names)}")
-    cfgs = {v.name: variant_config(study, v, out_dir, list(extra)) for v in study.variants}  # all checked first
-    if not resume and any((out_dir / n).exists() for n in names if not only or n in only):
+    runs = study_runs(study)
+    cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
+    todo = [r for r in runs if not only or r.variant in only]
+    if not resume and any((out_dir / r.label).exists() for r in todo):
         raise MinilmError(f"{out_dir} already holds this study's runs; continue it with --resume, or choose --out")
-    plan = plan_sharing({n: phase_keys(c) for n, c in cfgs.items()}) if share else {}
-    for v in study.variants:
-        n = v.name
-        if only and n not in only:
-            continue
-        cfg, run_dir = cfgs[n], out_dir / n
-        if n in plan and is_primary_process():
-            donor, k = plan[n]
-            shared = phase_names(cfg)[:k]
-            if not all(is_complete(out_dir / donor, p) for p in shared):
-                raise MinilmError(f"variant '{n}' shares {', '.join(shared)} with '{donor}', which has not finished "
-                                  f"them in {out_dir / donor}; run that variant first (or all: drop --only)")  # fmt: skip
-            for p in shared:
-                if not is_complete(run_dir, p):
-                    copy_finished_phase(phase_dir(out_dir / donor, p), phase_dir(run_dir, p))
-            log(f"study {study.name}: variant '{n}' starts from '{donor}' after {', '.join(shared)}")
-        log(f"study {study.name}: variant '{n}' ({' '.join(v.overrides) or 'the config as is'})")
-        run_phases(cfg, resume=run_dir.exists(), log=log)
+    plan = plan_sharing({label: phase_keys(c) for label, c in cfgs.items()}) if share else {}
+    for r in todo:
+        _train_run(study, r, out_dir, cfgs[r.label], plan.get(r.label), log)
+    from minilm.training.phases import is_primary_process
+
     if is_primary_process():
         write_summary(study, out_dir, cfgs, plan, log)
     return out_dir
+
+
+def _train_run(study: Study, run: StudyRun, out_dir: Path, cfg: DictConfig, shared: Optional[tuple[str, int]],
+               log: Callable[[str], None]) -> None:  # fmt: skip
+    """One run: first a copy of the phases it shares with an earlier run (``shared`` = (donor label, how many)),
+    then ``run_phases`` for the rest (resuming whatever is there)."""
+    from minilm.training.phases import is_complete, is_primary_process, phase_dir, run_phases
+
+    run_dir = out_dir / run.label
+    if shared is not None and is_primary_process():
+        donor, k = shared
+        phases = phase_names(cfg)[:k]
+        if not all(is_complete(out_dir / donor, p) for p in phases):
+            raise MinilmError(f"'{run.label}' shares {', '.join(phases)} with '{donor}', which has not finished them "
+                              f"in {out_dir / donor}; train that variant first (or all: drop --only)")  # fmt: skip
+        for p in phases:
+            if not is_complete(run_dir, p):
+                copy_finished_phase(phase_dir(out_dir / donor, p), phase_dir(run_dir, p))
+        log(f"study {study.name}: '{run.label}' starts from '{donor}' after {', '.join(phases)}")
+    overrides = next(v.overrides for v in study.variants if v.name == run.variant)
+    log(f"study {study.name}: '{run.label}' ({' '.join(overrides) or 'the config as is'})")
+    run_phases(cfg, resume=run_dir.exists(), log=log)
 
 
 # ---------------------------------------------------------------------------------------------- summary
@@ -240,41 +284,107 @@ def _short(override: str, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Callable[[str], None] = print) -> None:
-    """study.json and study.md (one row per variant), compare.png / compare.md over the variants' last
-    evaluations. Variants not finished yet appear with what they have."""
-    from minilm.eval import compare, load_results
-    from minilm.runs import find_results
-    from minilm.training.checkpoint import atomic_write_text
+def mean_sd(values: list) -> Optional[dict]:
+    """{mean, sd, n} of the numbers among ``values`` (None: not measured), sd the sample standard deviation (0 for
+    one value); None if there are none."""
+    xs = [float(x) for x in values if x is not None]
+    if not xs:
+        return None
+    return {"mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
-    rows, results, labels = [], [], []
-    for v in study.variants:
-        run_dir, phases = out_dir / v.name, phase_names(cfgs[v.name])
-        donor, k = plan.get(v.name, (None, 0))
-        rows.append({"variant": v.name, "config": str(v.config), "overrides": v.overrides,
-                     "shared": {"from": donor, "phases": phases[:k]} if donor else None,
-                     "val_loss": _val_losses(run_dir, phases)})  # fmt: skip
+
+def _cell(stat: Optional[dict], digits: int, n_seeds: int) -> str:
+    if stat is None:
+        return "–"
+    text = f"{stat['mean']:.{digits}f}"
+    if n_seeds > 1:
+        text += f" ± {stat['sd']:.{digits}f}" + (f" (n={stat['n']})" if stat["n"] < n_seeds else "")
+    return text
+
+
+SCALARS = ("ppl", "ppl_sliding", "passkey", "needle", "kv")  # the per-length numbers of results.json compared
+
+
+def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, plan: dict) -> tuple[dict, list]:
+    """(the variant's study.json entry, its runs' evaluation results)."""
+    from minilm.eval import load_results
+    from minilm.runs import find_results
+
+    runs = [r for r in study_runs(study) if r.variant == variant.name]
+    phases = phase_names(cfgs[runs[0].label])
+    per_run, results = {}, []
+    for r in runs:
+        donor, k = plan.get(r.label, (None, 0))
+        per_run[r.label] = {"seed": r.seed, "shared": {"from": donor, "phases": phases[:k]} if donor else None,
+                            "val_loss": _val_losses(out_dir / r.label, phases)}  # fmt: skip
         try:
-            results.append(load_results(find_results(run_dir)))
-            labels.append(v.name)
+            results.append(load_results(find_results(out_dir / r.label)))
         except MinilmError:
             pass  # not evaluated (yet)
-    report = {"study": str(study.path), "name": study.name, "date": datetime.datetime.now().isoformat("T", "seconds"),
-              "variants": rows}  # fmt: skip
+    evaluation = {key: {L: mean_sd([res.get(key, {}).get(L) for res in results])
+                        for L in sorted({L for res in results for L in res.get(key, {})}, key=int)}
+                  for key in SCALARS if any(res.get(key) for res in results)}  # fmt: skip
+    entry = {"variant": variant.name, "config": str(variant.config), "overrides": variant.overrides,
+             "runs": per_run, "val_loss": {p: mean_sd([x["val_loss"][p] for x in per_run.values()]) for p in phases},
+             "evaluation": evaluation}  # fmt: skip
+    return entry, results
+
+
+def _averaged(results: list[dict], entry: dict, out_dir: Path) -> dict:
+    """One results dict for compare(): the first run's description, each per-length number the mean over runs."""
+    out = dict(results[0])
+    for key, by_length in entry["evaluation"].items():
+        out[key] = {L: stat["mean"] for L, stat in by_length.items() if stat is not None}
+    if len(results) > 1:
+        out["run"] = f"{out_dir / entry['variant']} (mean of {len(results)} seeds)"
+    return out
+
+
+def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Callable[[str], None] = print) -> None:
+    """study.json and study.md (per variant: what it sets and shares, validation loss per phase, its last
+    evaluation; over seeds: mean ± sample sd), compare.png / compare.md over the variants' last evaluations
+    (their means). Runs not finished yet count with what they have."""
+    from minilm.eval import compare
+    from minilm.training.checkpoint import atomic_write_text
+
+    entries, averaged = [], []
+    for v in study.variants:
+        entry, results = _variant_summary(study, v, out_dir, cfgs, plan)
+        entries.append(entry)
+        if results:
+            averaged.append((v.name, _averaged(results, entry, out_dir)))
+    date = datetime.datetime.now().isoformat("T", "seconds")
+    report = {"study": str(study.path), "name": study.name, "date": date, "seeds": study.seeds, "variants": entries}
     atomic_write_text(out_dir / "study.json", json.dumps(report, indent=2))
-    md = [f"# Study {study.name}", "", f"`{study.path}`, {report['date']}", ""]
-    phases = list(dict.fromkeys(p for r in rows for p in r["val_loss"]))
+    if averaged:
+        compare([r for _, r in averaged], [n for n, _ in averaged], out_dir)
+    atomic_write_text(out_dir / "study.md", _markdown(study, report, bool(averaged)))
+    log(f"study {study.name}: {out_dir / 'study.md'}" + (f", {out_dir / 'compare.png'}" if averaged else ""))
+
+
+def _markdown(study: Study, report: dict, figure: bool) -> str:
+    n = len(study.seeds) or 1
+    entries = report["variants"]
+    seeds = f"seeds {', '.join(map(str, study.seeds))}: mean ± sample sd" if n > 1 else "one seed (the config's)"
+    md = [f"# Study {study.name}", "", f"`{study.path}`, {report['date']}, {seeds}.", ""]
+    phases = list(dict.fromkeys(p for e in entries for p in e["val_loss"]))
     md += ["| variant | overrides | shared | " + " | ".join(f"val loss {p}" for p in phases) + " |",
            "|---|---|---|" + "---:|" * len(phases)]  # fmt: skip
-    for r in rows:
-        shared = f"{', '.join(r['shared']['phases'])} from {r['shared']['from']}" if r["shared"] else "–"
-        losses = [r["val_loss"].get(p) for p in phases]
-        cells = ["–" if x is None else f"{x:.4f}" for x in losses]
-        md.append(f"| {r['variant']} | {'<br>'.join(f'`{_short(o)}`' for o in r['overrides']) or '–'} | {shared} | "
+    for e in entries:
+        first = next(iter(e["runs"].values()))["shared"]
+        shared = f"{', '.join(first['phases'])} from {first['from'].split('/')[0]}" if first else "–"
+        cells = [_cell(e["val_loss"].get(p), 4, n) for p in phases]
+        md.append(f"| {e['variant']} | {'<br>'.join(f'`{_short(o)}`' for o in e['overrides']) or '–'} | {shared} | "
                   + " | ".join(cells) + " |")  # fmt: skip
-    if results:
-        fig, table = compare(results, labels, out_dir)
-        body = re.sub(r"^(#+) ", r"#\1 ", Path(table).read_text().strip(), flags=re.M)  # its headings under ours
-        md += ["", "Each variant's last evaluation (`compare.png`, `compare.md`):", "", body]
-    atomic_write_text(out_dir / "study.md", "\n".join(md) + "\n")
-    log(f"study {study.name}: {out_dir / 'study.md'}" + (f", {out_dir / 'compare.png'}" if results else ""))
+    for key in SCALARS:
+        lengths = sorted({L for e in entries for L in e["evaluation"].get(key, {})}, key=int)
+        if not lengths:
+            continue
+        md += ["", f"## {key} at each length (last phase's evaluation)", "",
+               "| variant | " + " | ".join(lengths) + " |", "|---|" + "---:|" * len(lengths)]  # fmt: skip
+        for e in entries:
+            stats = e["evaluation"].get(key, {})
+            md.append(f"| {e['variant']} | " + " | ".join(_cell(stats.get(L), 2, n) for L in lengths) + " |")
+    if figure:
+        md += ["", "![compare](compare.png)"]
+    return "\n".join(md) + "\n"

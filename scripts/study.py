@@ -4,12 +4,13 @@
     python scripts/study.py configs/studies/extension_tiny.yaml              # -> runs/studies/extension_tiny/
     python scripts/study.py configs/studies/extension_tiny.yaml --resume     # continue an interrupted study
     python scripts/study.py STUDY.yaml --only yarn,alibi --out /tmp/s phases.pretrain.steps=50   # for every variant
+    python scripts/study.py STUDY.yaml --seeds 1,2,3          # each variant per seed; the tables give mean ± sd
 
 A study file names the config every variant starts from and each variant's overrides (minilm/study.py, and
 docs/extension.md "Studies"). Variants whose first phases are identical train them once. At the end
 ``<out>/study.md`` has a row per variant (its overrides, what it shared, the validation loss after each phase),
-and ``compare.png`` / ``compare.md`` overlay each variant's last evaluation. ``tensorboard --logdir <out>`` shows
-all variants' curves together.
+and ``compare.png`` / ``compare.md`` overlay each variant's last evaluation (with seeds: their means, and study.md
+gives mean ± sample standard deviation). ``tensorboard --logdir <out>`` shows all variants' curves together.
 """
 
 import argparse
@@ -22,9 +23,12 @@ from minilm.cli import run_cli  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
-    from minilm.study import load_study, run_study
+    from minilm.study import check_seeds, load_study, run_study
 
     study = load_study(args.study)
+    if args.seeds:
+        study.seeds = check_seeds([int(x) if x.lstrip("-").isdigit() else x for x in args.seeds.split(",")],
+                                  "--seeds")  # fmt: skip
     out = Path(args.out) if args.out else Path("runs") / "studies" / study.name
     only = [n for n in args.only.split(",") if n] if args.only else None
     run_study(study, out, extra=tuple(args.overrides), resume=args.resume, share=not args.no_share, only=only)
@@ -38,6 +42,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="where the variants' run directories go (default runs/studies/<name>)")
     p.add_argument("--resume", action="store_true", help="continue: finished variants and phases are skipped")
     p.add_argument("--only", help="comma-separated variants to train now (the summary covers all finished ones)")
+    p.add_argument("--seeds", help="comma-separated seeds: every variant trains once per seed (mean ± sd reported)")
     p.add_argument("--no-share", action="store_true", help="train every variant's phases itself, shared or not")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p

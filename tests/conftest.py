@@ -29,6 +29,20 @@ def tiny_text_dir(tmp_path: Path) -> Path:
     return root
 
 
+def local_data_yaml(corpus: Path, cache: Path, vocab_size: int = 400) -> str:
+    """The ``data:`` section of the tests' tiny YAML configs: the ``tiny_text_dir`` corpus, a small tokenizer and a
+    cache of the test's own (so no test reads or writes data/cache)."""
+    return textwrap.dedent(f"""\
+        data:
+          sources:
+            embedded: null
+            local: {{kind: files, paths: ["{corpus}/*.py"]}}
+          tokenizer: {{vocab_size: {vocab_size}, sample_chars: 200000}}
+          cache_dir: {cache}
+          val_fraction: 0.1
+        """)
+
+
 def run_train(*args, check: bool = True, timeout: int = 600, env: dict | None = None, **kw):
     """``python train.py ARGS`` as a user runs it, from the repository root, one intra-op thread, no inherited
     distributed environment (a DDP launcher's RANK etc. would change what the child does); ``env`` adds

@@ -9,22 +9,16 @@ import pytest
 from safetensors.torch import load_file
 
 from minilm.cli import run_cli
-from minilm.errors import ConfigError
 from minilm.config import phase_config, phase_names, phase_steps
-from minilm.study import load_study, phase_keys, plan_sharing, variant_config
+from minilm.errors import ConfigError
+from minilm.study import load_study, phase_keys, plan_sharing, run_config, study_runs, write_summary
+from tests.conftest import local_data_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
 BASE = """
 model: {{n_layers: 1, d_model: 32, n_heads: 2}}
-data:
-  sources:
-    embedded: null
-    local: {{kind: files, paths: ["{corpus}/*.py"]}}
-  tokenizer: {{vocab_size: 400, sample_chars: 200000}}
-  cache_dir: {cache}
-  val_fraction: 0.1
-train: {{seq_len: 32, batch_size: 4, steps: 8, val_every: 4, val_batches: 2, log_every: 4, ckpt_every: 4}}
+{data}train: {{seq_len: 32, batch_size: 4, steps: 8, val_every: 4, val_batches: 2, log_every: 4, ckpt_every: 4}}
 optim: {{lr: 0.003, warmup_steps: 2}}
 eval: {{tasks: [ppl], sliding: false, batches: 1, batch_tokens: 256}}
 phases:
@@ -55,7 +49,7 @@ def _script(name: str):
 
 @pytest.fixture
 def study_file(tmp_path, tiny_text_dir) -> Path:
-    (tmp_path / "base.yaml").write_text(BASE.format(corpus=tiny_text_dir, cache=tmp_path / "cache"))
+    (tmp_path / "base.yaml").write_text(BASE.format(data=local_data_yaml(tiny_text_dir, tmp_path / "cache")))
     path = tmp_path / "study.yaml"
     path.write_text(STUDY)
     return path
@@ -91,15 +85,16 @@ def test_a_study_trains_every_variant_shares_pretraining_exactly_and_compares(tm
     assert _study([study_file, "--out", out]) == 2
     assert "--resume" in capsys.readouterr().err
     assert _study([study_file, "--out", out, "--resume"]) == 0
-    assert "variant 'pi' starts from 'yarn' after short" in capsys.readouterr().out
+    assert "'pi' starts from 'yarn' after short" in capsys.readouterr().out
     assert (out / "alibi" / "short" / "checkpoints").is_dir()  # a different model: nothing shared
     report = json.loads((out / "study.json").read_text())
     rows = {r["variant"]: r for r in report["variants"]}
-    assert rows["pi"]["shared"] == {"from": "yarn", "phases": ["short"]} and rows["alibi"]["shared"] is None
-    assert all(isinstance(rows[v]["val_loss"][p], float) for v in rows for p in ("short", "long"))
+    assert rows["pi"]["runs"]["pi"]["shared"] == {"from": "yarn", "phases": ["short"]}
+    assert rows["alibi"]["runs"]["alibi"]["shared"] is None
+    assert all(rows[v]["val_loss"][p]["n"] == 1 for v in rows for p in ("short", "long"))
     md = (out / "study.md").read_text()
     assert "| pi | `phases.long.position.scaling={rope_type: linear, factor: 2.0}` | short from yarn |" in md
-    assert "| run | 32 | 64 |" in md  # the evaluation table of compare_runs, one row per variant
+    assert "| variant | 32 | 64 |" in md and "| alibi | " in md.split("## ppl")[1]  # the last evaluations
     assert (out / "compare.png").stat().st_size > 1000
 
 
@@ -116,7 +111,7 @@ def test_plan_sharing_takes_the_longest_equal_prefix_never_the_last_phase():
 @pytest.mark.parametrize("path", sorted((REPO / "configs" / "studies").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_study_resolves_and_its_rope_variants_share_the_pretraining(path, tmp_path):
     study = load_study(path)
-    cfgs = {v.name: variant_config(study, v, tmp_path, []) for v in study.variants}
+    cfgs = {r.label: run_config(study, r, tmp_path, []) for r in study_runs(study)}
     for cfg in cfgs.values():
         assert [phase_steps(phase_config(cfg, n)) for n in phase_names(cfg)]  # every phase resolves
     plan = plan_sharing({n: phase_keys(c) for n, c in cfgs.items()})
@@ -135,6 +130,9 @@ def test_every_shipped_study_resolves_and_its_rope_variants_share_the_pretrainin
         ("config: base.yaml\nvariants: {a/b: []}\n", "variants.a/b: a variant name is a directory name"),
         ("config: base.yaml\nvariants: {a: {overides: []}}\n", "unknown key 'overides'"),
         ("config: base.yaml\nvariant: {a: []}\n", "unknown key 'variant'"),
+        ("config: base.yaml\nvariants:\n  a: []\n  a: [train.steps=3]\n", "duplicate key 'a'"),
+        ("config: base.yaml\nseeds: [1, 1]\nvariants: {a: []}\n", "seeds must differ"),
+        ("config: base.yaml\nseeds: [one]\nvariants: {a: []}\n", "seeds: a non-empty list of integer seeds"),
     ],
 )
 def test_bad_study_files_are_refused_with_the_key(study_file, text, message):
@@ -149,3 +147,36 @@ def test_a_bad_variant_override_exits_2_naming_the_variant_before_anything_train
     err = capsys.readouterr().err
     assert "variant 'broken'" in err and "model.n_layer" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_seeds_give_one_run_per_variant_and_seed_and_mean_sd_tables(tmp_path, study_file):
+    """Every variant trains once per seed (seed by seed, so a stopped study still compares all variants); the
+    summary reports mean ± sample sd over the seeds, and says n where a run is missing."""
+    from minilm.config import save_config
+    from minilm.training.checkpoint import atomic_write_text
+
+    study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: [], b: [phases.long.lr=0.001]}\n")
+    study = load_study(study_file)
+    assert [r.label for r in study_runs(study)] == ["a/seed1", "b/seed1", "a/seed2", "b/seed2"]
+    out = tmp_path / "out"
+    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
+    cfg = cfgs["b/seed2"]
+    assert (cfg.run.seed, cfg.run.dir, cfg.run.name) == (2, str(out / "b/seed2"), "b-seed2")
+    assert phase_config(cfg, "long").optim.lr == 0.001
+    assert plan_sharing({label: phase_keys(c) for label, c in cfgs.items()}) == {"b/seed1": ("a/seed1", 1),
+                                                                                  "b/seed2": ("a/seed2", 1)}
+    finished = {"a/seed1": (4.0, 10.0), "a/seed2": (4.2, 12.0), "b/seed1": (3.9, 9.0)}  # b/seed2 not run
+    for label, (loss, ppl) in finished.items():
+        save_config(cfgs[label], out / label / "config.yaml")
+        for phase in ("short", "long"):
+            atomic_write_text(out / label / phase / "complete.json", json.dumps({"val_loss": loss}))
+        results = {"lengths": [32], "ppl": {"32": ppl}, "train_seq_len": 64, "phase": "long", "run": label}
+        atomic_write_text(out / label / "long" / "eval" / "results.json", json.dumps(results))
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    md = (out / "study.md").read_text()
+    assert "| a | – | – | 4.1000 ± 0.1414 | 4.1000 ± 0.1414 |" in md
+    assert "| b | `phases.long.lr=0.001` | – | 3.9000 ± 0.0000 (n=1) |" in md
+    assert "| a | 11.00 ± 1.41 |" in md and "| b | 9.00 ± 0.00 (n=1) |" in md
+    report = json.loads((out / "study.json").read_text())
+    assert report["variants"][0]["evaluation"]["ppl"]["32"] == {"mean": 11.0, "sd": pytest.approx(2**0.5), "n": 2}
+    assert "| a | 11.00 |" in (out / "compare.md").read_text()  # the figure and compare.md show the means

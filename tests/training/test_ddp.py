@@ -10,18 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import run_train
+from tests.conftest import local_data_yaml, run_train
 
 CONFIG = """
 model: {{n_layers: 2, d_model: 32, n_heads: 2}}
-data:
-  sources:
-    embedded: null
-    local: {{kind: files, paths: ["{corpus}/*.py"]}}
-  tokenizer: {{vocab_size: 300, sample_chars: 200000}}
-  cache_dir: {cache}
-  val_fraction: 0.1
-train: {{seq_len: 32, steps: 6, val_every: 0, val_batches: 2, log_every: 1, ckpt_every: 3, keep_checkpoints: 5}}
+{data}train: {{seq_len: 32, steps: 6, val_every: 0, val_batches: 2, log_every: 1, ckpt_every: 3, keep_checkpoints: 5}}
 optim: {{lr: 0.003, warmup_steps: 2}}
 trainer: {{accelerator: cpu}}
 """
@@ -43,7 +36,7 @@ def ddp_run(tmp_path_factory):
         body = "\n".join(f"def f_{i}_{j}(x, y={j}):\n    return x + {j} * y\n" for j in range(6 + i % 5))
         (corpus / f"doc_{i:03d}.py").write_text(body)
     config = root / "exp.yaml"
-    config.write_text(CONFIG.format(corpus=corpus, cache=root / "cache"))
+    config.write_text(CONFIG.format(data=local_data_yaml(corpus, root / "cache", vocab_size=300)))
     run_dir = root / "run"
     proc = train(config, run_dir, devices=2, batch_size=2)
     return config, run_dir, proc

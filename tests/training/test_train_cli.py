@@ -10,20 +10,14 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from tests.conftest import local_data_yaml
 from tests.conftest import run_train as train
 
 REPO = Path(__file__).resolve().parents[2]
 
 TINY = """
 model: {{n_layers: 2, d_model: 32, n_heads: 2}}
-data:
-  sources:
-    embedded: null
-    local: {{kind: files, paths: ["{corpus}/*.py"]}}
-  tokenizer: {{vocab_size: 400, sample_chars: 200000}}
-  cache_dir: {cache}
-  val_fraction: 0.1
-train: {{seq_len: 32, batch_size: 4, steps: 20, val_every: 10, val_batches: 2, log_every: 5, ckpt_every: {ckpt}}}
+{data}train: {{seq_len: 32, batch_size: 4, steps: 20, val_every: 10, val_batches: 2, log_every: 5, ckpt_every: {ckpt}}}
 optim: {{lr: 0.003, warmup_steps: 2}}
 """
 
@@ -42,7 +36,7 @@ phases:
 
 
 def write_config(tmp_path: Path, corpus: Path, phases: bool = False, long_steps: int = 40) -> Path:
-    text = TINY.format(corpus=corpus, cache=tmp_path / "cache", ckpt=3 if phases else 10)
+    text = TINY.format(data=local_data_yaml(corpus, tmp_path / "cache"), ckpt=3 if phases else 10)
     if phases:
         text += PHASES.format(long_steps=long_steps)
     path = tmp_path / "exp.yaml"
