@@ -262,10 +262,10 @@ def _first_difference(old, new, key: str) -> Optional[tuple[str, object, object]
     return None if old == new or key in HOW_NOT_WHAT else (key, old, new)
 
 
-def _check_finished_phase(pcfg, phase: str, run_dir: Path) -> None:
-    """--resume skips a finished phase: refuse if the config now trains it differently (its lr, data, position,
-    ...), since keeping the old weights under the new config would be silently wrong. Evaluation, hardware and
-    bookkeeping settings (HOW_NOT_WHAT) may change."""
+def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str) -> None:
+    """--resume skips a finished phase, and --phase starts from the finished ones before it: refuse if the config
+    now trains such a phase differently (its lr, data, position, ...), since keeping its old weights under the new
+    config would be silently wrong. Evaluation, hardware and bookkeeping settings (HOW_NOT_WHAT) may change."""
     from minilm.runs import load_run_config
 
     path = phase_dir(run_dir, phase) / "config.yaml"
@@ -280,15 +280,18 @@ def _check_finished_phase(pcfg, phase: str, run_dir: Path) -> None:
         diff = _first_difference(old, new, key if key != "run" else "run.seed")
         if diff:
             raise MinilmError(
-                f"--resume: phase '{phase}' finished with {diff[0]} = {diff[1]!r} ({path}), the config now says "
-                f"{diff[2]!r}; retrain it and the phases after it with --phase {phase}, or set run.name for a new run"
+                f"{flag}: phase '{phase}' finished with {diff[0]} = {diff[1]!r} ({path}), the config now says "
+                f"{diff[2]!r}; retrain it and the phases after it with --phase {phase}, start from other weights "
+                "with --init, or set run.name for a new run"
             )
 
 
-def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool):
+def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
+              init: Optional[str] = None):  # fmt: skip
     """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
-    a model section that differs from the run's on --resume, bad data), then create run.dir. ``pcfgs``: each phase's
-    config (``phase_config``), in order. Returns the corpus."""
+    a model section that differs from the run's on --resume, finished phases the config now trains differently,
+    bad data), then create run.dir. ``pcfgs``: each phase's config (``phase_config``), in order. Returns the
+    corpus."""
     from minilm.data import load_corpus
 
     names = list(pcfgs)
@@ -306,10 +309,14 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
         if OmegaConf.to_container(old.model) != OmegaConf.to_container(cfg.model, resolve=True):
             raise MinilmError(f"--resume: the model section differs from the run's saved {saved}; refusing")
     corpus = load_corpus(cfg.data)  # bad data fails here, before the run directory is touched
-    for n in names[names.index(start_phase) if start_phase else 0 :]:
+    start = names.index(start_phase) if start_phase else 0
+    if init is None:  # --phase: the weights it starts from are the earlier phases' finished ones
+        for n in [n for n in names[:start] if is_complete(run_dir, n)]:
+            check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}")
+    for n in names[start:]:
         check_phase_data(corpus, pcfgs[n], n)
         if resume and is_complete(run_dir, n):
-            _check_finished_phase(pcfgs[n], n, run_dir)
+            check_finished_phase(pcfgs[n], n, run_dir, "--resume")
         elif resume:
             _check_resumed_sampler(corpus, pcfgs[n], n, run_dir)
     try:
@@ -332,7 +339,7 @@ def run_phases(
     names = phase_names(cfg)
     pcfgs = {n: phase_config(cfg, n) for n in names}
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
-    corpus = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary)
+    corpus = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init)
     saved = run_dir / "config.yaml"
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:

@@ -232,6 +232,9 @@ def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_p
         assert proc.returncode == 2 and key in proc.stderr and "--phase" in proc.stderr, proc.stderr
     again = train("--config", cfg, f"run.dir={run}", "--resume", "train.log_every=1", "phases.long.eval_lengths=[32]")
     assert "phase 'long' is complete; skipping" in again.stdout
+    # --phase starts from the finished earlier phases: the same check, unless --init gives the weights
+    proc = train("--config", cfg, f"run.dir={run}", "--phase", "long", "phases.short.lr=0.002", check=False)
+    assert proc.returncode == 2 and "--phase long: phase 'short'" in proc.stderr and "optim.lr" in proc.stderr
 
 
 def test_val_batches_0_trains_without_validation_and_says_so(tmp_path, tiny_text_dir):
