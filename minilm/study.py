@@ -18,8 +18,9 @@ once, in the first such variant, and the later variants start from a copy of the
 (hard links where the file system allows, checkpoints left out). Usually every RoPE variant shares the pretraining.
 
 At the end, ``<out>/study.md`` and ``study.json`` hold one row per variant (what it sets, what it shared, the
-validation loss after each phase) and, from each variant's last evaluation, ``compare.png`` / ``compare.md``
-(minilm.eval.compare). A study stopped at any moment continues with ``--resume``.
+validation loss after each phase) and, from the evaluation of each variant's last evaluating phase (runs that have
+not finished that phase do not count), ``compare.png`` / ``compare.md`` (minilm.eval.compare). A study stopped at
+any moment continues with ``--resume``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from minilm.config import UniqueKeyLoader, load_config, phase_config, phase_name
 from minilm.errors import ConfigError, MinilmError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SUMMARY_FILES = ("study.md", "study.json", "compare.png", "compare.md")  # in <out>/, beside the variants' run dirs
 
 
 @dataclass
@@ -129,6 +131,8 @@ def load_study(path: str | Path) -> Study:
         where = f"{path}: variants.{vname}"
         if not isinstance(vname, str) or not _NAME.match(vname):
             raise ConfigError(f"{where}: a variant name is a directory name (letters, digits, '_', '-', '.')")
+        if vname in SUMMARY_FILES:
+            raise ConfigError(f"{where}: the name of a file the study writes ({', '.join(SUMMARY_FILES)}); rename it")
         if isinstance(spec, dict):
             extra = sorted(set(spec) - {"config", "overrides"})
             if extra:
@@ -157,6 +161,12 @@ def run_config(study: Study, run: StudyRun, out_dir: Path, extra: list[str]) -> 
     variant = next(v for v in study.variants if v.name == run.variant)
     own = [f"run.name={run.label.replace('/', '-')}", f"run.dir={out_dir / run.label}"]
     own += [] if run.seed is None else [f"run.seed={run.seed}"]
+    for item in variant.overrides + list(extra):  # the study sets these itself: a given one would be ignored
+        key = item.partition("=")[0].strip()
+        if key in ("run", "run.name", "run.dir") or (key == "run.seed" and run.seed is not None):
+            where = "the command line" if item in extra else f"{study.path}: variant '{variant.name}'"
+            raise ConfigError(f"{where}: override '{item}': a study names and places its runs itself (--out for the "
+                              "directory" + (", seeds: for the seeds)" if key == "run.seed" else ")"))
     try:
         return load_config(variant.config, variant.overrides + list(extra) + own)
     except ConfigError as e:
@@ -209,12 +219,15 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 def copy_finished_phase(src: Path, dst: Path) -> None:
     """A finished phase directory (weights, config, optimizer moments, evaluation, complete.json) into another
-    run, without its checkpoints; through a temporary name, so that an interruption leaves no half phase."""
+    run, without its checkpoints; through a temporary name, so that an interruption leaves no half phase. Files are
+    hard-linked, which is safe because minilm replaces files (write a temporary file, rename it) and never writes
+    into one; temporary files an interrupted write left (``*.tmp``) are not copied: linked, a later write through
+    that name in one run would land in the other's file."""
     if not (src / "complete.json").is_file():
         raise MinilmError(f"{src}: the shared phase has not finished; run the study with --resume")
     tmp = dst.with_name(dst.name + ".copying")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("checkpoints"), copy_function=_link_or_copy)
+    shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("checkpoints", "*.tmp"), copy_function=_link_or_copy)
     shutil.rmtree(dst, ignore_errors=True)  # an unfinished phase of the same name, from an interrupted copy or run
     tmp.rename(dst)
 
@@ -236,31 +249,61 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     if not resume and any((out_dir / r.label).exists() for r in todo):
         raise MinilmError(f"{out_dir} already holds this study's runs; continue it with --resume, or choose --out")
     plan = plan_sharing({label: phase_keys(c) for label, c in cfgs.items()}) if share else {}
-    for r in todo:
-        _train_run(study, r, out_dir, cfgs[r.label], plan.get(r.label), log)
+    labels = {r.label for r in todo}
+    for r in todo:  # a donor that --only leaves out must have finished what it lends: refused before anything trains
+        if r.label in plan and plan[r.label][0] not in labels:
+            _loan(out_dir, r.label, cfgs[r.label], plan[r.label])
+    _check_layout(study, out_dir, todo)
     from minilm.training.phases import is_primary_process
 
-    if is_primary_process():
-        write_summary(study, out_dir, cfgs, plan, log)
+    try:
+        for r in todo:
+            _train_run(study, r, out_dir, cfgs[r.label], plan.get(r.label), log)
+    finally:  # also when a run fails or is interrupted: the summary of what has finished
+        if is_primary_process() and out_dir.is_dir():
+            write_summary(study, out_dir, cfgs, plan, log)
     return out_dir
+
+
+def _check_layout(study: Study, out_dir: Path, todo: list[StudyRun]) -> None:
+    """Runs with seeds live in ``<variant>/seed<S>/``, without in ``<variant>/``: refuse to nest one layout in the
+    other (a study run once without seeds, then with them, or the reverse)."""
+    for r in todo:
+        vdir = out_dir / r.variant
+        other = (vdir / "config.yaml").is_file() if r.seed is not None else any(vdir.glob("seed*/config.yaml"))
+        if other:
+            raise MinilmError(f"{vdir} holds runs {'without' if r.seed is not None else 'with'} seeds; this study "
+                              f"runs {'with' if r.seed is not None else 'without'} them: choose another --out")
+
+
+def _loan(out_dir: Path, label: str, cfg: DictConfig, shared: tuple[str, int]) -> list[str]:
+    """The phases run ``label`` shares with its donor (``shared`` = (donor label, how many)) and has not got yet (a
+    resumed run may have them); MinilmError if the donor has not finished them."""
+    from minilm.training.phases import is_complete
+
+    donor, k = shared
+    missing = [p for p in phase_names(cfg)[:k] if not is_complete(out_dir / label, p)]
+    if not all(is_complete(out_dir / donor, p) for p in missing):
+        raise MinilmError(f"'{label}' shares {', '.join(missing)} with '{donor}', which has not finished them in "
+                          f"{out_dir / donor}; train that variant first (or all: drop --only)")  # fmt: skip
+    return missing
 
 
 def _train_run(study: Study, run: StudyRun, out_dir: Path, cfg: DictConfig, shared: Optional[tuple[str, int]],
                log: Callable[[str], None]) -> None:  # fmt: skip
     """One run: first a copy of the phases it shares with an earlier run (``shared`` = (donor label, how many)),
     then ``run_phases`` for the rest (resuming whatever is there)."""
-    from minilm.training.phases import is_complete, is_primary_process, phase_dir, run_phases
+    from minilm.training.phases import check_finished_phase, is_primary_process, phase_dir, run_phases
 
     run_dir = out_dir / run.label
     if shared is not None and is_primary_process():
         donor, k = shared
         phases = phase_names(cfg)[:k]
-        if not all(is_complete(out_dir / donor, p) for p in phases):
-            raise MinilmError(f"'{run.label}' shares {', '.join(phases)} with '{donor}', which has not finished them "
-                              f"in {out_dir / donor}; train that variant first (or all: drop --only)")  # fmt: skip
-        for p in phases:
-            if not is_complete(run_dir, p):
-                copy_finished_phase(phase_dir(out_dir / donor, p), phase_dir(run_dir, p))
+        missing = _loan(out_dir, run.label, cfg, shared)
+        for p in missing:  # the donor's weights must be what this run's config trains (not an older study's)
+            check_finished_phase(phase_config(cfg, p), p, out_dir / donor, f"'{run.label}' starts from '{donor}'")
+        for p in missing:
+            copy_finished_phase(phase_dir(out_dir / donor, p), phase_dir(run_dir, p))
         log(f"study {study.name}: '{run.label}' starts from '{donor}' after {', '.join(phases)}")
     overrides = next(v.overrides for v in study.variants if v.name == run.variant)
     log(f"study {study.name}: '{run.label}' ({' '.join(overrides) or 'the config as is'})")
@@ -306,27 +349,34 @@ SCALARS = ("ppl", "ppl_sliding", "passkey", "needle", "kv")  # the per-length nu
 
 
 def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, plan: dict) -> tuple[dict, list]:
-    """(the variant's study.json entry, its runs' evaluation results)."""
+    """(the variant's study.json entry, its runs' evaluation results). A run's evaluation is its last evaluating
+    phase's (the last phase if none evaluates: where scripts/evaluate.py writes), counted once that phase has
+    finished: a run stopped after a shared phase holds that phase's evaluation, not the variant's result."""
     from minilm.eval import load_results
-    from minilm.runs import find_results
+    from minilm.training.phases import is_complete
 
     runs = [r for r in study_runs(study) if r.variant == variant.name]
-    phases = phase_names(cfgs[runs[0].label])
+    cfg = cfgs[runs[0].label]
+    phases = phase_names(cfg)
+    pcfgs = {p: phase_config(cfg, p) for p in phases}
+    evaluated = next((p for p in reversed(phases) if pcfgs[p].eval.lengths), phases[-1])
     per_run, results = {}, []
     for r in runs:
         donor, k = plan.get(r.label, (None, 0))
         per_run[r.label] = {"seed": r.seed, "shared": {"from": donor, "phases": phases[:k]} if donor else None,
                             "val_loss": _val_losses(out_dir / r.label, phases)}  # fmt: skip
-        try:
-            results.append(load_results(find_results(out_dir / r.label)))
-        except MinilmError:
-            pass  # not evaluated (yet)
+        if is_complete(out_dir / r.label, evaluated):
+            try:
+                results.append(load_results(out_dir / r.label / evaluated / "eval" / "results.json"))
+            except MinilmError:
+                pass  # not evaluated (its evaluation failed, or scripts/evaluate.py has not run)
     evaluation = {key: {L: mean_sd([res.get(key, {}).get(L) for res in results])
                         for L in sorted({L for res in results for L in res.get(key, {})}, key=int)}
                   for key in SCALARS if any(res.get(key) for res in results)}  # fmt: skip
     entry = {"variant": variant.name, "config": str(variant.config), "overrides": variant.overrides,
              "runs": per_run, "val_loss": {p: mean_sd([x["val_loss"][p] for x in per_run.values()]) for p in phases},
-             "evaluation": evaluation}  # fmt: skip
+             "not_validated": [p for p in phases if pcfgs[p].train.val_batches == 0],  # val_loss null by design
+             "evaluated_phase": evaluated, "evaluation": evaluation}  # fmt: skip
     return entry, results
 
 
@@ -343,7 +393,7 @@ def _averaged(results: list[dict], entry: dict, out_dir: Path) -> dict:
 def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Callable[[str], None] = print) -> None:
     """study.json and study.md (per variant: what it sets and shares, validation loss per phase, its last
     evaluation; over seeds: mean ± sample sd), compare.png / compare.md over the variants' last evaluations
-    (their means). Runs not finished yet count with what they have."""
+    (their means). Runs not finished yet count with the phases they have finished."""
     from minilm.eval import compare
     from minilm.training.checkpoint import atomic_write_text
 
@@ -365,7 +415,8 @@ def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Call
 def _markdown(study: Study, report: dict, figure: bool) -> str:
     n = len(study.seeds) or 1
     entries = report["variants"]
-    seeds = f"seeds {', '.join(map(str, study.seeds))}: mean ± sample sd" if n > 1 else "one seed (the config's)"
+    seeds = f"seeds {', '.join(map(str, study.seeds))}: mean ± sample sd" if n > 1 else (
+        f"seed {study.seeds[0]}" if study.seeds else "one seed (the config's)")
     md = [f"# Study {study.name}", "", f"`{study.path}`, {report['date']}, {seeds}.", ""]
     phases = list(dict.fromkeys(p for e in entries for p in e["val_loss"]))
     md += ["| variant | overrides | shared | " + " | ".join(f"val loss {p}" for p in phases) + " |",
@@ -373,7 +424,7 @@ def _markdown(study: Study, report: dict, figure: bool) -> str:
     for e in entries:
         first = next(iter(e["runs"].values()))["shared"]
         shared = f"{', '.join(first['phases'])} from {first['from'].split('/')[0]}" if first else "–"
-        cells = [_cell(e["val_loss"].get(p), 4, n) for p in phases]
+        cells = ["no validation" if p in e["not_validated"] else _cell(e["val_loss"].get(p), 4, n) for p in phases]
         md.append(f"| {e['variant']} | {'<br>'.join(f'`{_short(o)}`' for o in e['overrides']) or '–'} | {shared} | "
                   + " | ".join(cells) + " |")  # fmt: skip
     for key in SCALARS:

@@ -27,12 +27,18 @@ def main(args: argparse.Namespace) -> int:
 
     study = load_study(args.study)
     if args.seeds:
-        study.seeds = check_seeds([int(x) if x.lstrip("-").isdigit() else x for x in args.seeds.split(",")],
-                                  "--seeds")  # fmt: skip
+        study.seeds = check_seeds([_int_or_text(x) for x in args.seeds.split(",")], "--seeds")
     out = Path(args.out) if args.out else Path("runs") / "studies" / study.name
     only = [n for n in args.only.split(",") if n] if args.only else None
     run_study(study, out, extra=tuple(args.overrides), resume=args.resume, share=not args.no_share, only=only)
     return 0
+
+
+def _int_or_text(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return text  # check_seeds names it
 
 
 def parser() -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@ exact (a variant that starts from a copy of another's pretraining ends bitwise w
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from safetensors.torch import load_file
 
 from minilm.cli import run_cli
 from minilm.config import phase_config, phase_names, phase_steps
-from minilm.errors import ConfigError
+from minilm.errors import ConfigError, MinilmError
 from minilm.study import load_study, phase_keys, plan_sharing, run_config, study_runs, write_summary
 from tests.conftest import local_data_yaml
 
@@ -115,8 +116,9 @@ def test_every_shipped_study_resolves_and_its_rope_variants_share_the_pretrainin
     for cfg in cfgs.values():
         assert [phase_steps(phase_config(cfg, n)) for n in phase_names(cfg)]  # every phase resolves
     plan = plan_sharing({n: phase_keys(c) for n, c in cfgs.items()})
-    rope = [n for n, c in cfgs.items() if c.model.position.name == "rope"]
-    assert {n: plan[n] for n in rope[1:]} == {n: (rope[0], 1) for n in rope[1:]}
+    for seed in study.seeds or [None]:  # each seed's RoPE variants share that seed's pretraining, no other seed's
+        rope = [r.label for r in study_runs(study) if r.seed == seed and cfgs[r.label].model.position.name == "rope"]
+        assert {n: plan[n] for n in rope[1:]} == {n: (rope[0], 1) for n in rope[1:]}
 
 
 @pytest.mark.parametrize(
@@ -133,6 +135,7 @@ def test_every_shipped_study_resolves_and_its_rope_variants_share_the_pretrainin
         ("config: base.yaml\nvariants:\n  a: []\n  a: [train.steps=3]\n", "duplicate key 'a'"),
         ("config: base.yaml\nseeds: [1, 1]\nvariants: {a: []}\n", "seeds must differ"),
         ("config: base.yaml\nseeds: [one]\nvariants: {a: []}\n", "seeds: a non-empty list of integer seeds"),
+        ("config: base.yaml\nvariants: {study.json: []}\n", "variants.study.json: the name of a file the study writes"),
     ],
 )
 def test_bad_study_files_are_refused_with_the_key(study_file, text, message):
@@ -180,3 +183,148 @@ def test_seeds_give_one_run_per_variant_and_seed_and_mean_sd_tables(tmp_path, st
     report = json.loads((out / "study.json").read_text())
     assert report["variants"][0]["evaluation"]["ppl"]["32"] == {"mean": 11.0, "sd": pytest.approx(2**0.5), "n": 2}
     assert "| a | 11.00 |" in (out / "compare.md").read_text()  # the figure and compare.md show the means
+
+
+def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_file, capsys):
+    assert _study([study_file, "--out", tmp_path / "out", "--seeds=--1"]) == 2
+    assert "--seeds: a non-empty list of integer seeds" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _finished(cfg, run_dir: Path, phases, val_loss=4.0) -> None:
+    """What a finished phase leaves (weights faked): config.yaml of the run and of each phase, complete.json."""
+    from minilm.config import save_config
+    from minilm.training.checkpoint import atomic_write_text
+
+    save_config(cfg, run_dir / "config.yaml")
+    for phase in phases:
+        save_config(phase_config(cfg, phase), run_dir / phase / "config.yaml")
+        (run_dir / phase / "model.safetensors").write_bytes(b"weights")
+        atomic_write_text(run_dir / phase / "complete.json", json.dumps({"val_loss": val_loss}))
+
+
+def test_seeds_summary_compares_only_each_runs_last_phase_evaluation(tmp_path, study_file):
+    """A run stopped after its shared pretraining holds that phase's evaluation (copied): it is not the variant's
+    result, and must not be averaged with the finished seeds' last-phase numbers."""
+    from minilm.training.checkpoint import atomic_write_text
+
+    study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: [], b: [phases.long.lr=0.001]}\n")
+    study = load_study(study_file)
+    out = tmp_path / "out"
+    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
+    for label, phases, ppl in [("a/seed1", ["short", "long"], 10.0), ("a/seed2", ["short", "long"], 12.0),
+                               ("b/seed1", ["short", "long"], 9.0), ("b/seed2", ["short"], 500.0)]:  # fmt: skip
+        _finished(cfgs[label], out / label, phases)
+        results = {"lengths": [32], "ppl": {"32": ppl}, "train_seq_len": 32, "phase": phases[-1], "run": label}
+        atomic_write_text(out / label / phases[-1] / "eval" / "results.json", json.dumps(results))
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    md = (out / "study.md").read_text()
+    assert "| b | 9.00 ± 0.00 (n=1) |" in md and "| a | 11.00 ± 1.41 |" in md
+    assert "| b | 9.00 |" in (out / "compare.md").read_text()
+
+
+def test_seeds_one_seed_is_named_and_val_batches_0_is_not_a_missing_run(tmp_path, study_file):
+    study_file.write_text("config: base.yaml\nseeds: [7]\nvariants: {a: [], c: [train.val_batches=0]}\n")
+    study = load_study(study_file)
+    out = tmp_path / "out"
+    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
+    _finished(cfgs["a/seed7"], out / "a/seed7", ["short", "long"])
+    _finished(cfgs["c/seed7"], out / "c/seed7", ["short", "long"], val_loss=None)
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    md = (out / "study.md").read_text()
+    assert "seed 7." in md and "the config's" not in md
+    assert "| c | `train.val_batches=0` | – | no validation | no validation |" in md
+
+
+def test_plan_a_run_copies_only_the_shared_phases_it_lacks_and_checks_the_donors_first(tmp_path, study_file,
+                                                                                      monkeypatch):  # fmt: skip
+    import minilm.training.phases as phases_mod
+    from minilm.config import load_config
+    from minilm.errors import MinilmError
+    from minilm.study import _train_run
+
+    trained = []
+    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log: trained.append(cfg.run.name))
+    study = load_study(study_file)
+    out = tmp_path / "out"
+    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
+    pi = next(r for r in study_runs(study) if r.variant == "pi")
+    # pi has its own finished pretraining (say from --no-share) and yarn none: nothing to copy, pi continues
+    _finished(cfgs["pi"], out / "pi", ["short"])
+    _train_run(study, pi, out, cfgs["pi"], ("yarn", 1), log=lambda msg: None)
+    assert trained == ["pi"]
+    # yarn's finished pretraining was trained otherwise than pi's config says (an edited study, --only pi):
+    # refused before a stale copy lands in pi's run directory
+    shutil.rmtree(out / "pi")
+    older = load_config(study_file.parent / "base.yaml", ["phases.short.lr=0.01", f"run.dir={out / 'yarn'}"])
+    _finished(older, out / "yarn", ["short"])
+    with pytest.raises(MinilmError, match=r"'pi' starts from 'yarn': phase 'short' finished with optim.lr = 0.01"):
+        _train_run(study, pi, out, cfgs["pi"], ("yarn", 1), log=lambda msg: None)
+    assert not (out / "pi" / "short").exists() and trained == ["pi"]
+
+
+def test_plan_a_donor_left_out_by_only_is_checked_before_anything_trains(tmp_path, study_file, monkeypatch):
+    import minilm.training.phases as phases_mod
+    from minilm.errors import MinilmError
+    from minilm.study import run_study
+
+    study_file.write_text("config: base.yaml\nvariants: {yarn: [], alibi: [model.position.name=alibi], "
+                          "pi: [phases.long.lr=0.001]}\n")  # fmt: skip
+    trained = []
+    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log: trained.append(cfg.run.name))
+    with pytest.raises(MinilmError, match="'pi' shares short with 'yarn', which has not finished them"):
+        run_study(load_study(study_file), tmp_path / "out", only=["pi", "alibi"], log=lambda msg: None)
+    assert trained == []  # not alibi first, then the refusal
+
+
+def test_copy_finished_phase_leaves_out_checkpoints_and_stale_temporary_files(tmp_path):
+    """Files are hard-linked: a temporary file an interrupted write left in the donor would be one inode in both
+    runs, and a later atomic write through that name in one run (write the .tmp, rename it) would change the
+    other's file."""
+    from minilm.eval.report import write_json
+    from minilm.study import copy_finished_phase
+
+    donor, copy = tmp_path / "yarn" / "short", tmp_path / "pi" / "short"
+    (donor / "checkpoints").mkdir(parents=True)
+    (donor / "checkpoints" / "step-00000004.ckpt").write_bytes(b"ckpt")
+    (donor / "complete.json").write_text("{}")
+    write_json({"ppl": {"32": 1.0}}, donor / "eval" / "results.json")
+    (donor / "eval" / "results.json.tmp").write_text("left by an interrupted write")
+    (copy / "half").mkdir(parents=True)  # an interrupted earlier copy or run
+    copy_finished_phase(donor, copy)
+    assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*")) == ["complete.json", "eval",
+                                                                               "eval/results.json"]
+    write_json({"ppl": {"32": 2.0}}, copy / "eval" / "results.json")  # scripts/evaluate.py on the copy
+    write_json({"ppl": {"32": 3.0}}, donor / "eval" / "results.json")  # then on the donor
+    assert json.loads((copy / "eval" / "results.json").read_text()) == {"ppl": {"32": 2.0}}
+
+
+def test_run_placement_overrides_and_mixed_layouts_are_refused(tmp_path, study_file):
+    """run.dir / run.name (and run.seed when the study has seeds) are the study's to set: given, they would be
+    silently replaced. A study run once without seeds and once with them would nest runs inside runs."""
+    from minilm.study import run_study
+
+    study_file.write_text("config: base.yaml\nvariants: {a: [run.dir=/tmp/elsewhere]}\n")
+    with pytest.raises(ConfigError, match="variant 'a': override 'run.dir=/tmp/elsewhere'.*--out"):
+        run_study(load_study(study_file), tmp_path / "out")
+    study_file.write_text("config: base.yaml\nseeds: [1]\nvariants: {a: []}\n")
+    with pytest.raises(ConfigError, match="the command line: override 'run.seed=3'.*seeds"):
+        run_study(load_study(study_file), tmp_path / "out", extra=("run.seed=3",))
+    (tmp_path / "out" / "a").mkdir(parents=True)
+    (tmp_path / "out" / "a" / "config.yaml").write_text("{}\n")  # a run of the study without seeds
+    with pytest.raises(MinilmError, match="holds runs without seeds"):
+        run_study(load_study(study_file), tmp_path / "out", resume=True)
+
+
+def test_a_failing_run_still_leaves_the_summary_of_the_finished_ones(tmp_path, study_file, monkeypatch):
+    import minilm.study as study_mod
+
+    def fail(study, run, out_dir, *args):
+        if run.variant == "pi":
+            raise MinilmError("phase 'long': loss is nan")
+        (out_dir / run.label).mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr(study_mod, "_train_run", fail)
+    with pytest.raises(MinilmError, match="nan"):
+        study_mod.run_study(load_study(study_file), tmp_path / "out", log=lambda msg: None)
+    assert "| yarn |" in (tmp_path / "out" / "study.md").read_text()
