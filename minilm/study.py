@@ -348,8 +348,8 @@ def _cell(stat: Optional[dict], digits: int, n_seeds: int) -> str:
 SCALARS = ("ppl", "ppl_sliding", "passkey", "needle", "kv")  # the per-length numbers of results.json compared
 
 
-def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, plan: dict) -> tuple[dict, list]:
-    """(the variant's study.json entry, its runs' evaluation results). A run's evaluation is its last evaluating
+def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, plan: dict) -> tuple[dict, dict]:
+    """(the variant's study.json entry, its runs' evaluation results by seed). A run's evaluation is its last evaluating
     phase's (the last phase if none evaluates: where scripts/evaluate.py writes), counted once that phase has
     finished: a run stopped after a shared phase holds that phase's evaluation, not the variant's result."""
     from minilm.eval import load_results
@@ -360,16 +360,17 @@ def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, 
     phases = phase_names(cfg)
     pcfgs = {p: phase_config(cfg, p) for p in phases}
     evaluated = next((p for p in reversed(phases) if pcfgs[p].eval.lengths), phases[-1])
-    per_run, results = {}, []
+    per_run, by_seed = {}, {}
     for r in runs:
         donor, k = plan.get(r.label, (None, 0))
         per_run[r.label] = {"seed": r.seed, "shared": {"from": donor, "phases": phases[:k]} if donor else None,
                             "val_loss": _val_losses(out_dir / r.label, phases)}  # fmt: skip
         if is_complete(out_dir / r.label, evaluated):
             try:
-                results.append(load_results(out_dir / r.label / evaluated / "eval" / "results.json"))
+                by_seed[r.seed] = load_results(out_dir / r.label / evaluated / "eval" / "results.json")
             except MinilmError:
                 pass  # not evaluated (its evaluation failed, or scripts/evaluate.py has not run)
+    results = list(by_seed.values())
     evaluation = {key: {L: mean_sd([res.get(key, {}).get(L) for res in results])
                         for L in sorted({L for res in results for L in res.get(key, {})}, key=int)}
                   for key in SCALARS if any(res.get(key) for res in results)}  # fmt: skip
@@ -377,7 +378,32 @@ def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, 
              "runs": per_run, "val_loss": {p: mean_sd([x["val_loss"][p] for x in per_run.values()]) for p in phases},
              "not_validated": [p for p in phases if pcfgs[p].train.val_batches == 0],  # val_loss null by design
              "evaluated_phase": evaluated, "evaluation": evaluation}  # fmt: skip
-    return entry, results
+    return entry, by_seed
+
+
+def _numbers(entry: dict, results: dict, seed: Optional[int]) -> dict[str, float]:
+    """One run's comparable numbers: "val_loss" (of the last phase) and "<metric>@<length>" of its evaluation."""
+    run = next((x for x in entry["runs"].values() if x["seed"] == seed), None)
+    out = {}
+    if run is not None and list(run["val_loss"].values())[-1] is not None:
+        out["val_loss"] = list(run["val_loss"].values())[-1]
+    for key, by_length in (results.get(seed) or {}).items():
+        if key in SCALARS and isinstance(by_length, dict):
+            out.update({f"{key}@{L}": v for L, v in by_length.items() if v is not None})
+    return out
+
+
+def paired_differences(ref: tuple[dict, dict], other: tuple[dict, dict]) -> dict[str, dict]:
+    """"val_loss" / "<metric>@<length>" -> mean_sd of (other − reference) over the seeds both have: within a seed
+    both share the pretraining and read the same validation and evaluation text, so the paired difference is far
+    less noisy than the two means (whose spread across seeds includes which text each seed drew)."""
+    seeds = [run["seed"] for run in ref[0]["runs"].values()]
+    diffs: dict[str, list] = {}
+    for seed in seeds:
+        a, b = _numbers(*ref, seed), _numbers(*other, seed)
+        for key in a.keys() & b.keys():
+            diffs.setdefault(key, []).append(b[key] - a[key])
+    return {key: mean_sd(values) for key, values in sorted(diffs.items())}
 
 
 def _averaged(results: list[dict], entry: dict, out_dir: Path) -> dict:
@@ -392,17 +418,21 @@ def _averaged(results: list[dict], entry: dict, out_dir: Path) -> dict:
 
 def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Callable[[str], None] = print) -> None:
     """study.json and study.md (per variant: what it sets and shares, validation loss per phase, its last
-    evaluation; over seeds: mean ± sample sd), compare.png / compare.md over the variants' last evaluations
-    (their means). Runs not finished yet count with the phases they have finished."""
+    evaluation; over seeds: mean ± sample sd, and the difference from the first variant paired by seed),
+    compare.png / compare.md over the variants' last evaluations (their means). Runs not finished yet count with
+    the phases they have finished."""
     from minilm.eval import compare
     from minilm.training.checkpoint import atomic_write_text
 
-    entries, averaged = [], []
+    entries, averaged, by_seed = [], [], []
     for v in study.variants:
         entry, results = _variant_summary(study, v, out_dir, cfgs, plan)
         entries.append(entry)
+        by_seed.append(results)
         if results:
-            averaged.append((v.name, _averaged(results, entry, out_dir)))
+            averaged.append((v.name, _averaged(list(results.values()), entry, out_dir)))
+    for entry, results in zip(entries[1:], by_seed[1:]):  # each variant against the first, seed by seed
+        entry["vs_first"] = paired_differences((entries[0], by_seed[0]), (entry, results))
     date = datetime.datetime.now().isoformat("T", "seconds")
     report = {"study": str(study.path), "name": study.name, "date": date, "seeds": study.seeds, "variants": entries}
     atomic_write_text(out_dir / "study.json", json.dumps(report, indent=2))
@@ -436,6 +466,35 @@ def _markdown(study: Study, report: dict, figure: bool) -> str:
         for e in entries:
             stats = e["evaluation"].get(key, {})
             md.append(f"| {e['variant']} | " + " | ".join(_cell(stats.get(L), 2, n) for L in lengths) + " |")
+    if n > 1 and len(entries) > 1:
+        md += _paired_table(entries, n)
     if figure:
         md += ["", "![compare](compare.png)"]
     return "\n".join(md) + "\n"
+
+
+def _signed(stat: Optional[dict], digits: int, n_seeds: int) -> str:
+    if stat is None:
+        return "–"
+    text = f"{stat['mean']:+.{digits}f} ± {stat['sd']:.{digits}f}"
+    return text + (f" (n={stat['n']})" if stat["n"] < n_seeds else "")
+
+
+def _paired_table(entries: list[dict], n: int) -> list[str]:
+    """Each variant minus the first, seed by seed (mean ± sample sd of the differences): last phase's validation
+    loss and perplexity per length (study.json has every metric)."""
+    first = entries[0]["variant"]
+    ppl = sorted({k.split("@")[1] for e in entries[1:] for k in e.get("vs_first", {}) if k.startswith("ppl@")},
+                 key=int)  # fmt: skip
+    last = list(entries[0]["val_loss"])[-1]
+    md = ["", f"## Difference from {first}, paired by seed", "",
+          f"Within a seed every variant shares {first}'s pretraining (where it can) and reads the same validation "
+          "and evaluation text, so these differences are much less noisy than the means above. Negative = better "
+          f"than {first}.", "",
+          f"| variant | val loss {last} | " + " | ".join(f"ppl {L}" for L in ppl) + " |",
+          "|---|---:|" + "---:|" * len(ppl)]  # fmt: skip
+    for e in entries[1:]:
+        d = e.get("vs_first", {})
+        md.append(f"| {e['variant']} | {_signed(d.get('val_loss'), 4, n)} | "
+                  + " | ".join(_signed(d.get(f"ppl@{L}"), 2, n) for L in ppl) + " |")  # fmt: skip
+    return md

@@ -183,6 +183,9 @@ def test_seeds_give_one_run_per_variant_and_seed_and_mean_sd_tables(tmp_path, st
     report = json.loads((out / "study.json").read_text())
     assert report["variants"][0]["evaluation"]["ppl"]["32"] == {"mean": 11.0, "sd": pytest.approx(2**0.5), "n": 2}
     assert "| a | 11.00 |" in (out / "compare.md").read_text()  # the figure and compare.md show the means
+    # b against a, seed by seed: only seed 1 has both (b 3.9 / 9 vs a 4.0 / 10)
+    assert report["variants"][1]["vs_first"]["val_loss"] == {"mean": pytest.approx(-0.1), "sd": 0.0, "n": 1}
+    assert "| b | -0.1000 ± 0.0000 (n=1) | -1.00 ± 0.00 (n=1) |" in md.split("## Difference from a, paired by seed")[1]
 
 
 def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_file, capsys):
