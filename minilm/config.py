@@ -546,9 +546,7 @@ def validate(cfg: DictConfig) -> None:
 
     validate_position(m.position, where="model.position", head_dim=head_dim(m))
     validate_eval(cfg.eval)
-    for name in cfg.phases:
-        phase_config(cfg, name)  # raises with the phase's name on any bad override
-    for name in cfg.phases:
+    for name in cfg.phases:  # raises with the phase's name on any bad override
         _validate_data(phase_config(cfg, name).data, where=f"phases.{name}.data")
 
 
