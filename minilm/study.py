@@ -254,11 +254,15 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
         if r.label in plan and plan[r.label][0] not in labels:
             _loan(out_dir, r.label, cfgs[r.label], plan[r.label])
     _check_layout(study, out_dir, todo)
-    from minilm.training.phases import is_primary_process
+    from minilm.training.phases import ChangedPhaseError, is_primary_process
 
     try:
         for r in todo:
-            _train_run(study, r, out_dir, cfgs[r.label], plan.get(r.label), log)
+            try:
+                _train_run(study, r, out_dir, cfgs[r.label], plan.get(r.label), log)
+            except ChangedPhaseError as e:  # its advice names train.py's flags; a study's remedy differs
+                raise MinilmError(f"'{r.label}': {e}. In a study: delete that phase's directory and those of the "
+                                  "phases after it in the same run, then run the study with --resume") from None
     finally:  # also when a run fails or is interrupted: the summary of what has finished
         if is_primary_process() and out_dir.is_dir():
             write_summary(study, out_dir, cfgs, plan, log)

@@ -331,3 +331,21 @@ def test_a_failing_run_still_leaves_the_summary_of_the_finished_ones(tmp_path, s
     with pytest.raises(MinilmError, match="nan"):
         study_mod.run_study(load_study(study_file), tmp_path / "out", log=lambda msg: None)
     assert "| yarn |" in (tmp_path / "out" / "study.md").read_text()
+
+
+def test_a_variant_edited_after_it_finished_is_refused_with_the_study_remedy(tmp_path, study_file, capsys):
+    """A finished run whose variant now trains a phase differently must not be kept (nor silently retrained):
+    the refusal names the key and says what to do in a study (train.py's --phase does not apply)."""
+    from minilm.config import save_config
+    from minilm.training.checkpoint import atomic_write_text
+
+    study_file.write_text("config: base.yaml\nvariants: {a: []}\n")
+    out = tmp_path / "out"
+    old = run_config(load_study(study_file), study_runs(load_study(study_file))[0], out, [])
+    for phase in ("short", "long"):  # a finished run, as the study trained it before the edit
+        save_config(phase_config(old, phase), out / "a" / phase / "config.yaml")
+        atomic_write_text(out / "a" / phase / "complete.json", "{}")
+    study_file.write_text("config: base.yaml\nvariants: {a: [phases.long.lr=0.01]}\n")
+    assert _study([study_file, "--out", out, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "'a': --resume: phase 'long' finished with optim.lr" in err and "delete that phase's directory" in err

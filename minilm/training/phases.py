@@ -243,6 +243,10 @@ def _check_resumed_sampler(corpus, pcfg, phase: str, run_dir: Path) -> None:
         raise MinilmError(f"--resume: phase '{phase}' ({ckpt}): {e}") from None
 
 
+class ChangedPhaseError(MinilmError):
+    """A finished phase that the config now trains differently (``check_finished_phase``)."""
+
+
 TRAINED_BY = ("model", "data", "train", "optim")  # the sections a finished phase's weights depend on (and run.seed)
 HOW_NOT_WHAT = {  # keys of those sections that change how a phase runs or is watched, not what it learns
     "data.num_proc", "data.cache_dir", "train.micro_batch_size", "train.precision", "train.compile",
@@ -279,7 +283,7 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str) -> None:
             old, new = old["seed"], new["seed"]
         diff = _first_difference(old, new, key if key != "run" else "run.seed")
         if diff:
-            raise MinilmError(
+            raise ChangedPhaseError(
                 f"{flag}: phase '{phase}' finished with {diff[0]} = {diff[1]!r} ({path}), the config now says "
                 f"{diff[2]!r}; retrain it and the phases after it with --phase {phase}, start from other weights "
                 "with --init, or set run.name for a new run"
