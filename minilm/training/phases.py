@@ -439,14 +439,26 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
     data = PhaseData(corpus, pcfg, name)
     t0 = time.perf_counter()
     if ckpt is None:  # the loss before the phase's first step: the start of the curve (and, for an extension
-        trainer.validate(module, datamodule=data, verbose=False)  # phase, the cost of the new length untrained)
-    trainer.fit(module, datamodule=data, ckpt_path=str(ckpt) if ckpt else None)
+        # phase, the cost of the new length untrained)
+        _interruptible(trainer, trainer.validate, module, datamodule=data, verbose=False)
+    _interruptible(trainer, trainer.fit, module, datamodule=data, ckpt_path=str(ckpt) if ckpt else None)
     if trainer.global_step < steps:
         raise MinilmError(f"phase '{name}' stopped at step {trainer.global_step} of {steps}; resume with --resume")
     if not val_every or steps % val_every:
-        trainer.validate(module, datamodule=data, verbose=False)
+        _interruptible(trainer, trainer.validate, module, datamodule=data, verbose=False)
     if trainer.is_global_zero:
         _finish_phase(model, pcfg, name, pdir, trainer, module, steps, time.perf_counter() - t0, log)
+
+
+def _interruptible(trainer, run, *args, **kwargs):
+    """``trainer.fit`` / ``validate``, with Ctrl-C reaching the caller as KeyboardInterrupt (the CLI then says how to
+    continue, exit 130): Lightning catches it, shuts down and calls sys.exit(1), which ended a run silently."""
+    try:
+        return run(*args, **kwargs)
+    except SystemExit:
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
 
 
 def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, log) -> None:

@@ -134,6 +134,25 @@ def test_sigkill_mid_phase_then_resume_equals_uninterrupted(tmp_path, tiny_text_
         assert (a[k] == b[k]).all(), f"{k} differs after resume"
 
 
+def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir):
+    """Lightning turns Ctrl-C inside fit into a silent sys.exit(1); the run must instead stop with the CLI's
+    message and exit code 130, and continue with --resume."""
+    cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=400)
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), "--config", str(cfg), f"run.dir={run}"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _wait_for(run / "long" / "checkpoints", "step-*.ckpt", proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted; continue with --resume" in err, (proc.returncode, err[-2000:])
+    assert not (run / "long" / "complete.json").exists()
+    again = train("--config", cfg, f"run.dir={run}", "--resume", "phases.long.steps=6")
+    assert "resuming from" in again.stdout and (run / "long" / "complete.json").is_file()
+
+
 def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir):
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=4)
     base = tmp_path / "base"
