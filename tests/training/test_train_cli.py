@@ -108,18 +108,22 @@ def _wait_for(path_glob: Path, pattern: str, proc: subprocess.Popen, timeout: fl
         time.sleep(0.005)
 
 
+def _train_until_a_long_checkpoint(cfg: Path, run: Path, stderr) -> subprocess.Popen:
+    """train.py started as a user starts it, returned once phase 'long' has written a checkpoint."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--config", str(cfg), f"run.dir={run}"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
+    _wait_for(run / "long" / "checkpoints", "step-*.ckpt", proc)
+    return proc
+
+
 def test_sigkill_mid_phase_then_resume_equals_uninterrupted(tmp_path, tiny_text_dir):
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=60)
     straight = tmp_path / "straight"
     train("--config", cfg, f"run.dir={straight}")
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), "--config", str(cfg), f"run.dir={killed}"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    _wait_for(killed / "long" / "checkpoints", "step-*.ckpt", proc)
+    proc = _train_until_a_long_checkpoint(cfg, killed, stderr=subprocess.STDOUT)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "long" / "complete.json").exists(), "killed too late: the phase had finished"
@@ -139,12 +143,7 @@ def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir
     message and exit code 130, and continue with --resume."""
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=400)
     run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), "--config", str(cfg), f"run.dir={run}"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    _wait_for(run / "long" / "checkpoints", "step-*.ckpt", proc)
+    proc = _train_until_a_long_checkpoint(cfg, run, stderr=subprocess.PIPE)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted; continue with --resume" in err, (proc.returncode, err[-2000:])
