@@ -40,6 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from minilm.config import UniqueKeyLoader, load_config, phase_config, phase_names
 from minilm.errors import ConfigError, MinilmError
+from minilm.eval.report import SCALARS  # the per-length numbers of results.json
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SUMMARY_FILES = ("study.md", "study.json", "compare.png", "compare.md")  # in <out>/, beside the variants' run dirs
@@ -222,9 +223,7 @@ def copy_finished_phase(src: Path, dst: Path) -> None:
     run, without its checkpoints; through a temporary name, so that an interruption leaves no half phase. Files are
     hard-linked, which is safe because minilm replaces files (write a temporary file, rename it) and never writes
     into one; temporary files an interrupted write left (``*.tmp``) are not copied: linked, a later write through
-    that name in one run would land in the other's file."""
-    if not (src / "complete.json").is_file():
-        raise MinilmError(f"{src}: the shared phase has not finished; run the study with --resume")
+    that name in one run would land in the other's file. ``src`` has finished (``_loan`` checks it)."""
     tmp = dst.with_name(dst.name + ".copying")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("checkpoints", "*.tmp"), copy_function=_link_or_copy)
@@ -340,22 +339,21 @@ def mean_sd(values: list) -> Optional[dict]:
     return {"mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0, "n": len(xs)}
 
 
-def _cell(stat: Optional[dict], digits: int, n_seeds: int) -> str:
+def _cell(stat: Optional[dict], digits: int, n_seeds: int, sign: str = "") -> str:
+    """A mean_sd as a table cell: the mean (``sign="+"``: signed, for differences), with seeds ± sd and (n=k) where
+    runs are missing."""
     if stat is None:
         return "–"
-    text = f"{stat['mean']:.{digits}f}"
+    text = f"{stat['mean']:{sign}.{digits}f}"
     if n_seeds > 1:
         text += f" ± {stat['sd']:.{digits}f}" + (f" (n={stat['n']})" if stat["n"] < n_seeds else "")
     return text
 
 
-SCALARS = ("ppl", "ppl_sliding", "passkey", "needle", "kv")  # the per-length numbers of results.json compared
-
-
 def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, plan: dict) -> tuple[dict, dict]:
-    """(the variant's study.json entry, its runs' evaluation results by seed). A run's evaluation is its last evaluating
-    phase's (the last phase if none evaluates: where scripts/evaluate.py writes), counted once that phase has
-    finished: a run stopped after a shared phase holds that phase's evaluation, not the variant's result."""
+    """(the variant's study.json entry, its runs' evaluation results by seed). A run's evaluation is its last
+    evaluating phase's (the last phase if none evaluates: where scripts/evaluate.py writes), counted once that
+    phase has finished: a run stopped after a shared phase holds that phase's evaluation, not the variant's."""
     from minilm.eval import load_results
     from minilm.training.phases import is_complete
 
@@ -388,9 +386,8 @@ def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, 
 def _numbers(entry: dict, results: dict, seed: Optional[int]) -> dict[str, float]:
     """One run's comparable numbers: "val_loss" (of the last phase) and "<metric>@<length>" of its evaluation."""
     run = next((x for x in entry["runs"].values() if x["seed"] == seed), None)
-    out = {}
-    if run is not None and list(run["val_loss"].values())[-1] is not None:
-        out["val_loss"] = list(run["val_loss"].values())[-1]
+    last = list(run["val_loss"].values())[-1] if run is not None else None
+    out = {} if last is None else {"val_loss": last}
     for key, by_length in (results.get(seed) or {}).items():
         if key in SCALARS and isinstance(by_length, dict):
             out.update({f"{key}@{L}": v for L, v in by_length.items() if v is not None})
@@ -477,13 +474,6 @@ def _markdown(study: Study, report: dict, figure: bool) -> str:
     return "\n".join(md) + "\n"
 
 
-def _signed(stat: Optional[dict], digits: int, n_seeds: int) -> str:
-    if stat is None:
-        return "–"
-    text = f"{stat['mean']:+.{digits}f} ± {stat['sd']:.{digits}f}"
-    return text + (f" (n={stat['n']})" if stat["n"] < n_seeds else "")
-
-
 def _paired_table(entries: list[dict], n: int) -> list[str]:
     """Each variant minus the first, seed by seed (mean ± sample sd of the differences): last phase's validation
     loss and perplexity per length (study.json has every metric)."""
@@ -499,6 +489,6 @@ def _paired_table(entries: list[dict], n: int) -> list[str]:
           "|---|---:|" + "---:|" * len(ppl)]  # fmt: skip
     for e in entries[1:]:
         d = e.get("vs_first", {})
-        md.append(f"| {e['variant']} | {_signed(d.get('val_loss'), 4, n)} | "
-                  + " | ".join(_signed(d.get(f"ppl@{L}"), 2, n) for L in ppl) + " |")  # fmt: skip
+        md.append(f"| {e['variant']} | {_cell(d.get('val_loss'), 4, n, '+')} | "
+                  + " | ".join(_cell(d.get(f"ppl@{L}"), 2, n, "+") for L in ppl) + " |")  # fmt: skip
     return md
