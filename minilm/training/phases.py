@@ -266,6 +266,12 @@ def _first_difference(old, new, key: str) -> Optional[tuple[str, object, object]
     return None if old == new or key in HOW_NOT_WHAT else (key, old, new)
 
 
+def _what_trains(pcfg) -> dict:
+    """The parts of a phase config its weights depend on: the TRAINED_BY sections and run.seed, as plain values."""
+    plain = OmegaConf.to_container(pcfg, resolve=True)
+    return {**{key: plain[key] for key in TRAINED_BY}, "run": {"seed": plain["run"]["seed"]}}
+
+
 def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str) -> None:
     """--resume skips a finished phase, and --phase starts from the finished ones before it: refuse if the config
     now trains such a phase differently (its lr, data, position, ...), since keeping its old weights under the new
@@ -275,13 +281,9 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str) -> None:
     path = phase_dir(run_dir, phase) / "config.yaml"
     if not path.is_file():
         return
-    saved = OmegaConf.to_container(load_run_config(path), resolve=True)
-    now = OmegaConf.to_container(pcfg, resolve=True)
-    for key in (*TRAINED_BY, "run"):
-        old, new = saved[key], now[key]
-        if key == "run":
-            old, new = old["seed"], new["seed"]
-        diff = _first_difference(old, new, key if key != "run" else "run.seed")
+    saved, now = _what_trains(load_run_config(path)), _what_trains(pcfg)
+    for key in saved:
+        diff = _first_difference(saved[key], now[key], key)
         if diff:
             raise ChangedPhaseError(
                 f"{flag}: phase '{phase}' finished with {diff[0]} = {diff[1]!r} ({path}), the config now says "
