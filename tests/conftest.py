@@ -29,10 +29,10 @@ def tiny_text_dir(tmp_path: Path) -> Path:
     return root
 
 
-def local_data_yaml(corpus: Path, cache: Path, vocab_size: int = 400) -> str:
+def local_data_yaml(corpus: Path, cache: Path, vocab_size: int = 400, **extra) -> str:
     """The ``data:`` section of the tests' tiny YAML configs: the ``tiny_text_dir`` corpus, a small tokenizer and a
-    cache of the test's own (so no test reads or writes data/cache)."""
-    return textwrap.dedent(f"""\
+    cache of the test's own (so no test reads or writes data/cache); ``extra`` adds keys to it (YAML values)."""
+    text = textwrap.dedent(f"""\
         data:
           sources:
             embedded: null
@@ -41,6 +41,7 @@ def local_data_yaml(corpus: Path, cache: Path, vocab_size: int = 400) -> str:
           cache_dir: {cache}
           val_fraction: 0.1
         """)
+    return text + "".join(f"  {key}: {value}\n" for key, value in extra.items())
 
 
 def run_train(*args, check: bool = True, timeout: int = 600, env: dict | None = None, **kw):

@@ -67,7 +67,8 @@ def test_a_study_trains_every_variant_shares_pretraining_exactly_and_compares(tm
     pi, yarn = out / "pi", out / "yarn"
     # pi's first phase is yarn's, copied (no checkpoints: it was not trained there); its second phase trained
     assert (pi / "short" / "complete.json").is_file() and not (pi / "short" / "checkpoints").exists()
-    assert load_file(pi / "short" / "model.safetensors").keys() == load_file(yarn / "short" / "model.safetensors").keys()
+    shared = [load_file(run / "short" / "model.safetensors") for run in (pi, yarn)]
+    assert shared[0].keys() == shared[1].keys()
     assert (pi / "long" / "checkpoints").is_dir() and (pi / "model.safetensors").is_file()
     assert not (out / "alibi").exists()
     # sharing is exact: pi trained alone, from scratch, ends with the same weights
@@ -185,7 +186,8 @@ def test_seeds_give_one_run_per_variant_and_seed_and_mean_sd_tables(tmp_path, st
     assert "| a | 11.00 |" in (out / "compare.md").read_text()  # the figure and compare.md show the means
     # b against a, seed by seed: only seed 1 has both (b 3.9 / 9 vs a 4.0 / 10)
     assert report["variants"][1]["vs_first"]["val_loss"] == {"mean": pytest.approx(-0.1), "sd": 0.0, "n": 1}
-    assert "| b | -0.1000 ± 0.0000 (n=1) | -1.00 ± 0.00 (n=1) |" in md.split("## Difference from a, paired by seed")[1]
+    paired = md.split("## Difference from a, paired by seed")[1]
+    assert "| b | -0.1000 ± 0.0000 (n=1) | -1.00 ± 0.00 (n=1) |" in paired
 
 
 def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_file, capsys):

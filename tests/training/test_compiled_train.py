@@ -10,21 +10,12 @@ import math
 import pytest
 import torch
 
-from tests.conftest import run_train
+from tests.conftest import local_data_yaml, run_train
 
 VOCAB = 300
 CONFIG = """
 model: {{n_layers: 2, d_model: 64, n_heads: 4, position: {{name: {encoding}}}}}
-data:
-  sources:
-    embedded: null
-    local: {{kind: files, paths: ["{corpus}/*.py"]}}
-  tokenizer: {{vocab_size: {vocab}, sample_chars: 200000}}
-  cache_dir: {cache}
-  val_fraction: 0.1
-  document_mask: true
-  restart_positions: true
-train: {{seq_len: 64, batch_size: 8, steps: 40, val_every: 20, val_batches: 2, log_every: 10, ckpt_every: 0,
+{data}train: {{seq_len: 64, batch_size: 8, steps: 40, val_every: 20, val_batches: 2, log_every: 10, ckpt_every: 0,
          compile: true}}
 optim: {{lr: 0.003, warmup_steps: 4}}
 trainer: {{accelerator: {accelerator}}}
@@ -33,8 +24,8 @@ trainer: {{accelerator: {accelerator}}}
 
 def _compiled_run(tmp_path, corpus, encoding, accelerator, *overrides):
     config = tmp_path / "exp.yaml"
-    config.write_text(CONFIG.format(encoding=encoding, corpus=corpus, cache=tmp_path / "cache",
-                                    vocab=VOCAB, accelerator=accelerator))  # fmt: skip
+    data = local_data_yaml(corpus, tmp_path / "cache", VOCAB, document_mask="true", restart_positions="true")
+    config.write_text(CONFIG.format(encoding=encoding, data=data, accelerator=accelerator))
     run_dir = tmp_path / "run"
     proc = run_train("--config", config, f"run.dir={run_dir}", *overrides,
                      env={"TORCH_LOGS": "graph_breaks,recompiles"}, timeout=1200)  # fmt: skip
