@@ -423,7 +423,7 @@ def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Call
     compare.png / compare.md over the variants' last evaluations (their means). Runs not finished yet count with
     the phases they have finished."""
     from minilm.eval import compare
-    from minilm.training.checkpoint import atomic_write_text
+    from minilm.files import atomic_write_text
 
     entries, averaged, by_seed = [], [], []
     for v in study.variants:

@@ -70,7 +70,7 @@ from minilm.export import llama_rope_kwargs, llama_shape  # noqa: E402
 from minilm.training.optim import make_adamw  # noqa: E402  (the trainer's optimizer, fused where torch has it)
 from minilm.cli import flush_denormals  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
-from minilm.training.checkpoint import atomic_write_text  # noqa: E402
+from minilm.files import atomic_write_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "performance.md"

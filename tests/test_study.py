@@ -157,7 +157,7 @@ def test_seeds_give_one_run_per_variant_and_seed_and_mean_sd_tables(tmp_path, st
     """Every variant trains once per seed (seed by seed, so a stopped study still compares all variants); the
     summary reports mean ± sample sd over the seeds, and says n where a run is missing."""
     from minilm.config import save_config
-    from minilm.training.checkpoint import atomic_write_text
+    from minilm.files import atomic_write_text
 
     study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: [], b: [phases.long.lr=0.001]}\n")
     study = load_study(study_file)
@@ -199,7 +199,7 @@ def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_fi
 def _finished(cfg, run_dir: Path, phases, val_loss=4.0) -> None:
     """What a finished phase leaves (weights faked): config.yaml of the run and of each phase, complete.json."""
     from minilm.config import save_config
-    from minilm.training.checkpoint import atomic_write_text
+    from minilm.files import atomic_write_text
 
     save_config(cfg, run_dir / "config.yaml")
     for phase in phases:
@@ -211,7 +211,7 @@ def _finished(cfg, run_dir: Path, phases, val_loss=4.0) -> None:
 def test_seeds_summary_compares_only_each_runs_last_phase_evaluation(tmp_path, study_file):
     """A run stopped after its shared pretraining holds that phase's evaluation (copied): it is not the variant's
     result, and must not be averaged with the finished seeds' last-phase numbers."""
-    from minilm.training.checkpoint import atomic_write_text
+    from minilm.files import atomic_write_text
 
     study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: [], b: [phases.long.lr=0.001]}\n")
     study = load_study(study_file)
@@ -339,7 +339,7 @@ def test_a_variant_edited_after_it_finished_is_refused_with_the_study_remedy(tmp
     """A finished run whose variant now trains a phase differently must not be kept (nor silently retrained):
     the refusal names the key and says what to do in a study (train.py's --phase does not apply)."""
     from minilm.config import save_config
-    from minilm.training.checkpoint import atomic_write_text
+    from minilm.files import atomic_write_text
 
     study_file.write_text("config: base.yaml\nvariants: {a: []}\n")
     out = tmp_path / "out"

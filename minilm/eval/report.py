@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 from minilm.errors import MinilmError
+from minilm.files import atomic_write, atomic_write_text
 
 
 class _Pyplot:
@@ -80,14 +81,7 @@ def make_output_dir(out_dir: Path) -> None:
 
 def write_json(results: dict, path: Path) -> None:
     make_output_dir(path.parent)
-    _write_text_atomic(path, json.dumps(results, indent=2, default=_json_default, allow_nan=False))
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    """Written beside ``path`` and moved in place: a reader (or an interrupted run) never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps(results, indent=2, default=_json_default, allow_nan=False))
 
 
 def _json_default(o):
@@ -228,10 +222,8 @@ def write_figures(results: dict, out_dir: Path) -> Dict[str, Path]:
             continue
         fig = make()
         path = out_dir / f"{name}.png"
-        tmp = path.with_name(path.name + ".tmp")
-        fig.savefig(tmp, dpi=110, format="png")
+        atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
         plt.close(fig)
-        tmp.replace(path)
         paths[name] = path
     return paths
 
@@ -306,7 +298,7 @@ def write_report(results: dict, out_dir: Path) -> Dict[str, Path]:
     evaluated_before = (out_dir / "results.json").is_file()
     write_json(results, out_dir / "results.json")
     figures = write_figures(results, out_dir)
-    _write_text_atomic(out_dir / "report.md", markdown(results, figures))
+    atomic_write_text(out_dir / "report.md", markdown(results, figures))
     if evaluated_before:
         for name in FIGURES:
             if name not in figures:

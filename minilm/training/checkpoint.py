@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import io
-import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -23,40 +22,9 @@ from safetensors.torch import load_file, save
 from torch import nn
 
 from minilm.errors import MinilmError
+from minilm.files import atomic_write
 
 CKPT_PATTERN = re.compile(r"^step-(\d+)\.ckpt$")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> None:
-    """Call ``write(fileobj)`` on a temporary file next to ``path``, then atomically rename it to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda f: f.write(text), mode="w")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:

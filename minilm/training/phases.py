@@ -36,13 +36,13 @@ from minilm.config import (
     save_config,
 )
 from minilm.errors import MinilmError
+from minilm.files import atomic_write_text
 from minilm.model import GPT
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
 from minilm.training.checkpoint import (
     AtomicCheckpointIO,
     atomic_torch_save,
-    atomic_write_text,
     checkpoint_path,
     latest_good_checkpoint,
     load_checkpoint_dict,
