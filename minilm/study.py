@@ -253,6 +253,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
         if r.label in plan and plan[r.label][0] not in labels:
             _loan(out_dir, r.label, cfgs[r.label], plan[r.label])
     _check_layout(study, out_dir, todo)
+    _check_data(cfgs, todo)
     from minilm.training.phases import ChangedPhaseError, is_primary_process
 
     try:
@@ -277,6 +278,26 @@ def _check_layout(study: Study, out_dir: Path, todo: list[StudyRun]) -> None:
         if other:
             raise MinilmError(f"{vdir} holds runs {'without' if r.seed is not None else 'with'} seeds; this study "
                               f"runs {'with' if r.seed is not None else 'without'} them: choose another --out")
+
+
+def _check_data(cfgs: dict[str, DictConfig], todo: list[StudyRun]) -> None:
+    """Prepare every run's data and build each phase's samplers before anything trains, as ``run_phases`` does for
+    one run: a variant whose data fails (a missing file, no document long enough for its long_fraction) is refused
+    now, not after the variants before it have trained. Preparation is cached, so the runs pay nothing twice."""
+    from minilm.data import load_corpus
+    from minilm.training.phases import check_phase_data
+
+    corpora = {}  # one load per distinct data section
+    for r in todo:
+        cfg = cfgs[r.label]
+        try:
+            key = OmegaConf.to_yaml(cfg.data)
+            if key not in corpora:
+                corpora[key] = load_corpus(cfg.data)
+            for p in phase_names(cfg):
+                check_phase_data(corpora[key], phase_config(cfg, p), p)
+        except MinilmError as e:
+            raise type(e)(f"'{r.label}': {e}") from None
 
 
 def _loan(out_dir: Path, label: str, cfg: DictConfig, shared: tuple[str, int]) -> list[str]:

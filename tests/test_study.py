@@ -153,6 +153,16 @@ def test_a_bad_variant_override_exits_2_naming_the_variant_before_anything_train
     assert not (tmp_path / "out").exists()
 
 
+def test_a_variant_whose_data_fails_is_refused_before_the_first_variant_trains(tmp_path, study_file, capsys):
+    # config-valid, but no document reaches long_min_tokens: only building the phase's sampler can tell
+    mixed = "[phases.long.data.long_fraction=0.5, phases.long.data.long_min_tokens=1000000]"
+    study_file.write_text(STUDY + f"  mixed: {mixed}\n")
+    assert _study([study_file, "--out", tmp_path / "out"]) == 2
+    err = capsys.readouterr().err
+    assert "'mixed'" in err and "phase 'long'" in err and "long_fraction" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "yarn").exists()
+
+
 def test_seeds_give_one_run_per_variant_and_seed_and_mean_sd_tables(tmp_path, study_file):
     """Every variant trains once per seed (seed by seed, so a stopped study still compares all variants); the
     summary reports mean ± sample sd over the seeds, and says n where a run is missing."""
