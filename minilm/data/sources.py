@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import itertools
 import logging
 import os
 import sys
@@ -172,10 +173,12 @@ def stdlib_files() -> List[Path]:
 def _expand_globs(spec: FilesSource, where: str) -> List[Path]:
     files: List[Path] = []
     for pattern in spec.paths:
-        matches = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True))
-        matches = [p for p in matches if p.is_file()]
+        found = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True))
+        matches = [p for p in found if p.is_file()]
         if not matches:
-            raise DataError(f"{where}.paths: the glob {pattern!r} matches no file (cwd: {os.getcwd()})")
+            dirs = [p for p in found if p.is_dir()]
+            hint = f"; {dirs[0]} is a directory: '{dirs[0]}/**/*' reads the files under it" if dirs else ""
+            raise DataError(f"{where}.paths: the glob {pattern!r} matches no file (cwd: {os.getcwd()}){hint}")
         files.extend(matches)
     seen: set = set()
     return [p for p in files if not (p in seen or seen.add(p))]
@@ -192,12 +195,26 @@ def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
     elif isinstance(spec, FilesSource):
         extra = {"files": _stat_digest(_expand_globs(spec, where))}
     else:
-        local = [Path(p) for p in _as_list(spec.data_files)] + [Path(spec.path)]
-        # a local directory (save_to_disk, or data files of a builder) by the files in it: rewriting a shard in
-        # place does not change the directory's own mtime
-        local = [f for p in local for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])]
-        extra = {"files": _stat_digest([p for p in local if p.exists()])}
+        extra = {"files": _stat_digest(_hf_local_files(spec))}
     return {"settings": settings, **extra}
+
+
+def _hf_local_files(spec: HfSource) -> List[Path]:
+    """The local files an hf source reads: ``path`` (a file, or every file of a directory) and every file that
+    ``data_files`` names — a string, a list or a ``{split: ...}`` mapping of paths or glob patterns, as datasets
+    takes them (relative to the working directory, or to ``path`` when that is a local directory). Patterns are
+    expanded here: hashing the pattern alone would keep a stale cache when a file it matches is added or edited."""
+    df = spec.data_files
+    patterns = [p for v in (df.values() if isinstance(df, dict) else [df]) for p in _as_list(v)]
+    bases = [Path(".")] + ([Path(spec.path)] if Path(spec.path).is_dir() else [])
+    found = [Path(spec.path)] + [Path(m) for pat in patterns for base in bases
+                                 for m in sorted(glob.glob(os.path.join(base, os.path.expanduser(str(pat))),
+                                                           recursive=True))]  # fmt: skip
+    # a local directory (save_to_disk, or data files of a builder) by the files in it: rewriting a shard in place
+    # does not change the directory's own mtime
+    files = [f for p in found for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])]
+    seen: set = set()
+    return [p for p in files if p.is_file() and not (p.resolve() in seen or seen.add(p.resolve()))]
 
 
 def _stat_digest(files: List[Path]) -> str:
@@ -243,11 +260,37 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool)
     for builder, group in (("json", [p for p in record_files if p.suffix.lower() != ".parquet"]),
                            ("parquet", [p for p in record_files if p.suffix.lower() == ".parquet"])):  # fmt: skip
         for path in group:
+            problem = _text_problem(path) if builder == "json" else None
+            if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
+                docs.skipped[problem] += 1
+                continue
             ds = _load_dataset(where, builder, None, "train", [str(path)], False)
             _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=str(path), file=str(path))
     if spec.max_docs is not None:
         docs.names, docs.texts = docs.names[: spec.max_docs], docs.texts[: spec.max_docs]
     return docs
+
+
+def _text_problem(path: Path) -> Optional[str]:
+    """Why a .jsonl/.json file cannot give records, as ``_read_text_files`` counts it (None: readable). Read in
+    blocks with an incremental decoder: such files can be large. (datasets reads a non-UTF-8 record file without
+    complaint and fails with a bare UnicodeDecodeError when the record is taken; an empty one fails with
+    StopIteration.)"""
+    import codecs
+
+    decoder, blank = codecs.getincrementaldecoder("utf-8")(), True
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                if b"\0" in block:
+                    return "binary"
+                blank = blank and not decoder.decode(block).strip()
+            blank = blank and not decoder.decode(b"", final=True).strip()
+    except OSError:
+        return "unreadable"
+    except UnicodeDecodeError:
+        return "non_utf8"
+    return "empty" if blank else None
 
 
 def _read_text_files(name: str, files: List[Path], root: Optional[str], progress: bool) -> SourceDocs:
@@ -283,13 +326,17 @@ def _read_hf(name: str, spec: HfSource, where: str) -> SourceDocs:
     if data_files is None and Path(path).is_file() and suffix in RECORD_SUFFIXES + (".csv",):
         # a local file: datasets opens it through its packaged builder of that format
         path, data_files = {".parquet": "parquet", ".csv": "csv"}.get(suffix, "json"), path
+        problem = _text_problem(Path(data_files)) if path == "json" else None
+        if problem:  # one file and nothing to read in it: the source yields no documents (read_source says so)
+            return SourceDocs([], [], Counter({problem: 1}))
     if data_files is None and _saved_to_disk(Path(path)):
         ds = _load_from_disk(where, Path(path), spec.split)
     else:
         ds = _load_dataset(where, path, spec.name, spec.split, data_files, spec.streaming)
     docs = SourceDocs([], [], Counter())
     _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=f"{spec.path}/{spec.name}/{spec.split}",
-                    file=spec.path, max_docs=spec.max_docs)  # fmt: skip
+                    file=spec.path if spec.data_files is None else f"{spec.path} data_files={spec.data_files}",
+                    max_docs=spec.max_docs)  # fmt: skip
     return docs
 
 
@@ -333,9 +380,18 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix
     if columns is not None and text_field not in columns:
         raise DataError(f"{key}: {text_field!r} is not a column of {file} (columns: {', '.join(columns)}); "
                         f"set text_field to one of them")  # fmt: skip
-    for i, rec in enumerate(ds.select_columns([text_field]) if columns is not None else ds):
+    records = iter(ds.select_columns([text_field]) if columns is not None else ds)
+    for i in itertools.count():
         if max_docs is not None and len(docs.texts) >= max_docs:
             break
+        try:
+            rec = next(records)
+        except StopIteration:
+            break
+        except UnicodeDecodeError as e:  # Arrow holds the bytes as they were; decoding them fails here
+            where = key.rsplit(".", 1)[0]  # data.sources.<name>
+            raise DataError(f"{where}: record {i} of {file} is not valid UTF-8 ({e.reason} at byte {e.start} of "
+                            f"its text); re-encode the file as UTF-8") from None  # fmt: skip
         if text_field not in rec:
             raise DataError(f"{key}: record {i} of {file} has no field {text_field!r} (fields: {', '.join(rec)})")
         text = rec[text_field]

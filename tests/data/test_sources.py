@@ -76,6 +76,32 @@ def test_hf_kind_opens_a_save_to_disk_directory(tmp_path):
     assert _texts(load_corpus(cfg, progress=False)) == set(STORIES[:10])
 
 
+@pytest.mark.parametrize("form", ["glob", "dict"])
+def test_hf_data_files_pattern_or_mapping_follows_the_files_it_matches(tmp_path, monkeypatch, form):
+    """The cache key hashes the files ``data_files`` names, not the pattern: a glob gaining a file, or a file of a
+    ``{split: [...]}`` mapping rewritten, prepares again (the key hashed only the literal strings / the mapping's
+    split names, so the stale corpus was reused and the new records never trained)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "shards").mkdir()
+
+    def shard(name, texts):
+        (tmp_path / "shards" / name).write_text("".join(json.dumps({"story": t}) + "\n" for t in texts))
+
+    shard("a.jsonl", STORIES[:15])
+    data_files = "shards/*.jsonl" if form == "glob" else {"train": ["shards/a.jsonl"]}
+    cfg = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": "json", "data_files": data_files,
+                                          "text_field": "story"}})  # fmt: skip
+    first = load_corpus(cfg, progress=False)
+    assert _texts(first) == set(STORIES[:15])
+    if form == "glob":
+        shard("b.jsonl", STORIES[15:])
+    else:
+        shard("a.jsonl", STORIES)
+    again = load_corpus(cfg, progress=False)
+    assert not again.from_cache and again.cache_dir != first.cache_dir
+    assert _texts(again) == set(STORIES)
+
+
 def test_files_kind_reads_records_and_text_files(tmp_path, parquet_file, tiny_text_dir):
     cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "text_field": "story",
                                          "paths": [str(parquet_file), f"{tiny_text_dir}/doc_00*.py"]}})  # fmt: skip
@@ -126,12 +152,47 @@ def test_glob_that_matches_nothing(tmp_path):
         load_corpus(cfg, progress=False)
 
 
+def test_a_directory_instead_of_a_glob_says_how_to_read_its_files(tmp_path):
+    (tmp_path / "d" / "sub").mkdir(parents=True)
+    (tmp_path / "d" / "sub" / "a.txt").write_text("nested document\n" * 20)
+    cfg = make_data_cfg(tmp_path, {"x": {"kind": "files", "paths": [str(tmp_path / "d")]}})
+    with pytest.raises(DataError, match=r"matches no file .*d is a directory: '.*d/\*\*/\*' reads the files"):
+        load_corpus(cfg, progress=False)
+
+
 def test_empty_source(tmp_path):
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "a.txt").write_text("  \n")
     (tmp_path / "e" / "b.txt").write_bytes(b"\xff\xfe bad utf8")
     cfg = make_data_cfg(tmp_path, {"x": {"kind": "files", "paths": [f"{tmp_path}/e/*.txt"]}})
     with pytest.raises(DataError, match=r"data\.sources\.x: the source yields no documents .*empty.*non_utf8"):
+        load_corpus(cfg, progress=False)
+
+
+def test_empty_and_non_utf8_record_files_are_skipped_and_counted_like_text_files(tmp_path, jsonl_file):
+    """A files source skips an empty or non-UTF-8 .jsonl and counts it, as it does a .txt (an empty one stopped
+    the run with 'StopIteration: StopIteration', a Latin-1 one with a bare UnicodeDecodeError traceback)."""
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"story": "caf\xe9"}\n')
+    paths = [str(jsonl_file), str(tmp_path / "empty.jsonl"), str(tmp_path / "latin1.jsonl")]
+    cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "paths": paths, "text_field": "story"}})
+    corpus = load_corpus(cfg, progress=False)
+    assert _texts(corpus) == set(STORIES)
+    assert corpus.stats["skipped"]["f"] == {"empty": 1, "non_utf8": 1}
+    for bad, reason in (("empty.jsonl", "empty"), ("latin1.jsonl", "non_utf8")):  # the hf kind: nothing to read
+        one = make_data_cfg(tmp_path, {"h": {"kind": "hf", "path": str(tmp_path / bad), "text_field": "story"}})
+        with pytest.raises(DataError, match=rf"data\.sources\.h: the source yields no documents .*'{reason}': 1"):
+            load_corpus(one, progress=False)
+
+
+def test_hf_record_that_is_not_utf8_names_the_record(tmp_path):
+    """datasets' json builder keeps invalid bytes; taking the record then fails: a DataError naming the source,
+    the file and the record, not a UnicodeDecodeError traceback."""
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b'{"story": "fine"}\n{"story": "caf\xe9"}\n')
+    cfg = make_data_cfg(tmp_path, {"h": {"kind": "hf", "path": "json", "data_files": str(path),
+                                         "text_field": "story"}})  # fmt: skip
+    with pytest.raises(DataError, match=r"data\.sources\.h: record 1 of json data_files=.*mixed\.jsonl is not valid"):
         load_corpus(cfg, progress=False)
 
 
