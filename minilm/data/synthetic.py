@@ -39,14 +39,23 @@ def _hex(rng: np.random.Generator, n: int) -> str:
     return "".join("0123456789abcdef"[d] for d in rng.integers(0, 16, size=n))
 
 
+MAX_LINE_TOKENS = 128  # longest line a needle moves back over (stdlib code at vocab 2048: 99.9% of lines < 70)
+
+
 def _snap_to_line(filler: Sequence[int], pos: int, nl: int | None) -> int:
-    """Move an insertion point back to just after the previous newline, or to 0 if there is none (the start of
-    the filler counts as a line start), so the needle is a line of its own — never spliced into a line. Depth 0
-    thus gets the share of the first line like any other line start: evaluation's depth 0 is trained on."""
+    """Move an insertion point back to just after the previous newline, or to 0 (the start of the filler counts as
+    a line start), so the needle is a line of its own — never spliced into a line. Depth 0 thus gets the share of
+    the first line like any other line start: evaluation's depth 0 is trained on. Only over a line of at most
+    ``MAX_LINE_TOKENS``: in prose with few newlines (one-line records, long paragraphs) the line start can be the
+    filler's start, and every depth would collapse to 0; there the needle goes at the depth itself (its own
+    leading and trailing newline still make it a line)."""
     if nl is None or pos == 0:
         return pos
-    hits = np.flatnonzero(np.asarray(filler[:pos]) == nl)
-    return int(hits[-1]) + 1 if len(hits) else 0
+    lo = max(0, pos - MAX_LINE_TOKENS)
+    hits = np.flatnonzero(np.asarray(filler[lo:pos]) == nl)
+    if len(hits):
+        return lo + int(hits[-1]) + 1
+    return 0 if lo == 0 else pos
 
 
 def make_passkey_sample(tokenizer, filler_tokens: Sequence[int], length: int, depth: float,

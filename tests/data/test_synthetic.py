@@ -50,6 +50,26 @@ def test_passkey_needle_is_a_line_of_its_own_at_every_depth(setup):
     assert 1 < at_start < 31  # small depths land on the first line start, larger ones further in
 
 
+@pytest.mark.parametrize("style", ["code", "text"])
+def test_passkey_depth_holds_in_filler_without_newlines(setup, style):
+    """Prose with few newlines (one-line jsonl records, long paragraphs): the needle still goes at its depth.
+    Snapping back to the line start took every depth to the filler's start there, so training rows and the
+    evaluation's depth sweep all had the key first."""
+    tok, filler = setup
+    nl = tok.encode("\n")[0]
+    one_line = np.resize(filler[filler != nl], 1200)  # a single 1200-token line
+    where = []
+    for depth in (0.0, 0.25, 0.5, 0.75, 1.0):
+        prompt, answer = make_passkey_sample(tok, one_line, 1000, depth, np.random.default_rng(4), style=style)
+        key = tok.decode(answer).strip('"')
+        needle = tok.encode(f'\npass_key = "{key}"\n' if style == "code" else f"\nThe pass key is {key}.")
+        pos = next(i for i in range(len(prompt)) if prompt[i : i + len(needle)] == needle)
+        assert prompt[:pos] == one_line[:pos].tolist()  # the filler before the needle, untouched
+        where.append(pos)
+    assert where[0] == 0 and where[-1] > 0.85 * 1000, where  # depth 1: after all of the filler
+    assert np.ptp(np.diff(where)) <= 1, where  # evenly spaced, as the depths are
+
+
 def test_passkey_is_deterministic_per_rng(setup):
     tok, filler = setup
     a = make_passkey_sample(tok, filler, 200, 0.3, np.random.default_rng(5))
