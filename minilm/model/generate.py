@@ -11,6 +11,7 @@ the cached path unchanged: its methods work from position values, which the cach
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Optional, Sequence, Union
 
@@ -19,6 +20,8 @@ from torch import Tensor
 
 from minilm.errors import MinilmError
 from minilm.model.cache import KVCache
+
+PREALLOCATE = 4096  # new tokens the KV cache makes room for before decoding starts (it doubles when full)
 
 
 def cache_blockers(model) -> list[str]:
@@ -53,8 +56,8 @@ def filter_logits(logits: Tensor, top_k: Optional[int] = None, top_p: Optional[f
 def _check_args(max_new_tokens, temperature, top_k, top_p) -> None:
     if max_new_tokens < 0:
         raise MinilmError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
-    if temperature < 0:
-        raise MinilmError(f"temperature: must be >= 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature >= 0):  # nan passes a plain `< 0` test
+        raise MinilmError(f"temperature: must be a finite number >= 0 (0: greedy), got {temperature}")
     if top_k is not None and top_k < 1:
         raise MinilmError(f"top_k: must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
@@ -117,7 +120,10 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        cache = KVCache.for_model(model, max_length=idx.shape[1] + max_new_tokens) if use_cache else None
+        # room for the whole output at once, up to PREALLOCATE new tokens: max_new_tokens is an upper bound (EOS may
+        # come first), and a large one must not allocate its whole cache up front; beyond it the cache grows
+        room = idx.shape[1] + min(max_new_tokens, PREALLOCATE)
+        cache = KVCache.for_model(model, max_length=room) if use_cache else None
         done = torch.zeros(idx.shape[0], dtype=torch.bool, device=device)
         step_input = idx
         for _ in range(max_new_tokens):
@@ -141,6 +147,8 @@ def generate(
 def _choose(logits: Tensor, greedy: bool, temperature: float, top_k, top_p, gen) -> Tensor:
     if greedy:
         return logits.argmax(-1)
-    logits = filter_logits(logits / temperature, top_k, top_p)
+    # shifted so the largest logit is 0 before dividing: a tiny temperature then sends the others to -inf (the
+    # argmax limit) instead of every logit to ±inf, whose softmax is nan
+    logits = filter_logits((logits - logits.amax(-1, keepdim=True)) / temperature, top_k, top_p)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=gen).squeeze(1)

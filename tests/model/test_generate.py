@@ -212,3 +212,25 @@ def test_bad_arguments_and_bounded_encodings():
     learned = tiny("learned")
     with pytest.raises(MinilmError, match="64 positions"):
         generate(learned, [1] * 60, 10)
+
+
+def test_extreme_temperatures():
+    """A temperature so small that logits / temperature overflow samples the argmax (its limit) instead of failing
+    in torch.multinomial on a nan softmax; nan and inf are refused like a negative temperature."""
+    model = tiny("rope")
+    prompt = [5, 7, 11]
+    greedy = generate(model, prompt, 8, greedy=True)
+    assert torch.equal(generate(model, prompt, 8, temperature=1e-45, seed=0), greedy)
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(MinilmError, match="temperature"):
+            generate(model, prompt, 3, temperature=bad)
+
+
+def test_huge_max_new_tokens_stops_at_eos_without_allocating_it():
+    """max_new_tokens is an upper bound: a huge one with an EOS that comes first decodes normally (the KV cache
+    used to be allocated for prompt + max_new_tokens up front, which failed with out-of-memory)."""
+    model = tiny("rope")
+    prompt = torch.randint(0, V, (1, 4))
+    first = int(generate(model, prompt, 1, greedy=True)[0, -1])
+    out = generate(model, prompt, 10**12, greedy=True, eos_id=first)
+    assert out.shape == (1, 5) and int(out[0, -1]) == first
