@@ -19,8 +19,8 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +30,7 @@ import numpy as np
 
 from minilm.data.sources import SourceDocs, _plain, parse_sources, read_source, source_fingerprint
 from minilm.data.tokenizer import Tokenizer, file_digest, sample_chunks, train_tokenizer
+from minilm.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +99,33 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
     out = root / f"corpus-{key}"
     from_cache = (out / "meta.json").is_file()
     if not from_cache:
-        _prepare(data_cfg, specs, material, out, progress)
+        tmp = _temporary_dir(out)  # first: an unusable cache_dir should not cost a read and a tokenizer training
+        try:
+            _prepare(data_cfg, specs, material, tmp, out, progress)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     return _open(out, from_cache)
 
 
 # ------------------------------------------------------------------------------------------------ preparation
 
 
-def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, out: Path, progress: bool) -> None:
+def _temporary_dir(out: Path) -> Path:
+    """A fresh directory beside ``out`` to build the corpus in. ``os.mkdir`` honours the umask (``mkdtemp`` would
+    make it 0700, unreadable to the other users of a shared cache once renamed into place)."""
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise DataError(f"data.cache_dir: cannot write the prepared corpus under {str(out.parent)!r} "
+                        f"({e.strerror or e}); give a writable directory") from None  # fmt: skip
+    return tmp
+
+
+def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, out: Path, progress: bool) -> None:
+    """Read, train the tokenizer, tokenize and write into ``tmp``, then rename it to ``out``."""
     t0 = time.time()
     names: List[str] = []
     texts: List[str] = []
@@ -120,38 +140,52 @@ def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, out: Path, pr
         if docs.skipped:
             log.warning("data.sources.%s: skipped %s", name, dict(docs.skipped))
     t_read = time.time() - t0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    t1 = time.time()
+    tok = _make_tokenizer(data_cfg, names, texts, tmp / "tokenizer.model")
+    t_train = time.time() - t1
+    t1, c1 = time.time(), time.process_time()
+    flat, lengths = _tokenize(tok, texts, data_cfg.num_proc, progress)
+    t_tok, c_tok = time.time() - t1, time.process_time() - c1  # CPU time: comparable on a busy machine
+    is_val = held_out(names, data_cfg.val_fraction)
+    stores = {}
+    for split, mask in (("train", ~is_val), ("val", is_val)):
+        stores[split] = _write_split(tmp, split, flat, lengths, np.asarray(source_of), mask, tok.vocab_size,
+                                     list(specs))  # fmt: skip
+    stats = corpus_stats(stores, skipped)
+    stats["prepare_seconds"] = round(time.time() - t0, 2)
+    stats.update(read_seconds=round(t_read, 2), tokenizer_seconds=round(t_train, 2),
+                 tokenize_seconds=round(t_tok, 2), tokenize_cpu_seconds=round(c_tok, 2),
+                 chars=sum(len(t) for t in texts))  # fmt: skip
+    meta = {"source_names": list(specs), "vocab_size": tok.vocab_size, "material": material}
+    (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    _sync_tree(tmp)  # on disk before the rename publishes it: after a crash, a whole cache or none
     try:
-        t1 = time.time()
-        tok = _make_tokenizer(data_cfg, names, texts, tmp / "tokenizer.model")
-        t_train = time.time() - t1
-        t1, c1 = time.time(), time.process_time()
-        flat, lengths = _tokenize(tok, texts, data_cfg.num_proc, progress)
-        t_tok, c_tok = time.time() - t1, time.process_time() - c1  # CPU time: comparable on a busy machine
-        is_val = held_out(names, data_cfg.val_fraction)
-        stores = {}
-        for split, mask in (("train", ~is_val), ("val", is_val)):
-            stores[split] = _write_split(tmp, split, flat, lengths, np.asarray(source_of), mask, tok.vocab_size,
-                                         list(specs))  # fmt: skip
-        stats = corpus_stats(stores, skipped)
-        stats["prepare_seconds"] = round(time.time() - t0, 2)
-        stats.update(read_seconds=round(t_read, 2), tokenizer_seconds=round(t_train, 2),
-                     tokenize_seconds=round(t_tok, 2), tokenize_cpu_seconds=round(c_tok, 2),
-                     chars=sum(len(t) for t in texts))  # fmt: skip
-        meta = {"source_names": list(specs), "vocab_size": tok.vocab_size, "material": material}
-        (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
-        try:
-            os.rename(tmp, out)
-        except OSError:  # another process finished the same corpus first: keep theirs
-            if not (out / "meta.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        os.rename(tmp, out)
+    except OSError:  # another process finished the same corpus first: keep theirs
+        if not (out / "meta.json").is_file():
+            raise
+    _fsync(out.parent)
     if progress:
         print(format_stats(stats, header=f"prepared {out}"))
+
+
+def _sync_tree(directory: Path) -> None:
+    """fsync every file of ``directory`` and the directory itself."""
+    for f in [*directory.iterdir(), directory]:
+        _fsync(f)
+
+
+def _fsync(path: Path) -> None:
+    """fsync a file or a directory (its entries: a rename in it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def held_out(names: Sequence[str], val_fraction: float) -> np.ndarray:
@@ -237,16 +271,25 @@ def _write_split(tmp: Path, split: str, flat: np.ndarray, lengths_all: np.ndarra
 
 
 def _open(out: Path, from_cache: bool) -> Corpus:
-    meta = json.loads((out / "meta.json").read_text())
-    stats = json.loads((out / "stats.json").read_text())
-    stores = {}
-    for split in SPLITS:
-        idx = np.load(out / f"{split}.index.npz")
-        stores[split] = TokenStore(
-            np.load(out / f"{split}.tokens.npy", mmap_mode="r"),
-            idx["doc_offsets"], idx["doc_lengths"], idx["doc_source"], list(meta["source_names"]),
-        )  # fmt: skip
-    tok = Tokenizer(out / "tokenizer.model")
+    """Open a prepared corpus; a damaged one (a file deleted, truncated or edited by hand) is a ``DataError`` that
+    says to delete the directory, not a numpy or json traceback."""
+    try:
+        meta = json.loads((out / "meta.json").read_text())
+        stats = json.loads((out / "stats.json").read_text())
+        stores = {}
+        for split in SPLITS:
+            with np.load(out / f"{split}.index.npz") as idx:
+                offsets, lengths, source = idx["doc_offsets"], idx["doc_lengths"], idx["doc_source"]
+            tokens = np.load(out / f"{split}.tokens.npy", mmap_mode="r")
+            if not (tokens.ndim == 1 and len(offsets) == len(lengths) == len(source)
+                    and int(lengths.sum()) == tokens.shape[0]):  # fmt: skip
+                raise ValueError(f"{split}: the document index does not match the {tokens.shape[0]} tokens")
+            stores[split] = TokenStore(tokens, offsets, lengths, source, list(meta["source_names"]))
+        tok = Tokenizer(out / "tokenizer.model")
+    except (OSError, ValueError, KeyError, DataError) as e:  # json and numpy format errors are ValueErrors
+        first = (str(e).splitlines() or [""])[0]
+        raise DataError(f"data.cache_dir: the prepared corpus {out} is damaged ({type(e).__name__}: {first}); "
+                        f"delete that directory and it is prepared again") from None  # fmt: skip
     return Corpus(tok, stores["train"], stores["val"], out, stats, from_cache)
 
 

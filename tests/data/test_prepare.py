@@ -113,3 +113,48 @@ def test_vocab_below_the_sample_characters_says_to_raise_it(files_cfg):
     is to raise it (the generic advice, a smaller vocab, would make it worse)."""
     with pytest.raises(DataError, match=r"vocab_size \(40\) is below the characters the sample needs.*raise it$"):
         load_corpus(files_cfg(**{"tokenizer.vocab_size": 40}), progress=False)
+
+
+def test_cache_dir_that_cannot_be_written_is_a_data_error_before_any_reading(files_cfg, tmp_path, monkeypatch):
+    """A cache_dir that is a file (or unwritable) was an OSError traceback, after the sources were read."""
+    (tmp_path / "a_file").write_text("")
+
+    def no_reading(*a, **k):
+        raise AssertionError("sources read although the corpus cannot be written")
+
+    monkeypatch.setattr(prepare_mod, "read_source", no_reading)
+    with pytest.raises(DataError, match=r"data\.cache_dir: cannot write the prepared corpus under .*a_file"):
+        load_corpus(files_cfg(cache_dir=str(tmp_path / "a_file")), progress=False)
+
+
+@pytest.mark.parametrize("damage", ["delete_index", "truncate_tokens", "bad_json", "shorter_tokens"])
+def test_damaged_cache_says_to_delete_the_directory(files_cfg, damage):
+    """A cache directory with a file deleted, truncated or garbled was a numpy/json traceback (or, with tokens
+    cut to a whole number of items, silently a corpus whose index points past its end)."""
+    cfg = files_cfg()
+    d = load_corpus(cfg, progress=False).cache_dir
+    if damage == "delete_index":
+        (d / "val.index.npz").unlink()
+    elif damage == "truncate_tokens":
+        with open(d / "train.tokens.npy", "r+b") as f:
+            f.truncate(1000)
+    elif damage == "bad_json":
+        (d / "stats.json").write_text("{")
+    else:
+        tokens = np.load(d / "train.tokens.npy")
+        np.save(d / "train.tokens.npy", tokens[:-10])
+    with pytest.raises(DataError, match=rf"data\.cache_dir: the prepared corpus {d} is damaged .*delete that dir"):
+        load_corpus(cfg, progress=False)
+
+
+def test_prepared_directory_follows_the_umask_and_leaves_no_temporary(files_cfg):
+    """mkdtemp made the corpus directory 0700, unreadable to the other users of a shared cache."""
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        d = load_corpus(files_cfg(), progress=False).cache_dir
+    finally:
+        os.umask(umask)
+    assert d.stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in d.parent.iterdir()] == [d.name]
