@@ -30,10 +30,13 @@ lacks (dynamic_yarn).
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -298,41 +301,96 @@ def hf_tokenizer(model_file: str | Path):
 # ------------------------------------------------------------------------------------------------ export
 
 
-def export_model(model, cfg, tokenizer, out_dir: str | Path) -> Path:
-    """Write ``model`` (a minilm GPT trained with config ``cfg``) and ``tokenizer`` (minilm.data.Tokenizer) to
-    ``out_dir`` as a transformers Llama directory. Returns ``out_dir``."""
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        raise MinilmError("export needs Hugging Face transformers: pip install transformers") from None
-    from safetensors.torch import save_file
+EXPORT_MARKER = "minilm_export.json"  # written last: a directory with it is a whole minilm export
+EXPORT_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                EXPORT_MARKER}  # fmt: skip
 
-    check_exportable(cfg.model, model)
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a file of that name, a file on the way, no permission: bad input, not a crash
-        raise MinilmError(
-            f"{out}: cannot create the export directory ({e.strerror}); give a directory path to write (created "
-            "if missing, files in it replaced)"
-        ) from None
-    config = hf_config(cfg, model.vocab_size, tokenizer)
-    config.save_pretrained(out)
-    save_file(hf_state_dict(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+
+def _check_out_dir(out: Path) -> None:
+    """Refuse an output path that is a file, or a directory whose model.safetensors is not an earlier export: a minilm
+    run or phase directory (its weights would be replaced by Llama-named ones and the run would no longer load) or
+    another model's directory."""
+    if out.exists() and not out.is_dir():
+        raise MinilmError(f"{out}: cannot create the export directory (a file of that name exists); give a directory "
+                          "path to write (created if missing, an earlier export in it replaced)")  # fmt: skip
+    if (out / "config.yaml").is_file() or (out / "complete.json").is_file():
+        raise MinilmError(f"{out}: is a minilm run or phase directory (it holds config.yaml); exporting there would "
+                          "replace its weights; give another directory")  # fmt: skip
+    if (out / "model.safetensors").is_file() and not (out / EXPORT_MARKER).is_file():
+        raise MinilmError(f"{out}: holds a model.safetensors that is not a minilm export (no {EXPORT_MARKER}); "
+                          "give another directory, or remove it first")  # fmt: skip
+
+
+def _write_export(model, cfg, tokenizer, out: Path) -> None:
+    from safetensors.torch import save
+
+    hf_config(cfg, model.vocab_size, tokenizer).save_pretrained(out)
+    (out / "model.safetensors").write_bytes(save(hf_state_dict(model), metadata={"format": "pt"}))
     if tokenizer is not None:
         hf_tokenizer(tokenizer.model_file).save_pretrained(out)
         shutil.copyfile(tokenizer.model_file, out / "tokenizer.model")
     origin = {"position": _plain(cfg.model.position), "train_seq_len": int(cfg.train.seq_len)}
-    (out / "minilm_export.json").write_text(json.dumps(origin, indent=2))
+    (out / EXPORT_MARKER).write_text(json.dumps(origin, indent=2))
+
+
+def _install(staged: Path, out: Path) -> None:
+    """Move the staged files into ``out``, each fsynced and renamed over its old version (the marker last), so an
+    interrupted export leaves the earlier export's files or the new ones, never a truncated file."""
+    names = sorted((p.name for p in staged.iterdir()), key=lambda n: n == EXPORT_MARKER)
+    for name in names:
+        with open(staged / name, "rb") as f:
+            os.fsync(f.fileno())
+    for name in names:
+        os.replace(staged / name, out / name)
+    for name in EXPORT_FILES - set(names):  # an earlier export's tokenizer when this one has none
+        (out / name).unlink(missing_ok=True)
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def export_model(model, cfg, tokenizer, out_dir: str | Path, verify: Optional[Callable[[Path], None]] = None) -> Path:
+    """Write ``model`` (a minilm GPT trained with config ``cfg``) and ``tokenizer`` (minilm.data.Tokenizer) to
+    ``out_dir`` as a transformers Llama directory. Returns ``out_dir``.
+
+    The files are written to a staging directory inside ``out_dir`` first; ``verify(staged_dir)``, when given, runs
+    on it (raise to abort: scripts/export_hf.py compares logits there), and only then are they moved into place. A
+    failed or interrupted export leaves an earlier export in ``out_dir`` as it was."""
+    if importlib.util.find_spec("transformers") is None:
+        raise MinilmError("export needs Hugging Face transformers: pip install transformers")
+    check_exportable(cfg.model, model)
+    out = Path(out_dir)
+    _check_out_dir(out)
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=".export-", suffix=".tmp", dir=out))
+    except OSError as e:  # a file on the way, no permission: bad input, not a crash
+        raise MinilmError(
+            f"{out}: cannot create the export directory ({e.strerror}); give a directory path to write (created "
+            "if missing, an earlier export in it replaced)"
+        ) from None
+    try:
+        _write_export(model, cfg, tokenizer, staged)
+        if verify is not None:
+            verify(staged)
+        _install(staged, out)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+        if created and not any(out.iterdir()):  # a failed first export leaves no empty directory behind
+            out.rmdir()
     return out
 
 
-def export_run(path: str | Path, out_dir: str | Path, phase: Optional[str] = None) -> Path:
+def export_run(path: str | Path, out_dir: str | Path, phase: Optional[str] = None,
+               verify: Optional[Callable[[Path], None]] = None) -> Path:
     """Export a run directory, phase directory or weights file (minilm.runs.load_run) to ``out_dir``."""
     from minilm.runs import load_run
 
     run = load_run(path, phase=phase)
-    return export_model(run.model, run.cfg, run.tokenizer, out_dir)
+    return export_model(run.model, run.cfg, run.tokenizer, out_dir, verify=verify)
 
 
 @torch.no_grad()

@@ -5,10 +5,11 @@
 
 Writes OUT_DIR/{config.json, model.safetensors, tokenizer.json, tokenizer_config.json, tokenizer.model}, which
 ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` and ``AutoTokenizer.from_pretrained(OUT_DIR)``
-load. Then (unless --no-verify) loads it back and prints the largest fp32 logit difference from minilm on random
-tokens at the training length and at 4x it (fails above 1e-4). RoPE models only (any scaling transformers can
-express: default, linear, dynamic, yarn, llama3, longrope; ntk and ntk_by_parts are rewritten exactly); anything
-else is refused with a message naming it (exit code 2). See docs/export.md.
+load. Before the files are moved into OUT_DIR (unless --no-verify) it loads them back and prints the largest fp32
+logit difference from minilm on random tokens at the training length and at 4x it; above 1e-4 it fails and OUT_DIR
+is left as it was. RoPE models only (any scaling transformers can express: default, linear, dynamic, yarn, llama3,
+longrope; ntk and ntk_by_parts are rewritten exactly); anything else is refused with a message naming it (exit
+code 2), as is an OUT_DIR that is a minilm run or phase directory. See docs/export.md.
 """
 
 from __future__ import annotations
@@ -30,26 +31,29 @@ def main(args: argparse.Namespace) -> int:
     from minilm.runs import load_run
 
     run = load_run(args.checkpoint, phase=args.phase)
-    out = export_model(run.model, run.cfg, run.tokenizer, args.out_dir)
-    print(f"exported {run.weights} -> {out}")
-    if not args.no_verify:
+    L = int(run.cfg.train.seq_len)
+
+    def verify(staged: Path) -> None:  # on the staged files: a failure leaves OUT_DIR as it was
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        L = int(run.cfg.train.seq_len)
-        diffs = max_logit_difference(run.model, out, [L, 4 * L])
+        diffs = max_logit_difference(run.model, staged, [L, 4 * L])
         report = ", ".join(f"T={T}: {d:.2e}" for T, d in diffs.items())
         print(f"max |logit difference| minilm vs transformers (fp32): {report}")
         worst = max(diffs.values())
         if worst > TOLERANCE:
-            raise MinilmError(f"exported model differs from minilm by {worst:.2e} > {TOLERANCE} in the logits")
+            raise MinilmError(f"exported model differs from minilm by {worst:.2e} > {TOLERANCE} in the logits; "
+                              f"nothing written to {args.out_dir}")  # fmt: skip
+
+    out = export_model(run.model, run.cfg, run.tokenizer, args.out_dir, verify=None if args.no_verify else verify)
+    print(f"exported {run.weights} -> {out}")
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="run directory, phase directory or model.safetensors")
-    p.add_argument("out_dir", help="directory to write (created)")
+    p.add_argument("out_dir", help="directory to write (created; an earlier export in it is replaced)")
     p.add_argument("--phase", help="a phase of the run (default: its final weights)")
     p.add_argument("--no-verify", action="store_true", help="skip loading the export back to compare logits")
     p.add_argument("--debug", action="store_true", help="show tracebacks")

@@ -149,6 +149,70 @@ def test_output_path_that_is_a_file_is_a_clear_error(target, tmp_path):
     assert str(out) in str(err.value)
 
 
+@pytest.mark.parametrize("kind", ["run_dir", "phase_dir", "foreign_model"])
+def test_refuses_to_overwrite_a_run_or_another_model(kind, tmp_path):
+    """Exporting into a run or phase directory replaced its model.safetensors with Llama-named tensors, so the run
+    no longer loaded; a directory holding some other model.safetensors is not an earlier export to replace either."""
+    model, cfg = tiny()
+    out = tmp_path / kind
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"the run's weights")
+    if kind != "foreign_model":
+        (out / ("config.yaml" if kind == "run_dir" else "complete.json")).write_text("{}")
+    with pytest.raises(MinilmError, match="give another directory") as err:
+        export_model(model, cfg, None, out)
+    assert str(out) in str(err.value)
+    assert (out / "model.safetensors").read_bytes() == b"the run's weights"
+    assert not (out / "config.json").exists()
+
+
+def test_reexport_replaces_an_earlier_export(tmp_path):
+    model, cfg = tiny()
+    export_model(model, cfg, None, tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")  # an earlier export's tokenizer: this one has none
+    other, other_cfg = tiny("model.position.base=500000.0", seed=1)
+    export_model(other, other_cfg, None, tmp_path)
+    assert max(max_logit_difference(other, tmp_path, [L]).values()) < 1e-4  # the new model, base and all
+    assert not (tmp_path / "tokenizer.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "minilm_export.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize("failure", ["verify", "interrupt"])
+def test_failed_export_leaves_the_earlier_one(failure, tmp_path, monkeypatch):
+    """A re-export that fails its check or is interrupted (Ctrl-C while writing) leaves the earlier export whole:
+    before, config.json was already replaced (and the weights half-written) when it stopped."""
+    import minilm.export
+
+    model, cfg = tiny()
+    export_model(model, cfg, None, tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    other, other_cfg = tiny("model.position.base=500000.0", seed=1)
+
+    def fail(*args):
+        raise KeyboardInterrupt if failure == "interrupt" else MinilmError("logits differ")
+
+    if failure == "interrupt":  # after config.json is written, before the weights are
+        monkeypatch.setattr(minilm.export, "hf_state_dict", fail)
+        with pytest.raises(KeyboardInterrupt):
+            export_model(other, other_cfg, None, tmp_path)
+    else:
+        with pytest.raises(MinilmError):
+            export_model(other, other_cfg, None, tmp_path, verify=fail)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no staging directory left either
+
+
+def test_failed_first_export_leaves_no_directory(tmp_path):
+    model, cfg = tiny()
+
+    def fail(staged):
+        assert (staged / "config.json").is_file() and (staged / "model.safetensors").is_file()
+        raise MinilmError("logits differ")
+
+    with pytest.raises(MinilmError):
+        export_model(model, cfg, None, tmp_path / "new" / "hf", verify=fail)
+    assert not (tmp_path / "new" / "hf").exists()
+
+
 def test_refuses_installed_training_free_method(tmp_path):
     pytest.importorskip("minilm.positions.training_free")
     from minilm.positions.training_free import install_extension
