@@ -1,0 +1,52 @@
+"""Choosing the weights to generate from or export (minilm.runs.resolve_run): a phase that the path contradicts, or
+that the run does not have, is an error naming it, never weights loaded under another phase's config."""
+
+from pathlib import Path
+
+import pytest
+
+from minilm.config import load_config, save_config
+from minilm.errors import MinilmError
+from minilm.runs import resolve_run
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = ["pretrain", "extend_512", "extend_2k"]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A finished three-phase run as far as resolve_run looks: config.yaml, tokenizer.model, weights files."""
+    run = tmp_path / "run"
+    save_config(load_config(str(REPO / "configs" / "rope_yarn_tiny.yaml")), run / "config.yaml")
+    (run / "tokenizer.model").write_bytes(b"")
+    for name in PHASES:
+        (run / name).mkdir()
+        (run / name / "model.safetensors").write_bytes(b"")
+    (run / "model.safetensors").write_bytes(b"")
+    return run
+
+
+def test_paths_and_phases_that_agree(run_dir):
+    assert resolve_run(run_dir) == (run_dir, None, run_dir / "model.safetensors")
+    assert resolve_run(run_dir, "extend_512") == (run_dir, "extend_512", run_dir / "extend_512" / "model.safetensors")
+    assert resolve_run(run_dir / "pretrain")[1:] == ("pretrain", run_dir / "pretrain" / "model.safetensors")
+    assert resolve_run(run_dir / "pretrain", "pretrain")[1] == "pretrain"
+    assert resolve_run(run_dir / "extend_2k" / "model.safetensors", "extend_2k")[1] == "extend_2k"
+
+
+@pytest.mark.parametrize("where,phase,says", [
+    ("pretrain", "extend_2k", "holds phase 'pretrain'"),
+    ("pretrain/model.safetensors", "extend_512", "holds phase 'pretrain'"),
+    ("model.safetensors", "pretrain", "holds the run's final weights"),
+])  # fmt: skip
+def test_a_phase_the_path_contradicts_is_refused(run_dir, where, phase, says):
+    """Before, the weights of the path were loaded under the config of the phase asked for: a pretraining model
+    with the extension's YaRN scaling, silently."""
+    with pytest.raises(MinilmError, match=says) as err:
+        resolve_run(run_dir / where, phase)
+    assert f"'{phase}' was asked for" in str(err.value)
+
+
+def test_an_unknown_phase_lists_the_run_s_phases(run_dir):
+    with pytest.raises(MinilmError, match="phase 'nope': not a phase of .*; its phases: pretrain, extend_512, extend_2k"):
+        resolve_run(run_dir, "nope")
