@@ -41,11 +41,12 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     if not path.exists():
         raise MinilmError(f"{path}: no such run directory or checkpoint")
     run_dir = _find_run_dir(path if path.is_dir() else path.parent)
-    if phase is not None and phase not in (names := run_phase_names(run_dir)):
+    names = run_phase_names(run_dir) if phase is not None else []
+    if phase is not None and phase not in names:
         raise MinilmError(f"phase '{phase}': not a phase of {run_dir}; its phases: {', '.join(names)}")
     if path != run_dir:  # a weights file or a phase directory: it names the phase, and another one is a mismatch
         named = path.name if path.is_dir() else (path.parent.name if path.parent != run_dir else None)
-        if phase is not None and phase != named:
+        if phase is not None and phase != (named or names[-1]):  # the final weights are the last phase's
             what = f"phase '{named}'" if named else "the run's final weights"
             raise MinilmError(f"{path} holds {what}, but phase '{phase}' was asked for (its config would not match "
                               f"those weights); give {run_dir} with the phase, or the path alone")  # fmt: skip

@@ -32,6 +32,7 @@ def test_paths_and_phases_that_agree(run_dir):
     assert resolve_run(run_dir / "pretrain")[1:] == ("pretrain", run_dir / "pretrain" / "model.safetensors")
     assert resolve_run(run_dir / "pretrain", "pretrain")[1] == "pretrain"
     assert resolve_run(run_dir / "extend_2k" / "model.safetensors", "extend_2k")[1] == "extend_2k"
+    assert resolve_run(run_dir / "model.safetensors", "extend_2k")[2] == run_dir / "model.safetensors"  # the last
 
 
 @pytest.mark.parametrize("where,phase,says", [
