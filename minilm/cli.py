@@ -53,6 +53,7 @@ def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argpars
             traceback.print_exc()
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted; continue with --resume", file=sys.stderr)
+    except KeyboardInterrupt:  # the --resume hint only where there is one (train.py, study.py; not generate.py)
+        resumable = any("--resume" in a.option_strings for a in parser._actions)
+        print("\ninterrupted" + ("; continue with --resume" if resumable else ""), file=sys.stderr)
         return 130
