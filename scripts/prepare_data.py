@@ -6,7 +6,8 @@
 Trains the sentencepiece tokenizer and tokenizes every document into memory-mapped arrays under
 ``data.cache_dir`` (nothing is redone when the cache is current). Prints documents, tokens, the length histogram,
 skipped files, and for each phase of the config the share of training tokens in documents at least as long as
-that phase's seq_len (the documents its ``long_fraction`` rows can come from). Bad input: message, exit code 2.
+that phase's seq_len (the documents its ``long_fraction`` rows can come from, in the sources it samples), and checks
+each phase's data as training does before it starts. Bad input: message, exit code 2.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(config: str | None, overrides: list[str], progress: bool = True) -> None:
-    from minilm.config import load_config, phase_config, phase_names
-    from minilm.data import format_stats, load_corpus, long_share
+    import numpy as np
+
+    from minilm.config import load_config, micro_batch_size, phase_config, phase_names
+    from minilm.data import format_stats, load_corpus, long_share, make_sampler, parse_sources, validation_batches
 
     cfg = load_config(config, overrides)
     corpus = load_corpus(cfg.data, progress=progress)
@@ -49,15 +52,21 @@ def report(config: str | None, overrides: list[str], progress: bool = True) -> N
     print(f"  tokenizer: {corpus.tokenizer.model_file} (vocab {corpus.tokenizer.vocab_size})")
     for name in phase_names(cfg):
         pcfg = phase_config(cfg, name)
-        seq_len, d = pcfg.train.seq_len, pcfg.data
-        min_tokens = d.long_min_tokens or seq_len
-        share = long_share(corpus.train, min_tokens)
-        n_long = int((corpus.train.doc_lengths >= min_tokens).sum())
-        print(f"  phase {name}: seq_len {seq_len}, long_fraction {d.long_fraction}: {share:.1%} of train tokens "
-              f"are in the {n_long} docs >= {min_tokens} tokens")  # fmt: skip
-        if d.long_fraction > 0 and n_long == 0:
-            raise MinilmError(f"phase {name}: data.long_fraction={d.long_fraction} but no document has at least "
-                              f"{min_tokens} tokens; lower long_fraction or long_min_tokens")  # fmt: skip
+        t, d = pcfg.train, pcfg.data
+        min_tokens = d.long_min_tokens or t.seq_len
+        # the phase's long rows come only from the sources it samples (weight > 0), as the sampler draws them
+        sampled = [n for n, s in parse_sources(d.sources).items() if s.weight > 0 and n in corpus.source_names]
+        store = corpus.train
+        in_sampled = np.isin(store.doc_source, [store.source_names.index(n) for n in sampled])
+        n_long = int((in_sampled & (store.doc_lengths >= min_tokens)).sum())
+        print(f"  phase {name}: seq_len {t.seq_len}, long_fraction {d.long_fraction}: "
+              f"{long_share(store, min_tokens, sampled):.1%} of the train tokens of {', '.join(sampled)} are in "
+              f"the {n_long} docs >= {min_tokens} tokens")  # fmt: skip
+        try:  # what training checks before any phase starts (minilm.training.phases.check_phase_data)
+            make_sampler(corpus, "train", d, t.seq_len, micro_batch_size(t), pcfg.run.seed, name)
+            validation_batches(corpus, d, t.seq_len, micro_batch_size(t), 0, pcfg.run.seed)
+        except MinilmError as e:
+            raise MinilmError(f"phase '{name}': {e}") from None
 
 
 if __name__ == "__main__":

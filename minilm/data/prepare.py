@@ -296,10 +296,14 @@ def _open(out: Path, from_cache: bool) -> Corpus:
 # -------------------------------------------------------------------------------------------------------- stats
 
 
-def long_share(store: TokenStore, min_tokens: int) -> float:
-    """Share of the split's tokens that lie in documents of at least ``min_tokens`` tokens (EOS included)."""
-    total = store.doc_lengths.sum()
-    return float(store.doc_lengths[store.doc_lengths >= min_tokens].sum() / total) if total else 0.0
+def long_share(store: TokenStore, min_tokens: int, sources: Sequence[str] | None = None) -> float:
+    """Share of the split's tokens that lie in documents of at least ``min_tokens`` tokens (EOS included), among
+    the documents of ``sources`` (default: all; a phase samples only the sources it weights above 0)."""
+    lengths = store.doc_lengths
+    if sources is not None:
+        lengths = lengths[np.isin(store.doc_source, [store.source_names.index(n) for n in sources])]
+    total = lengths.sum()
+    return float(lengths[lengths >= min_tokens].sum() / total) if total else 0.0
 
 
 def corpus_stats(stores: Dict[str, TokenStore], skipped: Dict[str, Dict[str, int]]) -> Dict[str, Any]:

@@ -117,7 +117,8 @@ class Sampler:
         is_long = store.doc_lengths >= self.long_min_tokens
         self._long = self._pools(is_long) if self.long_fraction > 0 else {}
         if self.long_fraction > 0 and not self._long:
-            longest = int(store.doc_lengths.max()) if store.n_docs else 0
+            sampled = self._weights[store.doc_source] > 0  # (D,) documents of the sources this phase draws from
+            longest = int(store.doc_lengths[sampled].max()) if sampled.any() else 0
             raise DataError(
                 f"data.long_fraction={self.long_fraction} but no {split} document (of a source with weight > 0) "
                 f"has at least {self.long_min_tokens} tokens (longest: {longest}); lower data.long_fraction or "

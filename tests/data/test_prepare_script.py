@@ -49,5 +49,20 @@ def test_bad_input_exits_2_with_a_message(script, tmp_path, tiny_text_dir, capsy
     assert script.main(["--config", cfg, "--quiet", "data.sources.tiny.paths=[/nonexistent/*.txt]"]) == 2
     err = capsys.readouterr().err
     assert "data.sources.tiny.paths" in err and "Traceback" not in err
-    assert script.main(["--config", cfg, "--quiet", "phases.long.seq_len=100000"]) == 2
-    assert "long_fraction" in capsys.readouterr().err
+    assert script.main(["--config", cfg, "--quiet", "phases.long.data.long_min_tokens=100000"]) == 2
+    assert "phase 'long': data.long_fraction=0.5 but no train document" in capsys.readouterr().err
+    assert script.main(["--config", cfg, "--quiet", "phases.long.seq_len=100000"]) == 2  # as training refuses it
+    assert "phase 'long': the corpus has" in capsys.readouterr().err
+
+
+def test_long_share_and_check_count_only_the_sources_a_phase_samples(script, tmp_path, tiny_text_dir, capsys):
+    """The long documents of a weight-0 source are never drawn: the phase line counted them (so it read fine) and
+    the check passed, while train.py refused the phase; the sampler's error quoted their length as the longest."""
+    cfg = _yaml(tmp_path, tiny_text_dir).replace("max_docs: 3", "max_docs: 40")  # the stdlib: long documents
+    longest = max(len(p.read_text()) for p in tiny_text_dir.glob("*.py"))  # >= tokens of the longest tiny doc
+    assert script.main(["--config", cfg, "--quiet", f"phases.long.seq_len={longest}"]) == 2
+    out, err = capsys.readouterr()
+    assert f"phase long: seq_len {longest}, long_fraction 0.5: 0.0% of the train tokens of tiny are in the 0 docs" in out
+    assert "phase 'long': data.long_fraction=0.5 but no train document" in err
+    shown = int(err.split("(longest: ")[1].split(")")[0])
+    assert shown < longest  # the longest *tiny* document, not a stdlib file
