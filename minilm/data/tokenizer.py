@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator, List, Sequence
@@ -18,6 +19,8 @@ from typing import Iterable, Iterator, List, Sequence
 import sentencepiece as spm
 
 from minilm.errors import DataError
+
+log = logging.getLogger(__name__)
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 CHUNK_CHARS = 4000  # sentencepiece trains on "sentences"; documents are cut into chunks of at most this size
@@ -150,4 +153,9 @@ def train_tokenizer(chunks: Iterable[str], out_file: Path, tok_cfg, num_threads:
         raise DataError(f"data.tokenizer: sentencepiece training failed ({e}); {hint}") from None
     out_file.parent.mkdir(parents=True, exist_ok=True)
     out_file.write_bytes(buf.getvalue())
-    return Tokenizer(out_file)
+    tok = Tokenizer(out_file)
+    if tok.vocab_size < tok_cfg.vocab_size:  # hard_vocab_limit=False took fewer pieces: say so, the model is smaller
+        log.warning("data.tokenizer.vocab_size is %d but the training sample supports only %d pieces: the tokenizer "
+                    "(and the model's embedding) has %d; give more text (sources or data.tokenizer.sample_chars) or "
+                    "a smaller vocab_size", tok_cfg.vocab_size, tok.vocab_size, tok.vocab_size)  # fmt: skip
+    return tok

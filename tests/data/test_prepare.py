@@ -158,3 +158,12 @@ def test_prepared_directory_follows_the_umask_and_leaves_no_temporary(files_cfg)
         os.umask(umask)
     assert d.stat().st_mode & 0o777 == 0o755
     assert [p.name for p in d.parent.iterdir()] == [d.name]
+
+
+def test_vocab_larger_than_the_sample_supports_is_announced(files_cfg, caplog):
+    """sentencepiece (hard_vocab_limit off) takes fewer pieces than asked from a small sample; the model is then
+    built with that vocab. It was silent: now a warning names the key and both sizes."""
+    with caplog.at_level("WARNING", logger="minilm.data.tokenizer"):
+        tok = load_corpus(files_cfg(**{"tokenizer.vocab_size": 20000}), progress=False).tokenizer
+    assert tok.vocab_size < 20000
+    assert f"data.tokenizer.vocab_size is 20000 but the training sample supports only {tok.vocab_size}" in caplog.text
