@@ -357,6 +357,9 @@ def _load_from_disk(where: str, path: Path, split: str):
         if split not in ds:
             raise DataError(f"{where}.split: {split!r} is not a split of {path} (splits: {', '.join(ds)})")
         ds = ds[split]
+    elif split != "train":  # the default; another name would silently read the whole (only) dataset
+        raise DataError(f"{where}.split: {path} holds one Dataset (save_to_disk of a Dataset, no splits), so "
+                        f"split {split!r} cannot be chosen; leave split at its default 'train'")  # fmt: skip
     return ds
 
 

@@ -70,6 +70,10 @@ def test_hf_kind_opens_a_save_to_disk_directory(tmp_path):
     bad = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(whole), "split": "val", "text_field": "story"}})
     with pytest.raises(DataError, match=r"data.sources.st.split: 'val' is not a split .*\(splits: train, test\)"):
         load_corpus(bad, progress=False)
+    # a single Dataset has no splits: asking for one read all of it, silently
+    single = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(one), "split": "test", "text_field": "story"}})
+    with pytest.raises(DataError, match=r"data.sources.st.split: .*one holds one Dataset .*split 'test' cannot be"):
+        load_corpus(single, progress=False)
     datasets.Dataset.from_dict({"story": STORIES[:10]}).save_to_disk(str(one) + ".new")
     for f in (one.parent / "one.new").iterdir():  # rewrite the files in place: the directory's mtime stays
         shutil.copyfile(f, one / f.name)
