@@ -317,7 +317,13 @@ def _train_run(study: Study, run: StudyRun, out_dir: Path, cfg: DictConfig, shar
                log: Callable[[str], None]) -> None:  # fmt: skip
     """One run: first a copy of the phases it shares with an earlier run (``shared`` = (donor label, how many)),
     then ``run_phases`` for the rest (resuming whatever is there)."""
-    from minilm.training.phases import check_finished_phase, is_primary_process, phase_dir, run_phases
+    from minilm.training.phases import (
+        carries_optimizer,
+        check_finished_phase,
+        is_primary_process,
+        phase_dir,
+        run_phases,
+    )
 
     run_dir = out_dir / run.label
     if shared is not None and is_primary_process():
@@ -325,7 +331,8 @@ def _train_run(study: Study, run: StudyRun, out_dir: Path, cfg: DictConfig, shar
         phases = phase_names(cfg)[:k]
         missing = _loan(out_dir, run.label, cfg, shared)
         for p in missing:  # the donor's weights must be what this run's config trains (not an older study's)
-            check_finished_phase(phase_config(cfg, p), p, out_dir / donor, f"'{run.label}' starts from '{donor}'")
+            check_finished_phase(phase_config(cfg, p), p, out_dir / donor, f"'{run.label}' starts from '{donor}'",
+                                 carries_optimizer(cfg, p))
         for p in missing:
             copy_finished_phase(phase_dir(out_dir / donor, p), phase_dir(run_dir, p))
         log(f"study {study.name}: '{run.label}' starts from '{donor}' after {', '.join(phases)}")

@@ -272,24 +272,35 @@ def _what_trains(pcfg) -> dict:
     return {**{key: plain[key] for key in TRAINED_BY}, "run": {"seed": plain["run"]["seed"]}}
 
 
-def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str) -> None:
+def carries_optimizer(cfg, phase: str) -> bool:
+    """Whether ``phase`` of run config ``cfg`` starts from the previous phase's AdamW moments (its
+    ``phases.<name>.carry_optimizer``; the first phase has none to carry)."""
+    return phase_names(cfg).index(phase) > 0 and phase in cfg.phases and bool(cfg.phases[phase].carry_optimizer)
+
+
+def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bool) -> None:
     """--resume skips a finished phase, and --phase starts from the finished ones before it: refuse if the config
-    now trains such a phase differently (its lr, data, position, ...), since keeping its old weights under the new
-    config would be silently wrong. Evaluation, hardware and bookkeeping settings (HOW_NOT_WHAT) may change."""
+    now trains such a phase differently (its lr, data, position, whether it carries the optimizer (``carried``),
+    ...), since keeping its old weights under the new config would be silently wrong. Evaluation, hardware and
+    bookkeeping settings (HOW_NOT_WHAT) may change."""
     from minilm.runs import load_run_config
 
     path = phase_dir(run_dir, phase) / "config.yaml"
     if not path.is_file():
         return
     saved, now = _what_trains(load_run_config(path)), _what_trains(pcfg)
-    for key in saved:
-        diff = _first_difference(saved[key], now[key], key)
-        if diff:
-            raise ChangedPhaseError(
-                f"{flag}: phase '{phase}' finished with {diff[0]} = {diff[1]!r} ({path}), the config now says "
-                f"{diff[2]!r}; retrain it and the phases after it with --phase {phase}, start from other weights "
-                "with --init, or set run.name for a new run"
-            )
+    summary = phase_dir(run_dir, phase) / COMPLETE
+    was = json.loads(summary.read_text()).get("carried_optimizer") if summary.is_file() else None
+    diffs = [_first_difference(saved[key], now[key], key) for key in saved]
+    if was is not None:  # None: finished before the summary recorded it
+        diffs.append(None if was == carried else (f"phases.{phase}.carry_optimizer", was, carried))
+    diff = next((d for d in diffs if d), None)
+    if diff:
+        raise ChangedPhaseError(
+            f"{flag}: phase '{phase}' finished with {diff[0]} = {diff[1]!r} ({path}), the config now says "
+            f"{diff[2]!r}; retrain it and the phases after it with --phase {phase}, start from other weights "
+            "with --init, or set run.name for a new run"
+        )
 
 
 def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
@@ -318,13 +329,19 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     start = names.index(start_phase) if start_phase else 0
     if init is None:  # --phase: the weights it starts from are the earlier phases' finished ones
         for n in [n for n in names[:start] if is_complete(run_dir, n)]:
-            check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}")
-    for n in names[start:]:
+            check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}", carries_optimizer(cfg, n))
+    for i, n in enumerate(names[start:], start):
         check_phase_data(corpus, pcfgs[n], n)
         if resume and is_complete(run_dir, n):
-            check_finished_phase(pcfgs[n], n, run_dir, "--resume")
+            check_finished_phase(pcfgs[n], n, run_dir, "--resume", carries_optimizer(cfg, n))
         elif resume:
             _check_resumed_sampler(corpus, pcfgs[n], n, run_dir)
+        retrains = i == start if start_phase is not None else not is_complete(run_dir, n)
+        if init is not None and i == start and carries_optimizer(cfg, n):
+            raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
+                              f"previous phase's optimizer moments; add phases.{n}.carry_optimizer=false")
+        if retrains and carries_optimizer(cfg, n) and is_complete(run_dir, names[i - 1]):
+            _optimizer_state_path(run_dir, names[i - 1], n)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -375,8 +392,8 @@ def run_phases(
                 log(f"phase '{n}' is complete; skipping")
                 load_weights(model, phase_dir(run_dir, n) / "model.safetensors")
             else:
-                carry = n in cfg.phases and cfg.phases[n].carry_optimizer and prev is not None
-                opt_state = _load_optimizer_state(run_dir, prev) if carry else None
+                carry = carries_optimizer(cfg, n)
+                opt_state = load_checkpoint_dict(_optimizer_state_path(run_dir, prev, n)) if carry else None
                 _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log)
             prev, offset = n, offset + steps
         if primary:
@@ -397,9 +414,13 @@ def _load_finished_phase(model: GPT, run_dir: Path, phase: str, starting: Option
     load_weights(model, path)
 
 
-def _load_optimizer_state(run_dir: Path, phase: str) -> Optional[dict]:
+def _optimizer_state_path(run_dir: Path, phase: str, carrying: str) -> Path:
+    """Where finished phase ``phase`` left its AdamW moments for phase ``carrying`` (carry_optimizer)."""
     path = phase_dir(run_dir, phase) / "optimizer.pt"
-    return load_checkpoint_dict(path) if path.exists() else None
+    if not path.is_file():  # never a silent fresh optimizer where the config asks to carry one
+        raise MinilmError(f"phases.{carrying}.carry_optimizer: phase '{phase}' left no optimizer state ({path} is "
+                          f"missing); set phases.{carrying}.carry_optimizer=false, or retrain '{phase}' with --phase")
+    return path
 
 
 def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, carried_opt, log) -> None:
@@ -449,7 +470,8 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
     if not val_every or steps % val_every:
         _interruptible(trainer, trainer.validate, module, datamodule=data, verbose=False)
     if trainer.is_global_zero:
-        _finish_phase(model, pcfg, name, pdir, trainer, module, steps, time.perf_counter() - t0, log)
+        seconds = time.perf_counter() - t0
+        _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carried_opt is not None, log)
 
 
 def _interruptible(trainer, run, *args, **kwargs):
@@ -463,7 +485,7 @@ def _interruptible(trainer, run, *args, **kwargs):
         raise
 
 
-def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, log) -> None:
+def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carried: bool, log) -> None:
     pdir.mkdir(parents=True, exist_ok=True)  # absent when no step checkpoint was written (ckpt_every > steps)
     save_weights(model, pdir / "model.safetensors")
     save_config(pcfg, pdir / "config.yaml")
@@ -474,7 +496,8 @@ def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, log)
 
         evaluate_phase(model, pcfg, name, pdir, module.step_offset + steps, trainer.logger, log)
     val_loss = getattr(module, "last_val_loss", None)  # None: train.val_batches=0, no validation (null in JSON)
-    summary = {"phase": name, "steps": steps, "seconds": round(seconds, 1), "val_loss": val_loss}
+    summary = {"phase": name, "steps": steps, "seconds": round(seconds, 1), "val_loss": val_loss,
+               "carried_optimizer": carried}
     atomic_write_text(pdir / COMPLETE, json.dumps(summary, indent=2))  # written last: marks the phase finished
     log(f"phase '{name}' finished in {seconds:.0f}s, {_val_summary(pcfg, val_loss)}")
 

@@ -157,7 +157,11 @@ def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir):
     base = tmp_path / "base"
     train("--config", cfg, f"run.dir={base}", "phases.long.steps=1")
     ext = tmp_path / "ext"
-    out = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "short").stdout
+    # the weights come from elsewhere: no optimizer moments to carry, and the config must not pretend otherwise
+    proc = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "short", check=False)
+    assert proc.returncode == 2 and "phases.long.carry_optimizer=false" in proc.stderr, proc.stderr
+    out = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "short",
+                "phases.long.carry_optimizer=false").stdout
     assert "initial weights from" in out and not (ext / "short").exists()
     assert (ext / "long" / "complete.json").is_file()
     # --phase without finished earlier phases and without --init: a clear error
@@ -258,7 +262,8 @@ def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_p
         return capsys.readouterr().err
 
     for override, key in (("phases.long.lr=0.002", "optim.lr"), ("phases.short.seq_len=16", "train.seq_len"),
-                          ("phases.long.position.base=20000.0", "model.position.base")):  # fmt: skip
+                          ("phases.long.position.base=20000.0", "model.position.base"),
+                          ("phases.long.carry_optimizer=false", "phases.long.carry_optimizer")):  # fmt: skip
         err = refused("--resume", override)
         assert key in err and "--phase" in err and "Traceback" not in err, err
     # --phase starts from the finished earlier phases: the same check, unless --init gives the weights
@@ -266,6 +271,11 @@ def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_p
     assert "--phase long: phase 'short'" in err and "optim.lr" in err
     again = train("--config", cfg, f"run.dir={run}", "--resume", "train.log_every=1", "phases.long.eval_lengths=[32]")
     assert "phase 'long' is complete; skipping" in again.stdout
+    # carry_optimizer with no moments to carry is refused, not trained with a fresh optimizer
+    (run / "short" / "optimizer.pt").unlink()
+    err = refused("--phase", "long")
+    assert "phases.long.carry_optimizer" in err and "optimizer.pt" in err, err
+    assert (run / "long" / "complete.json").is_file()  # refused before --phase removes what it would retrain
 
 
 def test_val_batches_0_trains_without_validation_and_says_so(tmp_path, tiny_text_dir):
