@@ -50,6 +50,35 @@ def test_held_out_split_is_a_deterministic_per_name_hash():
     assert np.array_equal(a, b[:-1][::-1])
 
 
+def test_identical_documents_share_one_split():
+    """The split hashed names only, so a file and its copy (the stdlib has 19: boilerplate __main__.py files, a
+    test data file twice) could land one in training, one held out: validation then scored text trained on."""
+    names = [f"src/doc_{i}.py" for i in range(3000)]
+    texts = [f"text {i % 1000}" for i in range(3000)]  # every text three times, under three names
+    is_val = held_out(names, 0.1, texts)
+    val_texts = {t for t, v in zip(texts, is_val) if v}
+    assert val_texts and not val_texts & {t for t, v in zip(texts, is_val) if not v}
+    assert abs(is_val.mean() - 0.1) < 0.05
+    unique = [f"unique {i}" for i in range(3000)]
+    assert np.array_equal(held_out(names, 0.1, unique), held_out(names, 0.1))  # distinct texts: split by name
+    assert held_out(["a", "b"], 0.1, ["same", "same"]).tolist().count(True) == 1  # still one held out, one trained
+
+
+def test_prepared_corpus_has_no_held_out_text_in_training(tmp_path):
+    from tests.data.conftest import make_data_cfg
+
+    (tmp_path / "c").mkdir()
+    for i in range(60):
+        (tmp_path / "c" / f"d{i:02d}.txt").write_text(f"document number {i % 20} " * 30)  # each text 3 times
+    corpus = load_corpus(make_data_cfg(tmp_path, {"c": {"kind": "files", "paths": [f"{tmp_path}/c/*.txt"]}},
+                                       val_fraction=0.2), progress=False)  # fmt: skip
+
+    def texts(store):
+        return {corpus.tokenizer.decode(store.doc(i)[:-1].tolist()) for i in range(store.n_docs)}
+
+    assert texts(corpus.val) and not texts(corpus.val) & texts(corpus.train)
+
+
 def test_second_load_is_a_cache_hit_without_retokenizing(files_cfg, monkeypatch):
     cfg = files_cfg()
     first = load_corpus(cfg, progress=False)
