@@ -245,7 +245,10 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     runs = study_runs(study)
     cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
     todo = [r for r in runs if not only or r.variant in only]
-    if not resume and any((out_dir / r.label).exists() for r in todo):
+    from minilm.training.phases import ChangedPhaseError, is_primary_process
+
+    # (under DDP the other ranks start this study anew once rank 0 has begun the first run: not their refusal)
+    if not resume and is_primary_process() and any((out_dir / r.label).exists() for r in todo):
         raise MinilmError(f"{out_dir} already holds this study's runs; continue it with --resume, or choose --out")
     plan = plan_sharing({label: phase_keys(c) for label, c in cfgs.items()}) if share else {}
     labels = {r.label for r in todo}
@@ -254,8 +257,6 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
             _loan(out_dir, r.label, cfgs[r.label], plan[r.label])
     _check_layout(study, out_dir, todo)
     _check_data(cfgs, todo)
-    from minilm.training.phases import ChangedPhaseError, is_primary_process
-
     try:
         for r in todo:
             try:
@@ -336,9 +337,20 @@ def _train_run(study: Study, run: StudyRun, out_dir: Path, cfg: DictConfig, shar
         for p in missing:
             copy_finished_phase(phase_dir(out_dir / donor, p), phase_dir(run_dir, p))
         log(f"study {study.name}: '{run.label}' starts from '{donor}' after {', '.join(phases)}")
+    if shared is not None:
+        _wait_for_rank_zero()  # every rank must find the copied phases finished, or they would train different ones
     overrides = next(v.overrides for v in study.variants if v.name == run.variant)
     log(f"study {study.name}: '{run.label}' ({' '.join(overrides) or 'the config as is'})")
     run_phases(cfg, resume=run_dir.exists(), log=log)
+
+
+def _wait_for_rank_zero() -> None:
+    """Under DDP (every rank runs the whole study; only rank 0 writes), the other ranks wait here for rank 0. The
+    process group outlives each phase's Trainer, so it exists from the first run's first phase on."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 # ---------------------------------------------------------------------------------------------- summary

@@ -44,17 +44,17 @@ def local_data_yaml(corpus: Path, cache: Path, vocab_size: int = 400, **extra) -
     return text + "".join(f"  {key}: {value}\n" for key, value in extra.items())
 
 
-def run_train(*args, check: bool = True, timeout: int = 600, env: dict | None = None, **kw):
-    """``python train.py ARGS`` as a user runs it, from the repository root, one intra-op thread, no inherited
-    distributed environment (a DDP launcher's RANK etc. would change what the child does); ``env`` adds
-    variables. Returns the CompletedProcess."""
+def run_train(*args, check: bool = True, timeout: int = 600, env: dict | None = None, script: str = "train.py", **kw):
+    """``python train.py ARGS`` (or another ``script``) as a user runs it, from the repository root, one intra-op
+    thread, no inherited distributed environment (a DDP launcher's RANK etc. would change what the child does);
+    ``env`` adds variables. Returns the CompletedProcess."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID"):
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, str(REPO / "train.py"), *map(str, args)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, str(REPO / script), *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, **kw)  # fmt: skip
     if check and proc.returncode != 0:
-        raise AssertionError(f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
 
 

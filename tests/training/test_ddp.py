@@ -89,3 +89,23 @@ def test_ddp_matches_one_process_with_the_same_global_batch(ddp_run, tmp_path):
     a, b = weights(run_dir), weights(single)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
     assert abs(two - one) < 1e-4, (two, one)
+
+
+@pytest.mark.slow
+def test_a_study_under_ddp_shares_a_phase_exactly(ddp_run, tmp_path):
+    """Every rank runs the whole study and only rank 0 copies a donor's phases. The other rank used to refuse the
+    study ("already holds this study's runs") once rank 0 had begun; and had it gone on, it could start training a
+    phase rank 0 had copied, the gradients of two different phases all-reduced together. The borrower must end
+    where it ends trained alone."""
+    config, _, _ = ddp_run
+    study = tmp_path / "study.yaml"
+    two_phases = "[trainer.devices=2, trainer.strategy=ddp, train.batch_size=2, phases.short.steps=3, " \
+                 "phases.long.steps=3, phases.long.seq_len=64]"  # fmt: skip
+    study.write_text(f"config: {config}\noverrides: {two_phases}\nvariants:\n  a: []\n  b: [phases.long.lr=0.001]\n")
+    shared, alone = tmp_path / "shared", tmp_path / "alone"
+    proc = run_train(study, "--out", shared, script="scripts/study.py", timeout=900)
+    assert "GLOBAL_RANK: 1" in proc.stdout + proc.stderr and "'b' starts from 'a'" in proc.stdout
+    run_train(study, "--out", alone, "--only", "b", "--no-share", script="scripts/study.py", timeout=900)
+    assert (shared / "study.md").is_file() and (shared / "b" / "long" / "complete.json").is_file()
+    a, b = weights(shared / "b"), weights(alone / "b")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
