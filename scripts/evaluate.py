@@ -26,22 +26,31 @@ from minilm.cli import run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 
+def _items(s: str, kind: str) -> list[str]:
+    """The comma-separated items of ``s``; none at all is an error (an empty list would silently mean 'the
+    config's value')."""
+    items = [x.strip() for x in s.split(",") if x.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {kind}, got {s!r}")
+    return items
+
+
 def _ints(s: str) -> list[int]:
     try:
-        return [int(x) for x in s.split(",") if x.strip()]
+        return [int(x) for x in _items(s, "integers")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
 
 
 def _floats(s: str) -> list[float]:
     try:
-        return [float(x) for x in s.split(",") if x.strip()]
+        return [float(x) for x in _items(s, "numbers")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {s!r}") from None
 
 
 def _names(s: str) -> list[str]:
-    return [x.strip() for x in s.split(",") if x.strip()]
+    return _items(s, "names")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -108,6 +108,15 @@ def load_results(path: Path) -> dict:
     if not isinstance(results, dict):
         raise MinilmError(f"{path}: not a results.json of scripts/evaluate.py (a JSON object expected, got "
                           f"{type(results).__name__})")  # fmt: skip
+    # what compare() and the report read: per-length mappings of numbers (or null), a list of lengths
+    for key in (*SCALARS, "loss"):
+        per = results.get(key, {})
+        if not isinstance(per, dict) or not all(v is None or isinstance(v, (int, float)) for v in per.values()):
+            raise MinilmError(f"{path}: not a results.json of scripts/evaluate.py ('{key}' must map lengths to "
+                              f"numbers or null, got {json.dumps(per)[:80]})")  # fmt: skip
+    if not isinstance(results.get("lengths", []), list) or not isinstance(results.get("unsupported", {}), dict):
+        raise MinilmError(f"{path}: not a results.json of scripts/evaluate.py ('lengths' must be a list and "
+                          "'unsupported' a mapping)")  # fmt: skip
     return results
 
 
@@ -156,12 +165,12 @@ def _position_figure(results: dict):
 
 def _heatmap_figure(results: dict, task: str):
     grid = results.get(f"{task}_grid", {})
-    lengths = sorted(int(k) for k in grid)
+    lengths = _grid_lengths(results, grid)
     depths = [float(d) for d in results.get("depths", [])]
     data = np.full((len(depths), len(lengths)), np.nan)
     for j, L in enumerate(lengths):
         for i, d in enumerate(depths):
-            v = grid[str(L)].get(_depth_key(d)) if grid[str(L)] else None
+            v = (grid.get(str(L)) or {}).get(_depth_key(d))
             if v is not None:
                 data[i, j] = v
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * max(len(lengths), 2), 1.2 + 0.55 * max(len(depths), 2)))
@@ -198,6 +207,12 @@ def _retrieval_figure(results: dict):
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def _grid_lengths(results: dict, grid: dict) -> List[int]:
+    """Every evaluated length, measured or not: a length where the task was skipped or unsupported is a grey
+    column / a row of dashes, not left out of the picture."""
+    return sorted({int(k) for k in grid} | {int(L) for L in results.get("lengths", [])})
 
 
 def _depth_key(d: float) -> str:
@@ -264,8 +279,8 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
         depths = [_depth_key(d) for d in results.get("depths", [])]
         header = "| length | " + " | ".join(f"{float(d):.0%}" for d in depths) + " |"
         lines += [f"## {task}: length × depth", "", header, "|---:|" + "---:|" * len(depths)]
-        for L in sorted(int(k) for k in grid):
-            row = grid[str(L)] or {}
+        for L in _grid_lengths(results, grid):
+            row = grid.get(str(L)) or {}
             lines.append(f"| {L} | " + " | ".join(_fmt(row.get(d), "acc") for d in depths) + " |")
         lines.append("")
     if unsupported or any(results.get("skipped", {}).values()):
@@ -355,7 +370,7 @@ def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     fig_path = out_dir / "compare.png"
-    fig.savefig(fig_path, dpi=110)
+    atomic_write(fig_path, lambda f: fig.savefig(f, dpi=110, format="png"))
     plt.close(fig)
 
     lengths = sorted({int(L) for r in runs for L in r.get("lengths", [])})
@@ -380,5 +395,5 @@ def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple
         lines.append("")
     lines += [f"![compare]({fig_path.name})", ""]
     table_path = out_dir / "compare.md"
-    table_path.write_text("\n".join(lines))
+    atomic_write_text(table_path, "\n".join(lines))
     return fig_path, table_path

@@ -24,12 +24,12 @@ Tasks (RULER, Hsieh et al. 2024, names the family):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from minilm.data.synthetic import STYLES, make_kv_sample, make_passkey_sample
+from minilm.data.synthetic import STYLES, _newline_id, _snap_to_line, make_kv_sample, make_passkey_sample
 from minilm.errors import DataError, MinilmError
 from minilm.eval.perplexity import autocast, model_device
 
@@ -62,14 +62,6 @@ def _name(rng: np.random.Generator) -> str:
     return "key_" + "".join("abcdefghijklmnopqrstuvwxyz"[i] for i in rng.integers(0, 26, size=4))
 
 
-def _line_start(filler: Sequence[int], pos: int, nl: Optional[int]) -> int:
-    """Back to just after the previous newline, so a needle is a line of its own (as make_passkey_sample)."""
-    if nl is None or pos == 0:
-        return pos
-    hits = np.flatnonzero(np.asarray(filler[:pos]) == nl)
-    return int(hits[-1]) + 1 if len(hits) else pos
-
-
 def make_needle_sample(tokenizer, filler_tokens: Sequence[int], length: int, depth: float, rng: np.random.Generator,
                        style: str = "code", needles: int = 4, digits: int = 7) -> Sample:  # fmt: skip
     """``needles`` lines ``name = "value"`` in the filler: the asked one at relative ``depth``, the distractors
@@ -100,10 +92,11 @@ def make_needle_sample(tokenizer, filler_tokens: Sequence[int], length: int, dep
     if len(filler_tokens) < n_fill:
         raise DataError(f"needle filler too short: need {n_fill} tokens, got {len(filler_tokens)}")
     filler = [int(t) for t in filler_tokens[:n_fill]]
-    nl = tokenizer.encode("\n")
-    nl = nl[0] if len(nl) == 1 else None
+    nl = _newline_id(tokenizer)
     depths = [min(max(depth, 0.0), 1.0)] + [float(rng.random()) for _ in names[1:]]
-    at = [_line_start(filler, int(round(d * n_fill)), nl) for d in depths]
+    # the passkey's rule (make_passkey_sample): back to the start of the line the depth falls in, but never over
+    # more than one line's worth of tokens, so long lines (prose paragraphs) do not pull every depth to one place
+    at = [_snap_to_line(filler, int(round(d * n_fill)), nl) for d in depths]
     out: List[int] = []
     prev = 0
     for pos, ids in sorted(zip(at, line_ids), key=lambda p: p[0]):  # stable: ties keep the asked needle first

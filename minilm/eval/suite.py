@@ -13,6 +13,7 @@ suite goes on.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -24,6 +25,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from minilm.errors import ConfigError, MinilmError
+from minilm.files import atomic_write_text
 from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
 from minilm.eval.report import log_tensorboard, make_output_dir, write_report
 from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
@@ -136,10 +138,11 @@ def _with_length_defaults(extension: Mapping[str, Any], train_len: int) -> tuple
 
     name = extension["name"]
     params = {k: v for k, v in extension.items() if k != "name"}
+    rope_type = params.get("rope_type") if name == "rope_scaling" else name  # the training-free rope_scaling too
     if name == "logn":
         params.setdefault("train_len", train_len)
-    elif name in ROPE_SCALING and "original_max_position_embeddings" in {
-        f.name for f in fields(ROPE_SCALING[name].params)
+    elif isinstance(rope_type, str) and rope_type in ROPE_SCALING and "original_max_position_embeddings" in {
+        f.name for f in fields(ROPE_SCALING[rope_type].params)
     }:
         params.setdefault("original_max_position_embeddings", train_len)
     return name, params
@@ -372,16 +375,30 @@ def _ppl(model, data: EvalData, s: EvalSettings, L: int, res: dict) -> None:
     bs = _batch_size(s, L)
     n = s.batches * bs
     seed = [s.seed, _TASK_SEED["ppl"], L]
-    r = perplexity(model, docs, L, mode="windows", n_windows=n, batch_size=bs, seed=seed, source=source)
+    r = _finite(perplexity(model, docs, L, mode="windows", n_windows=n, batch_size=bs, seed=seed, source=source))
+    rs = None
+    if s.sliding:  # both modes measured before either is recorded: a failure leaves the length unmeasured, whole
+        rs = _finite(perplexity(model, docs, L, mode="sliding", n_windows=n, batch_size=bs, stride=s.stride,
+                                seed=seed, source=source))  # fmt: skip
     res["ppl"][key], res["loss"][key] = r.ppl, r.loss
     pos, val = bucket_curve(r.per_position)
     res["per_position_loss"][key] = {"positions": pos, "loss": val}
     res["details"]["ppl"][key] = {"windows": r.to_dict()}
-    if s.sliding:
-        rs = perplexity(model, docs, L, mode="sliding", n_windows=n, batch_size=bs, stride=s.stride, seed=seed,
-                        source=source)  # fmt: skip
+    if rs is not None:
         res["ppl_sliding"][key] = rs.ppl
         res["details"]["ppl"][key]["sliding"] = rs.to_dict()
+
+
+def _non_finite(value) -> MinilmError:
+    return MinilmError(f"non-finite model outputs (loss or answer log-probability {value}): NaN or overflowing "
+                       "logits — a diverged checkpoint, or an overflow at this length")  # fmt: skip
+
+
+def _finite(r):
+    """A PplResult, checked: a NaN loss would otherwise be written as a number (or break strict JSON)."""
+    if not math.isfinite(r.loss):
+        raise _non_finite(r.loss)
+    return r
 
 
 def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: dict) -> None:
@@ -391,20 +408,25 @@ def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: d
     cells = list(enumerate(s.depths)) if task != "kv" else [(0, None)]
     n = s.samples if task != "kv" else s.samples * len(s.depths)
     exact, acc, lp = [], [], []
+    grid = {}  # depth -> accuracy, stored once every cell has been scored
     example = None
     for di, depth in cells:
         rng = np.random.default_rng([s.seed, _TASK_SEED[task], L, di])
         samples = make_samples(task, tok, data.val.tokens, L, n, rng, depth=depth if depth is not None else 0.5,
                                style=data.style, needles=s.needles)  # fmt: skip
         sc = score_samples(model, samples, bs)
+        if not np.isfinite(sc.logprob).all():  # argmax over NaN logits would score as a plain miss
+            raise _non_finite(float(sc.logprob[~np.isfinite(sc.logprob)][0]))
         exact.append(sc.exact)
         acc.append(sc.token_acc)
         lp.append(sc.logprob)
         if task != "kv":
-            res[f"{task}_grid"].setdefault(key, {})[f"{float(depth):g}"] = float(sc.exact.mean())
+            grid[f"{float(depth):g}"] = float(sc.exact.mean())
         if example is None or (depth is not None and abs(depth - 0.5) < abs(example[0] - 0.5)):
             example = (depth if depth is not None else 0.5, samples[0], bool(sc.exact[0]))
     exact, acc, lp = np.concatenate(exact), np.concatenate(acc), np.concatenate(lp)
+    if task != "kv":
+        res[f"{task}_grid"][key] = grid
     res[task][key] = float(exact.mean())
     res["details"][task][key] = {"samples": int(len(exact)), "token_accuracy": float(acc.mean()),
                                  "answer_logprob": float(lp.mean())}  # fmt: skip
@@ -446,8 +468,7 @@ def evaluate_phase(model, pcfg, phase_name: str, phase_dir, global_step: int, lo
     try:
         return _evaluate_phase(model, pcfg, phase_name, phase_dir, global_step, logger, log)
     except MinilmError as e:
-        (phase_dir / "eval").mkdir(parents=True, exist_ok=True)
-        (phase_dir / "eval" / PHASE_ERROR).write_text(f"{e}\n")
+        atomic_write_text(phase_dir / "eval" / PHASE_ERROR, f"{e}\n")
         log(f"phase '{phase_name}': evaluation failed: {e} (the phase itself is complete; fix the input and run "
             f"scripts/evaluate.py --run {phase_dir.parent} --phase {phase_name})")
         return {}
@@ -505,7 +526,9 @@ def evaluate_run(
 ) -> tuple[dict, Path]:
     """Evaluate a run directory (or a phase of it) as scripts/evaluate.py does; returns (results, out_dir).
     ``changes`` override other ``eval`` settings (samples, depths, batches, batch_tokens, sliding, stride, ...).
-    Default lengths: ``eval.lengths`` of the run's config, else half to eight times the training length."""
+    Default lengths: ``eval.lengths`` of the run's config, else half to eight times the training length. Written
+    to ``RUN/PHASE/eval/`` (with the config's own ``eval.extension`` too, as at the end of the phase), or to
+    ``RUN/PHASE/eval-METHOD/`` with an ``extension`` given here, or to ``out``."""
     from minilm.config import phase_names
     from minilm.runs import load_run, load_run_config
 
@@ -527,7 +550,9 @@ def evaluate_run(
     if settings.extension:
         model, _ = apply_extension(model, cfg.model, loaded.tokenizer.vocab_size, settings.extension,
                                    cfg.train.seq_len)  # fmt: skip
-    suffix = f"-{settings.extension['name']}" if settings.extension else ""
+    # an extension asked for here sits next to the phase's own evaluation; the config's eval.extension IS the
+    # phase's own evaluation, written to eval/ as at the end of the phase
+    suffix = f"-{settings.extension['name']}" if extension else ""
     out_dir = Path(out) if out else loaded.run_dir / phase / f"eval{suffix}"
     make_output_dir(out_dir)  # before the evaluation, not after it
     log(f"evaluating {loaded.weights} (phase {phase}, step {step}) at lengths {settings.lengths} on {device}")

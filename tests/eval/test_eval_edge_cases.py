@@ -1,0 +1,191 @@
+"""Evaluation edge cases a user runs into: needles in long-line text, a model whose outputs are not finite, where
+an evaluation of a config's own ``eval.extension`` is written, compare_runs on files that are not evaluations,
+empty CLI lists."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from minilm.data.synthetic import MAX_LINE_TOKENS
+from minilm.eval import EvalSettings, evaluate, write_report
+from minilm.eval.retrieval import make_needle_sample
+
+from .conftest import tiny_gpt
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_needle_depths_stay_apart_in_long_lines(eval_data):
+    """A needle goes to the start of the line its depth falls in, but (as the passkey) never further back than one
+    line's worth of tokens: in text with long lines (prose paragraphs) every depth used to collapse onto the one
+    newline before it, so the needle grid's depth axis measured one position."""
+    tok = eval_data.tokenizer
+    nl = tok.encode("\n")
+    assert len(nl) == 1
+    word = next(t for t in range(3, tok.vocab_size) if t != nl[0] and t not in tok.encode('key_ = "0123456789"'))
+    filler = [word] * 5 + nl + [word] * 2000
+    starts = []
+    for depth in (0.25, 0.5, 0.75, 1.0):
+        p, a = make_needle_sample(tok, filler, 1024, depth, np.random.default_rng(0), needles=1)
+        n_fill = p.count(word) + 1  # the filler tokens used: all of them `word` but one newline
+        at = next(i for i, (x, y) in enumerate(zip(p, filler)) if x != y)  # where the needle starts
+        starts.append(at)
+        assert 0 <= round(depth * n_fill) - at <= MAX_LINE_TOKENS, (depth, at)
+    assert starts == sorted(set(starts)), starts
+
+
+class NaNModel(torch.nn.Module):
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+        self.p = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, idx, positions=None, doc_ids=None, cache=None):
+        return torch.full((*idx.shape, self.vocab), float("nan")) + self.p
+
+
+def test_a_model_with_non_finite_outputs_is_reported_not_crashed(tmp_path, eval_data):
+    """NaN logits (a diverged checkpoint, an overflow at long lengths) used to run the whole evaluation and then
+    fail writing results.json (strict JSON has no NaN), losing everything; now each task is reported skipped."""
+    V = eval_data.tokenizer.vocab_size
+    settings = EvalSettings(lengths=[64], tasks=["ppl", "passkey"], batches=1, batch_tokens=128, samples=1,
+                            depths=[0.5], seed=0)  # fmt: skip
+    res = evaluate(NaNModel(V), eval_data, settings, log=lambda *_: None)
+    assert res["ppl"]["64"] is None and res["ppl_sliding"]["64"] is None and res["passkey"]["64"] is None
+    assert "non-finite" in res["skipped"]["ppl"]["64"] and "non-finite" in res["skipped"]["passkey"]["64"]
+    write_report(res, tmp_path)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["ppl"]["64"] is None and "non-finite" in (tmp_path / "report.md").read_text()
+
+
+def test_a_finite_model_is_not_flagged(eval_data, corpus_setup):
+    cfg, corpus = corpus_setup
+    settings = EvalSettings(lengths=[64], tasks=["ppl", "passkey"], batches=1, batch_tokens=128, samples=1,
+                            depths=[0.5], seed=0)  # fmt: skip
+    res = evaluate(tiny_gpt(cfg, corpus.tokenizer.vocab_size), eval_data, settings, log=lambda *_: None)
+    assert res["ppl"]["64"] is not None and res["passkey"]["64"] is not None and not any(res["skipped"].values())
+
+
+def test_the_configs_own_extension_is_written_where_the_end_of_phase_evaluation_is(fake_run):
+    """A run with ``eval.extension`` in its config: the end of the phase writes RUN/PHASE/eval/; scripts/evaluate.py
+    without --extension used to write the same evaluation to eval-METHOD/ instead, so the phase had two reports
+    and compare_runs (which reads eval/) showed the stale one. --extension still writes beside it."""
+    from omegaconf import OmegaConf
+
+    from minilm.cli import run_cli
+
+    for path in (fake_run / "config.yaml", fake_run / "train" / "config.yaml"):
+        cfg = OmegaConf.load(path)
+        cfg.eval.extension = {"name": "rerope", "window": 16}
+        path.write_text(OmegaConf.to_yaml(cfg))
+    ev = _script("evaluate")
+    argv = ["--run", str(fake_run), "--lengths", "32", "--tasks", "ppl", "--batches", "1", "--batch-tokens", "64",
+            "--no-sliding", "--device", "cpu", "--no-tb"]  # fmt: skip
+    assert run_cli(ev.main, ev.parser(), argv) == 0
+    saved = json.loads((fake_run / "train" / "eval" / "results.json").read_text())
+    assert saved["extension"] == {"name": "rerope", "window": 16}
+    assert not (fake_run / "train" / "eval-rerope").exists()
+    assert run_cli(ev.main, ev.parser(), argv + ["--extension", "rerope", "window=8"]) == 0
+    assert json.loads((fake_run / "train" / "eval-rerope" / "results.json").read_text())["extension"]["window"] == 8
+    assert json.loads((fake_run / "train" / "eval" / "results.json").read_text())["extension"]["window"] == 16
+
+
+@pytest.mark.parametrize("content,key", [({"ppl": 3}, "'ppl' must map lengths"), ({"passkey": {"64": "high"}},
+                                         "'passkey' must map lengths"), ({"lengths": 64}, "'lengths' must be a list")])
+def test_compare_runs_on_a_json_that_is_not_an_evaluation(tmp_path, capsys, content, key):
+    from minilm.cli import run_cli
+
+    bad = tmp_path / "results.json"
+    bad.write_text(json.dumps(content))
+    cmp = _script("compare_runs")
+    assert run_cli(cmp.main, cmp.parser(), [str(bad), "--out", str(tmp_path / "c")]) == 2  # was a traceback
+    err = capsys.readouterr().err
+    assert f"{bad}: not a results.json of scripts/evaluate.py" in err and key in err
+
+
+def test_compare_writes_its_files_whole(tmp_path, monkeypatch):
+    """compare.png and compare.md go through minilm.files.atomic_write like the report (a crash while writing
+    leaves the old file or the new one)."""
+    import minilm.eval.report as report
+
+    written = []
+
+    def spy(real):
+        def write(path, *args, **kwargs):
+            written.append(Path(path).name)
+            return real(path, *args, **kwargs)
+
+        return write
+
+    monkeypatch.setattr(report, "atomic_write", spy(report.atomic_write))
+    monkeypatch.setattr(report, "atomic_write_text", spy(report.atomic_write_text))
+    run = {"lengths": [32, 64], "ppl": {"32": 10.0, "64": 12.0}, "passkey": {"32": 1.0, "64": None}}
+    fig, table = report.compare([run, run], ["a", "b"], tmp_path)
+    assert sorted(written) == ["compare.md", "compare.png"]
+    assert fig.stat().st_size > 1000 and "| a | 10.00 | 12.00 |" in table.read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("flag", ["--lengths", "--tasks"])
+@pytest.mark.parametrize("value", ["", ","])
+def test_an_empty_list_on_the_command_line_is_an_error_not_the_default(fake_run, capsys, flag, value):
+    # `--lengths ''` used to evaluate at the default lengths (L/2 .. 8L) and `--tasks ''` the config's tasks
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    argv = ["--run", str(fake_run), "--device", "cpu", "--no-tb", flag, value]
+    with pytest.raises(SystemExit) as e:
+        run_cli(ev.main, ev.parser(), argv)
+    assert e.value.code == 2
+    assert f"argument {flag}: expected comma-separated" in capsys.readouterr().err
+    assert not (fake_run / "train" / "eval").exists()
+
+
+def test_the_rope_scaling_method_takes_the_training_length_as_its_original_length(corpus_setup):
+    """docs/evaluation.md: original_max_position_embeddings defaults to the training length for scalings; the
+    training-free `rope_scaling` method (rope_type as a parameter) used to require it while `dynamic` did not."""
+    from minilm.eval import apply_extension, check_extension
+
+    cfg, corpus = corpus_setup
+    V = corpus.tokenizer.vocab_size
+    model = tiny_gpt(cfg, V)
+    check_extension({"name": "rope_scaling", "rope_type": "dynamic", "factor": 2}, "eval.extension")
+    same, undo = apply_extension(model, cfg.model, V, {"name": "rope_scaling", "rope_type": "dynamic", "factor": 2},
+                                 64)  # fmt: skip
+    try:
+        assert model.blocks[0].attn.extension.params["original_max_position_embeddings"] == 64
+        x = torch.randint(0, V, (1, 100))
+        rebuilt, _ = apply_extension(model, cfg.model, V, {"name": "dynamic", "factor": 2}, 64)
+        with torch.no_grad():
+            torch.testing.assert_close(same(x), rebuilt(x), rtol=1e-4, atol=1e-4)  # the two spellings agree
+    finally:
+        undo()
+
+
+def test_heatmaps_show_lengths_that_were_not_measured(tmp_path):
+    """docs: 'accuracy, length × depth (grey = not measured)'; a skipped length used to be left out of the heatmap
+    and its table, so a reader could not tell it from one never asked for."""
+    results = {"lengths": [64, 128], "depths": [0.0, 1.0], "tasks": ["needle"], "needle": {"64": None, "128": 0.5},
+               "needle_grid": {"128": {"0": 0.0, "1": 1.0}},
+               "skipped": {"needle": {"64": "a needle sample with 4 needles needs at least 88 tokens"}}}  # fmt: skip
+    write_report(results, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "| 64 | — | — |" in report and "| 128 | 0.00 | 1.00 |" in report
+    from minilm.eval.report import _heatmap_figure
+
+    fig = _heatmap_figure(results, "needle")
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts.count("n/a") == 2 and [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["64", "128"]
