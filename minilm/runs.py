@@ -28,6 +28,9 @@ class LoadedRun:
     weights: Path
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".ckpt")
+
+
 def _find_run_dir(path: Path) -> Path:
     for p in [path, *path.parents][:3]:
         if (p / "tokenizer.model").is_file() and (p / "config.yaml").is_file():
@@ -44,18 +47,25 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     names = run_phase_names(run_dir) if phase is not None else []
     if phase is not None and phase not in names:
         raise MinilmError(f"phase '{phase}': not a phase of {run_dir}; its phases: {', '.join(names)}")
+    if path.is_file() and path.suffix not in WEIGHT_SUFFIXES:
+        raise MinilmError(f"{path}: not a weights file; give a run directory, a phase directory or a "
+                          f"{' / '.join(WEIGHT_SUFFIXES)} file")
+    # the phase a path inside the run names: its first component below run_dir (a step checkpoint lies deeper, in
+    # <phase>/checkpoints/), none for the run's own final weights
+    rel = path.relative_to(run_dir).parts
+    if path.is_dir() and len(rel) > 1:
+        raise MinilmError(f"{path}: not a run or phase directory; give {run_dir}, {run_dir / rel[0]} or a weights file")
+    named = rel[0] if rel and (path.is_dir() or len(rel) > 1) else None
     if path != run_dir:  # a weights file or a phase directory: it names the phase, and another one is a mismatch
-        named = path.name if path.is_dir() else (path.parent.name if path.parent != run_dir else None)
         if phase is not None and phase != (named or names[-1]):  # the final weights are the last phase's
             what = f"phase '{named}'" if named else "the run's final weights"
             raise MinilmError(f"{path} holds {what}, but phase '{phase}' was asked for (its config would not match "
                               f"those weights); give {run_dir} with the phase, or the path alone")  # fmt: skip
     if path.is_file():
-        weights = path
-        phase = path.parent.name if path.parent != run_dir else None
+        weights, phase = path, named
     elif path != run_dir:  # a phase directory
-        phase = path.name
-        weights = path / "model.safetensors"
+        phase = named
+        weights = run_dir / named / "model.safetensors"
     elif phase is not None:
         weights = run_dir / phase / "model.safetensors"
     else:

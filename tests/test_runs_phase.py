@@ -51,3 +51,21 @@ def test_a_phase_the_path_contradicts_is_refused(run_dir, where, phase, says):
 def test_an_unknown_phase_lists_the_run_s_phases(run_dir):
     with pytest.raises(MinilmError, match="phase 'nope': not a phase of .*; its phases: pretrain, extend_512, extend_2k"):
         resolve_run(run_dir, "nope")
+
+
+def test_a_step_checkpoint_names_its_phase_not_checkpoints(run_dir):
+    """A step checkpoint lies in <phase>/checkpoints/: it was taken for a phase named "checkpoints", whose config
+    does not exist (a traceback), or which contradicted --phase."""
+    ckpt = run_dir / "extend_512" / "checkpoints" / "step-00000010.ckpt"
+    ckpt.parent.mkdir()
+    ckpt.write_bytes(b"")
+    assert resolve_run(ckpt) == (run_dir, "extend_512", ckpt)
+    assert resolve_run(ckpt, "extend_512")[1] == "extend_512"
+    with pytest.raises(MinilmError, match="not a run or phase directory"):
+        resolve_run(ckpt.parent)
+
+
+def test_a_file_that_is_not_weights_is_refused_by_name(run_dir):
+    (run_dir / "extend_512" / "config.yaml").write_text("")
+    with pytest.raises(MinilmError, match=r"config.yaml: not a weights file; .*\.safetensors / \.ckpt"):
+        resolve_run(run_dir / "extend_512" / "config.yaml")
