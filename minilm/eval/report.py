@@ -215,6 +215,13 @@ def _grid_lengths(results: dict, grid: dict) -> List[int]:
     return sorted({int(k) for k in grid} | {int(L) for L in results.get("lengths", [])})
 
 
+def _code_cell(text: str) -> str:
+    """``text`` (repr'd: newlines visible) as a code span in a markdown table cell: a '|' in a model's output would
+    end the cell (GitHub tables split on it even inside code) and a backtick the code span."""
+    body = repr(text).replace("|", "\\|")
+    return f"`` {body} ``" if "`" in body else f"`{body}`"
+
+
 def _depth_key(d: float) -> str:
     return f"{float(d):g}"
 
@@ -270,8 +277,9 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
             continue
         cells = [_fmt(results[c].get(str(L)), "ppl" if c.startswith("ppl") else "acc") for c in cols]
         lines.append(f"| {L} | " + " | ".join(cells) + " |")
-    lines += ["", "ppl: non-overlapping windows; ppl_sliding: sliding windows (every scored token has at least "
-              "L − stride tokens of context); retrieval: exact-match accuracy of greedy decoding.", ""]  # fmt: skip
+    lines += ["", "ppl: non-overlapping windows; ppl_sliding: sliding windows (after a document's first window, "
+              "every scored token has at least L − stride tokens of context); retrieval: exact-match accuracy of "
+              "greedy decoding.", ""]  # fmt: skip
     for task in ("passkey", "needle"):
         grid = results.get(f"{task}_grid")
         if not grid:
@@ -298,7 +306,8 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
         for task, rows in examples.items():
             for r in rows:
                 d = "" if r.get("depth") is None else f"{r['depth']:.0%}"
-                lines.append(f"| {task} | {r['length']} | {d} | `{r['answer']!r}` | `{r['greedy']!r}` |")
+                cells = [task, str(r["length"]), d, _code_cell(r["answer"]), _code_cell(r["greedy"])]
+                lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
     if figures:
         lines += ["## Figures", ""] + [f"![{n}]({p.name})" for n, p in figures.items()] + [""]

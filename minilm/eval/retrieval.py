@@ -44,6 +44,9 @@ def cut_filler(tokens: np.ndarray, eos_id: int, n: int, rng: np.random.Generator
     """``n`` tokens of held-out text from a random start (wrapping), EOS removed so the haystack reads as one
     document — the training sampler's ``_synthetic_row`` does the same on the training split."""
     total = int(tokens.shape[0])
+    if total < n:  # wrapping around would repeat the same text inside one haystack
+        raise DataError(f"the held-out split has {total} tokens, fewer than one haystack of {n}; evaluate shorter "
+                        "lengths or hold out more data (data.val_fraction)")  # fmt: skip
     start = int(rng.integers(0, total))
     idx = (start + np.arange(n)) % total
     filler = np.asarray(tokens[idx], dtype=np.int64)

@@ -189,3 +189,27 @@ def test_heatmaps_show_lengths_that_were_not_measured(tmp_path):
     fig = _heatmap_figure(results, "needle")
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert texts.count("n/a") == 2 and [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["64", "128"]
+
+
+def test_a_greedy_continuation_with_a_pipe_keeps_the_examples_table_intact(tmp_path):
+    # a '|' in a model's output split its table row into extra cells (GitHub tables split on it even in code)
+    results = {"lengths": [64], "depths": [0.5], "tasks": ["passkey"], "passkey": {"64": 0.0},
+               "examples": {"passkey": [{"length": 64, "depth": 0.5, "answer": '12345"', "greedy": "a | b `c`"}]}}
+    write_report(results, tmp_path)
+    row = next(line for line in (tmp_path / "report.md").read_text().splitlines() if line.startswith("| passkey | 64"))
+    cells = [c for c in row.replace("\\|", "").split("|")[1:-1]]
+    assert len(cells) == 5 and "`` 'a \\| b `c`' ``" in row
+
+
+def test_retrieval_beyond_the_held_out_text_is_skipped_not_a_repeated_haystack(corpus_setup, eval_data):
+    """docs: a task with too little held-out text is listed in skipped. The haystack used to wrap around the
+    held-out split, so at such a length the prompt repeated the same text and was scored as usual."""
+    cfg, corpus = corpus_setup
+    n = int(eval_data.val.tokens.shape[0])
+    L = n + 64
+    settings = EvalSettings(lengths=[L], tasks=["passkey", "kv"], batches=1, batch_tokens=L, samples=1,
+                            depths=[0.5], seed=0)  # fmt: skip
+    res = evaluate(tiny_gpt(cfg, corpus.tokenizer.vocab_size), eval_data, settings, log=lambda *_: None)
+    for task in ("passkey", "kv"):
+        assert res[task][str(L)] is None
+        assert f"the held-out split has {n} tokens, fewer than one haystack of {L}" in res["skipped"][task][str(L)]
