@@ -83,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", help="evaluate this phase's weights (default: the run's final weights)")
     p.add_argument("--lengths", type=_ints, help="comma-separated context lengths, e.g. 256,512,1024")
     p.add_argument("--tasks", type=_names, help="comma-separated: ppl,passkey,needle,kv (default: eval.tasks)")
-    p.add_argument("--extension", nargs="+", metavar="METHOD [k=v]", help="training-free method or rope_type + params")
+    p.add_argument("--extension", nargs="+", metavar="METHOD [k=v]",
+                   help="training-free method or rope_type + params; none: without the config's eval.extension")
     p.add_argument("--depths", type=_floats, help="comma-separated needle depths in [0, 1]")
     p.add_argument("--samples", type=int, help="retrieval samples per (length, depth)")
     p.add_argument("--needles", type=int, help="needles per needle prompt (1 asked + distractors)")

@@ -256,7 +256,8 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
         data_cfg = _run_data_config(Path(run_dir))
     corpus = load_corpus(data_cfg, progress=False)
     tok_file = Path(run_dir) / "tokenizer.model" if run_dir is not None else None
-    same = tok_file is None or not tok_file.is_file() or file_digest(corpus.tokenizer.model_file) == file_digest(tok_file)
+    same = (tok_file is None or not tok_file.is_file()
+            or file_digest(corpus.tokenizer.model_file) == file_digest(tok_file))  # fmt: skip
     if not same:
         raise MinilmError(
             f"the corpus prepared for this run's data config ({corpus.cache_dir}) has another tokenizer than the "
@@ -449,6 +450,7 @@ def _meta(cfg, run_dir, phase, step, extension) -> dict:
     }  # fmt: skip
 
 
+NO_EXTENSION = "none"  # --extension none: the plain model, without the config's eval.extension
 PHASE_ERROR = "error.txt"  # what a failed end-of-phase evaluation leaves in RUN/PHASE/eval/
 
 
@@ -528,7 +530,8 @@ def evaluate_run(
     ``changes`` override other ``eval`` settings (samples, depths, batches, batch_tokens, sliding, stride, ...).
     Default lengths: ``eval.lengths`` of the run's config, else half to eight times the training length. Written
     to ``RUN/PHASE/eval/`` (with the config's own ``eval.extension`` too, as at the end of the phase), or to
-    ``RUN/PHASE/eval-METHOD/`` with an ``extension`` given here, or to ``out``."""
+    ``RUN/PHASE/eval-METHOD/`` with an ``extension`` given here, or to ``out``. ``extension={"name": "none"}``
+    evaluates without the config's ``eval.extension`` (to ``eval-none/``)."""
     from minilm.config import phase_names
     from minilm.runs import load_run, load_run_config
 
@@ -537,8 +540,12 @@ def evaluate_run(
     cfg = loaded.cfg
     run_cfg = load_run_config(loaded.run_dir / "config.yaml")
     phase = loaded.phase or phase_names(run_cfg)[-1]
+    plain = bool(extension) and extension.get("name") == NO_EXTENSION  # not even the config's eval.extension
+    if plain and len(extension) > 1:
+        raise ConfigError(f"--extension {NO_EXTENSION}: takes no parameters, got {dict(extension)}")
     settings = EvalSettings.from_config(cfg, tasks=list(tasks) if tasks else None,
-                                        extension=dict(extension) if extension else None, **changes)  # fmt: skip
+                                        extension={} if plain else dict(extension) if extension else None,
+                                        **changes)  # fmt: skip
     if lengths:
         settings = replace(settings, lengths=[int(x) for x in lengths])
     if not settings.lengths:
@@ -552,7 +559,7 @@ def evaluate_run(
                                    cfg.train.seq_len)  # fmt: skip
     # an extension asked for here sits next to the phase's own evaluation; the config's eval.extension IS the
     # phase's own evaluation, written to eval/ as at the end of the phase
-    suffix = f"-{settings.extension['name']}" if extension else ""
+    suffix = f"-{extension['name']}" if extension else ""
     out_dir = Path(out) if out else loaded.run_dir / phase / f"eval{suffix}"
     make_output_dir(out_dir)  # before the evaluation, not after it
     log(f"evaluating {loaded.weights} (phase {phase}, step {step}) at lengths {settings.lengths} on {device}")
@@ -564,7 +571,8 @@ def evaluate_run(
 
         writer = SummaryWriter(str(loaded.run_dir / "tb"))
         try:
-            log_tensorboard(writer, results, figures, step, prefix=_tb_prefix(settings.extension))
+            prefix = f"eval-{NO_EXTENSION}" if plain else _tb_prefix(settings.extension)
+            log_tensorboard(writer, results, figures, step, prefix=prefix)
         finally:
             writer.close()
     log(f"written: {out_dir / 'results.json'}, {out_dir / 'report.md'}, {len(figures)} figures")

@@ -101,6 +101,10 @@ def test_the_configs_own_extension_is_written_where_the_end_of_phase_evaluation_
     assert run_cli(ev.main, ev.parser(), argv + ["--extension", "rerope", "window=8"]) == 0
     assert json.loads((fake_run / "train" / "eval-rerope" / "results.json").read_text())["extension"]["window"] == 8
     assert json.loads((fake_run / "train" / "eval" / "results.json").read_text())["extension"]["window"] == 16
+    # --extension none: the plain model, without the config's extension, beside the phase's own evaluation
+    assert run_cli(ev.main, ev.parser(), argv + ["--extension", "none"]) == 0
+    assert json.loads((fake_run / "train" / "eval-none" / "results.json").read_text())["extension"] is None
+    assert run_cli(ev.main, ev.parser(), argv + ["--extension", "none", "window=8"]) == 2
 
 
 @pytest.mark.parametrize("content,key", [({"ppl": 3}, "'ppl' must map lengths"), ({"passkey": {"64": "high"}},
