@@ -113,6 +113,14 @@ def chunked_cross_entropy(
     shape = targets.shape
     h2 = hidden.reshape(-1, hidden.shape[-1])  # (N, D)
     t1 = targets.reshape(-1)  # (N,)
+    # F.cross_entropy refuses such a target; the gather below would read a negative one as class 0. Asynchronous on
+    # the GPU (no host sync; a device-side assert when it fails), and traced by torch.compile without a break.
+    V = weight.shape[0]
+    torch._assert_async(
+        ((t1 == IGNORE_INDEX) | ((t1 >= 0) & (t1 < V))).all(),
+        f"chunked_cross_entropy: a target is out of bounds; targets must lie in [0, {V}) or be {IGNORE_INDEX} "
+        "(ignored)",
+    )
     if torch.is_autocast_enabled(h2.device.type):  # the plain path's lm_head would run in the autocast dtype
         dtype = torch.get_autocast_dtype(h2.device.type)
         h2, weight = h2.to(dtype), weight.to(dtype)

@@ -62,6 +62,18 @@ def test_chunked_rejects_bad_arguments():
         chunked_cross_entropy(h, w, t, 2, reduction="max")
 
 
+@pytest.mark.parametrize("bad", [-1, -5, "V"])
+def test_chunked_refuses_an_out_of_range_target_as_plain_does(bad):
+    """A target outside [0, V) that is not -100: the plain path raises; the chunked one read a negative target
+    as class 0 and returned a loss."""
+    h, w, t = _inputs(N=6)
+    t[2] = w.shape[0] if bad == "V" else bad
+    with pytest.raises(IndexError):
+        plain_cross_entropy(h, w, t)
+    with pytest.raises(RuntimeError, match=r"target is out of bounds; targets must lie in \[0, \d+\) or be -100"):
+        chunked_cross_entropy(h, w, t, 4)
+
+
 def test_chunked_under_bf16_autocast_matches_plain():
     """Under autocast both paths run the head matmul in bf16 and the softmax in fp32."""
     h, w, t = _inputs(N=32, D=32)
