@@ -15,12 +15,14 @@ Conventions chosen here (implementations differ; docs/positions.md repeats them)
 - ``nope_every: n`` (n > 0) leaves every n-th layer (layers n-1, 2n-1, ...) unrotated: NoPE interleaved with
   RoPE (Yang et al. 2025, "RoPE to NoPE and Back Again", arXiv:2501.18795; Llama 4). 0 rotates every layer.
 - xPos (``Xpos``) decays the rotated dimensions only; positions are centered on the middle key position before
-  the exponent (as torchscale centers them), so ζ^(n/scale_base) neither under- nor overflows on long inputs —
-  the product q·k depends on n − m only, whatever the center.
+  the exponent (as torchscale centers them), which doubles the length at which ζ^(n/scale_base) would under- or
+  overflow — the product q·k depends on n − m only, whatever the center. Beyond that length (about
+  2·80·scale_base/ln(1/ζ_0) tokens: 65K at the defaults) the scores would be NaN, so ``rotate`` refuses it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, Mapping, Optional
 
@@ -199,6 +201,10 @@ class Xpos(Rope):
         i = torch.arange(0, self.rot_dim, 2, dtype=torch.float64)
         zeta = (i / self.rot_dim + params.gamma) / (1 + params.gamma)  # (Dr/2,)
         self.register_buffer("zeta", zeta.float().to(self.inv_freq.device), persistent=False)
+        # The scales ζ^(±offset/scale_base) stay within [e^−80, e^80] (fp32's range is e^±88, with room for the
+        # q and k values they multiply) while |offset from the center| <= max_offset; beyond, the smallest ζ's
+        # scale overflows and the scores are NaN (0 · inf), so ``rotate`` refuses such positions.
+        self.max_offset = int(80 * params.scale_base / -math.log(float(zeta.min())))
 
     def decay(self, positions: Tensor, center: Tensor, sign: float) -> Tensor:
         exponent = sign * (positions - center).unsqueeze(-1).float() / self.params.scale_base  # (B, T, 1)
@@ -208,6 +214,14 @@ class Xpos(Rope):
         if not self.rotates:
             return q, k
         center = (k_pos.amin(-1, keepdim=True) + k_pos.amax(-1, keepdim=True)) // 2  # (B, 1)
+        offset = torch.maximum((q_pos - center).abs().amax(), (k_pos - center).abs().amax())
+        torch._assert_async(  # no host sync; a device-side assert on the GPU
+            offset <= self.max_offset,
+            f"xpos: a position lies more than {self.max_offset} from the middle key position, where the decay "
+            f"ζ^(position/scale_base) leaves fp32's range (the scores would be NaN); inputs up to about "
+            f"{2 * self.max_offset} tokens fit: raise model.position.scale_base (now {self.params.scale_base:g}) "
+            f"or gamma (now {self.params.gamma:g})",
+        )
         (cq, sq), (ck, sk) = self.tables(q_pos, k_pos)
         up, down = self.decay(q_pos, center, 1.0), self.decay(k_pos, center, -1.0)
         q = apply_rotary(q, cq * up, sq * up, self.layout)  # queries scaled up: ζ^(n/scale_base)

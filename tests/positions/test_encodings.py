@@ -55,6 +55,21 @@ def test_xpos_score_is_rope_times_the_decay():
         assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
 
 
+def test_xpos_refuses_inputs_whose_decay_leaves_fp32_range():
+    """ζ_0^(±offset/scale_base) overflows fp32 once a position lies ~70 scale_bases from the center (at the
+    defaults ζ_0 = 0.4/1.4): the scores were NaN at 74K tokens. Within the limit the scores are finite; beyond it
+    rotate raises, naming the parameters that raise the limit."""
+    xpos = hook("xpos", scale_base=8.0)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, 1, 8, generator=g), torch.randn(1, 2, 2, 8, generator=g)
+    fits = 2 * xpos.max_offset
+    assert fits == pytest.approx(2 * 80 * 8.0 / math.log(1.4 / 0.4), abs=2)
+    ok = rotated_scores(xpos, q, k, torch.tensor([[fits]]), torch.tensor([[0, fits]]))
+    assert torch.isfinite(ok).all()
+    with pytest.raises(RuntimeError, match=r"xpos: .*model\.position\.scale_base \(now 8\) or gamma \(now 0\.4\)"):
+        rotated_scores(xpos, q, k, torch.tensor([[fits + 300]]), torch.tensor([[0, fits + 300]]))
+
+
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
 def test_interleaved_is_half_up_to_a_fixed_permutation(fraction):
     """Interleaved pairs (2i, 2i+1) are half's pairs (i, i + d/2): permuting dims maps one rotation onto the
