@@ -109,7 +109,7 @@ class GPT(nn.Module):
         k_doc = doc_ids if cache is None or doc_ids is None else cache.update_docs(doc_ids)
         mask = AttentionMask(offset=offset, q_doc=doc_ids, k_doc=k_doc)
         x = self.tok_emb(idx)  # (B, T, D)
-        x = self.drop(self.pos_emb.embed(x, positions))
+        x = self.drop(self.pos_emb.embed(x, positions, doc_ids))
         checkpointed = self.activation_checkpointing and self.training and cache is None and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
             if checkpointed:  # keep only each block's input; recompute its insides in backward (same RNG state)

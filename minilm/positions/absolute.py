@@ -16,6 +16,7 @@ Conventions chosen here (docs/positions.md repeats them):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +60,7 @@ class LearnedAbsolute(PositionEncoding):
         self.limit = params.max_positions
         self.table = nn.Parameter(torch.randn(params.max_positions, dims.d_model) * 0.02)  # (P, D)
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+    def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
         top = int(positions.max())
         if top >= self.limit or int(positions.min()) < 0:
             raise SequenceTooLong(
@@ -95,7 +96,7 @@ class Sinusoidal(PositionEncoding):
         super().__init__()
         self.base, self.scale, self.dim = params.base, params.scale, dims.d_model
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+    def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
         return x + (self.scale * sinusoid(positions, self.dim, self.base)).to(x.dtype)  # (B, T, D)
 
 
@@ -155,6 +156,15 @@ class Floater(PositionEncoding):
         key = (n, tuple((p.data_ptr(), p._version) for p in self.parameters()))
         if not torch.is_grad_enabled() and self._cache is not None and self._cache[0] == key:
             return self._cache[1]
+        # fp32 under autocast too: an ODE integrated with bf16 steps drifts, and the cached trajectory would then
+        # depend on whether the first call after a parameter change ran under autocast
+        with torch.autocast(self.p0.device.type, enabled=False):
+            traj = self._integrate(n)
+        if not torch.is_grad_enabled():
+            self._cache = (key, traj)
+        return traj
+
+    def _integrate(self, n: int) -> Tensor:
         h = self.delta / self.substeps
         p, out = self.p0, [self.p0]
         for n_done in range(1, n):
@@ -166,12 +176,9 @@ class Floater(PositionEncoding):
                 k4 = self.dynamics(t + h, p + h * k3)
                 p = p + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
             out.append(p)
-        traj = torch.stack(out)  # (n, D)
-        if not torch.is_grad_enabled():
-            self._cache = (key, traj)
-        return traj
+        return torch.stack(out).float()  # (n, D)
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+    def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
         traj = self.trajectory(int(positions.max()) + 1)
         return x + traj[positions].to(x.dtype)  # (B, T, D)
 
@@ -200,7 +207,7 @@ class Multiplicative(PositionEncoding):
         super().__init__()
         self.base, self.amplitude, self.dim = params.base, params.amplitude, dims.d_model
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+    def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
         p = 1.0 + self.amplitude * sinusoid(positions, self.dim, self.base)  # (B, T, D)
         return x * p.to(x.dtype)
 
@@ -245,11 +252,15 @@ class ComplexOrder(PositionEncoding):
             i = torch.arange(self.half, dtype=torch.float64)
             self.frequency.bias.copy_((self.base ** (-2 * i / d)).float())
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        r, w, theta = self.amplitude(x), self.frequency(x), self.phase(x)  # (B, T, D/2) each
-        angle = w * positions.unsqueeze(-1).to(w.dtype) + theta
-        z = torch.cat((r * angle.cos(), r * angle.sin()), dim=-1)  # (B, T, 2·(D/2))
-        return F.pad(z, (0, x.shape[-1] - z.shape[-1]))  # odd D: one zero dimension
+    def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
+        # fp32 under autocast too: in bf16 the angle ω·k + θ has a resolution of k/128 rad (2 rad at k = 256), so
+        # neighbouring positions would get the same phase
+        with torch.autocast(x.device.type, enabled=False):
+            xf = x.float()
+            r, w, theta = self.amplitude(xf), self.frequency(xf), self.phase(xf)  # (B, T, D/2) each
+            angle = w * positions.unsqueeze(-1).float() + theta
+            z = torch.cat((r * angle.cos(), r * angle.sin()), dim=-1)  # (B, T, 2·(D/2))
+        return F.pad(z, (0, x.shape[-1] - z.shape[-1])).to(x.dtype)  # odd D: one zero dimension
 
 
 # -------------------------------------------------------------------------------------------- convolution
@@ -268,8 +279,10 @@ class CausalConv(PositionEncoding):
     """Position through zero padding: x + DepthwiseConv(x), causal (left padding only). CNNs learn absolute
     position from their padding (Islam et al. 2020, "How Much Position Information Do Convolutional Neural
     Networks Encode?"); the depthwise-convolution form is the conditional positional encoding of Chu et al. 2021
-    (arXiv:2102.10882), made causal here. A tap reaching before position 0 — the start of the sequence or of a
-    packed document whose positions restart — reads zeros, so documents do not leak into each other."""
+    (arXiv:2102.10882), made causal here. A tap reaching before the start of its document reads zeros — before
+    position 0 (the sequence start, or a packed document whose positions restart), or, with ``doc_ids``
+    (document masking), into another document although the positions run on — so documents do not leak into
+    each other through the embeddings when attention keeps them apart."""
 
     supports_kv_cache = False  # taps read the previous kernel_size − 1 embeddings, which no KV cache holds
 
@@ -277,11 +290,13 @@ class CausalConv(PositionEncoding):
         super().__init__()
         self.weight = nn.Parameter(torch.randn(params.kernel_size, dims.d_model) * 0.02)  # (K, D); tap m: x[t-m]
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+    def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
         T = x.shape[1]
         out = x
         for m in range(self.weight.shape[0]):
             shifted = F.pad(x, (0, 0, m, 0))[:, :T]  # x[t - m], zeros before the call's first token
-            valid = (positions >= m).unsqueeze(-1).to(x.dtype)  # (B, T, 1): no tap before position 0
-            out = out + shifted * valid * self.weight[m]
+            valid = positions >= m  # (B|1, T): no tap before position 0
+            if doc_ids is not None and m > 0:  # nor into the previous document (positions need not restart)
+                valid = valid & (F.pad(doc_ids, (m, 0), value=-1)[:, :T] == doc_ids)  # (B, T): doc of t − m is t's
+            out = out + shifted * valid.unsqueeze(-1).to(x.dtype) * self.weight[m]
         return out  # (B, T, D)

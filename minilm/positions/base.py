@@ -3,7 +3,7 @@
 An encoding acts at one or more of three places; the attention block and the model call all of them without
 asking which encoding they have (DESIGN.md, "Position handling"):
 
-- ``embed(x, positions)``            token embeddings (absolute encodings); identity by default;
+- ``embed(x, positions, doc_ids)``   token embeddings (absolute encodings); identity by default;
 - ``rotate(q, k, q_pos, k_pos)``     queries and keys (the rotary family); identity by default;
 - a score term                        ``score(...)`` added to the attention logits, ``value(...)`` added to the
                                       output (relative and contextual encodings); none by default.
@@ -59,7 +59,9 @@ class PositionEncoding(nn.Module):
     # KV cache (minilm/model/generate.py).
     supports_kv_cache: bool = True
 
-    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+    def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
+        """``doc_ids`` (B, T), when attention is masked per document: an encoding that mixes neighbouring tokens
+        (``conv``) must not mix across a document boundary, whether or not the positions restart there."""
         return x  # (B, T, D)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:

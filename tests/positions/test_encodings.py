@@ -297,6 +297,22 @@ def test_complex_order_formula():
     assert torch.allclose(emb.embed(x, p), torch.cat([r * phi.cos(), r * phi.sin()], -1), atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["complex_order", "floater"])
+def test_position_features_stay_fp32_under_autocast(name):
+    """bf16 autocast (bf16-mixed training, the GPU default) must not compute an encoding's position features in
+    bf16: complex_order's phase ω·k + θ would be off by up to 2 rad at k ≈ 300 (neighbouring positions sharing
+    one phase), and FLOATER's ODE would be integrated with bf16 steps."""
+    emb = embedding_hook(name, d_model=16)
+    x, p = torch.randn(1, 8, 16), torch.arange(300, 308)[None]
+    with torch.no_grad():
+        want = emb.embed(x, p)
+        emb._cache = None  # FLOATER: integrate again, under autocast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = emb.embed(x, p)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_conv_does_not_leak_across_restarted_documents():
     emb = embedding_hook("conv", kernel_size=4)
     x = torch.randn(1, 12, 16)

@@ -76,6 +76,26 @@ def test_causal(name):
             assert not torch.allclose(base[:, t], out[:, t])
 
 
+@pytest.mark.parametrize("restart", [True, False], ids=["restarted", "running"])
+@pytest.mark.parametrize("name", NAMES)
+def test_document_mask_isolates_documents(name, restart):
+    """With attention masked per document (data.document_mask), changing the first packed document changes
+    nothing in the second — whether its positions restart (data.restart_positions) or run on. (conv's taps read
+    the previous document's last tokens when the positions ran on.)"""
+    model = tiny_model(name)
+    x = torch.randint(0, V, (2, 20), generator=torch.Generator().manual_seed(2))
+    docs = torch.tensor([[0] * 9 + [1] * 11, [0] * 14 + [1] * 6])
+    positions = torch.stack([torch.cat([torch.arange(9), torch.arange(11)]),
+                             torch.cat([torch.arange(14), torch.arange(6)])]) if restart else None  # fmt: skip
+    y = x.clone()
+    y[docs == 0] = (y[docs == 0] + 5) % V
+    with torch.no_grad():
+        a, b = model(x, positions, docs), model(y, positions, docs)
+    second = docs == 1
+    assert torch.allclose(a[second], b[second], atol=1e-6), f"{name}: the first document leaked into the second"
+    assert not torch.allclose(a[~second], b[~second])
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_runs_at_twice_the_training_length(name):
     """Every encoding but ``learned`` evaluates at 2x the length it was built for; ``learned`` says why not."""
