@@ -178,6 +178,9 @@ class Floater(PositionEncoding):
             out.append(p)
         return torch.stack(out).float()  # (n, D)
 
+    def max_length(self) -> int:
+        return self.limit  # trajectory() integrates no further than cache_size positions
+
     def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
         traj = self.trajectory(int(positions.max()) + 1)
         return x + traj[positions].to(x.dtype)  # (B, T, D)

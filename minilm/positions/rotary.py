@@ -206,6 +206,11 @@ class Xpos(Rope):
         # scale overflows and the scores are NaN (0 · inf), so ``rotate`` refuses such positions.
         self.max_offset = int(80 * params.scale_base / -math.log(float(zeta.min())))
 
+    def max_length(self) -> int:
+        """Positions 0..L−1 lie within max_offset of their center (L−1)//2 up to L = 2·max_offset + 1: the
+        evaluation suite, generation and the phases read this instead of meeting ``rotate``'s error."""
+        return 2 * self.max_offset + 1
+
     def decay(self, positions: Tensor, center: Tensor, sign: float) -> Tensor:
         exponent = sign * (positions - center).unsqueeze(-1).float() / self.params.scale_base  # (B, T, 1)
         return (self.zeta**exponent).unsqueeze(1)  # (B, 1, T, Dr/2)

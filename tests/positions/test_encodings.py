@@ -70,6 +70,18 @@ def test_xpos_refuses_inputs_whose_decay_leaves_fp32_range():
         rotated_scores(xpos, q, k, torch.tensor([[fits + 300]]), torch.tensor([[0, fits + 300]]))
 
 
+@pytest.mark.parametrize("name, params", [("xpos", {"scale_base": 8.0}), ("floater", {"cache_size": 50})])
+def test_bounded_encodings_report_their_limit(name, params):
+    """max_length() is what the phases, generation and the evaluation suite check lengths against: a sequence of
+    exactly that length runs, one token more is refused by the encoding itself."""
+    model = tiny_model(name, *(f"model.position.{k}={v}" for k, v in params.items()))
+    limit = min(m.max_length() for m in [model.pos_emb, *model.position_modules()] if m.max_length() is not None)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.zeros(1, limit, dtype=torch.long))).all()
+        with pytest.raises(Exception, match="scale_base|cache_size"):
+            model(torch.zeros(1, limit + 1, dtype=torch.long))
+
+
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
 def test_interleaved_is_half_up_to_a_fixed_permutation(fraction):
     """Interleaved pairs (2i, 2i+1) are half's pairs (i, i + d/2): permuting dims maps one rotation onto the
