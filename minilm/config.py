@@ -404,7 +404,8 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
     _validate_train(merged, where=f"phases.{name}")
     from minilm.positions import validate_position  # positions imports nothing from config
 
-    validate_position(merged.model.position, where=f"phases.{name}.position", head_dim=head_dim(merged.model))
+    validate_position(merged.model.position, where=f"phases.{name}.position", head_dim=head_dim(merged.model),
+                      base=cfg.model.position)  # fmt: skip
     from minilm.eval import validate_eval
 
     validate_eval(merged.eval, where=f"phases.{name}.eval")

@@ -71,9 +71,11 @@ def test_phase_position_blocks_reset_when_the_encoding_changes():
     cfg = load_config(REPO / "configs/rope_yarn_tiny.yaml", ["model.position.name=alibi"])
     assert all(dict(cfg.phases[n].position) == {} for n in cfg.phases)
     assert phase_config(cfg, "extend_2k").model.position.name == "alibi"
+    # (xpos: a phase may change only a rotary encoding's parameters — ALiBi's are refused at load)
     cfg = load_config(REPO / "configs/rope_yarn_tiny.yaml",
-                      ["model.position.name=alibi", "phases.extend_2k.position.max_bias=4.0"])  # fmt: skip
-    assert phase_config(cfg, "extend_2k").model.position.max_bias == 4.0
+                      ["model.position.name=xpos", "phases.extend_2k.position.gamma=0.5"])  # fmt: skip
+    assert phase_config(cfg, "extend_2k").model.position.gamma == 0.5
+    assert dict(cfg.phases["extend_512"].position) == {}
 
 
 def test_checks_that_need_the_head_size_run_at_load_for_every_phase():

@@ -101,12 +101,30 @@ def _plain(cfg: Mapping[str, Any]) -> dict:
     return dict(cfg)
 
 
-def validate_position(cfg: Mapping[str, Any], where: str = "model.position", head_dim: Optional[int] = None) -> Any:
+def validate_position(
+    cfg: Mapping[str, Any],
+    where: str = "model.position",
+    head_dim: Optional[int] = None,
+    base: Optional[Mapping[str, Any]] = None,
+) -> Any:
     """Check a position block; returns its parameter object. With ``head_dim`` also what depends on the head size
-    (the parameters' ``check_dims``, where they have one: RoPE's rotary dimensions and scaling lists)."""
-    params = _entry(_plain(cfg), where)[1]
+    (the parameters' ``check_dims``, where they have one: RoPE's rotary dimensions and scaling lists). With
+    ``base`` (the run's ``model.position``, when ``cfg`` is a phase's) also that the phase changes only what its
+    encoding can change between phases: only modules with ``configure`` (the rotary family) take new parameters
+    (minilm.training.phases.apply_phase), so a phase that changes another encoding's is refused when the config
+    loads, not after the earlier phases have trained."""
+    plain = _plain(cfg)
+    entry, params = _entry(plain, where)
     if head_dim is not None and hasattr(params, "check_dims"):
         params.check_dims(head_dim, where)
+    if base is not None and not hasattr(entry.attention, "configure"):
+        built = asdict(_entry(_plain(base), "model.position")[1])  # (the same encoding: config.py checks the name)
+        changed = [key for key, value in asdict(params).items() if key in built and built[key] != value]
+        if changed:
+            raise ConfigError(
+                f"{where}.{changed[0]}: encoding '{plain['name']}' cannot change its parameters between phases "
+                "(its modules are built once, with model.position's); set it in model.position instead"
+            )
     return params
 
 

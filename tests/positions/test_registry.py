@@ -61,6 +61,19 @@ def test_bad_scaling_in_a_later_phase_stops_at_load_time():
                                "phases.extend.position.scaling={rope_type: yarn, factr: 4.0}"])  # fmt: skip
 
 
+@pytest.mark.parametrize("name, key, value", [("alibi", "max_bias", 4.0), ("sinusoidal", "base", 500.0),
+                                               ("t5", "max_distance", 64), ("shaw", "values", False)])  # fmt: skip
+def test_a_phase_changing_a_fixed_encoding_stops_at_load_time(name, key, value):
+    """Only the rotary family's modules take new parameters between phases (``configure``); a phase changing
+    another encoding's was refused by apply_phase only when that phase began, after the earlier ones trained."""
+    phases = ["phases.pre.steps=1", "phases.ext.steps=1"]
+    with pytest.raises(ConfigError, match=rf"phases\.ext\.position\.{key}: encoding '{name}' cannot change"):
+        load_config(overrides=[f"model.position.name={name}", *phases, f"phases.ext.position.{key}={value}"])
+    load_config(overrides=[f"model.position.name={name}", *phases])  # no change: fine
+    rope = load_config(overrides=[*phases, "phases.ext.position.base=50000"])  # rotary: reconfigured by the phase
+    assert rope.phases.ext.position.base == 50000
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_causal(name):
     """Changing token t never changes the logits before t (and does change them at t)."""
