@@ -21,6 +21,9 @@ different ``rope_type`` replaces the inherited one: PI does not inherit YaRN's `
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -30,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from minilm.errors import ConfigError
+from minilm.files import atomic_write_text
 
 # --------------------------------------------------------------------------------------------------- schema
 
@@ -125,7 +129,7 @@ class TrainConfig:
     val_batches: int = 8
     log_every: int = 10
     ckpt_every: int = 100  # steps between resumable checkpoints (0: only at phase end)
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # the newest k step checkpoints of a phase are kept (0: all of them)
     max_bad_steps: int = 0  # NaN/inf losses skipped before the phase stops (0: stop at the first)
 
 
@@ -219,11 +223,19 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
     if path in chain:
         cycle = " -> ".join(str(p) for p in chain + [path])
         raise ConfigError(f"config 'base:' chain has a cycle: {cycle}")
-    if not path.is_file():
-        where = f" (named by 'base:' in {chain[-1]})" if chain else ""
+    where = f" (named by 'base:' in {chain[-1]})" if chain else ""
+    if not path.exists():
         raise ConfigError(f"config file not found: {path}{where}")
+    if not path.is_file():
+        raise ConfigError(f"config {path}{where} is not a file (a YAML file is expected)")
     try:
-        raw = yaml.load(path.read_text(), Loader=UniqueKeyLoader) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}{where}: not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
+    except OSError as e:
+        raise ConfigError(f"{path}{where}: cannot be read ({e.strerror})") from None
+    try:
+        raw = yaml.load(text, Loader=UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(raw, dict):
@@ -288,6 +300,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"command line: override '{item}' must look like key.sub=value")
+        overrides = [_keep_string(item) for item in overrides]
         try:
             dot = OmegaConf.from_dotlist(list(overrides))
         except (OmegaConfBaseException, yaml.YAMLError) as e:
@@ -295,6 +308,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
             where = f"override '{bad}'" if bad else "overrides"
             raise ConfigError(f"command line: cannot parse {where} (values are YAML: write "
                               f"'key={{a: 1, b: [x, y]}}' with a space after each colon): {e}") from None
+        _check_phase_names(cfg, dot, path)
         cfg = _merge_layer(cfg, dot, "command line")
     try:
         OmegaConf.resolve(cfg)
@@ -304,6 +318,50 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _schema_type(key: str) -> Any:
+    """The schema's type of a dotted key (None where the schema does not type it: open mappings, unknown keys)."""
+    t: Any = Config
+    for part in key.split("."):
+        if dataclasses.is_dataclass(t):
+            t = typing.get_type_hints(t).get(part)
+        elif typing.get_origin(t) is dict:  # phases: name -> PhaseConfig
+            t = typing.get_args(t)[1]
+        else:
+            return None
+        args = typing.get_args(t)
+        if typing.get_origin(t) is typing.Union and len(args) == 2 and type(None) in args:  # Optional[X] -> X
+            t = next(a for a in args if a is not type(None))
+    return t
+
+
+def _keep_string(item: str) -> str:
+    """A command-line value for a string key is the text as typed: YAML would read run.name=007 as the int 7 (and
+    yes as True, 1e3 as 1000.0), which the schema then stored as '7'."""
+    key, raw = item.split("=", 1)
+    if _schema_type(key) is not str:
+        return item
+    try:
+        value = OmegaConf.from_dotlist([f"v={raw}"]).v
+    except (OmegaConfBaseException, yaml.YAMLError):
+        return item
+    return f"{key}={json.dumps(raw)}" if isinstance(value, (bool, int, float)) else item
+
+
+def _check_phase_names(cfg: DictConfig, dot: DictConfig, path: Any) -> None:
+    """Where the YAML declares phases, a command-line key under ``phases.`` must name one of them: a misspelled
+    ``phases.extend_1K.steps=100`` would otherwise append a phase of its own and train it after the others. (A config
+    without phases may declare them on the command line.)"""
+    given = dot.get("phases") if isinstance(dot, DictConfig) else None
+    if not len(cfg.phases) or not isinstance(given, DictConfig):
+        return
+    for name in given:
+        if name not in cfg.phases:
+            raise ConfigError(
+                f"command line: phases.{name}: no such phase in {path}; its phases are: "
+                f"{', '.join(cfg.phases)} (a new phase is declared in the YAML file)"
+            )
 
 
 def _parses(item: str) -> bool:
@@ -336,11 +394,8 @@ def to_yaml(cfg: DictConfig) -> str:
 
 
 def save_config(cfg: DictConfig, path: Path) -> None:
-    """Write the resolved config atomically (temporary file + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(to_yaml(cfg))
-    tmp.replace(path)
+    """Write the resolved config atomically (temporary file, fsync, rename: minilm.files)."""
+    atomic_write_text(Path(path), to_yaml(cfg))
 
 
 # ------------------------------------------------------------------------------------------- derived values

@@ -185,3 +185,47 @@ def test_an_override_that_is_not_yaml_is_named():
 def test_train_counters_are_checked(key, value):
     with pytest.raises(ConfigError, match=f"train.{key}: must be >="):
         load_config(overrides=[f"train.{key}={value}"])
+
+
+@pytest.mark.parametrize("value", ["007", "yes", "1e3", "2024_01"])
+def test_a_string_key_from_the_command_line_keeps_its_text(value):
+    """YAML reads run.name=007 as the int 7 (yes as True, 1e3 as 1000.0, 2024_01 as 202401), and the schema stored
+    that as '7': the run went to runs/7. A string key takes the text as typed; quoting still works."""
+    cfg = load_config(overrides=[f"run.name={value}"])
+    assert (cfg.run.name, cfg.run.dir) == (value, f"runs/{value}")
+    assert load_config(overrides=["run.name='a b'"]).run.name == "a b"
+    assert load_config(overrides=["data.tokenizer.vocab_size=1_024"]).data.tokenizer.vocab_size == 1024  # not a str
+
+
+def test_a_misspelled_phase_on_the_command_line_is_an_error():
+    """phases.NAME.key=value for a NAME the YAML lacks used to append a phase of that name, trained after the
+    others with the run's settings (here: a 4th phase at seq_len 128). A config without phases may still declare
+    them on the command line."""
+    with pytest.raises(ConfigError, match=r"phases\.extend_521: no such phase .*pretrain, extend_512, extend_2k"):
+        load_config(REPO / "configs/rope_yarn_tiny.yaml", ["phases.extend_521.steps=5"])
+    assert phase_names(load_config(REPO / "configs/tiny.yaml", ["phases.a.steps=5", "phases.b.steps=2"])) == ["a", "b"]
+
+
+def test_a_config_file_that_cannot_be_read_is_named(tmp_path):
+    """A non-UTF-8 file (or a directory) gave a UnicodeDecodeError (IsADirectoryError) traceback, exit 1."""
+    latin = tmp_path / "latin1.yaml"
+    latin.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1\.yaml: not UTF-8 text"):
+        load_config(latin)
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_config(tmp_path)
+
+
+def test_save_config_is_written_through_minilm_files(tmp_path, monkeypatch):
+    """Saved configs (the run's, each phase's) are files a resume trusts: fsynced before the rename like every other
+    file that matters (minilm.files), not only renamed."""
+    import os
+
+    from minilm.config import save_config
+
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    save_config(load_config(overrides=["run.name=x"]), tmp_path / "sub" / "config.yaml")
+    assert load_config(tmp_path / "sub" / "config.yaml").run.name == "x"
+    assert synced and [p.name for p in (tmp_path / "sub").iterdir()] == ["config.yaml"]
