@@ -33,12 +33,15 @@ def lr_lambda(step: int, warmup: int, total: int, decay: str, min_ratio: float) 
 
 
 class LitGPT(L.LightningModule):
-    def __init__(self, model: nn.Module, cfg, total_steps: int, step_offset: int = 0, phase: str = "train"):
-        """``cfg`` is the phase's resolved config (minilm.config.phase_config)."""
+    def __init__(self, model: nn.Module, cfg, total_steps: int, step_offset: int = 0, phase: str = "train",
+                 tokens_offset: int = 0):  # fmt: skip
+        """``cfg`` is the phase's resolved config (minilm.config.phase_config); ``tokens_offset``: the tokens the
+        earlier phases trained on (their batch_size · seq_len may differ from this phase's)."""
         super().__init__()
         self.model, self.cfg = model, cfg
         self.total_steps, self.step_offset, self.phase = total_steps, step_offset, phase
         self.tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
+        self.tokens_offset = tokens_offset
         # train.compile compiles the loss (what a step calls), not the module: a compiled module's .loss attribute
         # would be the eager method.
         if cfg.train.compile:
@@ -50,7 +53,14 @@ class LitGPT(L.LightningModule):
         self.initial_optimizer_state: Optional[dict] = None  # carried from the previous phase (carry_optimizer)
         self.bad_steps = 0
         self.last_grad_norm = float("nan")
-        self._t_last: Optional[float] = None
+        self._step_lr = float("nan")  # the lr the last optimizer step used (the scheduler moves on before logging)
+        # the finite micro-batch losses of the current optimizer step: their mean is the step's loss
+        self._loss_sum: Optional[torch.Tensor] = None
+        self._loss_count = 0
+        self._t_last: Optional[float] = None  # time and step of the last tokens_per_sec measurement
+        self._step_last = 0
+        self._t_val: Optional[float] = None
+        self._paused = 0.0  # seconds spent validating since the last measurement: not training throughput
         self._val_losses: list[torch.Tensor] = []
 
     # ------------------------------------------------------------------------------------------- steps
@@ -84,31 +94,51 @@ class LitGPT(L.LightningModule):
             print(f"warning: non-finite loss at step {step}; skipped ({self.bad_steps}/{self.cfg.train.max_bad_steps})")
             return None  # Lightning skips backward and the optimizer step
         self.log("loss", loss.detach(), prog_bar=True, logger=False)
-        self._train_loss = loss.detach()
+        # With gradient accumulation a step is several micro-batches: its loss is their mean (what the gradient
+        # is of), not the last micro-batch's.
+        self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
+        self._loss_count += 1
         return loss
 
     def on_before_optimizer_step(self, optimizer) -> None:
         clip = self.cfg.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
         self.last_grad_norm = float(norm)
+        self._step_lr = optimizer.param_groups[0]["lr"]  # read before the scheduler steps to the next step's lr
+
+    def on_train_start(self) -> None:
+        self._t_last, self._step_last, self._paused = time.perf_counter(), self.global_step, 0.0
+
+    def on_validation_start(self) -> None:
+        self._t_val = time.perf_counter()
+
+    def on_validation_end(self) -> None:
+        if self._t_val is not None:
+            self._paused += time.perf_counter() - self._t_val
+            self._t_val = None
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        if outputs is None or (batch_idx + 1) % self.trainer.accumulate_grad_batches:
+        if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
+            return
+        loss_sum, count = self._loss_sum, self._loss_count
+        self._loss_sum, self._loss_count = None, 0  # the next optimizer step starts its own mean
+        if outputs is None or count == 0:
             return
         step = self.global_step  # already incremented by the optimizer step
         if step % self.cfg.train.log_every and step != self.total_steps:
             return
         now = time.perf_counter()
         scalars = {
-            "train/loss": float(self._train_loss),
-            "lr": self.trainer.optimizers[0].param_groups[0]["lr"],
+            "train/loss": float(loss_sum) / count,
+            "lr": self._step_lr,
             "grad_norm": self.last_grad_norm,
-            "tokens_seen": float((self.step_offset + step) * self.tokens_per_step),
+            "tokens_seen": float(self.tokens_offset + step * self.tokens_per_step),
         }
-        if self._t_last is not None:
-            steps = self.cfg.train.log_every
-            scalars["tokens_per_sec"] = steps * self.tokens_per_step / max(1e-9, now - self._t_last)
-        self._t_last = now
+        if self._t_last is not None and step > self._step_last:
+            # the steps since the last measurement (fewer than log_every at a phase's last step), validation excluded
+            seconds = now - self._t_last - self._paused
+            scalars["tokens_per_sec"] = (step - self._step_last) * self.tokens_per_step / max(1e-9, seconds)
+        self._t_last, self._step_last, self._paused = now, step, 0.0
         self.log_scalars(scalars)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:

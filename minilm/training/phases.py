@@ -198,6 +198,23 @@ def _check_run_dir(run_dir: Path) -> None:
                           "run.dir to a writable path")
 
 
+def check_trainer(pcfg) -> None:
+    """The ``trainer`` section and ``train.precision`` go to lightning.Trainer unchanged; build one with them, so
+    that what Lightning refuses (an unknown accelerator or strategy, devices it cannot use) is an error naming the
+    keys before run.dir is written, not a traceback when the first phase starts."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    tr = pcfg.trainer
+    try:
+        L.Trainer(accelerator=tr.accelerator, devices=tr.devices, strategy=tr.strategy, num_nodes=tr.num_nodes,
+                  precision=precision(pcfg), logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                  enable_model_summary=False)  # fmt: skip
+    except (MisconfigurationException, ValueError, TypeError, RuntimeError) as e:
+        given = OmegaConf.to_container(tr, resolve=True)
+        settings = ", ".join(f"trainer.{k}={v}" for k, v in given.items()) + f", train.precision={pcfg.train.precision}"
+        raise MinilmError(f"trainer: Lightning cannot run with {settings}: {e}") from None
+
+
 def is_primary_process() -> bool:
     """True in the one process that owns run.dir's bookkeeping (lock, config, tokenizer, final weights). The other
     ranks of a DDP run (started by Lightning's launcher, torchrun or SLURM) train and leave the files to it.
@@ -320,6 +337,7 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
             "run.name / run.dir to start a new one"
         )
     _check_run_dir(run_dir)
+    check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
     saved = run_dir / "config.yaml"
     if resume and saved.exists():
         old = OmegaConf.load(saved)
@@ -383,6 +401,7 @@ def run_phases(
             load_weights(model, Path(init))
             log(f"initial weights from {init}")
         offset = sum(phase_steps(pcfgs[n]) for n in names[:start])
+        tokens = sum(_phase_tokens(pcfgs[n]) for n in names[:start])
         prev = names[start - 1] if start > 0 else None
         if prev is not None and init is None:
             _load_finished_phase(model, run_dir, prev, start_phase)
@@ -394,8 +413,8 @@ def run_phases(
             else:
                 carry = carries_optimizer(cfg, n)
                 opt_state = load_checkpoint_dict(_optimizer_state_path(run_dir, prev, n)) if carry else None
-                _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log)
-            prev, offset = n, offset + steps
+                _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log, tokens)
+            prev, offset, tokens = n, offset + steps, tokens + _phase_tokens(pcfg)
         if primary:
             save_weights(model, run_dir / "model.safetensors")
             save_config(pcfgs[names[-1]], run_dir / "final_config.yaml")
@@ -423,7 +442,13 @@ def _optimizer_state_path(run_dir: Path, phase: str, carrying: str) -> Path:
     return path
 
 
-def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, carried_opt, log) -> None:
+def _phase_tokens(pcfg) -> int:
+    """Tokens a phase trains on (per device): its steps times its own batch_size · seq_len."""
+    return phase_steps(pcfg) * pcfg.train.batch_size * pcfg.train.seq_len
+
+
+def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, carried_opt, log,
+                 tokens_offset: int = 0) -> None:  # fmt: skip
     pdir = phase_dir(run_dir, name)
     ckpt_dir = pdir / "checkpoints"
     ckpt = latest_good_checkpoint(ckpt_dir, log)
@@ -432,11 +457,14 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
     else:
         apply_phase(model, pcfg, name, log, None, offset)
         log(f"phase '{name}': resuming from {ckpt}")
-    module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name)
+    module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name, tokens_offset=tokens_offset)
     module.initial_optimizer_state = carried_opt if ckpt is None else None
     accum = pcfg.train.batch_size // micro_batch_size(pcfg.train)
     t = pcfg.train
-    val_every = t.val_every if t.val_every and t.val_every <= steps else None
+    # Validation inside fit every val_every steps, else (val_every 0 or beyond the phase) once at its last step:
+    # Lightning validates at the end of the epoch when given no interval, so a validate() after fit validated the
+    # end twice.
+    val_every = t.val_every if t.val_every and t.val_every <= steps else steps
     trainer = L.Trainer(
         max_steps=steps,
         max_epochs=1,  # one pass over the phase's batches = the whole phase
@@ -451,7 +479,7 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         enable_checkpointing=False,
         enable_model_summary=False,
         accumulate_grad_batches=accum,
-        val_check_interval=val_every * accum if val_every else None,
+        val_check_interval=val_every * accum,
         limit_val_batches=0 if t.val_batches == 0 else None,  # none at all: not an empty loader Lightning warns of
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
@@ -467,7 +495,7 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
     _interruptible(trainer, trainer.fit, module, datamodule=data, ckpt_path=str(ckpt) if ckpt else None)
     if trainer.global_step < steps:
         raise MinilmError(f"phase '{name}' stopped at step {trainer.global_step} of {steps}; resume with --resume")
-    if not val_every or steps % val_every:
+    if steps % val_every:  # the last step is not a multiple of val_every: validate the end of the phase too
         _interruptible(trainer, trainer.validate, module, datamodule=data, verbose=False)
     if trainer.is_global_zero:
         seconds = time.perf_counter() - t0

@@ -45,3 +45,59 @@ def test_adamw_uses_the_fused_kernel_on_cpu_and_steps_like_foreach():
             opt.zero_grad()
     for a, b in zip(fused_model.parameters(), foreach_model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, **over):
+    """Train a tiny LitGPT for ``steps`` optimizer steps on fixed rows (the same ``batch`` rows each step, in
+    micro-batches of ``micro``); returns the scalars it logged, {tag: [(step, value), ...]}."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    over = {"train.batch_size": batch, "train.micro_batch_size": micro, "train.log_every": log_every,
+            "optim.warmup_steps": 0, **over}  # fmt: skip
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2",
+                                 *(f"{k}={v}" for k, v in over.items())])  # fmt: skip
+    torch.manual_seed(1)
+    module = LitGPT(GPT(cfg.model, 40), cfg, total_steps=steps)
+    x = torch.randint(0, 40, (batch, 9), generator=torch.Generator().manual_seed(0))
+    rows = [{"input_ids": x[i:i + micro, :-1], "targets": x[i:i + micro, 1:]} for i in range(0, batch, micro)]
+    logged = {}
+    module.log_scalars = lambda scalars: [logged.setdefault(k, []).append((module.global_step, v))
+                                          for k, v in scalars.items()]  # fmt: skip
+    trainer = L.Trainer(max_steps=steps, accumulate_grad_batches=batch // micro, logger=False, accelerator="cpu",
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, num_sanity_val_steps=0)  # fmt: skip
+    trainer.fit(module, DataLoader(rows * steps, batch_size=None))
+    return logged
+
+
+def test_logged_loss_is_the_whole_batch_mean_under_gradient_accumulation():
+    """micro_batch_size only trades memory for time: the step's gradient is the same, and so must be its logged
+    train/loss (the mean over the step's micro-batches). It was the last micro-batch's loss alone."""
+    whole, halves, singles = (_fit(micro)["train/loss"][0][1] for micro in (4, 2, 1))
+    assert abs(halves - whole) < 1e-5 and abs(singles - whole) < 1e-5, (whole, halves, singles)
+
+
+def test_logged_lr_is_the_lr_the_step_used():
+    """The scheduler steps before on_train_batch_end, so the optimizer's current lr is the next step's: a one-step
+    phase without warmup trains at the peak lr, and logged the floor (lr · min_lr_ratio)."""
+    logged = _fit(4, **{"optim.lr": 0.01, "optim.min_lr_ratio": 0.1})
+    assert logged["lr"] == [(1, 0.01)]
+    logged = _fit(4, steps=3, **{"optim.lr": 0.01, "optim.warmup_steps": 3})  # warmup: 1/3, 2/3, 3/3 of the peak
+    assert [round(v, 6) for _, v in logged["lr"]] == [0.003333, 0.006667, 0.01]
+
+
+def test_tokens_per_sec_counts_the_steps_since_the_last_log(monkeypatch):
+    """At a phase's last step (not a multiple of log_every) fewer than log_every steps have passed since the last
+    log; tokens_per_sec assumed log_every, overstating the speed."""
+    import itertools
+    from types import SimpleNamespace
+
+    from minilm.training import lit_module
+
+    ticks = itertools.count(1.0)  # the module's clock advances one second per read: once per log
+    monkeypatch.setattr(lit_module, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+    per_step = 4 * 256  # batch_size 4 x the default seq_len
+    logged = _fit(4, steps=6, log_every=4)
+    assert dict(logged["tokens_per_sec"]) == {4: 4 * per_step, 6: 2 * per_step}

@@ -1,0 +1,63 @@
+"""The phase loop's bookkeeping, in process: how often it validates, what it logs across phases, and trainer
+settings Lightning refuses."""
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from minilm.config import load_config
+from minilm.errors import MinilmError
+from minilm.training.phases import run_phases
+from tests.conftest import local_data_yaml
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = """
+model: {{n_layers: 1, d_model: 32, n_heads: 2}}
+{data}train: {{seq_len: 32, batch_size: 4, steps: 3, val_every: 0, val_batches: 1, log_every: 1, ckpt_every: 0}}
+optim: {{lr: 0.003, warmup_steps: 1}}
+trainer: {{accelerator: cpu}}
+"""
+
+
+@pytest.fixture
+def config(tmp_path, tiny_text_dir):
+    path = tmp_path / "exp.yaml"
+    path.write_text(TINY.format(data=local_data_yaml(tiny_text_dir, tmp_path / "cache")))
+    return path
+
+
+def scalars(run_dir, tag):
+    acc = EventAccumulator(str(run_dir / "tb"))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.mark.parametrize("val_every", [0, 10])
+def test_the_end_of_a_phase_is_validated_once(config, tmp_path, val_every):
+    """val_every 0 ("only at the end") or beyond the phase's steps: Lightning validated at the end of the epoch and
+    the loop validated again after fit, the same loss logged twice at the last step (and a whole validation pass
+    spent)."""
+    run = tmp_path / "run"
+    run_phases(load_config(config, [f"run.dir={run}", f"train.val_every={val_every}"]), log=lambda m: None)
+    assert [step for step, _ in scalars(run, "val/loss")] == [0, 3]  # before the first step, and at the end
+
+
+def test_tokens_seen_adds_each_phase_at_its_own_batch_and_length(config, tmp_path):
+    """tokens_seen counted every step of the earlier phases at the current phase's batch_size · seq_len."""
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}", "phases.a={seq_len: 32, batch_size: 4, steps: 2}",
+                               "phases.b={seq_len: 64, batch_size: 1, steps: 2}"])  # fmt: skip
+    run_phases(cfg, log=lambda m: None)
+    assert scalars(run, "tokens_seen") == [(1, 128), (2, 256), (3, 256 + 64), (4, 256 + 128)]
+
+
+@pytest.mark.parametrize("override, named", [("trainer.accelerator=tpuu", "trainer.accelerator=tpuu"),
+                                             ("trainer.devices=abc", "trainer.devices=abc"),
+                                             ("trainer.strategy=dpp", "trainer.strategy=dpp")])
+def test_trainer_settings_lightning_refuses_are_named_before_the_run_starts(config, tmp_path, override, named):
+    """They went to lightning.Trainer when the first phase began: a ValueError / TypeError traceback (exit 1), after
+    run.dir's config.yaml, tokenizer and TensorBoard directory were written."""
+    run = tmp_path / "run"
+    with pytest.raises(MinilmError, match=f"trainer: .*{named}"):
+        run_phases(load_config(config, [f"run.dir={run}", override]), log=lambda m: None)
+    assert not run.exists()
