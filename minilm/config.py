@@ -604,6 +604,12 @@ def validate(cfg: DictConfig) -> None:
     validate_eval(cfg.eval)
     for name in cfg.phases:  # raises with the phase's name on any bad override
         _validate_data(phase_config(cfg, name).data, where=f"phases.{name}.data")
+    first = next(iter(cfg.phases), None)
+    _check(
+        first is None or not cfg.phases[first].carry_optimizer,
+        f"phases.{first}.carry_optimizer",
+        "the first phase has no earlier phase whose optimizer moments it could carry; set it false",
+    )
 
 
 def as_dict(cfg: DictConfig) -> dict:

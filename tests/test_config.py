@@ -229,3 +229,11 @@ def test_save_config_is_written_through_minilm_files(tmp_path, monkeypatch):
     save_config(load_config(overrides=["run.name=x"]), tmp_path / "sub" / "config.yaml")
     assert load_config(tmp_path / "sub" / "config.yaml").run.name == "x"
     assert synced and [p.name for p in (tmp_path / "sub").iterdir()] == ["config.yaml"]
+
+
+def test_carry_optimizer_on_the_first_phase_is_an_error():
+    """There is nothing before the first phase to carry moments from: the flag was ignored without a word (and a
+    study still hashed it into the phase's identity)."""
+    with pytest.raises(ConfigError, match=r"phases\.pretrain\.carry_optimizer: the first phase"):
+        load_config(REPO / "configs/rope_yarn_tiny.yaml", ["phases.pretrain.carry_optimizer=true"])
+    assert load_config(REPO / "configs/rope_yarn_tiny.yaml", ["phases.extend_512.carry_optimizer=true"])
