@@ -379,6 +379,7 @@ def on_schema(resolved: Any) -> DictConfig:
     given = OmegaConf.create(resolved)
     cfg = OmegaConf.merge(OmegaConf.structured(Config), given)
     cfg.data.sources = given.data.sources
+    _drop_null_sources(cfg.data)  # a default source the config removed is saved as NAME: null (to_yaml)
     cfg.model.position = given.model.position
     return cfg
 
@@ -390,7 +391,14 @@ def _drop_null_sources(data: DictConfig) -> None:
 
 
 def to_yaml(cfg: DictConfig) -> str:
-    return OmegaConf.to_yaml(cfg, resolve=True)
+    """The resolved config as YAML that loads back to the same config (``--print-config``, every saved config.yaml).
+    A default source the config removed is written as ``NAME: null``: the loader merges ``data.sources`` onto the
+    schema's default, so without it the default ``embedded`` source came back on reloading."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    sources = plain.get("data", {}).get("sources")
+    if isinstance(sources, dict):
+        sources.update({name: None for name in DataConfig().sources if name not in sources})
+    return OmegaConf.to_yaml(plain)
 
 
 def save_config(cfg: DictConfig, path: Path) -> None:

@@ -237,3 +237,22 @@ def test_carry_optimizer_on_the_first_phase_is_an_error():
     with pytest.raises(ConfigError, match=r"phases\.pretrain\.carry_optimizer: the first phase"):
         load_config(REPO / "configs/rope_yarn_tiny.yaml", ["phases.pretrain.carry_optimizer=true"])
     assert load_config(REPO / "configs/rope_yarn_tiny.yaml", ["phases.extend_512.carry_optimizer=true"])
+
+
+def test_the_printed_config_loads_back_to_the_same_config(tmp_path):
+    """`train.py --config <the --print-config output>` (or a run's saved config.yaml) must train the same run. A
+    config that removed the default source (`embedded: null`) printed without it, and the reload merged the
+    schema's default `embedded` source back in: another corpus, another tokenizer."""
+    from minilm.config import to_yaml
+    from minilm.runs import load_run_config
+
+    y = tmp_path / "own.yaml"
+    y.write_text(f"base: {REPO / 'configs/rope_yarn_tiny.yaml'}\n"
+                 "data:\n  sources:\n    embedded: null\n    local: {kind: files, paths: ['x/*.py']}\n")  # fmt: skip
+    cfg = load_config(y, ["model.position.name=alibi"])
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(to_yaml(cfg))
+    again = load_config(printed)
+    assert list(again.data.sources) == ["local"]
+    assert to_yaml(again) == to_yaml(cfg)
+    assert list(load_run_config(printed).data.sources) == ["local"]  # how runs.py reads a saved config.yaml

@@ -277,7 +277,8 @@ def _run_data_config(run_dir: Path):
 
     saved = OmegaConf.load(run_dir / "config.yaml")
     data = OmegaConf.merge(OmegaConf.structured(DataConfig), saved.data)
-    data.sources = OmegaConf.to_container(saved.data.sources, resolve=True)
+    data.sources = {k: v for k, v in OmegaConf.to_container(saved.data.sources, resolve=True).items()
+                    if v is not None}  # NAME: null is a default source the run removed (minilm.config.to_yaml)
     OmegaConf.set_readonly(data, True)
     return data
 
