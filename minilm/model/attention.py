@@ -107,7 +107,9 @@ def sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tens
 
 
 class Attention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, position: dict, dims: PositionDims, dropout=0.0):
+    # No dropout on the attention probabilities: FlexAttention has none, and every kernel must compute the same thing
+    # (model.dropout acts on the embeddings and on each residual branch, in transformer.py)
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, position: dict, dims: PositionDims):
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
@@ -115,7 +117,6 @@ class Attention(nn.Module):
         self.wkv = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(n_heads * self.head_dim, d_model, bias=False)
         self.pos = build_position(position, dims, "attention")
-        self.dropout = dropout
         # A training-free extension method installed for evaluation / generation (minilm.positions.training_free);
         # when set, it computes attention itself from the rotary module and the position tensors.
         self.extension = None

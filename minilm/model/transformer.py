@@ -9,6 +9,8 @@ Architecture choices:
 - optional tied input/output embeddings (Press & Wolf 2017);
 - optional chunked LM head + cross-entropy (``model.loss_chunk_size``, loss.py) and activation checkpointing of
   each block (``model.activation_checkpointing``): memory savers with the same loss and gradients;
+- dropout (``model.dropout``, 0 by default) on the embeddings and on each residual branch's output; none on the
+  attention probabilities (FlexAttention has none, and every attention kernel computes the same thing);
 - init: N(0, init_std) for every matrix, output projections of each residual branch scaled by 1/sqrt(2·n_layers)
   (GPT-2), so the residual stream's variance does not grow with depth.
 """
@@ -52,7 +54,7 @@ class Block(nn.Module):
         kv = cfg.n_kv_heads or cfg.n_heads
         dims = PositionDims(cfg.d_model, cfg.n_heads, kv, head_dim(cfg), cfg.n_layers, layer)
         self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, kv, cfg.position, dims, cfg.dropout)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, kv, cfg.position, dims)
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = MLP(cfg.d_model, ffn_dim(cfg), cfg.mlp)
         self.drop = nn.Dropout(cfg.dropout)
