@@ -142,7 +142,8 @@ class Rope(PositionEncoding):
         self.layout = params.layout
         self.rope_type, self.scaling_params = parse_scaling(params.scaling)  # parsed once, read per forward
         inv_freq, factor = scaled_frequencies(self.rope_type, self.scaling_params, self.rot_dim, params.base)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        old = getattr(self, "inv_freq", None)  # a model already on a device keeps its tables there
+        self.register_buffer("inv_freq", inv_freq if old is None else inv_freq.to(old.device), persistent=False)
         self.attention_factor = factor
 
     def frequencies(self, seq_len: int | Tensor) -> tuple[Tensor, float | Tensor]:

@@ -348,3 +348,16 @@ def test_parity_default_with_transformers():
     theirs, factor = LlamaRotaryEmbedding.compute_default_rope_parameters(config=cfg, device="cpu")
     torch.testing.assert_close(default(), theirs.float(), rtol=2e-6, atol=0)
     assert factor == 1.0
+
+
+def test_reconfiguring_keeps_the_tables_on_the_model_s_device():
+    """A phase reconfigures the rotary layers wherever the model is: the new inv_freq was built on the CPU, so a
+    model on a GPU would have mixed devices in its first forward. (The meta device stands in for a GPU here.)"""
+    from minilm.config import load_config
+    from minilm.model import GPT
+
+    model = GPT(load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2"]).model, 64)
+    pos = model.blocks[0].attn.pos
+    model.to("meta")
+    pos.configure(pos.params)
+    assert pos.inv_freq.device.type == "meta"
