@@ -120,13 +120,15 @@ class OptimConfig:
 class TrainConfig:
     seq_len: int = 256
     batch_size: int = 16  # sequences per optimizer step (per device)
-    micro_batch_size: Optional[int] = None  # None = batch_size; smaller values accumulate gradients
+    # None = batch_size; smaller values accumulate gradients: each batch's rows are split, so only memory and
+    # time change (the same rows are trained on and validated on)
+    micro_batch_size: Optional[int] = None
     steps: int = 1000
     tokens: Optional[int] = None  # when set, wins over steps: steps = ceil(tokens / (batch_size · seq_len))
     precision: str = "auto"  # auto (bf16-mixed on GPU, 32 on CPU) | 32 | bf16-mixed | 16-mixed
     compile: bool = False
     val_every: int = 100  # steps between validations (0: only at the end)
-    val_batches: int = 8
+    val_batches: int = 8  # validation batches of batch_size rows (per device)
     log_every: int = 10
     ckpt_every: int = 100  # steps between resumable checkpoints (0: only at phase end)
     keep_checkpoints: int = 2  # the newest k step checkpoints of a phase are kept (0: all of them)

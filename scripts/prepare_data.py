@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 def report(config: str | None, overrides: list[str], progress: bool = True) -> None:
     import numpy as np
 
-    from minilm.config import load_config, micro_batch_size, phase_config, phase_names
+    from minilm.config import load_config, phase_config, phase_names
     from minilm.data import format_stats, load_corpus, long_share, make_sampler, parse_sources, validation_batches
 
     cfg = load_config(config, overrides)
@@ -63,8 +63,8 @@ def report(config: str | None, overrides: list[str], progress: bool = True) -> N
               f"{long_share(store, min_tokens, sampled):.1%} of the train tokens of {', '.join(sampled)} are in "
               f"the {n_long} docs >= {min_tokens} tokens")  # fmt: skip
         try:  # what training checks before any phase starts (minilm.training.phases.check_phase_data)
-            make_sampler(corpus, "train", d, t.seq_len, micro_batch_size(t), pcfg.run.seed, name)
-            validation_batches(corpus, d, t.seq_len, micro_batch_size(t), 0, pcfg.run.seed)
+            make_sampler(corpus, "train", d, t.seq_len, t.batch_size, pcfg.run.seed, name)
+            validation_batches(corpus, d, t.seq_len, t.batch_size, 0, pcfg.run.seed)
         except MinilmError as e:
             raise MinilmError(f"phase '{name}': {e}") from None
 

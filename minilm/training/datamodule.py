@@ -1,9 +1,11 @@
 """Batches for one phase, indexed by micro-step so that resume and DDP sharding are exact.
 
-The sampler (minilm.data) is a pure function of (seed, phase, index, rank); the train loader yields
-``sampler.batch(start + i)`` where ``start`` is the micro-step the restored trainer is at. Lightning restores
-the trainer's step before it asks for the loader, so a resumed phase sees exactly the batches an uninterrupted
-one would.
+The sampler (minilm.data) is a pure function of (seed, phase, index, rank); the train loader yields micro-batch
+``(start + i) % accum`` of ``sampler.batch((start + i) // accum)``, where ``start`` is the micro-step the restored
+trainer is at. Lightning restores the trainer's step before it asks for the loader, so a resumed phase sees
+exactly the batches an uninterrupted one would. The sampler draws whole batches (``batch_size`` rows) and
+``micro_batch_size`` only splits them, so gradient accumulation trains on the rows, and validates on the rows, of
+a run without it: it trades memory for time and changes nothing else.
 """
 
 from __future__ import annotations
@@ -16,15 +18,25 @@ from torch.utils.data import DataLoader, Dataset
 from minilm.config import micro_batch_size, phase_steps
 
 
+def _micro(batch: dict, m: int, accum: int) -> dict:
+    """Micro-batch ``m`` of ``accum`` of a batch: its rows [m·B/accum, (m+1)·B/accum)."""
+    rows = next(iter(batch.values())).shape[0] // accum
+    return {k: v[m * rows : (m + 1) * rows] for k, v in batch.items()}
+
+
 class _StepBatches(Dataset):
-    def __init__(self, fetch, start: int, length: int):
-        self.fetch, self.start, self.length = fetch, start, length
+    def __init__(self, fetch, start: int, length: int, accum: int):
+        self.fetch, self.start, self.length, self.accum = fetch, start, length, accum
+        self._step, self._batch = None, None  # the step whose batch is being split (its micro-batches come in a row)
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, i: int) -> dict:
-        return self.fetch(self.start + i)
+        step, m = divmod(self.start + i, self.accum)
+        if step != self._step:
+            self._step, self._batch = step, self.fetch(step)
+        return _micro(self._batch, m, self.accum)
 
 
 class PhaseData(L.LightningDataModule):
@@ -41,7 +53,7 @@ class PhaseData(L.LightningDataModule):
 
         t = self.cfg.train
         return make_sampler(
-            self.corpus, "train", self.cfg.data, t.seq_len, micro_batch_size(t), self.cfg.run.seed, self.phase,
+            self.corpus, "train", self.cfg.data, t.seq_len, t.batch_size, self.cfg.run.seed, self.phase,
             rank=self.trainer.global_rank, world_size=self.trainer.world_size,
         )  # fmt: skip
 
@@ -60,15 +72,17 @@ class PhaseData(L.LightningDataModule):
         start = self.trainer.global_step * self.accum  # restored before this is called
         # The loader keeps the phase's full length (Lightning checks val_check_interval against it); the loop
         # stops at max_steps, before the indices run past the phase.
-        return DataLoader(_StepBatches(sampler.batch, start, total), batch_size=None, shuffle=False, num_workers=0)
+        return DataLoader(_StepBatches(sampler.batch, start, total, self.accum), batch_size=None, shuffle=False,
+                          num_workers=0)  # fmt: skip
 
     def val_dataloader(self) -> DataLoader:
         if self._val is None:
             from minilm.data import validation_batches
 
             t = self.cfg.train
-            self._val = validation_batches(
-                self.corpus, self.cfg.data, t.seq_len, micro_batch_size(t), t.val_batches, self.cfg.run.seed,
+            whole = validation_batches(
+                self.corpus, self.cfg.data, t.seq_len, t.batch_size, t.val_batches, self.cfg.run.seed,
                 rank=self.trainer.global_rank, world_size=self.trainer.world_size,
             )  # fmt: skip
+            self._val = [_micro(b, m, self.accum) for b in whole for m in range(self.accum)]
         return DataLoader(self._val, batch_size=None, shuffle=False, num_workers=0)

@@ -62,6 +62,7 @@ class LitGPT(L.LightningModule):
         self._t_val: Optional[float] = None
         self._paused = 0.0  # seconds spent validating since the last measurement: not training throughput
         self._val_losses: list[torch.Tensor] = []
+        self.last_val_step: Optional[int] = None  # this phase's step of the last validation
 
     # ------------------------------------------------------------------------------------------- steps
 
@@ -151,7 +152,7 @@ class LitGPT(L.LightningModule):
         loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
         self._val_losses.clear()
         self.log("val_loss", loss, prog_bar=True, logger=False, sync_dist=False)
-        self.last_val_loss = float(loss)
+        self.last_val_loss, self.last_val_step = float(loss), self.global_step
         if not self.trainer.sanity_checking:
             self.log_scalars({"val/loss": float(loss), "val/ppl": math.exp(min(float(loss), 50.0))})
 

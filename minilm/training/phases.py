@@ -41,6 +41,7 @@ from minilm.model import GPT
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
 from minilm.training.checkpoint import (
+    CKPT_PATTERN,
     AtomicCheckpointIO,
     atomic_torch_save,
     checkpoint_path,
@@ -235,8 +236,8 @@ def check_phase_data(corpus, pcfg, phase: str) -> None:
 
     t = pcfg.train
     try:
-        make_sampler(corpus, "train", pcfg.data, t.seq_len, micro_batch_size(t), pcfg.run.seed, phase)
-        validation_batches(corpus, pcfg.data, t.seq_len, micro_batch_size(t), 0, pcfg.run.seed)
+        make_sampler(corpus, "train", pcfg.data, t.seq_len, t.batch_size, pcfg.run.seed, phase)
+        validation_batches(corpus, pcfg.data, t.seq_len, t.batch_size, 0, pcfg.run.seed)
     except DataError as e:
         raise DataError(f"phase '{phase}': {e}") from None
 
@@ -248,11 +249,17 @@ def _check_resumed_sampler(corpus, pcfg, phase: str, run_dir: Path) -> None:
     from minilm.data import make_sampler
 
     ckpt = latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
+    if ckpt is not None and (at := int(CKPT_PATTERN.match(ckpt.name).group(1))) > phase_steps(pcfg):
+        # Lightning would restore step `at` >= max_steps, train nothing, and the phase would be marked finished
+        # with more steps in its weights than its config and complete.json say
+        raise MinilmError(f"--resume: phase '{phase}' has a checkpoint at step {at} ({ckpt}), beyond the "
+                          f"{phase_steps(pcfg)} steps the config now gives it; give it at least {at} steps, or "
+                          f"retrain it with --phase {phase}")  # fmt: skip
     saved = load_checkpoint_dict(ckpt).get(PhaseData.__qualname__, {}).get("sampler") if ckpt else None
     if saved is None:  # no checkpoint, or one written before the sampler's identity was saved
         return
     t = pcfg.train
-    sampler = make_sampler(corpus, "train", pcfg.data, t.seq_len, micro_batch_size(t), pcfg.run.seed, phase,
+    sampler = make_sampler(corpus, "train", pcfg.data, t.seq_len, t.batch_size, pcfg.run.seed, phase,
                            rank=saved.get("rank", 0), world_size=saved.get("world_size", 1))  # fmt: skip
     try:
         sampler.load_state_dict(saved)
@@ -495,7 +502,8 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
     _interruptible(trainer, trainer.fit, module, datamodule=data, ckpt_path=str(ckpt) if ckpt else None)
     if trainer.global_step < steps:
         raise MinilmError(f"phase '{name}' stopped at step {trainer.global_step} of {steps}; resume with --resume")
-    if steps % val_every:  # the last step is not a multiple of val_every: validate the end of the phase too
+    if module.last_val_step != steps:  # fit did not validate the last step (not a multiple of val_every, or a
+        # resume from a checkpoint at the phase's last step, when fit has no step left to run)
         _interruptible(trainer, trainer.validate, module, datamodule=data, verbose=False)
     if trainer.is_global_zero:
         seconds = time.perf_counter() - t0

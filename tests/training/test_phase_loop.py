@@ -61,3 +61,39 @@ def test_trainer_settings_lightning_refuses_are_named_before_the_run_starts(conf
     with pytest.raises(MinilmError, match=f"trainer: .*{named}"):
         run_phases(load_config(config, [f"run.dir={run}", override]), log=lambda m: None)
     assert not run.exists()
+
+
+def test_resume_past_or_at_a_shortened_phase_end(config, tmp_path):
+    """--resume after the phase's steps were lowered: a checkpoint beyond the new end was restored, fit had nothing
+    left to do, and the phase was marked finished with more steps in its weights than its config and complete.json
+    said. It is refused; a checkpoint exactly at the new end finishes the phase, validated."""
+    import json
+
+    run = tmp_path / "run"
+    over = [f"run.dir={run}", "train.ckpt_every=2", "train.val_every=0"]
+    run_phases(load_config(config, [*over, "train.steps=3"]), log=lambda m: None)
+    (run / "train" / "complete.json").unlink()  # as if killed after the checkpoint at step 2
+    with pytest.raises(MinilmError, match=r"checkpoint at step 2 .*beyond the 1 steps"):
+        run_phases(load_config(config, [*over, "train.steps=1"]), resume=True, log=lambda m: None)
+    run_phases(load_config(config, [*over, "train.steps=2"]), resume=True, log=lambda m: None)
+    summary = json.loads((run / "train" / "complete.json").read_text())
+    assert summary["steps"] == 2 and summary["val_loss"] is not None
+
+
+def test_micro_batch_size_splits_the_same_rows(config, tmp_path):
+    """micro_batch_size trades memory for time: the sampler drew each micro-batch as a batch of its own (other rows
+    than a run without accumulation) and validated on val_batches x micro_batch_size rows (a quarter of the rows at
+    micro_batch_size = batch_size / 4), so runs differing only in it trained and validated on different data."""
+    import json
+
+    from safetensors.torch import load_file
+
+    runs = {}
+    for micro in (4, 1):
+        run = tmp_path / f"micro{micro}"
+        run_phases(load_config(config, [f"run.dir={run}", f"train.micro_batch_size={micro}", "train.val_batches=2"]),
+                   log=lambda m: None)  # fmt: skip
+        runs[micro] = (load_file(run / "model.safetensors"), json.loads((run / "train/complete.json").read_text()))
+    (whole, whole_summary), (split, split_summary) = runs[4], runs[1]
+    assert max(float((whole[k] - split[k]).abs().max()) for k in whole) < 1e-5
+    assert abs(whole_summary["val_loss"] - split_summary["val_loss"]) < 1e-5
