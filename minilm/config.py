@@ -132,7 +132,7 @@ class TrainConfig:
     log_every: int = 10
     ckpt_every: int = 100  # steps between resumable checkpoints (0: only at phase end)
     keep_checkpoints: int = 2  # the newest k step checkpoints of a phase are kept (0: all of them)
-    max_bad_steps: int = 0  # NaN/inf losses skipped before the phase stops (0: stop at the first)
+    max_bad_steps: int = 0  # steps with a NaN/inf loss or gradient skipped before the phase stops (0: none)
 
 
 @dataclass

@@ -84,15 +84,7 @@ class LitGPT(L.LightningModule):
     def training_step(self, batch: dict, batch_idx: int):
         loss = self._loss(batch)
         if not torch.isfinite(loss):
-            self.bad_steps += 1
-            step = self.step_offset + self.global_step
-            if self.bad_steps > self.cfg.train.max_bad_steps:
-                raise MinilmError(
-                    f"phase '{self.phase}': the loss became {loss.item()} at step {step}; stopping. The last good "
-                    "checkpoint is intact. Lower optim.lr, raise optim.warmup_steps, or allow skipping with "
-                    "train.max_bad_steps."
-                )
-            print(f"warning: non-finite loss at step {step}; skipped ({self.bad_steps}/{self.cfg.train.max_bad_steps})")
+            self._bad_step(f"the loss became {loss.item()}")
             return None  # Lightning skips backward and the optimizer step
         self.log("loss", loss.detach(), prog_bar=True, logger=False)
         # With gradient accumulation a step is several micro-batches: its loss is their mean (what the gradient
@@ -101,11 +93,28 @@ class LitGPT(L.LightningModule):
         self._loss_count += 1
         return loss
 
+    def _bad_step(self, what: str) -> None:
+        """Count a skipped step (``train.max_bad_steps``), or stop the phase once there are too many."""
+        self.bad_steps += 1
+        step = self.step_offset + self.global_step
+        if self.bad_steps > self.cfg.train.max_bad_steps:
+            raise MinilmError(
+                f"phase '{self.phase}': {what} at step {step}; stopping. The last good checkpoint is intact. Lower "
+                "optim.lr, raise optim.warmup_steps, or allow skipping with train.max_bad_steps."
+            )
+        print(f"warning: {what} at step {step}; skipped ({self.bad_steps}/{self.cfg.train.max_bad_steps})")
+
     def on_before_optimizer_step(self, optimizer) -> None:
         clip = self.cfg.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
         self.last_grad_norm = float(norm)
         self._step_lr = optimizer.param_groups[0]["lr"]  # read before the scheduler steps to the next step's lr
+        # A finite loss can still have a NaN/inf gradient; clipping would then write NaN into every weight (it scales
+        # by clip / norm). fp16's GradScaler skips such steps itself (and lowers its scale): not a bad step there.
+        if not math.isfinite(self.last_grad_norm) and self.trainer.precision != "16-mixed":
+            self._bad_step(f"the gradient norm became {self.last_grad_norm}")
+            for p in self.model.parameters():
+                p.grad = None  # AdamW leaves a parameter without a gradient untouched: the step is skipped
 
     def on_train_start(self) -> None:
         self._t_last, self._step_last, self._paused = time.perf_counter(), self.global_step, 0.0

@@ -47,9 +47,10 @@ def test_adamw_uses_the_fused_kernel_on_cpu_and_steps_like_foreach():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, **over):
+def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, prepare=None, **over):
     """Train a tiny LitGPT for ``steps`` optimizer steps on fixed rows (the same ``batch`` rows each step, in
-    micro-batches of ``micro``); returns the scalars it logged, {tag: [(step, value), ...]}."""
+    micro-batches of ``micro``); ``prepare(module)`` runs before the fit. Returns the scalars it logged,
+    {tag: [(step, value), ...]}."""
     import lightning as L
     import torch
     from torch.utils.data import DataLoader
@@ -68,6 +69,8 @@ def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, **over)
     trainer = L.Trainer(max_steps=steps, accumulate_grad_batches=batch // micro, logger=False, accelerator="cpu",
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0, num_sanity_val_steps=0)  # fmt: skip
+    if prepare is not None:
+        prepare(module)
     trainer.fit(module, DataLoader(rows * steps, batch_size=None))
     return logged
 
@@ -101,3 +104,27 @@ def test_tokens_per_sec_counts_the_steps_since_the_last_log(monkeypatch):
     per_step = 4 * 256  # batch_size 4 x the default seq_len
     logged = _fit(4, steps=6, log_every=4)
     assert dict(logged["tokens_per_sec"]) == {4: 4 * per_step, 6: 2 * per_step}
+
+
+def test_a_step_whose_gradient_is_not_finite_is_skipped_or_stops_the_phase(capsys):
+    """A finite loss with a NaN gradient: clipping wrote NaN into every weight (it scales by clip / norm), and only
+    the next step's loss stopped the phase, the model already lost; with max_bad_steps > 0 every later step was
+    "skipped" on a ruined model. Now the step itself is skipped (weights untouched) or stops the phase."""
+    import pytest
+    import torch
+
+    from minilm.errors import MinilmError
+
+    modules = []
+
+    def poison(module):  # every step's gradient of the embedding is NaN; the loss stays finite
+        module.model.tok_emb.weight.register_hook(lambda g: g * float("nan"))
+        modules.append((module, {k: v.clone() for k, v in module.model.state_dict().items()}))
+
+    with pytest.raises(MinilmError, match="gradient norm became nan at step 0; stopping"):
+        _fit(4, prepare=poison)
+    logged = _fit(4, steps=2, prepare=poison, **{"train.max_bad_steps": 2})
+    module, before = modules[-1]
+    assert module.bad_steps == 2 and all(torch.equal(v, before[k]) for k, v in module.model.state_dict().items())
+    assert all(torch.isfinite(torch.tensor(v)) for _, v in logged["train/loss"])
+    assert capsys.readouterr().out.count("gradient norm became nan") == 2
