@@ -83,9 +83,10 @@ class LitGPT(L.LightningModule):
 
     def training_step(self, batch: dict, batch_idx: int):
         loss = self._loss(batch)
-        if not torch.isfinite(loss):
-            self._bad_step(f"the loss became {loss.item()}")
-            return None  # Lightning skips backward and the optimizer step
+        # A non-finite loss is not skipped here (returning None) but through its gradient, in
+        # on_before_optimizer_step: under DDP the all-reduce spreads it to every rank, so all ranks skip the same
+        # step (one rank skipping its backward alone would leave the others waiting in the all-reduce). No host
+        # sync per micro-batch either.
         self.log("loss", loss.detach(), prog_bar=True, logger=False)
         # With gradient accumulation a step is several micro-batches: its loss is their mean (what the gradient
         # is of), not the last micro-batch's.
@@ -109,10 +110,15 @@ class LitGPT(L.LightningModule):
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
         self.last_grad_norm = float(norm)
         self._step_lr = optimizer.param_groups[0]["lr"]  # read before the scheduler steps to the next step's lr
-        # A finite loss can still have a NaN/inf gradient; clipping would then write NaN into every weight (it scales
-        # by clip / norm). fp16's GradScaler skips such steps itself (and lowers its scale): not a bad step there.
-        if not math.isfinite(self.last_grad_norm) and self.trainer.precision != "16-mixed":
-            self._bad_step(f"the gradient norm became {self.last_grad_norm}")
+        # A NaN/inf loss, or a finite loss with a NaN/inf gradient: clipping would write NaN into every weight (it
+        # scales by clip / norm). The norm is of the all-reduced gradient, so every rank decides alike. fp16's
+        # GradScaler skips overflowing steps itself (and lowers its scale): there only a bad loss is a bad step.
+        if not math.isfinite(self.last_grad_norm):  # every rank is here (a collective is safe): the step's loss
+            loss = float(self.trainer.strategy.reduce(self._loss_sum / self._loss_count, reduce_op="mean"))
+            if math.isfinite(loss) and self.trainer.precision == "16-mixed":
+                return
+            norm = f"the gradient norm became {self.last_grad_norm}"
+            self._bad_step(norm if math.isfinite(loss) else f"the loss became {loss}")
             for p in self.model.parameters():
                 p.grad = None  # AdamW leaves a parameter without a gradient untouched: the step is skipped
 

@@ -128,3 +128,26 @@ def test_a_step_whose_gradient_is_not_finite_is_skipped_or_stops_the_phase(capsy
     assert module.bad_steps == 2 and all(torch.equal(v, before[k]) for k, v in module.model.state_dict().items())
     assert all(torch.isfinite(torch.tensor(v)) for _, v in logged["train/loss"])
     assert capsys.readouterr().out.count("gradient norm became nan") == 2
+
+
+def test_a_nan_loss_skips_its_step_through_the_gradient_and_then_stops_the_phase(capsys):
+    """A NaN loss is no longer skipped by returning None from training_step (under DDP the other ranks would wait
+    in the all-reduce for the skipping one): its gradient is NaN too, so the step is skipped where every rank
+    decides alike. max_bad_steps=1: the first is skipped with the weights untouched, the second stops."""
+    import pytest
+    import torch
+
+    from minilm.errors import MinilmError
+
+    modules = []
+
+    def poison(module):
+        loss = module.loss_fn
+        module.loss_fn = lambda *a, **k: loss(*a, **k) * float("nan")
+        modules.append((module, {k: v.clone() for k, v in module.model.state_dict().items()}))
+
+    with pytest.raises(MinilmError, match="the loss became nan at step 1; stopping"):
+        _fit(2, steps=3, prepare=poison, **{"train.max_bad_steps": 1})
+    module, before = modules[-1]
+    assert module.bad_steps == 2 and all(torch.equal(v, before[k]) for k, v in module.model.state_dict().items())
+    assert "warning: the loss became nan at step 0; skipped (1/1)" in capsys.readouterr().out
