@@ -148,7 +148,10 @@ def _choose(logits: Tensor, greedy: bool, temperature: float, top_k, top_p, gen)
     if greedy:
         return logits.argmax(-1)
     # shifted so the largest logit is 0 before dividing: a tiny temperature then sends the others to -inf (the
-    # argmax limit) instead of every logit to ±inf, whose softmax is nan
+    # argmax limit) instead of every logit to ±inf, whose softmax is nan. At least the dtype's smallest normal
+    # number: a subnormal temperature is read as 0 where subnormals are flushed (every CLI does, minilm.cli), and
+    # 0 / 0 is nan again; any temperature below it has the same argmax limit.
+    temperature = max(temperature, torch.finfo(logits.dtype).tiny)
     logits = filter_logits((logits - logits.amax(-1, keepdim=True)) / temperature, top_k, top_p)
     probs = torch.softmax(logits, dim=-1)
     return torch.multinomial(probs, 1, generator=gen).squeeze(1)
