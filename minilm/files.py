@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a directory (its entries: a rename in it)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:  # pragma: no cover - platforms without directory fds
@@ -34,7 +35,7 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
     finally:
         if tmp.exists():
             tmp.unlink()
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

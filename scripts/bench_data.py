@@ -32,23 +32,19 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", help="YAML config (default: the schema defaults, i.e. the embedded corpus)")
-    ap.add_argument("--num-proc", type=int, default=None, help="tokenization threads (default: data.num_proc)")
-    ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    args = ap.parse_intermixed_args(argv)
-    from minilm.errors import MinilmError
+def parser() -> argparse.ArgumentParser:
+    from minilm.cli import add_config_args
 
-    try:
-        bench(args.config, args.overrides, args.num_proc)
-    except MinilmError as e:
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_config_args(ap, required=False)  # without --config: the schema defaults (the embedded corpus)
+    ap.add_argument("--num-proc", type=int, default=None, help="tokenization threads (default: data.num_proc)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from minilm.cli import run_cli
+
+    return run_cli(lambda args: bench(args.config, args.overrides, args.num_proc), parser(), argv)
 
 
 def _per_s(n: float, seconds: float, spec: str = ",.0f") -> str:

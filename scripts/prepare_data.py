@@ -19,25 +19,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from minilm.cli import add_config_args, run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", help="YAML experiment config (default: the schema defaults)")
-    ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    add_config_args(ap, required=False)  # without --config: the schema defaults (the embedded corpus)
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
-    ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    args = ap.parse_intermixed_args(argv)  # overrides may follow flags: `--config X --quiet key=value`
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    def run(args: argparse.Namespace) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         report(args.config, args.overrides, progress=not args.quiet)
-    except MinilmError as e:
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+
+    return run_cli(run, parser(), argv)
 
 
 def report(config: str | None, overrides: list[str], progress: bool = True) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 from minilm.data.sources import SourceDocs, _plain, parse_sources, read_source, source_fingerprint
 from minilm.data.tokenizer import Tokenizer, file_digest, sample_chunks, train_tokenizer
 from minilm.errors import DataError
+from minilm.files import fsync_path
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +166,7 @@ def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, ou
     except OSError:  # another process finished the same corpus first: keep theirs
         if not (out / "meta.json").is_file():
             raise
-    _fsync(out.parent)
+    fsync_path(out.parent)
     if progress:
         print(format_stats(stats, header=f"prepared {out}"))
 
@@ -173,19 +174,7 @@ def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, ou
 def _sync_tree(directory: Path) -> None:
     """fsync every file of ``directory`` and the directory itself."""
     for f in [*directory.iterdir(), directory]:
-        _fsync(f)
-
-
-def _fsync(path: Path) -> None:
-    """fsync a file or a directory (its entries: a rename in it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_path(f)
 
 
 def held_out(names: Sequence[str], val_fraction: float, texts: Sequence[str] | None = None) -> np.ndarray:
