@@ -44,6 +44,17 @@ def local_data_yaml(corpus: Path, cache: Path, vocab_size: int = 400, **extra) -
     return text + "".join(f"  {key}: {value}\n" for key, value in extra.items())
 
 
+def load_script(path: str):
+    """The module of a repository script (``"scripts/study.py"``, ``"train.py"``), loaded from its file as a user
+    runs it, so a test can call its ``main`` / ``parser`` in-process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, REPO / path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def run_train(*args, check: bool = True, timeout: int = 600, env: dict | None = None, script: str = "train.py", **kw):
     """``python train.py ARGS`` (or another ``script``) as a user runs it, from the repository root, one intra-op
     thread, no inherited distributed environment (a DDP launcher's RANK etc. would change what the child does);

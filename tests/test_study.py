@@ -1,7 +1,6 @@
 """scripts/study.py: several variants of one schedule trained and compared in one command; shared phases are
 exact (a variant that starts from a copy of another's pretraining ends bitwise where it would alone)."""
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -13,7 +12,7 @@ from minilm.cli import run_cli
 from minilm.config import phase_config, phase_names, phase_steps
 from minilm.errors import ConfigError, MinilmError
 from minilm.study import load_study, phase_keys, plan_sharing, run_config, study_runs, write_summary
-from tests.conftest import local_data_yaml
+from tests.conftest import local_data_yaml, load_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,10 +41,7 @@ variants:
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"scripts/{name}.py")
 
 
 @pytest.fixture
@@ -72,9 +68,7 @@ def test_a_study_trains_every_variant_shares_pretraining_exactly_and_compares(tm
     assert (pi / "long" / "checkpoints").is_dir() and (pi / "model.safetensors").is_file()
     assert not (out / "alibi").exists()
     # sharing is exact: pi trained alone, from scratch, ends with the same weights
-    spec = importlib.util.spec_from_file_location("train", REPO / "train.py")
-    train_py = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_py)
+    train_py = load_script("train.py")
     alone = tmp_path / "pi_alone"
     argv = ["--config", str(tmp_path / "base.yaml"), f"run.dir={alone}",
             "phases.long.position.scaling={rope_type: linear, factor: 2.0}"]  # fmt: skip

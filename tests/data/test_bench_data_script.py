@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import load_script
 
 
 @pytest.fixture
 def script():
-    spec = importlib.util.spec_from_file_location("bench_data", REPO / "scripts" / "bench_data.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/bench_data.py")
 
 
 def _yaml(tmp_path, corpus_dir) -> str:

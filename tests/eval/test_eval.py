@@ -3,10 +3,8 @@ model, agreement of the batched teacher-forced verdict with real greedy decoding
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -29,9 +27,9 @@ from minilm.eval import (
 from minilm.eval.perplexity import bucket_curve, perplexity
 from minilm.eval.retrieval import greedy_decode, make_needle_sample, make_samples, score_samples
 
-from .conftest import tiny_gpt
+from tests.conftest import load_script
 
-REPO = Path(__file__).resolve().parents[2]
+from .conftest import tiny_gpt
 
 
 class Uniform(nn.Module):
@@ -289,10 +287,7 @@ def test_parse_extension_and_validation():
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"scripts/{name}.py")
 
 
 def test_evaluate_script_and_compare(tmp_path, fake_run, capsys):

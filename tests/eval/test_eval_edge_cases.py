@@ -4,7 +4,6 @@ empty CLI lists."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -16,16 +15,14 @@ from minilm.data.synthetic import MAX_LINE_TOKENS
 from minilm.eval import EvalSettings, evaluate, write_report
 from minilm.eval.retrieval import make_needle_sample
 
+from tests.conftest import load_script
+
 from .conftest import tiny_gpt
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"scripts/{name}.py")
 
 
 def test_needle_depths_stay_apart_in_long_lines(eval_data):

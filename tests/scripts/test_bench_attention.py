@@ -1,12 +1,11 @@
 """scripts/bench_attention.py: the attention core per encoding, on a tiny model on CPU."""
 
-import importlib.util
 import json
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 TINY = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "data.tokenizer.vocab_size=64"]
 
@@ -14,10 +13,7 @@ TINY = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "data.tokeniz
 @pytest.fixture(scope="module")
 def attn_bench():
     sys.path.insert(0, str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location("bench_attention", REPO / "scripts" / "bench_attention.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/bench_attention.py")
 
 
 def test_rows_name_their_kernel_and_compare_with_rope(attn_bench, tmp_path, monkeypatch):

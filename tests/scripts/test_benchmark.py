@@ -1,22 +1,18 @@
 """scripts/benchmark.py: runs a couple of steps on a tiny model and writes its JSON, markdown and docs table."""
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import load_script
 
 TINY = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "data.tokenizer.vocab_size=64"]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark", REPO / "scripts" / "benchmark.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scripts/benchmark.py")
 
 
 def test_flops_formula_and_matmul_params(bench):

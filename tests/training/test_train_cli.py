@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import local_data_yaml
+from tests.conftest import local_data_yaml, load_script
 from tests.conftest import run_train as train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -246,13 +246,9 @@ def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_p
     """--resume skips finished phases: had their lr, data or position changed since, the run would silently keep
     weights the config no longer describes. Evaluation and bookkeeping settings may change. (The refusals come
     before anything trains, so they run in this process: a subprocess each would cost seconds of start-up.)"""
-    import importlib.util
-
     from minilm.cli import run_cli
 
-    spec = importlib.util.spec_from_file_location("train_entry", REPO / "train.py")
-    train_py = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_py)
+    train_py = load_script("train.py")
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=2)
     run = tmp_path / "run"
     train("--config", cfg, f"run.dir={run}")
