@@ -43,6 +43,7 @@ from torch import Tensor
 
 from minilm.config import ffn_dim, head_dim
 from minilm.errors import MinilmError
+from minilm.files import fsync_path
 
 # minilm rope_type -> transformers rope_type (None: rewritten below into an equivalent transformers form)
 HF_ROPE_TYPES = {
@@ -338,17 +339,12 @@ def _install(staged: Path, out: Path) -> None:
     interrupted export leaves the earlier export's files or the new ones, never a truncated file."""
     names = sorted((p.name for p in staged.iterdir()), key=lambda n: n == EXPORT_MARKER)
     for name in names:
-        with open(staged / name, "rb") as f:
-            os.fsync(f.fileno())
+        fsync_path(staged / name)
     for name in names:
         os.replace(staged / name, out / name)
     for name in EXPORT_FILES - set(names):  # an earlier export's tokenizer when this one has none
         (out / name).unlink(missing_ok=True)
-    fd = os.open(out, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(out)
 
 
 def export_model(model, cfg, tokenizer, out_dir: str | Path, verify: Optional[Callable[[Path], None]] = None) -> Path:

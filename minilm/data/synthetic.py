@@ -26,7 +26,7 @@ STYLES = ("code", "text")
 Sample = Tuple[List[int], List[int]]
 
 
-def _newline_id(tokenizer) -> int | None:
+def newline_id(tokenizer) -> int | None:
     ids = tokenizer.encode("\n")
     return ids[0] if len(ids) == 1 else None
 
@@ -42,7 +42,7 @@ def _hex(rng: np.random.Generator, n: int) -> str:
 MAX_LINE_TOKENS = 128  # longest line a needle moves back over (stdlib code at vocab 2048: 99.9% of lines < 70)
 
 
-def _snap_to_line(filler: Sequence[int], pos: int, nl: int | None) -> int:
+def snap_to_line(filler: Sequence[int], pos: int, nl: int | None) -> int:
     """Move an insertion point back to just after the previous newline, or to 0 (the start of the filler counts as
     a line start), so the needle is a line of its own — never spliced into a line. Depth 0 thus gets the share of
     the first line like any other line start: evaluation's depth 0 is trained on. Only over a line of at most
@@ -77,7 +77,7 @@ def make_passkey_sample(tokenizer, filler_tokens: Sequence[int], length: int, de
     if len(filler_tokens) < n_fill:
         raise DataError(f"passkey filler too short: need {n_fill} tokens, got {len(filler_tokens)}")
     filler = [int(t) for t in filler_tokens[:n_fill]]
-    pos = _snap_to_line(filler, int(round(min(max(depth, 0.0), 1.0) * n_fill)), _newline_id(tokenizer))
+    pos = snap_to_line(filler, int(round(min(max(depth, 0.0), 1.0) * n_fill)), newline_id(tokenizer))
     return filler[:pos] + needle_ids + filler[pos:] + q_ids, a_ids
 
 

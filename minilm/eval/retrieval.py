@@ -29,7 +29,7 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
-from minilm.data.synthetic import STYLES, _newline_id, _snap_to_line, make_kv_sample, make_passkey_sample
+from minilm.data.synthetic import STYLES, make_kv_sample, make_passkey_sample, newline_id, snap_to_line
 from minilm.errors import DataError, MinilmError
 from minilm.eval.perplexity import autocast, model_device
 
@@ -95,11 +95,11 @@ def make_needle_sample(tokenizer, filler_tokens: Sequence[int], length: int, dep
     if len(filler_tokens) < n_fill:
         raise DataError(f"needle filler too short: need {n_fill} tokens, got {len(filler_tokens)}")
     filler = [int(t) for t in filler_tokens[:n_fill]]
-    nl = _newline_id(tokenizer)
+    nl = newline_id(tokenizer)
     depths = [min(max(depth, 0.0), 1.0)] + [float(rng.random()) for _ in names[1:]]
     # the passkey's rule (make_passkey_sample): back to the start of the line the depth falls in, but never over
     # more than one line's worth of tokens, so long lines (prose paragraphs) do not pull every depth to one place
-    at = [_snap_to_line(filler, int(round(d * n_fill)), nl) for d in depths]
+    at = [snap_to_line(filler, int(round(d * n_fill)), nl) for d in depths]
     out: List[int] = []
     prev = 0
     for pos, ids in sorted(zip(at, line_ids), key=lambda p: p[0]):  # stable: ties keep the asked needle first

@@ -273,14 +273,9 @@ def _run_data_config(run_dir: Path):
     """The run-level ``data`` section as saved, with ``sources`` exactly as saved. (Merging a saved config onto
     the schema defaults would add the default ``embedded`` source back to a run that trained on other sources,
     and the corpus — and its cache key — would differ from the one the run trained on.)"""
-    from minilm.config import DataConfig
+    from minilm.runs import load_run_config  # (on_schema keeps the saved sources and drops a removed one's null)
 
-    saved = OmegaConf.load(run_dir / "config.yaml")
-    data = OmegaConf.merge(OmegaConf.structured(DataConfig), saved.data)
-    data.sources = {k: v for k, v in OmegaConf.to_container(saved.data.sources, resolve=True).items()
-                    if v is not None}  # NAME: null is a default source the run removed (minilm.config.to_yaml)
-    OmegaConf.set_readonly(data, True)
-    return data
+    return load_run_config(run_dir / "config.yaml").data
 
 
 # -------------------------------------------------------------------------------------------------------- suite
