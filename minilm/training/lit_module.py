@@ -54,7 +54,7 @@ class LitGPT(L.LightningModule):
         self.bad_steps = 0
         self.last_grad_norm = float("nan")
         self._step_lr = float("nan")  # the lr the last optimizer step used (the scheduler moves on before logging)
-        # the finite micro-batch losses of the current optimizer step: their mean is the step's loss
+        # the micro-batch losses of the current optimizer step: their mean is the step's loss
         self._loss_sum: Optional[torch.Tensor] = None
         self._loss_count = 0
         self._t_last: Optional[float] = None  # time and step of the last tokens_per_sec measurement
@@ -136,10 +136,8 @@ class LitGPT(L.LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
             return
-        loss_sum, count = self._loss_sum, self._loss_count
+        loss_sum, count = self._loss_sum, self._loss_count  # every micro-batch returns its loss: count >= 1
         self._loss_sum, self._loss_count = None, 0  # the next optimizer step starts its own mean
-        if outputs is None or count == 0:
-            return
         step = self.global_step  # already incremented by the optimizer step
         if step % self.cfg.train.log_every and step != self.total_steps:
             return

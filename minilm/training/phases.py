@@ -298,8 +298,8 @@ def _what_trains(pcfg) -> dict:
 
 def carries_optimizer(cfg, phase: str) -> bool:
     """Whether ``phase`` of run config ``cfg`` starts from the previous phase's AdamW moments (its
-    ``phases.<name>.carry_optimizer``; the first phase has none to carry)."""
-    return phase_names(cfg).index(phase) > 0 and phase in cfg.phases and bool(cfg.phases[phase].carry_optimizer)
+    ``phases.<name>.carry_optimizer``; the config refuses it on the first phase, which has none to carry)."""
+    return phase in cfg.phases and bool(cfg.phases[phase].carry_optimizer)
 
 
 def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bool) -> None:
@@ -357,15 +357,16 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
             check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}", carries_optimizer(cfg, n))
     for i, n in enumerate(names[start:], start):
         check_phase_data(corpus, pcfgs[n], n)
+        carry = carries_optimizer(cfg, n)
         if resume and is_complete(run_dir, n):
-            check_finished_phase(pcfgs[n], n, run_dir, "--resume", carries_optimizer(cfg, n))
+            check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry)
         elif resume:
             _check_resumed_sampler(corpus, pcfgs[n], n, run_dir)
-        retrains = i == start if start_phase is not None else not is_complete(run_dir, n)
-        if init is not None and i == start and carries_optimizer(cfg, n):
+        if carry and init is not None and i == start:
             raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
                               f"previous phase's optimizer moments; add phases.{n}.carry_optimizer=false")
-        if retrains and carries_optimizer(cfg, n) and is_complete(run_dir, names[i - 1]):
+        retrains = i == start if start_phase is not None else not is_complete(run_dir, n)
+        if carry and retrains and is_complete(run_dir, names[i - 1]):
             _optimizer_state_path(run_dir, names[i - 1], n)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -455,7 +456,7 @@ def _phase_tokens(pcfg) -> int:
 
 
 def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, carried_opt, log,
-                 tokens_offset: int = 0) -> None:  # fmt: skip
+                 tokens_offset: int) -> None:  # fmt: skip
     pdir = phase_dir(run_dir, name)
     ckpt_dir = pdir / "checkpoints"
     ckpt = latest_good_checkpoint(ckpt_dir, log)
