@@ -10,7 +10,8 @@ RUN_DIR_OR_CHECKPOINT: a run directory (its final weights, or its newest finishe
 (minilm.positions.training_free: logn, rerope, self_extend, dca, rope_scaling) with its parameters, e.g.
 ``--extension self_extend group_size=4 window=256`` or
 ``--extension rope_scaling rope_type=dynamic factor=4 original_max_position_embeddings=256``.
-Generation stops at the tokenizer's EOS. Bad input: one message on stderr, exit code 2 (--debug: traceback).
+Text is printed as it is generated; generation stops at the tokenizer's EOS. Bad input: one message on stderr, exit
+code 2 (--debug: traceback).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from minilm.errors import MinilmError  # noqa: E402
 
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import resolve_device
-    from minilm.model.generate import generate
+    from minilm.model.generate import TextStream, generate
     from minilm.runs import load_run
 
     device = resolve_device(args.device)
@@ -42,14 +43,22 @@ def main(args: argparse.Namespace) -> int:
     ids = run.tokenizer.encode(args.prompt)
     if not ids:
         raise MinilmError("--prompt: encodes to no tokens; give some text")
-    out = generate(
+    # printed as it is generated: the prompt with the first new token (after generate's checks of its arguments, so
+    # bad input prints nothing), then each token's text; EOS, which ends decoding, is not printed
+    stream = TextStream(run.tokenizer.decode)
+    pending = [args.prompt]
+
+    def show(nxt) -> None:
+        text = "" if int(nxt[0]) == run.tokenizer.eos_id else stream.push(int(nxt[0]))
+        sys.stdout.write("".join(pending) + text)
+        sys.stdout.flush()
+        pending.clear()
+
+    generate(
         run.model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache, eos_id=run.tokenizer.eos_id,
+        greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache, eos_id=run.tokenizer.eos_id, on_token=show,
     )  # fmt: skip
-    new = out[0, len(ids) :].tolist()
-    if new and new[-1] == run.tokenizer.eos_id:
-        new = new[:-1]
-    print(args.prompt + run.tokenizer.decode(new))
+    print("".join(pending) + stream.flush())
     return 0
 
 

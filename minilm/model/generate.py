@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -87,13 +87,15 @@ def generate(
     seed: Optional[int] = None,
     use_cache: bool = True,
     eos_id: Optional[int] = None,
+    on_token: Optional[Callable[[Tensor], None]] = None,
 ) -> Tensor:
     """Continue ``prompt_ids`` (a list of ids, a (T,) or a (B, T) tensor; rows of equal length) by up to
     ``max_new_tokens`` tokens. Returns the ids (B, T + n), prompt included; n < max_new_tokens only when every row
     has produced ``eos_id`` (rows that finished earlier are padded with it).
 
     ``greedy`` (or ``temperature == 0``) takes the argmax; otherwise samples from softmax(logits / temperature)
-    restricted to ``top_k`` / ``top_p``, from a generator seeded with ``seed`` (None: torch's global RNG)."""
+    restricted to ``top_k`` / ``top_p``, from a generator seeded with ``seed`` (None: torch's global RNG).
+    ``on_token``, if given, is called with each step's new ids (B,) as soon as they are chosen (streaming)."""
     _check_args(max_new_tokens, temperature, top_k, top_p)
     device = next(model.parameters()).device
     idx = _as_batch(prompt_ids, device)
@@ -136,12 +138,39 @@ def generate(
                 nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
                 done = done | (nxt == eos_id)
             idx = torch.cat([idx, nxt.unsqueeze(1)], dim=1)
+            if on_token is not None:
+                on_token(nxt)
             step_input = nxt.unsqueeze(1)
             if eos_id is not None and bool(done.all()):
                 break
         return idx
     finally:
         model.train(was_training)
+
+
+class TextStream:
+    """Turns token ids, fed one at a time, into text that can be printed as it comes: ``push(id)`` returns the
+    text the new id completes. A character split over several byte-fallback tokens decodes to U+FFFD until its
+    last byte arrives, so trailing U+FFFD is held back; ``flush()`` returns whatever is still held. The pieces
+    joined equal ``decode(all ids)``."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]):
+        self._decode = decode
+        self._ids: list[int] = []
+        self._shown = ""
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(int(token_id))
+        text = self._decode(self._ids)
+        stable = text.rstrip("\ufffd")
+        if not stable.startswith(self._shown):  # decoding rewrote text already shown: hold everything to the end
+            return ""
+        new, self._shown = stable[len(self._shown) :], stable
+        return new
+
+    def flush(self) -> str:
+        text = self._decode(self._ids)
+        return text[len(self._shown) :] if text.startswith(self._shown) else ""
 
 
 def _choose(logits: Tensor, greedy: bool, temperature: float, top_k, top_p, gen) -> Tensor:

@@ -239,3 +239,28 @@ def test_huge_max_new_tokens_stops_at_eos_without_allocating_it():
     first = int(generate(model, prompt, 1, greedy=True)[0, -1])
     out = generate(model, prompt, 10**12, greedy=True, eos_id=first)
     assert out.shape == (1, 5) and int(out[0, -1]) == first
+
+
+def test_on_token_sees_each_new_token_as_it_is_chosen():
+    model = tiny("rope")
+    prompt = torch.randint(0, V, (1, 4))
+    seen = []
+    out = generate(model, prompt, 6, greedy=True, on_token=lambda nxt: seen.append(int(nxt[0])))
+    assert seen == out[0, 4:].tolist() and len(seen) == 6
+
+
+def test_text_stream_holds_partial_characters_back():
+    """Byte-fallback tokens split a character over several ids: each decodes to U+FFFD until the last byte comes,
+    so a streamed piece must never contain one, and the pieces must add up to the whole decoded text."""
+    from minilm.model.generate import TextStream
+
+    text = 'x = "é€😀" # done'
+    ids = list(text.encode())  # one id per byte: the worst case of byte fallback
+    stream = TextStream(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+    pieces = [stream.push(i) for i in ids]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) + stream.flush() == text
+    assert pieces[:4] == ["x", " ", "=", " "]  # plain characters come out at once
+    cut = TextStream(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+    held = [cut.push(i) for i in "é".encode()[:1]]  # a character whose last byte never came
+    assert held == [""] and cut.flush() == "\ufffd"
