@@ -167,7 +167,7 @@ class PhaseConfig:
     position. ``None`` means "as the run's defaults"."""
 
     seq_len: Optional[int] = None
-    steps: Optional[int] = None
+    steps: Optional[int] = None  # the phase's length: steps or tokens (giving both is an error), else the run's
     tokens: Optional[int] = None
     batch_size: Optional[int] = None
     micro_batch_size: Optional[int] = None
@@ -440,6 +440,11 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
     if name not in cfg.phases:
         raise ConfigError(f"no phase named '{name}'; phases are: {', '.join(phase_names(cfg))}")
     phase = cfg.phases[name]
+    if phase.steps is not None and phase.tokens is not None:  # which one was meant cannot be guessed
+        raise ConfigError(
+            f"phases.{name}: gives both steps ({phase.steps}) and tokens ({phase.tokens}); a phase's length is one "
+            f"of them: remove the other (on the command line: phases.{name}.steps=null or phases.{name}.tokens=null)"
+        )
     out = OmegaConf.to_container(cfg, resolve=True)
     for key, section in _PHASE_TO_SECTION.items():
         if phase[key] is not None:
@@ -501,6 +506,26 @@ def phase_steps(pcfg: DictConfig) -> int:
         per_step = t.batch_size * t.seq_len
         return max(1, -(-t.tokens // per_step))
     return t.steps
+
+
+def warmup_warning(cfg: DictConfig, name: str) -> Optional[str]:
+    """What to tell the user when phase ``name`` of run config ``cfg`` ends before its lr warmup does (None when it
+    does not): the lr then never reaches ``lr`` and never decays (``lr_lambda``). A warning, not an error: a short
+    smoke run of a config (``train.steps=20`` on configs/tiny.yaml, whose warmup is 40 steps) is a normal thing to
+    do; what must not happen is a long run that silently trains at a fraction of its peak lr."""
+    pcfg = phase_config(cfg, name)
+    steps, warmup = phase_steps(pcfg), pcfg.optim.warmup_steps
+    if warmup <= steps:
+        return None
+    phased = name in cfg.phases
+    own = phased and cfg.phases[name].warmup_steps is not None
+    w_key = f"phases.{name}.warmup_steps" if own else "optim.warmup_steps"
+    length = next((f"phases.{name}.{k}" for k in ("steps", "tokens") if phased and cfg.phases[name][k] is not None),
+                  "train.tokens" if pcfg.train.tokens is not None else "train.steps")  # fmt: skip
+    where = f"phase '{name}'" if phased else "the run"
+    return (f"{w_key} = {warmup} is longer than {where} ({steps} step{'s' * (steps != 1)} from {length}): its lr "
+            f"rises only to {steps / warmup:.0%} of the peak {pcfg.optim.lr} and never decays; lower the warmup or "
+            "train longer if that is not what you meant")
 
 
 def micro_batch_size(train: DictConfig) -> int:
@@ -635,6 +660,7 @@ __all__ = [
     "phase_names",
     "on_schema",
     "phase_steps",
+    "warmup_warning",
     "ffn_dim",
     "head_dim",
     "micro_batch_size",

@@ -256,3 +256,33 @@ def test_the_printed_config_loads_back_to_the_same_config(tmp_path):
     assert list(again.data.sources) == ["local"]
     assert to_yaml(again) == to_yaml(cfg)
     assert list(load_run_config(printed).data.sources) == ["local"]  # how runs.py reads a saved config.yaml
+
+
+def test_a_phase_with_both_steps_and_tokens_is_refused(tmp_path):
+    """Which length was meant cannot be guessed: ``tokens`` used to win silently over the phase's ``steps``
+    (typically a ``phases.X.tokens=`` override on a YAML phase that gives steps)."""
+    y = tmp_path / "p.yaml"
+    y.write_text("phases:\n  a: {seq_len: 32, steps: 5}\n  b: {seq_len: 64, tokens: 1000}\n")
+    with pytest.raises(ConfigError, match=r"phases\.a: gives both steps \(5\) and tokens \(640\).*a\.steps=null"):
+        load_config(y, ["phases.a.tokens=640"])
+    (tmp_path / "both.yaml").write_text("phases:\n  a: {steps: 5, tokens: 640}\n")
+    with pytest.raises(ConfigError, match=r"phases\.a: gives both steps"):
+        load_config(tmp_path / "both.yaml")
+    cfg = load_config(y, ["phases.a.steps=null", "phases.a.tokens=640", "train.batch_size=4"])  # the way to switch
+    assert phase_steps(phase_config(cfg, "a")) == 5  # 640 / (4 · 32)
+
+
+def test_a_warmup_longer_than_the_phase_is_warned_of():
+    """lr_lambda's warmup is (step + 1) / warmup_steps: a phase shorter than its warmup never reaches its peak lr
+    and never decays. A smoke run (train.steps=20 on tiny.yaml) is legitimate, so it is a warning naming the keys."""
+    from minilm.config import warmup_warning
+
+    tiny = REPO / "configs" / "tiny.yaml"  # optim.warmup_steps: 40
+    msg = warmup_warning(load_config(tiny, ["train.steps=20"]), "train")
+    assert msg.startswith("optim.warmup_steps = 40 is longer than the run (20 steps from train.steps)")
+    assert "50% of the peak 0.002" in msg
+    assert warmup_warning(load_config(tiny, ["train.steps=40"]), "train") is None  # the peak is reached at step 40
+    yarn = load_config(REPO / "configs" / "rope_yarn_tiny.yaml", ["phases.extend_2k.steps=3"])
+    assert [warmup_warning(yarn, n) is not None for n in phase_names(yarn)] == [False, False, True]
+    assert warmup_warning(yarn, "extend_2k").startswith(
+        "phases.extend_2k.warmup_steps = 5 is longer than phase 'extend_2k' (3 steps from phases.extend_2k.steps)")

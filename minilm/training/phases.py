@@ -34,6 +34,7 @@ from minilm.config import (
     phase_names,
     phase_steps,
     save_config,
+    warmup_warning,
 )
 from minilm.errors import MinilmError
 from minilm.files import atomic_write_text
@@ -184,6 +185,8 @@ class _StepCheckpoint(L.Callback):
             return
         step = trainer.global_step
         if self.every and step % self.every == 0 and step < trainer.max_steps:
+            if trainer.logger is not None:  # what was logged before the checkpoint is on disk before it: after a
+                trainer.logger.experiment.flush()  # kill, --resume logs from the next step only (purge_step)
             trainer.save_checkpoint(checkpoint_path(self.dir, step), weights_only=False)  # full: resumable
             if trainer.is_global_zero:
                 prune_checkpoints(self.dir, self.keep)
@@ -389,6 +392,9 @@ def run_phases(
     pcfgs = {n: phase_config(cfg, n) for n in names}
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
     corpus = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init)
+    for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
+        if (start_phase or not is_complete(run_dir, n)) and (msg := warmup_warning(cfg, n)):  # --phase: retrains
+            log(f"warning: {msg}")
     saved = run_dir / "config.yaml"
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
@@ -399,8 +405,6 @@ def run_phases(
         log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {corpus.tokenizer.vocab_size}")
         for n in names:  # every phase is checked before any trains
             check_phase_fits(model, pcfgs[n], n)
-        tb_logger = TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False)
-
         start = names.index(start_phase) if start_phase else 0
         if start_phase is not None and primary:
             for n in names[start:]:  # an explicit restart retrains this phase and the ones after it
@@ -409,6 +413,11 @@ def run_phases(
             load_weights(model, Path(init))
             log(f"initial weights from {init}")
         offset = sum(phase_steps(pcfgs[n]) for n in names[:start])
+        # --resume / --phase: the events the earlier process logged past the point training restarts from are
+        # dropped by TensorBoard (a SessionLog.START at purge_step), so they are not drawn twice
+        purge = _tensorboard_purge_step(run_dir, names[start:], pcfgs, offset) if resume or start_phase else None
+        tb_logger = TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False,
+                                      purge_step=purge)  # fmt: skip
         tokens = sum(_phase_tokens(pcfgs[n]) for n in names[:start])
         prev = names[start - 1] if start > 0 else None
         if prev is not None and init is None:
@@ -429,6 +438,20 @@ def run_phases(
         tb_logger.experiment.flush()
     log(f"done: {run_dir / 'model.safetensors'}")
     return run_dir
+
+
+def _tensorboard_purge_step(run_dir: Path, names: list[str], pcfgs: dict, offset: int) -> Optional[int]:
+    """The first run step that training from here logs again: the step after the checkpoint the first unfinished
+    phase resumes from (its own steps up to the checkpoint were logged, and are not logged again), or the step after
+    its start when it starts afresh (the previous phase's last step shares that step; the phase's validation before
+    its first step is then logged a second time, with the same value). None when every phase is finished."""
+    for n in names:
+        if not is_complete(run_dir, n):
+            ckpt = latest_good_checkpoint(phase_dir(run_dir, n) / "checkpoints", log=lambda msg: None)
+            at = offset + (int(CKPT_PATTERN.match(ckpt.name).group(1)) if ckpt else 0)
+            return at + 1 if at else 0  # step 0 is the run's first event: nothing before it to keep
+        offset += phase_steps(pcfgs[n])
+    return None
 
 
 def _load_finished_phase(model: GPT, run_dir: Path, phase: str, starting: Optional[str]) -> None:

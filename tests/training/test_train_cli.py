@@ -155,7 +155,9 @@ def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir
 def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir):
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=4)
     base = tmp_path / "base"
-    train("--config", cfg, f"run.dir={base}", "phases.long.steps=1")
+    out = train("--config", cfg, f"run.dir={base}", "phases.long.steps=1").stdout
+    # said before training: a 1-step phase with a 2-step warmup trains at half its peak lr
+    assert "warning: phases.long.warmup_steps = 2 is longer than phase 'long' (1 step from" in out, out
     ext = tmp_path / "ext"
     # the weights come from elsewhere: no optimizer moments to carry, and the config must not pretend otherwise
     proc = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "short", check=False)
@@ -285,6 +287,7 @@ def test_val_batches_0_trains_without_validation_and_says_so(tmp_path, tiny_text
     finished = [line for line in proc.stdout.splitlines() if "finished in" in line]
     assert finished and "no validation (train.val_batches=0)" in finished[0] and "None" not in finished[0], finished
     assert "DataLoader" not in proc.stderr, proc.stderr[-2000:]
+    assert "warning" not in proc.stdout  # 4 steps, warmup 2: nothing to warn of
     assert json.loads((run / "train" / "complete.json").read_text())["val_loss"] is None
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
