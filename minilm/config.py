@@ -547,9 +547,11 @@ def _validate_train(cfg: DictConfig, where: Optional[str] = None) -> None:
     where = where or "train"
     _check(t.seq_len >= 1, f"{where}.seq_len", f"must be >= 1, got {t.seq_len}")
     _check(t.batch_size >= 1, f"{where}.batch_size", f"must be >= 1, got {t.batch_size}")
+    _check(t.micro_batch_size is None or t.micro_batch_size >= 1, f"{where}.micro_batch_size",
+           f"must be >= 1 or null (= batch_size), got {t.micro_batch_size}")  # fmt: skip
     mb = micro_batch_size(t)
     _check(
-        mb >= 1 and t.batch_size % mb == 0,
+        t.batch_size % mb == 0,
         f"{where}.micro_batch_size",
         f"must divide batch_size ({t.batch_size}), got {mb}",
     )
@@ -564,6 +566,13 @@ def _validate_train(cfg: DictConfig, where: Optional[str] = None) -> None:
     _check(o.lr > 0, f"{w_opt}.lr", f"must be > 0, got {o.lr}")
     _check(0 <= o.min_lr_ratio <= 1, f"{w_opt}.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
     _check(o.warmup_steps >= 0, f"{w_opt}.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
+    # the rest are run-level only (a phase does not override them), checked here so torch.optim.AdamW never sees
+    # a value it rejects (a traceback when the first phase starts) or one that silently means something else
+    for key in ("beta1", "beta2"):
+        _check(0 <= o[key] < 1, f"optim.{key}", f"must be in [0, 1), got {o[key]}")
+    for key in ("weight_decay", "eps"):
+        _check(o[key] >= 0, f"optim.{key}", f"must be >= 0, got {o[key]}")
+    _check(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0 (0 disables clipping), got {o.grad_clip}")
 
 
 def _validate_data(d: DictConfig, where: str = "data") -> None:
@@ -599,9 +608,20 @@ def _validate_data(d: DictConfig, where: str = "data") -> None:
 
 
 def validate(cfg: DictConfig) -> None:
+    r = cfg.run
+    for key in ("name", "dir"):  # an empty run.dir trained into the working directory, run.name into runs/ itself
+        _check(r[key].strip() != "", f"run.{key}", "must not be empty")
+    _check(cfg.data.cache_dir.strip() != "", "data.cache_dir", "must not be empty (a directory for prepared corpora)")
     m = cfg.model
     _check(m.n_layers >= 1, "model.n_layers", f"must be >= 1, got {m.n_layers}")
+    _check(m.d_model >= 1, "model.d_model", f"must be >= 1, got {m.d_model}")
     _check(m.n_heads >= 1, "model.n_heads", f"must be >= 1, got {m.n_heads}")
+    # n_kv_heads / d_ff: 0 read as "unset" (``or``) and trained another model than the one asked for
+    _check(m.n_kv_heads is None or m.n_kv_heads >= 1, "model.n_kv_heads",
+           f"must be >= 1 or null (= n_heads), got {m.n_kv_heads}")  # fmt: skip
+    _check(m.d_ff is None or m.d_ff >= 1, "model.d_ff", f"must be >= 1 or null (from d_model and mlp), got {m.d_ff}")
+    _check(m.norm_eps >= 0, "model.norm_eps", f"must be >= 0, got {m.norm_eps}")
+    _check(m.init_std >= 0, "model.init_std", f"must be >= 0, got {m.init_std}")
     _check(
         m.d_model % m.n_heads == 0,
         "model.d_model",

@@ -286,3 +286,25 @@ def test_a_warmup_longer_than_the_phase_is_warned_of():
     assert [warmup_warning(yarn, n) is not None for n in phase_names(yarn)] == [False, False, True]
     assert warmup_warning(yarn, "extend_2k").startswith(
         "phases.extend_2k.warmup_steps = 5 is longer than phase 'extend_2k' (3 steps from phases.extend_2k.steps)")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.d_model=0", "model.d_model: must be >= 1"),  # was a ZeroDivisionError traceback
+    ("model.n_kv_heads=0", "model.n_kv_heads: must be >= 1 or null"),  # was silently n_heads
+    ("model.d_ff=0", "model.d_ff: must be >= 1 or null"),  # was a model without an MLP
+    ("model.norm_eps=-1", "model.norm_eps: must be >= 0"),  # was a NaN loss at step 0
+    ("model.init_std=-0.02", "model.init_std: must be >= 0"),  # was torch's traceback after run.dir was written
+    ("train.micro_batch_size=0", "train.micro_batch_size: must be >= 1 or null"),  # was silently batch_size
+    ("phases.a.micro_batch_size=0", "phases.a.micro_batch_size: must be >= 1 or null"),
+    ("optim.beta1=1", r"optim.beta1: must be in \[0, 1\)"),  # AdamW's traceback when the phase started
+    ("optim.beta2=1.5", r"optim.beta2: must be in \[0, 1\)"),
+    ("optim.eps=-1e-8", "optim.eps: must be >= 0"),
+    ("optim.weight_decay=-0.1", "optim.weight_decay: must be >= 0"),  # trained silently
+    ("optim.grad_clip=-1", "optim.grad_clip: must be >= 0"),  # was silently no clipping
+    ("run.dir=''", "run.dir: must not be empty"),  # trained into the working directory
+    ("run.name=''", "run.name: must not be empty"),  # trained into runs/ itself
+    ("data.cache_dir=''", "data.cache_dir: must not be empty"),
+])  # fmt: skip
+def test_model_and_optimizer_values_are_checked_at_load(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=["phases.a.steps=3", override])
