@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,6 +196,10 @@ class Config:
 
 
 DEFAULT_PHASE = "train"
+# A phase trains in run.dir/<name>/ and ``--phase NAME`` deletes that directory first: a name must be one plain
+# directory name that no file or directory of the run itself uses ('..' once deleted the runs next to the run).
+PHASE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+RESERVED_PHASE_NAMES = ("tb",)  # run.dir/tb holds the TensorBoard events of every phase
 PRECISIONS = ("auto", "32", "bf16-mixed", "16-mixed")
 DECAYS = ("cosine", "linear", "constant")
 MLPS = ("swiglu", "gelu")
@@ -657,6 +662,10 @@ def validate(cfg: DictConfig) -> None:
 
     validate_position(m.position, where="model.position", head_dim=head_dim(m))
     validate_eval(cfg.eval)
+    for name in cfg.phases:
+        _check(PHASE_NAME.fullmatch(name) is not None and name not in RESERVED_PHASE_NAMES, "phases",
+               f"bad phase name {name!r}: a phase trains in the directory run.dir/<name>, so a name has letters, "
+               f"digits, '_' and '-' (not first) only, and is not {' or '.join(RESERVED_PHASE_NAMES)}")  # fmt: skip
     for name in cfg.phases:  # raises with the phase's name on any bad override
         _validate_data(phase_config(cfg, name).data, where=f"phases.{name}.data")
     first = next(iter(cfg.phases), None)

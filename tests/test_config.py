@@ -1,5 +1,6 @@
 """The config layer: every shipped YAML loads; bad input names the key and the file."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -308,3 +309,15 @@ def test_a_warmup_longer_than_the_phase_is_warned_of():
 def test_model_and_optimizer_values_are_checked_at_load(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=["phases.a.steps=3", override])
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a/b", "tb", ".lock", "config.yaml", "-x", " "])
+def test_a_phase_name_that_is_not_a_plain_directory_name_is_refused(tmp_path, name):
+    """A phase trains in run.dir/<name> and --phase NAME deletes that directory first: a phase named '..' made
+    `--phase ..` delete every run next to this one; 'tb' would delete the TensorBoard events."""
+    y = tmp_path / "p.yaml"
+    y.write_text(f"phases:\n  {name!r}: {{steps: 3}}\n  pretrain: {{steps: 3}}\n")
+    with pytest.raises(ConfigError, match=f"phases: bad phase name '{re.escape(name)}'"):
+        load_config(y)
+    y.write_text("phases:\n  pretrain_1k: {steps: 3}\n  Extend-4K: {steps: 3}\n")
+    assert phase_names(load_config(y)) == ["pretrain_1k", "Extend-4K"]
