@@ -50,6 +50,7 @@ from minilm.training.checkpoint import (
     load_checkpoint_dict,
     load_weights,
     prune_checkpoints,
+    read_weights,
     save_weights,
 )
 from minilm.training.datamodule import PhaseData
@@ -368,9 +369,11 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
         if carry and init is not None and i == start:
             raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
                               f"previous phase's optimizer moments; add phases.{n}.carry_optimizer=false")
-        retrains = i == start if start_phase is not None else not is_complete(run_dir, n)
+        retrains = i == start if start_phase is not None and not resume else not is_complete(run_dir, n)
         if carry and retrains and is_complete(run_dir, names[i - 1]):
             _optimizer_state_path(run_dir, names[i - 1], n)
+    if init is not None:  # a missing or unreadable --init fails here, not after run.dir's files are written
+        read_weights(Path(init))
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -393,7 +396,7 @@ def run_phases(
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
     corpus = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init)
     for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
-        if (start_phase or not is_complete(run_dir, n)) and (msg := warmup_warning(cfg, n)):  # --phase: retrains
+        if ((start_phase and not resume) or not is_complete(run_dir, n)) and (msg := warmup_warning(cfg, n)):
             log(f"warning: {msg}")
     saved = run_dir / "config.yaml"
     with run_lock(run_dir, log) if primary else nullcontext():
@@ -406,7 +409,7 @@ def run_phases(
         for n in names:  # every phase is checked before any trains
             check_phase_fits(model, pcfgs[n], n)
         start = names.index(start_phase) if start_phase else 0
-        if start_phase is not None and primary:
+        if start_phase is not None and primary and not resume:  # with --resume: continue an interrupted --phase
             for n in names[start:]:  # an explicit restart retrains this phase and the ones after it
                 shutil.rmtree(phase_dir(run_dir, n), ignore_errors=True)
         if init is not None:

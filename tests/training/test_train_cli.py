@@ -73,6 +73,7 @@ def test_twenty_steps_write_events_weights_and_config(tmp_path, tiny_text_dir):
         (["data.sources.local.paths=[/nonexistent/*.txt]"], "data.sources.local"),
         (["run.dir={tmp}/a_file/run"], "run.dir"),
         (["data.tokenizer.model_file={tmp}/nope.model"], "data.tokenizer.model_file"),
+        (["run.dir={tmp}/run", "--init", "{tmp}/nope.safetensors"], "no weights at"),  # before run.dir is written
         # a later phase's data is checked before the first phase trains
         (["phases.a.steps=2", "phases.b.steps=2", "phases.b.data.long_fraction=0.5",
           "phases.b.data.long_min_tokens=1000000"], "phase 'b': data.long_fraction=0.5"),
@@ -295,3 +296,42 @@ def test_val_batches_0_trains_without_validation_and_says_so(tmp_path, tiny_text
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert "train/loss" in tags and not any(t.startswith("val/") for t in tags), tags
+
+
+def test_an_interrupted_phase_init_run_continues_with_the_same_command_plus_resume(tmp_path, tiny_text_dir, capsys):
+    """README: a stopped run continues "with the same command plus --resume". For `--phase long --init W` that
+    deleted the phase's checkpoints and retrained it from step 0 (and a plain --resume trained the phases before
+    it, which this run never had, from random weights). Simulated kill: what a kill after the step-3 checkpoint
+    would not have written is deleted."""
+    import shutil
+
+    import torch
+
+    from minilm.cli import run_cli
+    from minilm.config import load_config
+    from minilm.data import load_corpus
+    from minilm.model import GPT
+    from minilm.training.checkpoint import save_weights
+
+    train_py = load_script("train.py")
+    cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=6)
+    torch.manual_seed(0)
+    init = tmp_path / "init.safetensors"
+    run_cfg = load_config(cfg)
+    save_weights(GPT(run_cfg.model, load_corpus(run_cfg.data).tokenizer.vocab_size), init)
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    command = ["--config", str(cfg), "--phase", "long", "--init", str(init), "phases.long.carry_optimizer=false",
+               "train.keep_checkpoints=100"]  # fmt: skip
+    assert run_cli(train_py.main, train_py.parser(), [*command, f"run.dir={straight}"]) == 0
+    shutil.copytree(straight, killed)
+    for path in [killed / "model.safetensors", killed / "final_config.yaml", *(killed / "long").glob("*.*"),
+                 killed / "long" / "checkpoints" / "step-00000006.ckpt"]:  # fmt: skip
+        path.unlink(missing_ok=True)
+    assert [p.name for p in (killed / "long" / "checkpoints").iterdir()] == ["step-00000003.ckpt"]
+    capsys.readouterr()
+    assert run_cli(train_py.main, train_py.parser(), [*command, f"run.dir={killed}", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "phase 'long': resuming from" in out and not (killed / "short").exists(), out
+    a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
+    for k in a:
+        assert (a[k] == b[k]).all(), f"{k} differs after resume"
