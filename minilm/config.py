@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -300,12 +301,15 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> DictConfig:
     """Defaults < YAML chain < CLI dotlist (``key.sub=value``); validated and read-only."""
     cfg = OmegaConf.structured(Config)
+    layers: List[tuple[str, DictConfig]] = []  # (label, layer), for naming the file that set a bad value
     if path is not None:
         for label, layer in _read_yaml(Path(path), []):
             cfg = _merge_layer(cfg, layer, label)
+            layers.append((f"in {label}", layer))
     if overrides:
         for item in overrides:
-            if "=" not in item:
+            key = item.partition("=")[0]
+            if "=" not in item or not all(part.strip() for part in key.split(".")):
                 raise ConfigError(f"command line: override '{item}' must look like key.sub=value")
         overrides = [_keep_string(item) for item in overrides]
         try:
@@ -317,14 +321,32 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
                               f"'key={{a: 1, b: [x, y]}}' with a space after each colon): {e}") from None
         _check_phase_names(cfg, dot, path)
         cfg = _merge_layer(cfg, dot, "command line")
+        layers.append(("on the command line", dot))
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise ConfigError(f"cannot resolve config: {e}") from None
     _drop_null_sources(cfg.data)
-    validate(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as e:  # value checks name the key; say which layer gave it (a base YAML, the command line)
+        raise ConfigError(f"{e}{_set_where(str(e), layers)}") from None
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _set_where(message: str, layers: List[tuple[str, DictConfig]]) -> str:
+    """' (set in FILE)' / ' (set on the command line)' for the key a check's message starts with (every check
+    here and in minilm.positions / minilm.eval writes 'key: what is wrong'): the last layer that gives that key.
+    Empty where no layer gives it (a derived key such as phases.NAME.eval.lengths, or a schema default)."""
+    key = KEY_PREFIX.match(message)
+    for label, layer in reversed(layers):
+        if key and OmegaConf.select(layer, key.group(1), default=None, throw_on_missing=False) is not None:
+            return f" (set {label})"
+    return ""
+
+
+KEY_PREFIX = re.compile(r"([A-Za-z_][\w-]*(?:\.[\w-]+)*): ")
 
 
 def _schema_type(key: str) -> Any:
@@ -568,7 +590,7 @@ def _validate_train(cfg: DictConfig, where: Optional[str] = None) -> None:
         _check(t[key] >= 0, f"{where}.{key}", f"must be >= 0, got {t[key]}")
     _check(t.precision in PRECISIONS, f"{where}.precision", f"must be one of {PRECISIONS}, got {t.precision!r}")
     _check(o.decay in DECAYS, f"{w_opt}.decay", f"must be one of {DECAYS}, got {o.decay!r}")
-    _check(o.lr > 0, f"{w_opt}.lr", f"must be > 0, got {o.lr}")
+    _check(0 < o.lr < math.inf, f"{w_opt}.lr", f"must be > 0 and finite, got {o.lr}")
     _check(0 <= o.min_lr_ratio <= 1, f"{w_opt}.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")
     _check(o.warmup_steps >= 0, f"{w_opt}.warmup_steps", f"must be >= 0, got {o.warmup_steps}")
     # the rest are run-level only (a phase does not override them), checked here so torch.optim.AdamW never sees
@@ -576,7 +598,7 @@ def _validate_train(cfg: DictConfig, where: Optional[str] = None) -> None:
     for key in ("beta1", "beta2"):
         _check(0 <= o[key] < 1, f"optim.{key}", f"must be in [0, 1), got {o[key]}")
     for key in ("weight_decay", "eps"):
-        _check(o[key] >= 0, f"optim.{key}", f"must be >= 0, got {o[key]}")
+        _check(0 <= o[key] < math.inf, f"optim.{key}", f"must be >= 0 and finite, got {o[key]}")
     _check(o.grad_clip >= 0, "optim.grad_clip", f"must be >= 0 (0 disables clipping), got {o.grad_clip}")
 
 
@@ -625,8 +647,8 @@ def validate(cfg: DictConfig) -> None:
     _check(m.n_kv_heads is None or m.n_kv_heads >= 1, "model.n_kv_heads",
            f"must be >= 1 or null (= n_heads), got {m.n_kv_heads}")  # fmt: skip
     _check(m.d_ff is None or m.d_ff >= 1, "model.d_ff", f"must be >= 1 or null (from d_model and mlp), got {m.d_ff}")
-    _check(m.norm_eps >= 0, "model.norm_eps", f"must be >= 0, got {m.norm_eps}")
-    _check(m.init_std >= 0, "model.init_std", f"must be >= 0, got {m.init_std}")
+    for key in ("norm_eps", "init_std"):
+        _check(0 <= m[key] < math.inf, f"model.{key}", f"must be >= 0 and finite, got {m[key]}")
     _check(
         m.d_model % m.n_heads == 0,
         "model.d_model",

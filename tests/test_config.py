@@ -293,15 +293,17 @@ def test_a_warmup_longer_than_the_phase_is_warned_of():
     ("model.d_model=0", "model.d_model: must be >= 1"),  # was a ZeroDivisionError traceback
     ("model.n_kv_heads=0", "model.n_kv_heads: must be >= 1 or null"),  # was silently n_heads
     ("model.d_ff=0", "model.d_ff: must be >= 1 or null"),  # was a model without an MLP
-    ("model.norm_eps=-1", "model.norm_eps: must be >= 0"),  # was a NaN loss at step 0
-    ("model.init_std=-0.02", "model.init_std: must be >= 0"),  # was torch's traceback after run.dir was written
+    ("model.norm_eps=-1", "model.norm_eps: must be >= 0 and finite"),  # was a NaN loss at step 0
+    ("model.init_std=-0.02", "model.init_std: must be >= 0 and finite"),  # torch traceback, run.dir written
     ("train.micro_batch_size=0", "train.micro_batch_size: must be >= 1 or null"),  # was silently batch_size
     ("phases.a.micro_batch_size=0", "phases.a.micro_batch_size: must be >= 1 or null"),
     ("optim.beta1=1", r"optim.beta1: must be in \[0, 1\)"),  # AdamW's traceback when the phase started
     ("optim.beta2=1.5", r"optim.beta2: must be in \[0, 1\)"),
-    ("optim.eps=-1e-8", "optim.eps: must be >= 0"),
-    ("optim.weight_decay=-0.1", "optim.weight_decay: must be >= 0"),  # trained silently
+    ("optim.eps=-1e-8", "optim.eps: must be >= 0 and finite"),
+    ("optim.weight_decay=-0.1", "optim.weight_decay: must be >= 0 and finite"),  # trained silently
     ("optim.grad_clip=-1", "optim.grad_clip: must be >= 0"),  # was silently no clipping
+    ("optim.lr=inf", "optim.lr: must be > 0 and finite"),  # was a NaN loss at step 0
+    ("model.init_std=.inf", "model.init_std: must be >= 0 and finite"),
     ("run.dir=''", "run.dir: must not be empty"),  # trained into the working directory
     ("run.name=''", "run.name: must not be empty"),  # trained into runs/ itself
     ("data.cache_dir=''", "data.cache_dir: must not be empty"),
@@ -321,3 +323,24 @@ def test_a_phase_name_that_is_not_a_plain_directory_name_is_refused(tmp_path, na
         load_config(y)
     y.write_text("phases:\n  pretrain_1k: {steps: 3}\n  Extend-4K: {steps: 3}\n")
     assert phase_names(load_config(y)) == ["pretrain_1k", "Extend-4K"]
+
+
+def test_a_bad_value_names_the_file_or_the_command_line_that_gave_it(tmp_path):
+    """README: bad values stop with a message naming the key and the file. In a base: chain the key alone does not
+    say which of three files to edit."""
+    (tmp_path / "base.yaml").write_text("model: {n_layers: 2, d_model: 64, n_heads: 2}\noptim: {decay: cosine}\n")
+    (tmp_path / "exp.yaml").write_text("base: base.yaml\noptim: {decay: sometimes}\nphases:\n  a: {steps: 0}\n")
+    with pytest.raises(ConfigError, match=r"optim.decay: must be one of .* \(set in .*exp\.yaml\)$"):
+        load_config(tmp_path / "exp.yaml")
+    with pytest.raises(ConfigError, match=r"model.n_layers: must be >= 1, got 0 \(set on the command line\)$"):
+        load_config(tmp_path / "exp.yaml", ["model.n_layers=0", "optim.decay=linear"])
+    with pytest.raises(ConfigError, match=r"phases.a.steps: must be >= 1, got 0 \(set in .*exp\.yaml\)$"):
+        load_config(tmp_path / "exp.yaml", ["optim.decay=linear"])
+    with pytest.raises(ConfigError, match=r"model.position.base: must be > 0, got -1.0 \(set on the command line\)"):
+        load_config(tmp_path / "base.yaml", ["model.position.base=-1"])  # minilm.positions' checks too
+
+
+@pytest.mark.parametrize("item", ["=1", ".a=1", "model..n_layers=2", "model.=2"])
+def test_an_override_with_an_empty_key_part_is_named(item):
+    with pytest.raises(ConfigError, match=f"override '{re.escape(item)}' must look like key.sub=value"):
+        load_config(overrides=[item])
