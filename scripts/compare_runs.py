@@ -6,8 +6,10 @@
 
 Each argument is a run directory (its final phase's ``eval/``), a phase directory (its ``eval/``), an
 evaluation directory holding results.json, or a results.json file; run scripts/evaluate.py first (with the same
---lengths for every run, so the table lines up). ``--label`` names the lines (default: run/phase[+method]).
-Writes compare.png and compare.md to --out (default: the current directory).
+--lengths for every run, so the table lines up). ``--label`` names the lines (default: run/phase[+method], with as
+many parent directories of the run as it takes to tell runs of the same name apart, e.g. a study's
+``yarn/seed1/extend_2k`` and ``alibi/seed1/extend_2k``). Writes compare.png and compare.md to --out (default: the
+current directory).
 """
 
 import argparse
@@ -27,11 +29,33 @@ def main(args: argparse.Namespace) -> int:
     if args.label and len(args.label) != len(args.runs):
         raise MinilmError(f"--label: give one label per run ({len(args.runs)}), got {len(args.label)}")
     results = [load_results(find_results(Path(r))) for r in args.runs]
-    labels = args.label or [r.get("label") or str(p) for r, p in zip(results, args.runs)]
+    labels = args.label or distinct_labels(results, args.runs)
     fig, table = compare(results, labels, Path(args.out))
     print(Path(table).read_text())
     print(f"figure: {fig}\ntable: {table}")
     return 0
+
+
+def distinct_labels(results: list[dict], args: list[str]) -> list[str]:
+    """Each evaluation's own label ("<run dir name>/<phase>[ + method]"); where several are equal, each lengthened by
+    its run's parent directories until they differ (a study's runs are all named ``seed<S>``), else the argument as
+    given: lines of one name in the legend and the table cannot be told apart."""
+    labels = [r.get("label") or str(a) for r, a in zip(results, args)]
+    for label in list(labels):
+        same = [j for j, other in enumerate(labels) if other == label]
+        if len(same) < 2:
+            continue
+        runs = {j: Path(str(results[j].get("run", ""))) for j in same}
+        longer = {j: str(args[j]) for j in same}  # the fallback: a label not of the form <run name>/...
+        if all(labels[j].startswith(runs[j].name + "/") for j in same):
+            for depth in range(2, max(len(r.parts) for r in runs.values()) + 1):
+                tried = {j: "/".join(runs[j].parts[-depth:]).lstrip("/") + labels[j][len(runs[j].name):] for j in same}
+                if len(set(tried.values())) == len(same):
+                    longer = tried
+                    break
+        for j in same:
+            labels[j] = longer[j]
+    return labels
 
 
 def parser() -> argparse.ArgumentParser:

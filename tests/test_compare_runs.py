@@ -1,0 +1,42 @@
+"""scripts/compare_runs.py: every line of the figure and row of the table names one run, told apart from the others."""
+
+import json
+from pathlib import Path
+
+from conftest import load_script
+
+
+def _evaluation(run_dir: Path, phase: str, ppl: float) -> Path:
+    """A results.json as scripts/evaluate.py writes it for ``run_dir``'s ``phase`` (label: run dir name/phase)."""
+    out = run_dir / phase / "eval"
+    out.mkdir(parents=True)
+    results = {"run": str(run_dir), "phase": phase, "label": f"{run_dir.name}/{phase}", "lengths": [64],
+               "train_seq_len": 64, "position": {"name": "rope"}, "ppl": {"64": ppl}}  # fmt: skip
+    (out / "results.json").write_text(json.dumps(results))
+    return out
+
+
+def test_runs_of_one_name_get_labels_that_tell_them_apart(tmp_path, capsys):
+    """A study's runs are <variant>/seed<S>/: every one's own label is 'seed<S>/<phase>'. Compared across variants they
+    were two lines named alike (the legend could not say which was which); the variant now names each."""
+    study = tmp_path / "runs" / "studies" / "ext"
+    a = _evaluation(study / "yarn" / "seed1", "extend", 50.0)
+    b = _evaluation(study / "alibi" / "seed1", "extend", 40.0)
+    c = _evaluation(tmp_path / "other", "extend", 60.0)  # a name of its own keeps its short label
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args([str(a), str(b), str(c), "--out", str(tmp_path / "cmp")])) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| yarn/seed1/extend | 50.00 |" in table
+    assert "| alibi/seed1/extend | 40.00 |" in table
+    assert "| other/extend | 60.00 |" in table
+    assert "seed1/extend |" not in table.replace("yarn/seed1/extend |", "").replace("alibi/seed1/extend |", "")
+
+
+def test_given_labels_are_kept(tmp_path):
+    study = tmp_path / "s"
+    a, b = _evaluation(study / "x" / "seed1", "p", 5.0), _evaluation(study / "y" / "seed1", "p", 6.0)
+    cmp = load_script("scripts/compare_runs.py")
+    args = cmp.parser().parse_args([str(a), str(b), "--label", "first", "second", "--out", str(tmp_path / "cmp")])
+    assert cmp.main(args) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| first | 5.00 |" in table and "| second | 6.00 |" in table
