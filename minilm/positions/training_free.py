@@ -64,11 +64,14 @@ def _rot(x: Tensor, rotary: Rope, positions: Tensor, seq_len: Tensor) -> Tensor:
 
 
 def _logits(q: Tensor, k: Tensor, scale: float) -> Tensor:
-    """fp32 q·kᵀ·scale: q (B, H, T, Dh), k (B, Hkv, S, Dh) -> (B, H, T, S); grouped-query heads shared."""
+    """fp32 q·kᵀ·scale: q (B, H, T, Dh), k (B, Hkv, S, Dh) -> (B, H, T, S); grouped-query heads shared. fp32 under
+    autocast too: autocast would run the matmul in bf16 and round every logit (by ~0.1 at logits of ~30, more than
+    the regions' logits differ), where the plain path's flash kernel keeps its scores in fp32."""
     B, H, T, Dh = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     qg = q.float().view(B, Hkv, H // Hkv, T, Dh)  # query heads h = g·(H/Hkv) + r share kv head g (repeat_kv)
-    return (qg @ k.float().unsqueeze(2).transpose(-1, -2)).view(B, H, T, S) * scale
+    with torch.autocast(q.device.type, enabled=False):
+        return (qg @ k.float().unsqueeze(2).transpose(-1, -2)).view(B, H, T, S) * scale
 
 
 def _softmax_attend(logits: Tensor, v: Tensor, mask, dtype: torch.dtype) -> Tensor:
@@ -77,7 +80,8 @@ def _softmax_attend(logits: Tensor, v: Tensor, mask, dtype: torch.dtype) -> Tens
     Hkv, Dh = v.shape[1], v.shape[-1]
     logits = logits.masked_fill(~mask.dense(T, S, logits.device), float("-inf"))
     probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a fully masked row gives zeros
-    out = probs.view(B, Hkv, H // Hkv, T, S) @ v.float().unsqueeze(2)  # (B, Hkv, H/Hkv, T, Dh)
+    with torch.autocast(logits.device.type, enabled=False):  # fp32 probabilities @ v, as the reference attention
+        out = probs.view(B, Hkv, H // Hkv, T, S) @ v.float().unsqueeze(2)  # (B, Hkv, H/Hkv, T, Dh)
     return out.view(B, H, T, Dh).to(dtype)
 
 

@@ -348,3 +348,21 @@ def test_generation_with_a_kv_cache_matches_the_full_forward(name):
         steps = [model(x[:, :12], cache=cache), model(x[:, 12:15], cache=cache)]  # prefill, then a short chunk
         steps += [model(x[:, i : i + 1], cache=cache) for i in range(15, T_MODEL)]  # then token by token
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["rerope", "self_extend", "dca"])
+def test_merged_logits_stay_fp32_under_bf16_autocast(case):
+    """Evaluation runs under bf16 autocast on a GPU (minilm.eval.perplexity.autocast). The merged methods must
+    still build their logits and weighted sum in fp32 from the bf16 q, k, v (as the plain path's flash kernel keeps
+    its scores in fp32): autocast used to round every logit to bf16, off by ~0.1 at logits of ~30."""
+    params, _ = CASES[case]
+    method = build_extension(method_name(case), params)
+    T = 64
+    q, k, v = (x.bfloat16() for x in qkv(T, T, seed=6))
+    q, k = q * 3, k * 3  # logits of a few tens, as in a trained model
+    pos = torch.arange(T)[None]
+    expected = method.attend(q, k, v, rope(), pos, pos, AttentionMask())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = method.attend(q, k, v, rope(), pos, pos, AttentionMask())
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
