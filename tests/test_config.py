@@ -336,7 +336,7 @@ def test_a_bad_value_names_the_file_or_the_command_line_that_gave_it(tmp_path):
         load_config(tmp_path / "exp.yaml", ["model.n_layers=0", "optim.decay=linear"])
     with pytest.raises(ConfigError, match=r"phases.a.steps: must be >= 1, got 0 \(set in .*exp\.yaml\)$"):
         load_config(tmp_path / "exp.yaml", ["optim.decay=linear"])
-    with pytest.raises(ConfigError, match=r"model.position.base: must be > 0, got -1.0 \(set on the command line\)"):
+    with pytest.raises(ConfigError, match=r"model.position.base: must be > 1, got -1.0 \(set on the command line\)"):
         load_config(tmp_path / "base.yaml", ["model.position.base=-1"])  # minilm.positions' checks too
 
 

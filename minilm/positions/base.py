@@ -27,6 +27,7 @@ batch sharing its positions then shares one (1, H, T, S) bias instead of buildin
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Mapping, Optional
 
@@ -133,6 +134,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return float(value)
     if not isinstance(value, target) or (target is int and isinstance(value, bool)):
         raise ConfigError(f"{key}: must be {ann}, got {value!r}")
+    if target is float and not math.isfinite(value):  # nan passes every "> 0" check: nan or inf positions
+        raise ConfigError(f"{key}: must be a finite number, got {value!r}")
     return value
 
 

@@ -437,6 +437,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{key}: must be a number, got {value!r}")
+    if not math.isfinite(value):  # inf / nan pass every ">= 1" check below and give inf or nan frequencies
+        raise ConfigError(f"{key}: must be a finite number, got {value!r}")
     if annotation is int:
         if isinstance(value, float) and not value.is_integer():
             raise ConfigError(f"{key}: must be an integer, got {value!r}")
@@ -483,8 +485,8 @@ def compute_rope(
     """
     if head_dim % 2:
         raise ConfigError(f"rotary dimension must be even, got {head_dim}")
-    if base <= 0:
-        raise ConfigError(f"base: must be > 0, got {base}")
+    if not (base > 1 and math.isfinite(base)):  # base 1: the YaRN ramp divides by ln(base)
+        raise ConfigError(f"base: must be a finite number > 1, got {base}")
     if seq_len is not None and not isinstance(seq_len, Tensor) and seq_len < 1:
         raise ConfigError(f"seq_len: must be >= 1, got {seq_len}")
     rope_type, params = parse_scaling(scaling)

@@ -50,8 +50,9 @@ class RopeParams:
     nope_every: int = 0  # > 0: every n-th layer is NoPE (no rotation); 0: all layers rotate
 
     def __post_init__(self):
-        if self.base <= 0:
-            raise ValueError(f"base: must be > 0, got {self.base}")
+        if not self.base > 1:  # θ_i = base^(−2i/d): base 1 gives every pair one frequency (and the YaRN ramp
+            # divides by ln base); below 1 the "low" frequencies exceed 1 rad per token
+            raise ValueError(f"base: must be > 1, got {self.base}")
         if not 0 < self.fraction <= 1:
             raise ValueError(f"fraction: must be in (0, 1], got {self.fraction}")
         if self.layout not in LAYOUTS:
@@ -199,8 +200,11 @@ class Xpos(Rope):
 
     def configure(self, params: XposParams) -> None:
         super().configure(params)
-        i = torch.arange(0, self.rot_dim, 2, dtype=torch.float64)
-        zeta = (i / self.rot_dim + params.gamma) / (1 + params.gamma)  # (Dr/2,)
+        # d: the dimensions that really rotate, one ζ per frequency — fewer than rot_dim when the scaling block
+        # sets partial_rotary_factor (its rule is applied inside compute_rope)
+        d = 2 * self.inv_freq.shape[0]
+        i = torch.arange(0, d, 2, dtype=torch.float64)
+        zeta = (i / d + params.gamma) / (1 + params.gamma)  # (Dr/2,)
         self.register_buffer("zeta", zeta.float().to(self.inv_freq.device), persistent=False)
         # The scales ζ^(±offset/scale_base) stay within [e^−80, e^80] (fp32's range is e^±88, with room for the
         # q and k values they multiply) while |offset from the center| <= max_offset; beyond, the smallest ζ's

@@ -55,6 +55,18 @@ def test_xpos_score_is_rope_times_the_decay():
         assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
 
 
+def test_xpos_with_partial_rotary_factor_equals_xpos_with_fraction():
+    """The scaling block's partial_rotary_factor rotates fewer dimensions than ``fraction`` alone: ζ must have one
+    entry per frequency that really rotates (it had rot_dim/2 entries, and the first forward failed on the shape)."""
+    by_fraction = hook("xpos", fraction=0.5, scale_base=8.0)
+    by_factor = hook("xpos", scale_base=8.0, scaling={"rope_type": "default", "partial_rotary_factor": 0.5})
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 4, 12, 8, generator=g), torch.randn(1, 2, 12, 8, generator=g)
+    p = torch.arange(12)[None]
+    torch.testing.assert_close(rotated_scores(by_factor, q, k, p, p), rotated_scores(by_fraction, q, k, p, p))
+    assert by_factor.max_length() == by_fraction.max_length()
+
+
 def test_xpos_refuses_inputs_whose_decay_leaves_fp32_range():
     """ζ_0^(±offset/scale_base) overflows fp32 once a position lies ~70 scale_bases from the center (at the
     defaults ζ_0 = 0.4/1.4): the scores were NaN at 74K tokens. Within the limit the scores are finite; beyond it

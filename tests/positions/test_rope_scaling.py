@@ -2,6 +2,7 @@
 same rope_type. Tiny shapes: every test runs in milliseconds."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -252,6 +253,11 @@ INVALID = [
     ({**LONG, "long_factor": [1.0] * 5}, "long_factor: must have one entry per rotary frequency (16), got 5"),
     ({**LONG, "short_factor": 1.0}, "short_factor: must be a list"),
     ({**LONG, "factor": None}, "factor: required for rope_type 'longrope' unless attention_factor is set"),
+    # non-finite values passed the range checks: inf frequencies, or a "math domain error" traceback
+    ({"rope_type": "linear", "factor": float("inf")}, "factor: must be a finite number, got inf"),
+    ({**YARN, "beta_fast": float("inf")}, "beta_fast: must be a finite number, got inf"),
+    ({**YARN, "attention_factor": float("nan")}, "attention_factor: must be a finite number, got nan"),
+    ({**LONG, "short_factor": [float("nan")] * (D // 2)}, "short_factor[0]: must be a finite number, got nan"),
 ]
 
 
@@ -260,8 +266,15 @@ def test_invalid_parameters_raise_naming_the_key(block, message):
     with pytest.raises(ConfigError) as e:
         compute_rope(D, BASE, block)
     assert str(e.value).startswith(message.split(":")[0] + ":") and message in str(e.value)
-    with pytest.raises(ConfigError, match=r"^model\.position\.scaling\." + message.split(":")[0] + ":"):
+    with pytest.raises(ConfigError, match=r"^model\.position\.scaling\." + re.escape(message.split(":")[0]) + ":"):
         validate_scaling(block, D, "model.position.scaling")
+
+
+@pytest.mark.parametrize("base", [1.0, 0.5, float("inf"), float("nan")])
+def test_compute_rope_refuses_a_base_that_is_not_above_one(base):
+    """base 1 divided the YaRN ramp by ln(1) (a ZeroDivisionError traceback); below 1 the frequencies invert."""
+    with pytest.raises(ConfigError, match=r"^base: must be a finite number > 1"):
+        compute_rope(D, base, YARN)
 
 
 def test_rope_module_rejects_a_bad_block_at_construction():
