@@ -20,16 +20,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from minilm.cli import run_cli  # noqa: E402
+from minilm.errors import MinilmError  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
     from minilm.study import check_seeds, load_study, run_study
 
     study = load_study(args.study)
-    if args.seeds:
+    if args.seeds is not None:  # given empty ("--seeds ''"), an error: not silently the file's seeds
         study.seeds = check_seeds([_int_or_text(x) for x in args.seeds.split(",")], "--seeds")
     out = Path(args.out) if args.out else Path("runs") / "studies" / study.name
-    only = [n for n in args.only.split(",") if n] if args.only else None
+    only = None
+    if args.only is not None:  # given empty, an error: an empty selection would train every variant
+        only = [n.strip() for n in args.only.split(",") if n.strip()]
+        if not only:
+            raise MinilmError(f"--only: comma-separated variant names expected, got {args.only!r}")
     run_study(study, out, extra=tuple(args.overrides), resume=args.resume, share=not args.no_share, only=only)
     return 0
 

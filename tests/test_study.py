@@ -200,6 +200,18 @@ def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_fi
     assert not (tmp_path / "out").exists()
 
 
+
+@pytest.mark.parametrize("flag, message", [("--only=", "--only: comma-separated variant names expected"),
+                                           ("--only=,", "--only: comma-separated variant names expected"),
+                                           ("--seeds=", "--seeds: a non-empty list of integer seeds")])
+def test_an_empty_only_or_seeds_exits_2_not_the_whole_study(tmp_path, study_file, capsys, flag, message, monkeypatch):
+    """--only '' (an unset shell variable) trained every variant, --seeds '' ran the file's seeds: silently."""
+    import minilm.study
+
+    monkeypatch.setattr(minilm.study, "run_study", lambda *a, **k: pytest.fail("the study ran"))
+    assert _study([study_file, "--out", tmp_path / "out", flag]) == 2
+    assert message in capsys.readouterr().err
+
 def _finished(cfg, run_dir: Path, phases, val_loss=4.0) -> None:
     """What a finished phase leaves (weights faked): config.yaml of the run and of each phase, complete.json."""
     from minilm.config import save_config
