@@ -66,3 +66,37 @@ def test_sdpa_equals_reference(kv):
         ref = reference_attention(q, k, v, pos, p, p, mask)
         fast = sdpa_attention(q, k, v, pos, mask)
         assert torch.allclose(ref, fast, atol=1e-5)
+
+
+def test_init_scales_residual_outputs_by_depth():
+    """GPT-2's init: every matrix N(0, init_std), the output projection of each residual branch (attention wo, MLP
+    w_out) init_std / sqrt(2·n_layers), so the residual stream's variance does not grow with depth."""
+    cfg = load_config(overrides=["model.n_layers=8", "model.d_model=64", "model.n_heads=4", "model.init_std=0.02"])
+    torch.manual_seed(0)
+    model = GPT(cfg.model, V)
+    for name, p in model.named_parameters():
+        if p.dim() < 2 or "pos" in name:
+            continue
+        want = 0.02 / 4 if name.endswith(("wo.weight", "w_out.weight")) else 0.02  # sqrt(2·8) = 4
+        assert abs(p.std().item() / want - 1) < 0.1, name
+
+
+def test_dropout_acts_on_embeddings_and_each_residual_branch():
+    """model.dropout drops the embeddings and each residual branch's output (attention, MLP), not the residual
+    stream itself; in eval mode it does nothing."""
+    cfg = load_config(overrides=["model.n_layers=3", "model.d_model=32", "model.n_heads=4", "model.dropout=0.5"])
+    model = GPT(cfg.model, V).train()
+    dropped, branches = [], []
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.register_forward_hook(lambda mod, inp, out: dropped.append((inp[0], out)))
+    for block in model.blocks:
+        for branch in (block.attn, block.mlp):
+            branch.register_forward_hook(lambda mod, inp, out: branches.append(out))
+    model(torch.randint(0, V, (2, 8)))
+    assert len(dropped) == 1 + 2 * 3  # the embeddings, then attention and MLP of each block
+    assert all(torch.equal(i, b) for (i, _), b in zip(dropped[1:], branches))  # the branch output is what drops
+    assert not any(torch.equal(i, o) for i, o in dropped)
+    dropped.clear()
+    model.eval()(torch.randint(0, V, (2, 8)))
+    assert len(dropped) == 7 and all(torch.equal(i, o) for i, o in dropped)
