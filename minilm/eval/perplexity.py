@@ -159,7 +159,7 @@ def perplexity(
         windows = _stack(docs, [starts[i] for i in pick], length)
         losses = score_windows(model, windows, batch_size)  # (N, L)
         loss = float(losses.mean())
-        return PplResult(length, mode, loss, math.exp(loss), int(losses.size), len(windows), source,
+        return PplResult(length, mode, loss, _exp(loss), int(losses.size), len(windows), source,
                          per_position=losses.mean(axis=0))  # fmt: skip
     stride = stride or max(1, length // 2)
     if not 0 < stride <= length:
@@ -178,4 +178,13 @@ def perplexity(
     first = np.array([s == 0 for _, s in starts])
     scored = np.concatenate([losses[i] if first[i] else losses[i, length - stride :] for i in range(len(starts))])
     loss = float(scored.mean())
-    return PplResult(length, mode, loss, math.exp(loss), int(scored.size), len(windows), source, stride=stride)
+    return PplResult(length, mode, loss, _exp(loss), int(scored.size), len(windows), source, stride=stride)
+
+
+def _exp(loss: float) -> float:
+    """exp(loss), inf when it overflows a float (a mean loss above ~709 nats: finite but huge logits of a diverged
+    model), not an OverflowError; the suite reports such a length as not measured."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf

@@ -392,9 +392,13 @@ def _non_finite(value) -> MinilmError:
 
 
 def _finite(r):
-    """A PplResult, checked: a NaN loss would otherwise be written as a number (or break strict JSON)."""
+    """A PplResult, checked: a NaN loss would otherwise be written as a number (or break strict JSON), and so
+    would an infinite perplexity (a finite mean loss above ~709 nats)."""
     if not math.isfinite(r.loss):
         raise _non_finite(r.loss)
+    if not math.isfinite(r.ppl):
+        raise MinilmError(f"perplexity overflows: mean loss {r.loss:.4g} nats per token — overflowing logits, a "
+                          "diverged checkpoint or a blow-up at this length")  # fmt: skip
     return r
 
 

@@ -68,6 +68,32 @@ def test_a_model_with_non_finite_outputs_is_reported_not_crashed(tmp_path, eval_
     assert saved["ppl"]["64"] is None and "non-finite" in (tmp_path / "report.md").read_text()
 
 
+class HugeLogitsModel(torch.nn.Module):
+    """Finite logits, but so large that a wrong guess costs 10⁴ nats: exp(mean loss) overflows a float."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab = vocab
+        self.p = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, idx, positions=None, doc_ids=None, cache=None):
+        logits = torch.zeros(*idx.shape, self.vocab)
+        logits[..., 0] = 1e4  # token 0 (unk) never occurs in the text
+        return logits + self.p
+
+
+def test_a_perplexity_that_overflows_is_reported_not_a_traceback(tmp_path, eval_data):
+    """A mean loss above ~709 nats is finite, but exp() of it overflowed: math.exp raised OverflowError and the
+    whole evaluation died with a traceback, losing every length already measured."""
+    V = eval_data.tokenizer.vocab_size
+    settings = EvalSettings(lengths=[64], tasks=["ppl"], batches=1, batch_tokens=128, seed=0)
+    res = evaluate(HugeLogitsModel(V), eval_data, settings, log=lambda *_: None)
+    assert res["ppl"]["64"] is None and res["ppl_sliding"]["64"] is None
+    assert "perplexity overflows" in res["skipped"]["ppl"]["64"]
+    write_report(res, tmp_path)  # strict JSON: no inf written
+    assert json.loads((tmp_path / "results.json").read_text())["ppl"]["64"] is None
+
+
 def test_a_finite_model_is_not_flagged(eval_data, corpus_setup):
     cfg, corpus = corpus_setup
     settings = EvalSettings(lengths=[64], tasks=["ppl", "passkey"], batches=1, batch_tokens=128, samples=1,
