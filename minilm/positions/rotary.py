@@ -134,11 +134,13 @@ class Rope(PositionEncoding):
         super().__init__()
         self.head_dim = dims.head_dim
         self.layer = dims.layer
-        self.rot_dim = params.check_dims(dims.head_dim, "model.position")
         self.configure(params)
 
     def configure(self, params: RopeParams) -> None:
         """(Re)compute the frequencies for new parameters: the only place inv_freq is set (phases call this)."""
+        # the rotary dimensions too: a phase may change ``fraction`` (set once in __init__, the phase's new fraction
+        # was ignored while the log said it applied)
+        self.rot_dim = params.check_dims(self.head_dim, "model.position")
         self.params = params
         self.layout = params.layout
         self.rope_type, self.scaling_params = parse_scaling(params.scaling)  # parsed once, read per forward

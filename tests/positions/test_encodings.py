@@ -67,6 +67,22 @@ def test_xpos_with_partial_rotary_factor_equals_xpos_with_fraction():
     assert by_factor.max_length() == by_fraction.max_length()
 
 
+@pytest.mark.parametrize("name", ["rope", "xpos"])
+def test_a_phase_that_changes_fraction_rotates_the_new_number_of_dimensions(name):
+    """``configure`` (what a phase calls) kept the rotary dimensions computed when the module was built, so a
+    phase's ``fraction`` was silently ignored (its log line said it applied)."""
+    from minilm.positions.rotary import RopeParams, XposParams
+
+    params = {"rope": RopeParams, "xpos": XposParams}[name]
+    phased, fresh = hook(name), hook(name, fraction=0.5)
+    phased.configure(params(fraction=0.5))
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(1, 4, 12, 8, generator=g), torch.randn(1, 2, 12, 8, generator=g)
+    p = torch.arange(12)[None]
+    assert phased.rot_dim == fresh.rot_dim == 4
+    torch.testing.assert_close(rotated_scores(phased, q, k, p, p), rotated_scores(fresh, q, k, p, p))
+
+
 def test_xpos_refuses_inputs_whose_decay_leaves_fp32_range():
     """ζ_0^(±offset/scale_base) overflows fp32 once a position lies ~70 scale_bases from the center (at the
     defaults ζ_0 = 0.4/1.4): the scores were NaN at 74K tokens. Within the limit the scores are finite; beyond it
