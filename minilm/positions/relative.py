@@ -159,8 +159,9 @@ class Deberta(PositionEncoding):
 
     with K^r = P W_{K,r}, Q^r = P W_{Q,r} from relative embeddings P ∈ R^{2k × D}. Convention (the issue's):
     the distance i − j is clipped to (−k, k], δ = clip(i − j, 1 − k, k) + k − 1 ∈ [0, 2k) (the paper's δ clips
-    to [−k, k); for a causal decoder the closed side is better spent on the keys before the query). Each layer
-    owns its P (DeBERTa shares one across layers)."""
+    to [−k, k); for a causal decoder the closed side is better spent on the keys before the query). p2c reads
+    δ(j, i) as the paper's Algorithm 1 does; the released code and transformers in effect read δ(i, j) there (a
+    gather with −r_pos, then a transpose). Each layer owns its P (DeBERTa shares one across layers)."""
 
     score_kind = "bias"
 
