@@ -112,9 +112,12 @@ def make_kv_sample(tokenizer, filler_tokens: Sequence[int], length: int, rng: np
 
 
 def _kv_query(tokenizer, key: str, value: str, style: str) -> Sample:
+    """(question, answer): the answer is the value alone, without its closing quote. In the pairs the value is
+    followed by '",' — one token in a tokenizer trained on code — so a model that copies the value exactly, and
+    then the token that followed it, would have been scored wrong on a closing '"' it never saw there."""
     if style == "code":
-        return tokenizer.encode(f'assert kv["{key}"] == "'), tokenizer.encode(f'{value}"')
-    return tokenizer.encode(f'The value of key "{key}" is "'), tokenizer.encode(f'{value}"')
+        return tokenizer.encode(f'assert kv["{key}"] == "'), tokenizer.encode(value)
+    return tokenizer.encode(f'The value of key "{key}" is "'), tokenizer.encode(value)
 
 
 def make_sample(task: str, tokenizer, filler_tokens: Sequence[int], length: int, rng: np.random.Generator,

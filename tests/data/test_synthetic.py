@@ -94,3 +94,35 @@ def test_too_short_for_a_sample(setup):
         make_passkey_sample(tok, filler, 5, 0.5, np.random.default_rng(0))
     with pytest.raises(DataError, match="key-value"):
         make_kv_sample(tok, filler, 10, np.random.default_rng(0))
+
+
+class MergingTokenizer:
+    """Characters, plus '",' as one token — as a sentencepiece model trained on code has it."""
+
+    PIECES = ['",']
+
+    def encode(self, text: str) -> list[int]:
+        out, i = [], 0
+        while i < len(text):
+            piece = next((p for p in self.PIECES if text.startswith(p, i)), text[i])
+            out.append(1000 + self.PIECES.index(piece) if piece in self.PIECES else ord(piece))
+            i += len(piece)
+        return out
+
+    def decode(self, ids) -> str:
+        return "".join(self.PIECES[t - 1000] if t >= 1000 else chr(t) for t in ids)
+
+
+@pytest.mark.parametrize("style", ["code", "text"])
+def test_kv_answer_is_copied_token_for_token_from_its_pair(style):
+    """The asked value, as answer tokens, stands token for token in the prompt's pair, so a model that copies it is
+    scored right. The answer used to end with a closing '"' while the pair has the value followed by '",' (one
+    token): a perfect copier failed every sample."""
+    tok = MergingTokenizer()
+    for seed in range(5):
+        prompt, answer = make_kv_sample(tok, [ord("x")] * 400, 300, np.random.default_rng(seed), style=style)
+        assert len(prompt) + len(answer) == 300
+        text, value = tok.decode(prompt), tok.decode(answer)
+        key = text.rsplit("kv[" if style == "code" else "key ", 1)[1].split('"')[1]  # the asked key
+        assert f'"{key}": "{value}",' in text
+        assert any(prompt[j : j + len(answer)] == answer for j in range(len(prompt)))  # token for token
