@@ -264,3 +264,22 @@ def test_text_stream_holds_partial_characters_back():
     cut = TextStream(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
     held = [cut.push(i) for i in "é".encode()[:1]]  # a character whose last byte never came
     assert held == [""] and cut.flush() == "\ufffd"
+
+
+def test_rows_that_finish_early_are_padded_with_eos():
+    """In a batch, a row that produced EOS stays EOS while the others go on decoding exactly as they would alone."""
+    model = tiny("rope")
+    for seed in range(50):  # row 0 ends two steps before row 1, and would not repeat EOS on its own
+        prompt = torch.randint(0, V, (2, 4), generator=torch.Generator().manual_seed(seed))
+        free = generate(model, prompt, 10, greedy=True)[:, 4:]  # no EOS: all 10 new tokens
+        eos = int(free[0, 1])
+        first = [(row == eos).nonzero().flatten().tolist() for row in free]
+        row1_later = not first[1] or first[1][0] > first[0][0] + 1
+        if row1_later and (free[0, first[0][0] :] != eos).any():
+            break
+    else:
+        pytest.fail("no prompt pair found")
+    out = generate(model, prompt, 10, greedy=True, eos_id=eos)[:, 4:]
+    end0 = first[0][0]
+    assert (out[0, end0:] == eos).all() and out.shape[1] > end0 + 1
+    assert torch.equal(out[1], free[1, : out.shape[1]])
