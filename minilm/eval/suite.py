@@ -112,7 +112,12 @@ def parse_extension(tokens: Sequence[str]) -> Dict[str, Any]:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ConfigError(f"--extension {name}: parameter '{item}' must look like key=value")
-        out[key] = yaml.safe_load(value)
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or type(e).__name__
+            raise ConfigError(f"--extension {name}: parameter '{item}': the value does not parse as YAML ({problem}); "
+                              "give a number, true/false, a word or a [list]") from None  # fmt: skip
     return out
 
 

@@ -181,6 +181,19 @@ def test_an_empty_list_on_the_command_line_is_an_error_not_the_default(fake_run,
     assert not (fake_run / "train" / "eval").exists()
 
 
+@pytest.mark.parametrize("item", ["window=[", "window=: 4", "window={"])
+def test_an_extension_value_that_is_not_yaml_is_one_message(fake_run, capsys, item):
+    # `--extension rerope window=[` (a typo) used to end in a yaml.parser.ParserError traceback, exit code 1
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    argv = ["--run", str(fake_run), "--device", "cpu", "--no-tb", "--lengths", "64", "--extension", "rerope", item]
+    assert run_cli(ev.main, ev.parser(), argv) == 2
+    err = capsys.readouterr().err
+    assert f"--extension rerope: parameter '{item}': the value does not parse as YAML" in err
+    assert "Traceback" not in err and not (fake_run / "train" / "eval-rerope").exists()
+
+
 def test_the_rope_scaling_method_takes_the_training_length_as_its_original_length(corpus_setup):
     """docs/evaluation.md: original_max_position_embeddings defaults to the training length for scalings; the
     training-free `rope_scaling` method (rope_type as a parameter) used to require it while `dynamic` did not."""
