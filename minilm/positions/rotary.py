@@ -15,9 +15,11 @@ Conventions chosen here (implementations differ; docs/positions.md repeats them)
 - ``nope_every: n`` (n > 0) leaves every n-th layer (layers n-1, 2n-1, ...) unrotated: NoPE interleaved with
   RoPE (Yang et al. 2025, "RoPE to NoPE and Back Again", arXiv:2501.18795; Llama 4). 0 rotates every layer.
 - xPos (``Xpos``) decays the rotated dimensions only; positions are centered on the middle key position before
-  the exponent (as torchscale centers them), which doubles the length at which ζ^(n/scale_base) would under- or
-  overflow — the product q·k depends on n − m only, whatever the center. Beyond that length (about
-  2·80·scale_base/ln(1/ζ_0) tokens: 65K at the defaults) the scores would be NaN, so ``rotate`` refuses it.
+  the exponent (as torchscale centers them), so each scale ζ^(±(n − center)/scale_base) stays within half the
+  range — the product q·k depends on n − m only, whatever the center. The logit of a *masked* pair (key m after
+  query n) carries ζ^(−(m − n)/scale_base) whatever the center, and a kernel that adds its mask to the logits
+  (SDPA with a document or KV-cache mask) turns an overflowing one into inf − inf = NaN: so positions may span at
+  most about 80·scale_base/ln(1/ζ_0) tokens (32K at the defaults), and ``rotate`` refuses a wider span.
 """
 
 from __future__ import annotations
@@ -208,15 +210,16 @@ class Xpos(Rope):
         i = torch.arange(0, d, 2, dtype=torch.float64)
         zeta = (i / d + params.gamma) / (1 + params.gamma)  # (Dr/2,)
         self.register_buffer("zeta", zeta.float().to(self.inv_freq.device), persistent=False)
-        # The scales ζ^(±offset/scale_base) stay within [e^−80, e^80] (fp32's range is e^±88, with room for the
-        # q and k values they multiply) while |offset from the center| <= max_offset; beyond, the smallest ζ's
-        # scale overflows and the scores are NaN (0 · inf), so ``rotate`` refuses such positions.
-        self.max_offset = int(80 * params.scale_base / -math.log(float(zeta.min())))
+        # A masked pair (key m after query n) has the logit factor ζ^(−(m − n)/scale_base) whatever the center: SDPA
+        # with a dense mask computes it and adds −inf, so once it overflows fp32 (e^88, with room for the q and k
+        # values it multiplies) that row is NaN. Positions may therefore span at most max_span, which also keeps
+        # every single scale (centered) within e^±40; ``rotate`` refuses a wider span.
+        self.max_span = int(80 * params.scale_base / -math.log(float(zeta.min())))
 
     def max_length(self) -> int:
-        """Positions 0..L−1 lie within max_offset of their center (L−1)//2 up to L = 2·max_offset + 1: the
-        evaluation suite, generation and the phases read this instead of meeting ``rotate``'s error."""
-        return 2 * self.max_offset + 1
+        """Positions 0..L−1 span L − 1 <= max_span: the evaluation suite, generation and the phases read this
+        instead of meeting ``rotate``'s error."""
+        return self.max_span + 1
 
     def decay(self, positions: Tensor, center: Tensor, sign: float) -> Tensor:
         exponent = sign * (positions - center).unsqueeze(-1).float() / self.params.scale_base  # (B, T, 1)
@@ -226,13 +229,12 @@ class Xpos(Rope):
         if not self.rotates:
             return q, k
         center = (k_pos.amin(-1, keepdim=True) + k_pos.amax(-1, keepdim=True)) // 2  # (B, 1)
-        offset = torch.maximum((q_pos - center).abs().amax(), (k_pos - center).abs().amax())
+        span = torch.maximum(q_pos.amax(), k_pos.amax()) - torch.minimum(q_pos.amin(), k_pos.amin())
         torch._assert_async(  # no host sync; a device-side assert on the GPU
-            offset <= self.max_offset,
-            f"xpos: a position lies more than {self.max_offset} from the middle key position, where the decay "
-            f"ζ^(position/scale_base) leaves fp32's range (the scores would be NaN); inputs up to about "
-            f"{2 * self.max_offset} tokens fit: raise model.position.scale_base (now {self.params.scale_base:g}) "
-            f"or gamma (now {self.params.gamma:g})",
+            span <= self.max_span,
+            f"xpos: positions span more than {self.max_span}, where the decay ζ^(distance/scale_base) of a masked "
+            f"pair leaves fp32's range (the scores would be NaN); inputs up to {self.max_span + 1} tokens fit: raise "
+            f"model.position.scale_base (now {self.params.scale_base:g}) or gamma (now {self.params.gamma:g})",
         )
         (cq, sq), (ck, sk) = self.tables(q_pos, k_pos)
         up, down = self.decay(q_pos, center, 1.0), self.decay(k_pos, center, -1.0)

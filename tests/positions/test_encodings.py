@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from minilm.errors import ConfigError
+from minilm.model.attention import AttentionMask, reference_attention, sdpa_attention
 from minilm.positions import PositionDims, build_position
 from minilm.positions.absolute import sinusoid
 from minilm.positions.bias import alibi_slopes, t5_bucket
@@ -84,18 +85,34 @@ def test_a_phase_that_changes_fraction_rotates_the_new_number_of_dimensions(name
 
 
 def test_xpos_refuses_inputs_whose_decay_leaves_fp32_range():
-    """ζ_0^(±offset/scale_base) overflows fp32 once a position lies ~70 scale_bases from the center (at the
-    defaults ζ_0 = 0.4/1.4): the scores were NaN at 74K tokens. Within the limit the scores are finite; beyond it
-    rotate raises, naming the parameters that raise the limit."""
+    """ζ_0^(span/scale_base) overflows fp32 once positions span ~70 scale_bases (at the defaults ζ_0 = 0.4/1.4):
+    the scores were NaN at 74K tokens. Within the limit the scores are finite; beyond it rotate raises, naming
+    the parameters that raise the limit."""
     xpos = hook("xpos", scale_base=8.0)
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 4, 1, 8, generator=g), torch.randn(1, 2, 2, 8, generator=g)
-    fits = 2 * xpos.max_offset
-    assert fits == pytest.approx(2 * 80 * 8.0 / math.log(1.4 / 0.4), abs=2)
+    fits = xpos.max_span
+    assert fits == pytest.approx(80 * 8.0 / math.log(1.4 / 0.4), abs=2) and xpos.max_length() == fits + 1
     ok = rotated_scores(xpos, q, k, torch.tensor([[fits]]), torch.tensor([[0, fits]]))
     assert torch.isfinite(ok).all()
     with pytest.raises(RuntimeError, match=r"xpos: .*model\.position\.scale_base \(now 8\) or gamma \(now 0\.4\)"):
-        rotated_scores(xpos, q, k, torch.tensor([[fits + 300]]), torch.tensor([[0, fits + 300]]))
+        rotated_scores(xpos, q, k, torch.tensor([[fits + 1]]), torch.tensor([[0, fits + 1]]))
+
+
+def test_xpos_is_finite_up_to_its_max_length_with_a_dense_mask():
+    """A masked pair (key m after query n) carries ζ^(−(m − n)/scale_base) whatever the center, and SDPA with a
+    dense mask (document masking, queries after cached keys) adds −inf to it: past about half the old limit it
+    overflowed, inf − inf = NaN rows, while max_length() still promised the length."""
+    xpos = hook("xpos", scale_base=8.0, n_kv_heads=4)
+    T = xpos.max_length()
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 4, T, 8, generator=g) for _ in range(3))
+    p = torch.arange(T)[None]
+    q, k = xpos.rotate(q, k, p, p)
+    docs = torch.zeros(1, T, dtype=torch.long)  # one document: the plain causal mask, but dense
+    out = sdpa_attention(q, k, v, xpos, AttentionMask(q_doc=docs, k_doc=docs))
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, reference_attention(q, k, v, xpos, p, p, AttentionMask()), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name, params", [("xpos", {"scale_base": 8.0}), ("floater", {"cache_size": 50})])
