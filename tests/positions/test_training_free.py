@@ -366,3 +366,51 @@ def test_merged_logits_stay_fp32_under_bf16_autocast(case):
         out = method.attend(q, k, v, rope(), pos, pos, AttentionMask())
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the papers' relative-position matrices, written out by hand for a small case (not computed from a formula, so a
+# formula shared by the code and the reference above cannot hide a mistake)
+
+HAND = {  # (method, params) -> rows m = 0..9 of the relative position m − n the logit of (m, n) is computed at
+    ("rerope", (("window", 3),)): [  # Su: min(m − n, w)
+        [0], [1, 0], [2, 1, 0], [3, 2, 1, 0], [3, 3, 2, 1, 0], [3, 3, 3, 2, 1, 0], [3, 3, 3, 3, 2, 1, 0],
+        [3, 3, 3, 3, 3, 2, 1, 0], [3, 3, 3, 3, 3, 3, 2, 1, 0], [3, 3, 3, 3, 3, 3, 3, 2, 1, 0],
+    ],
+    # Jin et al.: exact below w_n = 2; beyond, ⌊m/2⌋ + (2 − 1) − ⌊n/2⌋
+    ("self_extend", (("group_size", 2), ("window", 2))): [
+        [0], [1, 0], [2, 1, 0], [2, 2, 1, 0], [3, 3, 2, 1, 0], [3, 3, 2, 2, 1, 0], [4, 4, 3, 3, 2, 1, 0],
+        [4, 4, 3, 3, 2, 2, 1, 0], [5, 5, 4, 4, 3, 3, 2, 1, 0], [5, 5, 4, 4, 3, 3, 2, 2, 1, 0],
+    ],
+    # An et al. (ChunkLlama): chunk_size 6, local window 2 -> chunks of s = 4; keys at n mod 4; queries at m mod 4
+    # (same chunk), min(4 + m mod 4, 6) (previous chunk), 6 (earlier chunks)
+    ("dca", (("chunk_size", 6), ("local_window", 2))): [
+        [0], [1, 0], [2, 1, 0], [3, 2, 1, 0],
+        [4, 3, 2, 1, 0], [5, 4, 3, 2, 1, 0], [6, 5, 4, 3, 2, 1, 0], [6, 5, 4, 3, 3, 2, 1, 0],
+        [6, 5, 4, 3, 4, 3, 2, 1, 0], [6, 5, 4, 3, 5, 4, 3, 2, 1, 0],
+    ],
+}
+
+
+@pytest.mark.parametrize("method,params", list(HAND), ids=[m for m, _ in HAND])
+def test_relative_positions_equal_the_papers_matrix_written_by_hand(method, params, monkeypatch):
+    """One rotary frequency of 0.1 rad per position and q = k = (1, 0): the logit of (m, n) is cos(0.1 r) / √2 at
+    the relative position r it was computed at, so r is read back from the logits the method builds."""
+    import minilm.positions.training_free as tf
+
+    rot = Rope(RopeParams(), PositionDims(2, 1, 1, 2, 1))
+    rot.inv_freq = torch.tensor([0.1])
+    captured = {}
+
+    def capture(logits, v, mask, dtype):
+        captured["logits"] = logits
+        return torch.zeros(*logits.shape[:3], v.shape[-1], dtype=dtype)
+
+    monkeypatch.setattr(tf, "_softmax_attend", capture)
+    T = 10
+    q = torch.tensor([1.0, 0.0]).expand(1, 1, T, 2)
+    pos = torch.arange(T)[None]
+    build_extension(method, dict(params)).attend(q, q, q, rot, pos, pos, AttentionMask())
+    r = torch.arccos((captured["logits"][0, 0] * 2**0.5).clamp(-1, 1)) / 0.1  # (T, T)
+    got = [[round(float(r[m, n])) for n in range(m + 1)] for m in range(T)]
+    assert got == HAND[(method, params)]
