@@ -55,8 +55,8 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 
 
 def reference_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tensor:
-    """The exact reference: fp32 matmul -> + score term -> mask -> softmax -> @ v (+ value term). fp32 under
-    autocast too (which would otherwise run the matmuls in bf16)."""
+    """The exact reference: fp32 matmul -> mask -> + score term (it reads the masked logits: CoPE) -> softmax -> @ v
+    (+ value term). fp32 under autocast too (which would otherwise run the matmuls in bf16)."""
     with torch.autocast(q.device.type, enabled=False):
         return _reference_attention(q, k, v, pos, q_pos, k_pos, mask)
 
