@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from minilm.errors import ConfigError
@@ -272,14 +272,39 @@ def _fresh_scaling(old: Any, new: Any) -> None:
         old["scaling"] = None
 
 
+def _shape_errors(node: DictConfig, prefix: str = "") -> List[str]:
+    """Keys of a layer whose value has the wrong shape for the schema: not a mapping where a section or mapping is
+    expected (``model.position=[1]`` was a traceback), not a list where a list is (OmegaConf's message for
+    ``eval.lengths=128`` named no shape: "AnyNode is not a ListConfig")."""
+    out = []
+    for k, v in node.items_ex(resolve=False):
+        key = f"{prefix}{k}"
+        t = _schema_type(key)
+        if t is None or OmegaConf.is_interpolation(node, k):
+            continue
+        shown = OmegaConf.to_container(v) if OmegaConf.is_config(v) else v
+        if dataclasses.is_dataclass(t) or typing.get_origin(t) is dict:
+            if isinstance(v, DictConfig):
+                out += _shape_errors(v, key + ".")
+            else:
+                out.append(f"'{key}' must be a mapping of keys, got {shown!r}")
+        elif typing.get_origin(t) is list and v is not None and not isinstance(v, ListConfig):
+            out.append(f"'{key}' must be a list such as [a, b], got {shown!r}")
+    return out
+
+
 def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
-    new_name = OmegaConf.select(layer, "model.position.name", default=None)
+    wrong = _shape_errors(layer)
+    if wrong:
+        raise ConfigError(f"{label}: {'; '.join(wrong)}")
+    new_name = OmegaConf.select(layer, "model.position.name", default=None, throw_on_resolution_failure=False)
     if new_name is not None and new_name != cfg.model.position.get("name"):
         cfg.model.position = {}  # a different encoding starts from a fresh parameter block, and so does every
         for phase in cfg.phases.values():  # phase's: its position overrides were the old encoding's parameters
             phase.position = {}
-    _fresh_scaling(cfg.model.position, OmegaConf.select(layer, "model.position", default=None))
-    layer_phases = OmegaConf.select(layer, "phases", default=None)
+    _fresh_scaling(cfg.model.position,
+                   OmegaConf.select(layer, "model.position", default=None, throw_on_resolution_failure=False))
+    layer_phases = OmegaConf.select(layer, "phases", default=None, throw_on_resolution_failure=False)
     if isinstance(layer_phases, DictConfig):
         for name, phase in layer_phases.items_ex(resolve=False):
             if name in cfg.phases and isinstance(phase, DictConfig):
@@ -287,12 +312,6 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
     try:
         return OmegaConf.merge(cfg, layer)
     except (OmegaConfBaseException, TypeError, ValueError) as e:  # TypeError: a list onto a mapping (phases)
-        # a section given as a scalar or a list: OmegaConf's message does not name the key
-        wrong = [f"'{k}' must be a mapping of keys, got {OmegaConf.to_container(v) if OmegaConf.is_config(v) else v!r}"
-                 for k, v in layer.items_ex(resolve=False)
-                 if isinstance(cfg.get(k), DictConfig) and not isinstance(v, DictConfig)]  # fmt: skip
-        if wrong:
-            raise ConfigError(f"{label}: {'; '.join(wrong)}") from None
         key = getattr(e, "full_key", None) or "?"
         msg = str(e).splitlines()[0]
         raise ConfigError(f"{label}: bad config key '{key}': {msg}") from None
@@ -341,7 +360,8 @@ def _set_where(message: str, layers: List[tuple[str, DictConfig]]) -> str:
     Empty where no layer gives it (a derived key such as phases.NAME.eval.lengths, or a schema default)."""
     key = KEY_PREFIX.match(message)
     for label, layer in reversed(layers):
-        if key and OmegaConf.select(layer, key.group(1), default=None, throw_on_missing=False) is not None:
+        given = key and OmegaConf.select(layer, key.group(1), default=None, throw_on_resolution_failure=False)
+        if given is not None:
             return f" (set {label})"
     return ""
 

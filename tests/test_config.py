@@ -344,3 +344,22 @@ def test_a_bad_value_names_the_file_or_the_command_line_that_gave_it(tmp_path):
 def test_an_override_with_an_empty_key_part_is_named(item):
     with pytest.raises(ConfigError, match=f"override '{re.escape(item)}' must look like key.sub=value"):
         load_config(overrides=[item])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.position=[1]", r"'model.position' must be a mapping of keys, got \[1\]"),  # was a ConfigTypeError traceback
+    ("phases.a.data=3", "'phases.a.data' must be a mapping of keys, got 3"),
+    ("eval.lengths=128", r"'eval.lengths' must be a list such as \[a, b\], got 128"),  # "AnyNode is not a ListConfig"
+    ("data.synthetic.tasks=kv", r"'data.synthetic.tasks' must be a list such as \[a, b\], got 'kv'"),
+    ("eval.lengths={a: 1}", r"'eval.lengths' must be a list such as \[a, b\], got \{'a': 1\}"),  # "bad config key '?'"
+])  # fmt: skip
+def test_a_nested_key_of_the_wrong_shape_is_named(override, message):
+    with pytest.raises(ConfigError, match=f"command line: {message}"):
+        load_config(overrides=["phases.a.steps=3", override])
+    assert load_config(overrides=["phases.a.steps=3", "phases.a.eval_lengths=null"]).phases.a.eval_lengths is None
+
+
+def test_a_nested_key_of_the_wrong_shape_is_named_with_its_file(tmp_path):
+    (tmp_path / "e.yaml").write_text("eval:\n  lengths: 128\n")
+    with pytest.raises(ConfigError, match=r"e\.yaml: 'eval.lengths' must be a list"):
+        load_config(tmp_path / "e.yaml")
