@@ -178,6 +178,10 @@ def llama_rope_kwargs(rope: dict) -> dict:
     kwargs = {"rope_theta": rope.pop("rope_theta")}
     if rope["rope_type"] != "default":
         kwargs["rope_scaling"] = {**rope, "type": rope["rope_type"]}
+    if rope["rope_type"] == "longrope" and "original_max_position_embeddings" in rope:
+        # 4.x's longrope reads the original length from the config itself, not from rope_scaling; without it, it
+        # takes max_position_embeddings (original · factor): the long factors and the temperature from that
+        kwargs["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
     return kwargs
 
 
@@ -267,9 +271,15 @@ def hf_tokenizer(model_file: str | Path):
     pieces = [(p.piece, p.score) for p in proto.pieces]
     unk = proto.pieces[t.unk_id].piece
     if t.model_type == pb.TrainerSpec.BPE:
-        from transformers.tokenization_utils_sentencepiece import SentencePieceExtractor
+        try:  # transformers 5
+            from transformers.tokenization_utils_sentencepiece import SentencePieceExtractor
+        except ImportError:  # 4.x (the hf extra allows >= 4.45): the same extractor, in another module
+            from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
-        vocab, _, merges = SentencePieceExtractor(str(model_file)).extract()
+        # merges ranked by piece score, as sentencepiece applies them (5.x ranks so by itself; 4.x when given them).
+        # 5.x returns (vocab, scores, merges), 4.x (vocab, merges).
+        extracted = SentencePieceExtractor(str(model_file)).extract({p.piece: p.score for p in proto.pieces})
+        vocab, merges = extracted[0], extracted[-1]
         tok = HfTokenizer(BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=t.byte_fallback, dropout=None))
     elif t.model_type == pb.TrainerSpec.UNIGRAM:
         tok = HfTokenizer(Unigram(pieces, unk_id=t.unk_id, byte_fallback=t.byte_fallback))

@@ -253,6 +253,64 @@ def test_tokenizer_encodes_like_sentencepiece(kind, tiny_text_dir, tmp_path):
     assert (theirs.eos_token_id, theirs.bos_token_id, theirs.pad_token_id) == (ours.eos_id, ours.bos_id, ours.pad_id)
 
 
+class _Extractor4x:
+    """transformers 4.x's SentencePieceExtractor (convert_slow_tokenizer): extract() returns (vocab, merges)."""
+
+    def __init__(self, model: str):
+        import sentencepiece
+
+        self.sp = sentencepiece.SentencePieceProcessor(model_file=model)
+
+    def extract(self, vocab_scores=None):
+        try:
+            from transformers.tokenization_utils_base import generate_merges
+        except ImportError:  # run under a real 4.x
+            from transformers.convert_slow_tokenizer import generate_merges
+
+        vocab = {self.sp.id_to_piece(i): i for i in range(self.sp.GetPieceSize())}
+        return vocab, generate_merges(vocab, vocab_scores)
+
+
+def test_transformers_4_tokenizer_export(tiny_text_dir, tmp_path, monkeypatch):
+    """The hf extra allows transformers >= 4.45, whose extractor lives in convert_slow_tokenizer and returns two
+    values: export stopped with ModuleNotFoundError (a traceback) there. It now exports what sentencepiece encodes."""
+    import importlib
+
+    from minilm.data.tokenizer import train_tokenizer
+    from minilm.export import hf_tokenizer
+
+    docs = [p.read_text() for p in sorted(tiny_text_dir.glob("*.py"))]
+    ours = train_tokenizer(docs, tmp_path / "tok.model", load_config(overrides=["data.tokenizer.vocab_size=400"])
+                           .data.tokenizer)  # fmt: skip
+    monkeypatch.setitem(sys.modules, "transformers.tokenization_utils_sentencepiece", None)  # 4.x: no such module
+    monkeypatch.setattr(importlib.import_module("transformers.convert_slow_tokenizer"), "SentencePieceExtractor",
+                        _Extractor4x)  # fmt: skip
+    theirs = hf_tokenizer(ours.model_file)
+    for text in TEXTS + docs[:3]:
+        assert theirs.encode(text, add_special_tokens=False) == ours.encode(text), text
+
+
+def test_transformers_4_config_names_the_longrope_original_length(monkeypatch):
+    """transformers 4.x's longrope reads original_max_position_embeddings from the config itself, not rope_scaling;
+    without it, it took max_position_embeddings (original · factor) as the original length: the short factors up to
+    4x the real original length and another temperature (logits off by 0.2 on the parity case)."""
+    import importlib
+
+    from minilm.export import llama_rope_kwargs
+
+    class LlamaConfig4x:  # no rope_parameters: 4.x's form, rope_theta + rope_scaling
+        pass
+
+    # the module now in sys.modules: transformers replaces its lazy module there once models are loaded
+    monkeypatch.setattr(importlib.import_module("transformers"), "LlamaConfig", LlamaConfig4x)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": L,
+            "short_factor": SHORT, "long_factor": LONG}  # fmt: skip
+    kwargs = llama_rope_kwargs(rope)
+    assert kwargs["rope_theta"] == 10000.0 and kwargs["rope_scaling"]["type"] == "longrope"
+    assert kwargs["original_max_position_embeddings"] == L
+    assert "original_max_position_embeddings" not in llama_rope_kwargs({"rope_type": "default", "rope_theta": 1.0})
+
+
 @pytest.mark.slow  # two subprocesses that each import transformers (~15 s of CPU apiece)
 def test_export_script_on_a_run_dir(tiny_text_dir, tmp_path):
     """scripts/export_hf.py on a run directory (config.yaml + tokenizer.model + model.safetensors)."""
