@@ -9,7 +9,7 @@
 import argparse
 import sys
 
-from minilm.cli import add_config_args, run_cli  # noqa: F401 (run_cli is used by tests)
+from minilm.cli import Once, add_config_args, run_cli  # noqa: F401 (run_cli is used by tests)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -30,8 +30,10 @@ def parser() -> argparse.ArgumentParser:
     add_config_args(p)
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--resume", action="store_true", help="continue the run in run.dir (finished phases skipped)")
-    p.add_argument("--phase", help="(re)start at this phase; earlier phases must be finished, or use --init")
-    p.add_argument("--init", help="initial weights: a .safetensors / .ckpt file or a run directory")
+    p.add_argument("--phase", action=Once,
+                   help="(re)start at this phase; earlier phases must be finished, or use --init (with --resume: "
+                        "continue an interrupted --phase run)")  # fmt: skip
+    p.add_argument("--init", action=Once, help="initial weights: a .safetensors / .ckpt file or a run directory")
     return p
 
 

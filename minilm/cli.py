@@ -13,8 +13,20 @@ from typing import Callable, Optional, Sequence
 from minilm.errors import MinilmError
 
 
+class Once(argparse.Action):
+    """A single-valued option given twice is an error: argparse keeps the last one without a word, so
+    ``--config a.yaml ... --config b.yaml`` (a command edited from the shell history) trained b alone."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            given = getattr(namespace, self.dest)
+            parser.error(f"{option_string} given twice ({given!r} and {values!r}); give it once")
+        setattr(namespace, self.dest, values)
+
+
 def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    parser.add_argument("--config", required=required, help="YAML experiment file (may name a 'base:' YAML)")
+    parser.add_argument("--config", required=required, action=Once,
+                        help="YAML experiment file (may name a 'base:' YAML)")  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. model.n_layers=2 run.dir=/tmp/x")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
 

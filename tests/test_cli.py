@@ -49,3 +49,20 @@ def test_prepare_data_takes_overrides_after_flags():
     proc = subprocess.run([sys.executable, "scripts/prepare_data.py", "--quiet", "data.num_proc=0"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "data.num_proc: must be >= 1" in proc.stderr, proc.stderr
+
+
+def test_a_single_valued_option_given_twice_is_an_error(capsys):
+    """argparse keeps the last of a repeated option silently: `--config a.yaml ... --config b.yaml` trained b."""
+    import pytest
+
+    from tests.conftest import load_script
+
+    train_py = load_script("train.py")
+    for argv, flag in ((["--config", "a.yaml", "x.y=1", "--config", "b.yaml"], "--config"),
+                       (["--config", "a.yaml", "--phase", "p", "--phase", "q"], "--phase"),
+                       (["--config", "a.yaml", "--init", "w1", "--init", "w2"], "--init")):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_:
+            train_py.parser().parse_intermixed_args(argv)
+        assert exit_.value.code == 2 and f"{flag} given twice" in capsys.readouterr().err
+    args = train_py.parser().parse_intermixed_args(["--config", "a.yaml", "--phase", "p", "k=v", "--resume"])
+    assert (args.config, args.phase, args.overrides, args.resume) == ("a.yaml", "p", ["k=v"], True)
