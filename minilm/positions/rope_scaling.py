@@ -450,6 +450,13 @@ def parse_scaling(scaling: Optional[Mapping[str, Any]]) -> tuple[str, Any]:
     """(rope_type, typed parameters) for a scaling block; None or {} is ``default``. Raises ConfigError naming
     the key for an unknown rope_type, an unknown or missing key, or a bad value."""
     values = dict(scaling or {})
+    # the two keys of a transformers block that are not scaling parameters here: say where they go rather than
+    # "not a parameter of rope_type 'default'"
+    if "type" in values:
+        raise ConfigError(f"type: the key is rope_type (transformers' older name 'type'), got type: {values['type']!r}")
+    if "rope_theta" in values:
+        theta = values["rope_theta"]
+        raise ConfigError(f"rope_theta: the RoPE base is model.position.base, not a scaling key, got {theta!r}")
     rope_type = values.pop("rope_type", "default")
     if rope_type not in ROPE_SCALING:
         raise ConfigError(f"rope_type: unknown rope_type {rope_type!r}; allowed: {', '.join(ROPE_SCALING)}")

@@ -258,6 +258,9 @@ INVALID = [
     ({**YARN, "beta_fast": float("inf")}, "beta_fast: must be a finite number, got inf"),
     ({**YARN, "attention_factor": float("nan")}, "attention_factor: must be a finite number, got nan"),
     ({**LONG, "short_factor": [float("nan")] * (D // 2)}, "short_factor[0]: must be a finite number, got nan"),
+    # a block copied from a transformers config: say where its two non-scaling keys go
+    ({"type": "yarn", "factor": 2}, "type: the key is rope_type"),
+    ({**YARN, "rope_theta": 10000.0}, "rope_theta: the RoPE base is model.position.base"),
 ]
 
 
