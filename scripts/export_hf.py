@@ -3,13 +3,14 @@
 
     python scripts/export_hf.py RUN_DIR_OR_CHECKPOINT OUT_DIR [--phase NAME] [--no-verify]
 
-Writes OUT_DIR/{config.json, model.safetensors, tokenizer.json, tokenizer_config.json, tokenizer.model}, which
-``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` and ``AutoTokenizer.from_pretrained(OUT_DIR)``
-load. Before the files are moved into OUT_DIR (unless --no-verify) it loads them back and prints the largest fp32
-logit difference from minilm on random tokens at the training length and at 4x it; above 1e-4 it fails and OUT_DIR
-is left as it was. RoPE models only (any scaling transformers can express: default, linear, dynamic, yarn, llama3,
-longrope; ntk and ntk_by_parts are rewritten exactly); anything else is refused with a message naming it (exit
-code 2), as is an OUT_DIR that is a minilm run or phase directory. See docs/export.md.
+Writes OUT_DIR/{config.json, model.safetensors, tokenizer.json, tokenizer_config.json, tokenizer.model,
+minilm_export.json (the position block it came from)}, which ``transformers.AutoModelForCausalLM.from_pretrained``
+and ``AutoTokenizer.from_pretrained`` load. Before the files are moved into OUT_DIR (unless --no-verify) it loads
+them back and prints the largest fp32 logit difference from minilm on random tokens at the training length and at
+4x it; above 1e-4 it fails and OUT_DIR is left as it was. RoPE models only (any scaling transformers can express:
+default, linear, dynamic, yarn, llama3, longrope; ntk and ntk_by_parts are rewritten exactly); anything else is
+refused with a message naming it (exit code 2), as is an OUT_DIR that is a minilm run or phase directory. Needs
+transformers (pip install -e ".[hf]"). See docs/export.md.
 """
 
 from __future__ import annotations
