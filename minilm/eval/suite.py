@@ -72,6 +72,8 @@ class EvalSettings:
 
         check(all(isinstance(L, int) and L >= 2 for L in self.lengths), "lengths",
               f"must be integers >= 2, got {list(self.lengths)}")  # fmt: skip
+        # results are keyed by length and by depth: a repeated one would be run twice and one of its cells lost
+        check(len(set(self.lengths)) == len(self.lengths), "lengths", f"has repeats: {list(self.lengths)}")
         bad = [t for t in self.tasks if t not in TASKS]
         check(not bad, "tasks", f"unknown task(s) {bad}; allowed: {', '.join(TASKS)}")
         check(self.batches >= 1, "batches", f"must be >= 1, got {self.batches}")
@@ -82,6 +84,8 @@ class EvalSettings:
               f"must be <= the shortest length ({shortest}) for sliding windows, got {self.stride}")  # fmt: skip
         check(all(0 <= d <= 1 for d in self.depths) and len(self.depths) > 0, "depths",
               f"must be a non-empty list of numbers in [0, 1], got {list(self.depths)}")  # fmt: skip
+        check(len({f"{float(d):g}" for d in self.depths}) == len(self.depths), "depths",
+              f"has repeats: {list(self.depths)}")  # the passkey / needle grids key depths by f"{d:g}"
         check(self.samples >= 1, "samples", f"must be >= 1, got {self.samples}")
         check(self.needles >= 1, "needles", f"must be >= 1, got {self.needles}")
         check(not self.extension or "name" in self.extension, "extension",

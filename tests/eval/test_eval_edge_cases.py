@@ -194,6 +194,20 @@ def test_an_extension_value_that_is_not_yaml_is_one_message(fake_run, capsys, it
     assert "Traceback" not in err and not (fake_run / "train" / "eval-rerope").exists()
 
 
+@pytest.mark.parametrize("flag,value,message", [("--lengths", "64,64", "eval.lengths: has repeats: [64, 64]"),
+                                                  ("--depths", "0,0.5,0.50", "eval.depths: has repeats")])
+def test_a_repeated_length_or_depth_is_refused(fake_run, capsys, flag, value, message):
+    # a repeated length was evaluated twice (two summary rows); a repeated depth overwrote the first one's cell in
+    # the passkey / needle grid, whose numbers then disagreed with the per-length mean next to them
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    argv = ["--run", str(fake_run), "--device", "cpu", "--no-tb", "--tasks", "passkey", "--lengths", "64", flag, value]
+    assert run_cli(ev.main, ev.parser(), argv) == 2
+    assert message in capsys.readouterr().err
+    assert not (fake_run / "train" / "eval" / "results.json").exists()
+
+
 def test_the_rope_scaling_method_takes_the_training_length_as_its_original_length(corpus_setup):
     """docs/evaluation.md: original_max_position_embeddings defaults to the training length for scalings; the
     training-free `rope_scaling` method (rope_type as a parameter) used to require it while `dynamic` did not."""
