@@ -175,6 +175,23 @@ def precision(pcfg) -> str:
     return "32-true" if p == "32" else p
 
 
+class _RunLogger(TensorBoardLogger):
+    """One events file per process for the whole run, closed by ``run_phases``. Lightning closes its logger's
+    writer at the end of every fit and validate and the next scalar opens a new file, several per phase, named by
+    the second and a per-process counter: two opened in the same second around the tenth sort out of order
+    (``….10`` before ``….9``), so TensorBoard read those steps out of order."""
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        if self._experiment is not None:
+            self.experiment.flush()
+
+    @rank_zero_only
+    def close(self) -> None:
+        if self._experiment is not None:
+            self.experiment.close()
+
+
 class _StepCheckpoint(L.Callback):
     """A resumable checkpoint every ``ckpt_every`` optimizer steps, atomically written; keeps the last k."""
 
@@ -186,8 +203,6 @@ class _StepCheckpoint(L.Callback):
             return
         step = trainer.global_step
         if self.every and step % self.every == 0 and step < trainer.max_steps:
-            if trainer.logger is not None:  # what was logged before the checkpoint is on disk before it: after a
-                trainer.logger.experiment.flush()  # kill, --resume logs from the next step only (purge_step)
             trainer.save_checkpoint(checkpoint_path(self.dir, step), weights_only=False)  # full: resumable
             if trainer.is_global_zero:
                 prune_checkpoints(self.dir, self.keep)
@@ -419,26 +434,28 @@ def run_phases(
         # --resume / --phase: the events the earlier process logged past the point training restarts from are
         # dropped by TensorBoard (a SessionLog.START at purge_step), so they are not drawn twice
         purge = _tensorboard_purge_step(run_dir, names[start:], pcfgs, offset) if resume or start_phase else None
-        tb_logger = TensorBoardLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False,
-                                      purge_step=purge)  # fmt: skip
+        tb_logger = _RunLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False,
+                               purge_step=purge)  # fmt: skip
         tokens = sum(_phase_tokens(pcfgs[n]) for n in names[:start])
         prev = names[start - 1] if start > 0 else None
         if prev is not None and init is None:
             _load_finished_phase(model, run_dir, prev, start_phase)
-        for n in names[start:]:
-            pcfg, steps = pcfgs[n], phase_steps(pcfgs[n])
-            if is_complete(run_dir, n):
-                log(f"phase '{n}' is complete; skipping")
-                load_weights(model, phase_dir(run_dir, n) / "model.safetensors")
-            else:
-                carry = carries_optimizer(cfg, n)
-                opt_state = load_checkpoint_dict(_optimizer_state_path(run_dir, prev, n)) if carry else None
-                _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log, tokens)
-            prev, offset, tokens = n, offset + steps, tokens + _phase_tokens(pcfg)
-        if primary:
-            save_weights(model, run_dir / "model.safetensors")
-            save_config(pcfgs[names[-1]], run_dir / "final_config.yaml")
-        tb_logger.experiment.flush()
+        try:
+            for n in names[start:]:
+                pcfg, steps = pcfgs[n], phase_steps(pcfgs[n])
+                if is_complete(run_dir, n):
+                    log(f"phase '{n}' is complete; skipping")
+                    load_weights(model, phase_dir(run_dir, n) / "model.safetensors")
+                else:
+                    carry = carries_optimizer(cfg, n)
+                    opt_state = load_checkpoint_dict(_optimizer_state_path(run_dir, prev, n)) if carry else None
+                    _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log, tokens)
+                prev, offset, tokens = n, offset + steps, tokens + _phase_tokens(pcfg)
+            if primary:
+                save_weights(model, run_dir / "model.safetensors")
+                save_config(pcfgs[names[-1]], run_dir / "final_config.yaml")
+        finally:
+            tb_logger.close()
     log(f"done: {run_dir / 'model.safetensors'}")
     return run_dir
 

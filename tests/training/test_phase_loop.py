@@ -97,3 +97,74 @@ def test_micro_batch_size_splits_the_same_rows(config, tmp_path):
     (whole, whole_summary), (split, split_summary) = runs[4], runs[1]
     assert max(float((whole[k] - split[k]).abs().max()) for k in whole) < 1e-5
     assert abs(whole_summary["val_loss"] - split_summary["val_loss"]) < 1e-5
+
+
+def _killed_after_checkpoint(run, phase: str, step: int) -> None:
+    """The run directory as a kill after phase ``phase``'s checkpoint at ``step`` leaves it: TensorBoard holds the
+    steps logged after that checkpoint, the phase has no finished outputs, later checkpoints never happened."""
+    for name in ("complete.json", "model.safetensors", "config.yaml", "optimizer.pt"):
+        (run / phase / name).unlink(missing_ok=True)
+    for ckpt in (run / phase / "checkpoints").glob("step-*.ckpt"):
+        if int(ckpt.stem.split("-")[1]) > step:
+            ckpt.unlink()
+    (run / "model.safetensors").unlink()
+
+
+TAGS = ("train/loss", "lr", "tokens_seen", "val/loss")
+
+
+def restart_aware_points(run_dir, tag):
+    """(step, value) of ``tag`` as TensorBoard's restart rule gives them: event files read in name order, a
+    SessionLog.START at step s drops the points at steps >= s read before it. (EventAccumulator's own fallback,
+    dropping points when a step goes back, depends on where Lightning happened to start new files.)"""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.compat.proto.event_pb2 import SessionLog
+
+    points = []
+    for path in sorted((run_dir / "tb").glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            if event.HasField("session_log") and event.session_log.status == SessionLog.START:
+                points = [(step, value) for step, value in points if step < event.step]
+            points += [(event.step, v.simple_value) for v in event.summary.value if v.tag == tag]
+    return points
+
+
+@pytest.mark.parametrize("how", ["resume", "phase"])
+def test_tensorboard_after_a_resume_or_restart_shows_each_step_once(config, tmp_path, how):
+    """A resumed (or --phase restarted) run logged again the steps the interrupted process had already logged past
+    its checkpoint: TensorBoard showed them twice, each curve jumping back to the checkpoint's step. The new events
+    purge the old ones from the resumed step on (purge_step), so the curves equal an uninterrupted run's."""
+    import shutil
+
+    over = ["train.ckpt_every=2", "train.val_every=3", "train.keep_checkpoints=9",
+            "phases.a={seq_len: 32, steps: 5}", "phases.b={seq_len: 32, steps: 4}"]  # fmt: skip
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    run_phases(load_config(config, [f"run.dir={straight}", *over]), log=lambda m: None)
+    shutil.copytree(straight, run)
+    if how == "resume":  # killed in phase b after its checkpoint at step 2 (run step 7), steps 8 and 9 logged
+        _killed_after_checkpoint(run, "b", 2)
+        run_phases(load_config(config, [f"run.dir={run}", *over]), resume=True, log=lambda m: None)
+    else:  # phase a and b retrained
+        run_phases(load_config(config, [f"run.dir={run}", *over]), start_phase="a", log=lambda m: None)
+    for tag in TAGS:
+        assert scalars(run, tag) == scalars(straight, tag), tag
+        assert restart_aware_points(run, tag) == restart_aware_points(straight, tag), tag
+
+
+def test_tensorboard_reads_the_steps_of_a_many_phase_run_in_order(config, tmp_path, monkeypatch):
+    """Lightning closed the writer after every fit and validate, so each phase wrote several event files, named by
+    the second and a counter: within one second file ….10 sorts before ….9 and TensorBoard read later steps first.
+    (The clock is frozen here so that every file falls in one second.)"""
+    import tensorboard.summary.writer.event_file_writer as event_file_writer
+
+    class Frozen:
+        @staticmethod
+        def time():
+            return 1_700_000_000.0
+
+    monkeypatch.setattr(event_file_writer, "time", Frozen)
+    run = tmp_path / "run"
+    phases = [f"phases.p{i}={{seq_len: 32, steps: 1}}" for i in range(8)]
+    run_phases(load_config(config, [f"run.dir={run}", "train.val_every=1", *phases]), log=lambda m: None)
+    assert [step for step, _ in scalars(run, "train/loss")] == [1, 2, 3, 4, 5, 6, 7, 8]
+
