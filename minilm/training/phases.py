@@ -198,6 +198,9 @@ class _StepCheckpoint(L.Callback):
     def __init__(self, ckpt_dir: Path, every: int, keep: int):
         self.dir, self.every, self.keep = ckpt_dir, every, keep
 
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[TRAINED_WITH] = _what_trains(pl_module.cfg)  # compared with the config on --resume
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return
@@ -229,7 +232,8 @@ def check_trainer(pcfg) -> None:
         L.Trainer(accelerator=tr.accelerator, devices=tr.devices, strategy=tr.strategy, num_nodes=tr.num_nodes,
                   precision=precision(pcfg), logger=False, enable_checkpointing=False, enable_progress_bar=False,
                   enable_model_summary=False)  # fmt: skip
-    except (MisconfigurationException, ValueError, TypeError, RuntimeError) as e:
+    except (MisconfigurationException, ValueError, TypeError, RuntimeError, ImportError) as e:  # ImportError:
+        # an accelerator whose package is missing (tpu without torch_xla)
         given = OmegaConf.to_container(tr, resolve=True)
         settings = ", ".join(f"trainer.{k}={v}" for k, v in given.items()) + f", train.precision={pcfg.train.precision}"
         raise MinilmError(f"trainer: Lightning cannot run with {settings}: {e}") from None
@@ -274,7 +278,20 @@ def _check_resumed_sampler(corpus, pcfg, phase: str, run_dir: Path) -> None:
         raise MinilmError(f"--resume: phase '{phase}' has a checkpoint at step {at} ({ckpt}), beyond the "
                           f"{phase_steps(pcfg)} steps the config now gives it; give it at least {at} steps, or "
                           f"retrain it with --phase {phase}")  # fmt: skip
-    saved = load_checkpoint_dict(ckpt).get(PhaseData.__qualname__, {}).get("sampler") if ckpt else None
+    state = load_checkpoint_dict(ckpt) if ckpt else {}
+    trained = state.get(TRAINED_WITH)  # None: no checkpoint, or one written before the config was saved in it
+    if trained is not None:
+        # Lightning restores the optimizer's lr, betas and weight decay and the schedule's base lr from the
+        # checkpoint, and the position settings would change under weights trained with the old ones: a changed
+        # value was silently ignored (or applied halfway), while config.yaml recorded it for the whole phase
+        now = _what_trains(pcfg)
+        diff = next((d for key in trained if (d := _first_difference(trained[key], now.get(key), key))
+                     and d[0] not in PHASE_LENGTH), None)  # fmt: skip
+        if diff:
+            raise MinilmError(f"--resume: phase '{phase}' was interrupted training with {diff[0]} = {diff[1]!r} "
+                              f"({ckpt}), the config now says {diff[2]!r}; resume with the value it trained with, "
+                              f"or retrain the phase with --phase {phase}")  # fmt: skip
+    saved = state.get(PhaseData.__qualname__, {}).get("sampler")
     if saved is None:  # no checkpoint, or one written before the sampler's identity was saved
         return
     t = pcfg.train
@@ -290,6 +307,8 @@ class ChangedPhaseError(MinilmError):
     """A finished phase that the config now trains differently (``check_finished_phase``)."""
 
 
+TRAINED_WITH = "minilm_config"  # a step checkpoint's key: what its phase trains by (_what_trains), for --resume
+PHASE_LENGTH = ("train.steps", "train.tokens")  # may change on --resume (checked against the checkpoint's step)
 TRAINED_BY = ("model", "data", "train", "optim")  # the sections a finished phase's weights depend on (and run.seed)
 HOW_NOT_WHAT = {  # keys of those sections that change how a phase runs or is watched, not what it learns
     "data.num_proc", "data.cache_dir", "train.micro_batch_size", "train.precision", "train.compile",

@@ -168,3 +168,21 @@ def test_tensorboard_reads_the_steps_of_a_many_phase_run_in_order(config, tmp_pa
     run_phases(load_config(config, [f"run.dir={run}", "train.val_every=1", *phases]), log=lambda m: None)
     assert [step for step, _ in scalars(run, "train/loss")] == [1, 2, 3, 4, 5, 6, 7, 8]
 
+
+@pytest.mark.parametrize("change, key", [("phases.b.lr=0.01", "optim.lr"), ("phases.b.warmup_steps=3", "optim.warmup_steps"),
+                                         ("phases.b.position={base: 500.0}", "model.position.base")])
+def test_resume_refuses_an_interrupted_phase_the_config_now_trains_differently(config, tmp_path, change, key):
+    """Lightning restored the optimizer's lr, betas and weight decay and the schedule's base lr from the checkpoint:
+    a new lr on --resume was silently ignored (a new warmup or position base applied halfway), while config.yaml
+    said the phase trained with it throughout."""
+    run = tmp_path / "run"
+    over = [f"run.dir={run}", "train.ckpt_every=2", "phases.a={seq_len: 32, steps: 1}",
+            "phases.b={seq_len: 32, steps: 3}"]  # fmt: skip
+    run_phases(load_config(config, over), log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 2)
+    saved = (run / "config.yaml").read_text()
+    with pytest.raises(MinilmError, match=rf"phase 'b' was interrupted training with {key} = .*--phase b"):
+        run_phases(load_config(config, [*over, change]), resume=True, log=lambda m: None)
+    assert (run / "config.yaml").read_text() == saved
+    run_phases(load_config(config, [*over, "train.val_every=1"]), resume=True, log=lambda m: None)  # how, not what
+    assert (run / "b" / "complete.json").is_file()
