@@ -28,6 +28,7 @@ batch sharing its positions then shares one (1, H, T, S) bias instead of buildin
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Callable, Mapping, Optional
 
@@ -132,11 +133,24 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return value  # containers (scaling blocks, lists) are checked by their owners
     if target is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if target is float and isinstance(value, str):
+        value = _yaml_float(value)
     if not isinstance(value, target) or (target is int and isinstance(value, bool)):
         raise ConfigError(f"{key}: must be {ann}, got {value!r}")
     if target is float and not math.isfinite(value):  # nan passes every "> 0" check: nan or inf positions
         raise ConfigError(f"{key}: must be a finite number, got {value!r}")
     return value
+
+
+# What YAML 1.1 reads as a string although it is a float: an exponent without a dot (1e-6, 5E+3)
+YAML_STRING_FLOAT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
+
+
+def _yaml_float(value: str) -> Any:
+    """``eps: 1e-6`` is a string to YAML 1.1; OmegaConf's typed config converts it for every schema key
+    (``optim.lr: 1e-3`` works), so the free-form position block must too. Other strings (a quoted "2") are
+    returned as they are, and refused by the caller."""
+    return float(value) if YAML_STRING_FLOAT.fullmatch(value.strip()) else value
 
 
 def positions_like(x: Tensor, offset: int = 0) -> Tensor:

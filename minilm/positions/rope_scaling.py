@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from minilm.errors import ConfigError
+from minilm.positions.base import YAML_STRING_FLOAT
 
 # rope_types whose frequencies depend on the current sequence length (recomputed per call, no state kept).
 # longrope is here because it switches from short_factor to long_factor beyond the original length.
@@ -435,6 +436,10 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{key}: must be true or false, got {value!r}")
         return value
+    if isinstance(value, str) and YAML_STRING_FLOAT.fullmatch(value.strip()):
+        # not converted: the block is also read as written (export), where a string would stay a string
+        raise ConfigError(f"{key}: must be a number, got the string {value!r}: YAML reads an exponent without a dot "
+                          f"as a string; write it with one (e.g. 1.0e-2)")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{key}: must be a number, got {value!r}")
     if not math.isfinite(value):  # inf / nan pass every ">= 1" check below and give inf or nan frequencies

@@ -54,11 +54,21 @@ def test_unknown_parameter_is_named(name):
         # base 1: every pair one frequency, and the YaRN ramp divided by ln(base) (a ZeroDivisionError traceback)
         ({"name": "rope", "base": 1.0}, "base: must be > 1"),
         ({"name": "xpos", "base": 0.5}, "base: must be > 1"),
+        ({"name": "alibi", "max_bias": "8"}, "max_bias: must be float"),  # a quoted number stays refused
+        # YAML 1.1 reads 4e0 as a string; the scaling block is also read as written (export): refused, with the fix
+        ({"name": "rope", "scaling": {"rope_type": "linear", "factor": "4e0"}}, r"scaling\.factor: .*write it with"),
     ],
 )
 def test_bad_value_names_the_key(block, key):
     with pytest.raises(ConfigError, match=rf"model\.position\.{key}"):
         validate_position(block)
+
+
+def test_an_exponent_without_a_dot_is_a_float_as_in_the_rest_of_the_config():
+    """``eps: 1e-6`` (FIRE's documented default) is a string to YAML 1.1; OmegaConf converts it for the typed keys
+    (``optim.lr: 1e-3``), but the free-form position block refused it: "must be float, got '1e-6'"."""
+    assert validate_position({"name": "fire", "eps": "1e-6"}).eps == 1e-6
+    assert validate_position({"name": "rope", "base": "5e5"}).base == 500000.0
 
 
 def test_bad_scaling_in_a_later_phase_stops_at_load_time():
