@@ -414,3 +414,21 @@ def test_relative_positions_equal_the_papers_matrix_written_by_hand(method, para
     r = torch.arccos((captured["logits"][0, 0] * 2**0.5).clamp(-1, 1)) / 0.1  # (T, T)
     got = [[round(float(r[m, n])) for n in range(m + 1)] for m in range(T)]
     assert got == HAND[(method, params)]
+
+
+@pytest.mark.parametrize("name", list(EXTENSIONS))
+def test_generation_with_the_models_own_kv_cache_matches_the_full_forward(name):
+    """As above with minilm.model.cache.KVCache (preallocated, views returned), the cache greedy_decode uses for the
+    report's continuations: batch of two, prefill then token by token."""
+    from minilm.model.cache import KVCache
+
+    params = SMALL[name]
+    if name == "rope_scaling":
+        params = {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 4}
+    model = tiny()
+    x = torch.randint(0, V, (2, T_MODEL))
+    with torch.no_grad(), extension(model, name, **params):
+        full = model(x)
+        cache = KVCache.for_model(model, max_length=T_MODEL)
+        steps = [model(x[:, :7], cache=cache)] + [model(x[:, i : i + 1], cache=cache) for i in range(7, T_MODEL)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
