@@ -335,3 +335,21 @@ def test_an_interrupted_phase_init_run_continues_with_the_same_command_plus_resu
     a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
     for k in a:
         assert (a[k] == b[k]).all(), f"{k} differs after resume"
+
+
+def test_an_accelerator_whose_package_is_missing_is_named(tmp_path, tiny_text_dir, capsys):
+    """trainer.accelerator=tpu without torch_xla: Lightning raises ModuleNotFoundError, which was a traceback."""
+    import importlib.util
+
+    from minilm.cli import run_cli
+
+    if importlib.util.find_spec("torch_xla") is not None:
+        pytest.skip("torch_xla is installed")
+
+    train_py = load_script("train.py")
+    cfg = write_config(tmp_path, tiny_text_dir)
+    argv = ["--config", str(cfg), f"run.dir={tmp_path / 'run'}", "trainer.accelerator=tpu"]
+    assert run_cli(train_py.main, train_py.parser(), argv) == 2
+    err = capsys.readouterr().err
+    assert "trainer: Lightning cannot run with trainer.accelerator=tpu" in err and "torch_xla" in err, err
+    assert not (tmp_path / "run").exists()
