@@ -196,3 +196,25 @@ def test_vocab_larger_than_the_sample_supports_is_announced(files_cfg, caplog):
         tok = load_corpus(files_cfg(**{"tokenizer.vocab_size": 20000}), progress=False).tokenizer
     assert tok.vocab_size < 20000
     assert f"data.tokenizer.vocab_size is 20000 but the training sample supports only {tok.vocab_size}" in caplog.text
+
+
+def test_tokenizer_training_does_not_depend_on_num_proc(tmp_path):
+    """data.num_proc is not part of the cache key (it says how, not what), but the tokenizer was trained on num_proc
+    threads, and a unigram tokenizer trained on 2 had other pieces at some ids than one trained on 1: two machines (or
+    a cache deleted and prepared again) gave different token ids under one key."""
+    from types import SimpleNamespace
+
+    from minilm.data.sources import stdlib_files
+    from minilm.data.tokenizer import Tokenizer
+
+    files = stdlib_files()[:80]
+    names, texts = [str(p) for p in files], [p.read_text(errors="replace") for p in files]
+    pieces = []
+    for num_proc in (1, 2):
+        tok_cfg = SimpleNamespace(type="unigram", vocab_size=512, byte_fallback=True, model_file=None,
+                                  sample_chars=300_000)  # fmt: skip
+        dest = tmp_path / f"tok{num_proc}.model"
+        prepare_mod._make_tokenizer(SimpleNamespace(tokenizer=tok_cfg, num_proc=num_proc), names, texts, dest)
+        tok = Tokenizer(dest)
+        pieces.append([(tok.id_to_piece(i), tok._sp.get_score(i)) for i in range(tok.vocab_size)])
+    assert pieces[0] == pieces[1]
