@@ -329,7 +329,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         for item in overrides:
             key = item.partition("=")[0]
             if "=" not in item or not all(part.strip() for part in key.split(".")):
-                raise ConfigError(f"command line: override '{item}' must look like key.sub=value")
+                hint = " (a config file is given with --config FILE)" if item.endswith((".yaml", ".yml")) else ""
+                raise ConfigError(f"command line: override '{item}' must look like key.sub=value{hint}")
         overrides = [_keep_string(item) for item in overrides]
         try:
             dot = OmegaConf.from_dotlist(list(overrides))

@@ -66,3 +66,10 @@ def test_a_single_valued_option_given_twice_is_an_error(capsys):
         assert exit_.value.code == 2 and f"{flag} given twice" in capsys.readouterr().err
     args = train_py.parser().parse_intermixed_args(["--config", "a.yaml", "--phase", "p", "k=v", "--resume"])
     assert (args.config, args.phase, args.overrides, args.resume) == ("a.yaml", "p", ["k=v"], True)
+
+
+def test_a_config_file_given_without_config_says_how_to_give_it():
+    proc = subprocess.run([sys.executable, "scripts/prepare_data.py", "configs/tiny.yaml"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "override 'configs/tiny.yaml' must look like key.sub=value" in proc.stderr
+    assert "(a config file is given with --config FILE)" in proc.stderr and "Traceback" not in proc.stderr
