@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -80,9 +81,18 @@ def latest_good_checkpoint(ckpt_dir: Path, log: Callable[[str], None] = print) -
     return None
 
 
+STALE_TMP = re.compile(r"^\.step-\d+\.ckpt\.(\d+)\.tmp$")  # atomic_write's temporary file of a checkpoint
+
+
 def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
+    """Keep the last ``keep`` checkpoints (all with 0), and delete the temporary file of a checkpoint whose write
+    another process did not finish (killed mid-write: nothing reads it, and it is as large as a checkpoint). One
+    process writes a run's checkpoints (the run lock, rank 0), so another pid's temporary file is stale."""
     for _, path in list_checkpoints(ckpt_dir)[: -keep or None] if keep > 0 else []:
         path.unlink(missing_ok=True)
+    for path in ckpt_dir.iterdir() if ckpt_dir.is_dir() else []:
+        if (m := STALE_TMP.match(path.name)) and int(m.group(1)) != os.getpid():
+            path.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------------ weights

@@ -42,6 +42,21 @@ def test_prune_keeps_the_last_k(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000003.ckpt", "step-00000004.ckpt"]
 
 
+def test_prune_deletes_the_temporary_file_of_a_write_killed_midway(tmp_path):
+    """A kill during a checkpoint write left `.step-N.ckpt.<pid>.tmp`, as large as a checkpoint, that nothing read
+    or deleted: every interruption of a long run during a write cost a checkpoint's size of disk."""
+    import os
+
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"state_dict": {}}, checkpoint_path(tmp_path, 1))
+    stale = tmp_path / f".step-00000002.ckpt.{os.getpid() + 1}.tmp"
+    mine = tmp_path / f".step-00000003.ckpt.{os.getpid()}.tmp"  # this process's write in progress: kept
+    stale.write_bytes(b"half a checkpoint")
+    mine.write_bytes(b"being written")
+    prune_checkpoints(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [mine.name, "step-00000001.ckpt"]
+
+
 def test_checkpoints_refuse_arbitrary_pickle(tmp_path):
     class Evil:
         def __reduce__(self):
