@@ -229,7 +229,8 @@ class Xpos(Rope):
         if not self.rotates:
             return q, k
         center = (k_pos.amin(-1, keepdim=True) + k_pos.amax(-1, keepdim=True)) // 2  # (B, 1)
-        span = torch.maximum(q_pos.amax(), k_pos.amax()) - torch.minimum(q_pos.amin(), k_pos.amin())
+        # per row (rows may sit at different positions): (B|1,) each, broadcast
+        span = (torch.maximum(q_pos.amax(-1), k_pos.amax(-1)) - torch.minimum(q_pos.amin(-1), k_pos.amin(-1))).amax()
         torch._assert_async(  # no host sync; a device-side assert on the GPU
             span <= self.max_span,
             f"xpos: positions span more than {self.max_span}, where the decay ζ^(distance/scale_base) of a masked "

@@ -97,6 +97,11 @@ def test_xpos_refuses_inputs_whose_decay_leaves_fp32_range():
     assert torch.isfinite(ok).all()
     with pytest.raises(RuntimeError, match=r"xpos: .*model\.position\.scale_base \(now 8\) or gamma \(now 0\.4\)"):
         rotated_scores(xpos, q, k, torch.tensor([[fits + 1]]), torch.tensor([[0, fits + 1]]))
+    # the span is per row: rows that sit far apart, each within the limit, are fine
+    q2, k2 = q.expand(2, -1, -1, -1), k.expand(2, -1, -1, -1)
+    q_pos, k_pos = torch.tensor([[fits], [5 * fits]]), torch.tensor([[0, fits], [4 * fits, 5 * fits]])
+    far = rotated_scores(xpos, q2, k2, q_pos, k_pos)
+    assert torch.isfinite(far).all()
 
 
 def test_xpos_is_finite_up_to_its_max_length_with_a_dense_mask():
