@@ -97,6 +97,10 @@ def main(args: argparse.Namespace) -> int:
     model = GPT(cfg.model, vocab)
     print(f"model: {model.num_params() / 1e6:.2f}M non-embedding params, vocab {vocab}, "
           f"position {dict(cfg.model.position)}")  # fmt: skip
+    for spec in methods(L, args.factor).values():  # each method installed once on the untrained model: one that
+        if spec is not None:  # cannot apply (a model without RoPE, a bad parameter) fails now, not after training
+            with extension(model, spec[0], **spec[1]):
+                pass
     print(f"data ready in {time.time() - t0:.0f}s; training at L={L} for {args.steps} steps of {args.batch_size}")
 
     sampler = make_sampler(corpus, "train", cfg.data, L, args.batch_size, args.seed, "extension_demo")
