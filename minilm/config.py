@@ -227,11 +227,14 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
     """The YAML chain root-first: [(label, layer), ...]; ``base:`` is relative to the file naming it."""
-    path = path.resolve()
+    where = f" (named by 'base:' in {chain[-1]})" if chain else ""
+    try:
+        path = path.resolve()
+    except (RuntimeError, OSError) as e:  # RuntimeError: a symlink loop (Python < 3.13)
+        raise ConfigError(f"config {path}{where} cannot be resolved: {e}") from None
     if path in chain:
         cycle = " -> ".join(str(p) for p in chain + [path])
         raise ConfigError(f"config 'base:' chain has a cycle: {cycle}")
-    where = f" (named by 'base:' in {chain[-1]})" if chain else ""
     if not path.exists():
         raise ConfigError(f"config file not found: {path}{where}")
     if not path.is_file():
@@ -251,7 +254,7 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
     base = raw.pop("base", None)
     layers: List[tuple[str, DictConfig]] = []
     if base is not None:
-        if not isinstance(base, str):
+        if not isinstance(base, str) or not base.strip():
             raise ConfigError(f"{path}: 'base' must be a path to a YAML file, got {base!r}")
         layers = _read_yaml(path.parent / base, chain + [path])
     layers.append((str(path), OmegaConf.create(raw)))
@@ -321,6 +324,8 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     """Defaults < YAML chain < CLI dotlist (``key.sub=value``); validated and read-only."""
     cfg = OmegaConf.structured(Config)
     layers: List[tuple[str, DictConfig]] = []  # (label, layer), for naming the file that set a bad value
+    if path is not None and not str(path).strip():  # Path("") is the working directory
+        raise ConfigError("config: the path of a YAML file is expected, got an empty string")
     if path is not None:
         for label, layer in _read_yaml(Path(path), []):
             cfg = _merge_layer(cfg, layer, label)

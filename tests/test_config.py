@@ -363,3 +363,19 @@ def test_a_nested_key_of_the_wrong_shape_is_named_with_its_file(tmp_path):
     (tmp_path / "e.yaml").write_text("eval:\n  lengths: 128\n")
     with pytest.raises(ConfigError, match=r"e\.yaml: 'eval.lengths' must be a list"):
         load_config(tmp_path / "e.yaml")
+
+
+def test_a_config_path_that_cannot_name_a_file_is_named(tmp_path):
+    """A symlink loop was a RuntimeError traceback from Path.resolve; an empty --config read the working directory
+    ("config /work is not a file"); an empty base: named the directory of the file."""
+    (tmp_path / "loop.yaml").symlink_to(tmp_path / "loop.yaml")
+    with pytest.raises(ConfigError, match=r"loop\.yaml cannot be resolved"):
+        load_config(tmp_path / "loop.yaml")
+    (tmp_path / "to_loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(ConfigError, match=r"loop\.yaml \(named by 'base:' in .*to_loop\.yaml\) cannot be resolved"):
+        load_config(tmp_path / "to_loop.yaml")
+    with pytest.raises(ConfigError, match="the path of a YAML file is expected, got an empty string"):
+        load_config("")
+    (tmp_path / "empty_base.yaml").write_text("base: ''\n")
+    with pytest.raises(ConfigError, match=r"empty_base\.yaml: 'base' must be a path to a YAML file, got ''"):
+        load_config(tmp_path / "empty_base.yaml")
