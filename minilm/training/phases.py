@@ -37,7 +37,7 @@ from minilm.config import (
     warmup_warning,
 )
 from minilm.errors import MinilmError
-from minilm.files import atomic_write_text
+from minilm.files import atomic_write, atomic_write_text
 from minilm.model import GPT
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
@@ -436,7 +436,10 @@ def run_phases(
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
             save_config(cfg, saved)
-            shutil.copyfile(corpus.tokenizer.model_file, run_dir / "tokenizer.model")
+            # atomically: an evaluation of the finished phases may be reading it, and a copy cut short (disk full,
+            # a kill) left a truncated tokenizer that made the whole run unreadable until the next resume
+            tokenizer = Path(corpus.tokenizer.model_file).read_bytes()
+            atomic_write(run_dir / "tokenizer.model", lambda f: f.write(tokenizer))
         torch.manual_seed(cfg.run.seed)
         model = GPT(cfg.model, corpus.tokenizer.vocab_size)
         log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {corpus.tokenizer.vocab_size}")

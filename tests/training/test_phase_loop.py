@@ -186,3 +186,32 @@ def test_resume_refuses_an_interrupted_phase_the_config_now_trains_differently(c
     assert (run / "config.yaml").read_text() == saved
     run_phases(load_config(config, [*over, "train.val_every=1"]), resume=True, log=lambda m: None)  # how, not what
     assert (run / "b" / "complete.json").is_file()
+
+
+def test_a_failed_write_of_the_runs_tokenizer_leaves_the_previous_one_whole(config, tmp_path, monkeypatch):
+    """Every start (--resume included) copied tokenizer.model into run.dir with shutil.copyfile, which truncates
+    the file first: a full disk or a kill during the copy left the run's tokenizer empty or half, and evaluation,
+    generation and export of its finished phases failed until the next successful resume."""
+    import builtins
+    import errno
+    from pathlib import Path
+
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}"])
+    run_phases(cfg, log=lambda m: None)
+    before = (run / "tokenizer.model").read_bytes()
+    real_open = builtins.open
+
+    def disk_full_for_the_tokenizer(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        if "w" in mode and Path(file).name.lstrip(".").startswith("tokenizer.model"):
+            f.close()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return f
+
+    monkeypatch.setattr(builtins, "open", disk_full_for_the_tokenizer)
+    with pytest.raises(OSError, match="No space left"):
+        run_phases(cfg, resume=True, log=lambda m: None)
+    monkeypatch.undo()
+    assert (run / "tokenizer.model").read_bytes() == before
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
