@@ -201,6 +201,17 @@ def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_fi
 
 
 
+def test_an_out_that_is_a_file_exits_2_naming_out_before_anything_runs(tmp_path, study_file, capsys, monkeypatch):
+    """It failed in the first run's directory check, which advised setting run.dir: a study refuses run.dir."""
+    import minilm.study
+
+    monkeypatch.setattr(minilm.study, "_check_data", lambda *a: pytest.fail("the data was prepared"))
+    (tmp_path / "out").write_text("a file")
+    assert _study([study_file, "--out", tmp_path / "out"]) == 2
+    err = capsys.readouterr().err
+    assert "--out" in err and "run.dir" not in err and str(tmp_path / "out") in err
+
+
 @pytest.mark.parametrize("flag, message", [("--only=", "--only: comma-separated variant names expected"),
                                            ("--only=,", "--only: comma-separated variant names expected"),
                                            ("--seeds=", "--seeds: a non-empty list of integer seeds")])
