@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from minilm.config import on_schema, phase_config, phase_names
 from minilm.errors import MinilmError
@@ -81,8 +83,15 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
 
 
 def load_run_config(path: Path) -> DictConfig:
-    """The saved, resolved config on the schema (open mappings as saved: see ``minilm.config.on_schema``)."""
-    cfg = on_schema(OmegaConf.load(path))
+    """The saved, resolved config on the schema (open mappings as saved: see ``minilm.config.on_schema``). One that
+    cannot be read (truncated, edited by hand) is an error naming it: it was a YAML or OmegaConf traceback in
+    evaluate / generate / export and in train.py --resume."""
+    try:
+        cfg = on_schema(OmegaConf.load(path))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, OmegaConfBaseException, ValueError, TypeError) as e:
+        msg = " ".join(line.strip() for line in str(e).splitlines() if line.strip())[:300]  # YAML: problem, line
+        raise MinilmError(f"{path}: not a readable run config ({type(e).__name__}: {msg}); train.py writes it "
+                          "(a run's config.yaml, a phase's in its directory): restore it, or retrain") from None
     OmegaConf.set_readonly(cfg, True)
     return cfg
 

@@ -385,7 +385,9 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
     saved = run_dir / "config.yaml"
     if resume and saved.exists():
-        old = OmegaConf.load(saved)
+        from minilm.runs import load_run_config  # a run config that cannot be read is an error naming it
+
+        old = load_run_config(saved)
         if OmegaConf.to_container(old.model) != OmegaConf.to_container(cfg.model, resolve=True):
             raise MinilmError(f"--resume: the model section differs from the run's saved {saved}; refusing")
     corpus = load_corpus(cfg.data)  # bad data fails here, before the run directory is touched
