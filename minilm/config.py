@@ -665,6 +665,11 @@ def validate(cfg: DictConfig) -> None:
     for key in ("name", "dir"):  # an empty run.dir trained into the working directory, run.name into runs/ itself
         _check(r[key].strip() != "", f"run.{key}", "must not be empty")
     _check(cfg.data.cache_dir.strip() != "", "data.cache_dir", "must not be empty (a directory for prepared corpora)")
+    for key in ("run.dir", "data.cache_dir", "data.tokenizer.model_file"):  # a shell does not expand '~' after '='
+        value = OmegaConf.select(cfg, key)
+        _check(value is None or not value.startswith("~"), key,
+               f"{value!r}: '~' is not expanded (nor by a shell after '='): it names a directory called '~'; write "
+               f"the full path, e.g. {key}=$HOME/...")  # fmt: skip
     m = cfg.model
     _check(m.n_layers >= 1, "model.n_layers", f"must be >= 1, got {m.n_layers}")
     _check(m.d_model >= 1, "model.d_model", f"must be >= 1, got {m.d_model}")

@@ -379,3 +379,12 @@ def test_a_config_path_that_cannot_name_a_file_is_named(tmp_path):
     (tmp_path / "empty_base.yaml").write_text("base: ''\n")
     with pytest.raises(ConfigError, match=r"empty_base\.yaml: 'base' must be a path to a YAML file, got ''"):
         load_config(tmp_path / "empty_base.yaml")
+
+
+@pytest.mark.parametrize("key", ["run.dir", "data.cache_dir", "data.tokenizer.model_file"])
+def test_a_path_starting_with_a_tilde_is_refused(key):
+    """A shell does not expand '~' after '=' (`run.dir=~/runs/x`), nor does Path: the run went to ./~/runs/x, a
+    directory called '~' that a careless `rm -rf ~` then "cleans up"."""
+    with pytest.raises(ConfigError, match=f"{re.escape(key)}: '~/x': '~' is not expanded.*{re.escape(key)}=\\$HOME"):
+        load_config(overrides=[f"{key}=~/x"])
+    assert load_config(overrides=["run.dir=/tmp/a~b"]).run.dir == "/tmp/a~b"
