@@ -287,6 +287,11 @@ def _check_resumed_sampler(corpus, pcfg, phase: str, run_dir: Path) -> None:
         now = _what_trains(pcfg)
         diff = next((d for key in trained if (d := _first_difference(trained[key], now.get(key), key))
                      and d[0] not in PHASE_LENGTH), None)  # fmt: skip
+        was, micro = trained["train"]["micro_batch_size"] or trained["train"]["batch_size"], micro_batch_size(
+            pcfg.train)
+        if diff is None and was != micro:  # a how-not-what elsewhere, but Lightning restores its loop in micro-batches:
+            # at another count per step the restored position falls mid-step, and steps mix rows of two batches
+            diff = ("train.micro_batch_size", was, micro)
         if diff:
             raise MinilmError(f"--resume: phase '{phase}' was interrupted training with {diff[0]} = {diff[1]!r} "
                               f"({ckpt}), the config now says {diff[2]!r}; resume with the value it trained with, "

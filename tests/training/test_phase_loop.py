@@ -169,12 +169,16 @@ def test_tensorboard_reads_the_steps_of_a_many_phase_run_in_order(config, tmp_pa
     assert [step for step, _ in scalars(run, "train/loss")] == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
-@pytest.mark.parametrize("change, key", [("phases.b.lr=0.01", "optim.lr"), ("phases.b.warmup_steps=3", "optim.warmup_steps"),
-                                         ("phases.b.position={base: 500.0}", "model.position.base")])
+@pytest.mark.parametrize("change, key", [
+    ("phases.b.lr=0.01", "optim.lr"), ("phases.b.warmup_steps=3", "optim.warmup_steps"),
+    ("phases.b.position={base: 500.0}", "model.position.base"),
+    ("phases.b.micro_batch_size=2", "train.micro_batch_size"),
+])
 def test_resume_refuses_an_interrupted_phase_the_config_now_trains_differently(config, tmp_path, change, key):
     """Lightning restored the optimizer's lr, betas and weight decay and the schedule's base lr from the checkpoint:
     a new lr on --resume was silently ignored (a new warmup or position base applied halfway), while config.yaml
-    said the phase trained with it throughout."""
+    said the phase trained with it throughout. Lightning counts the restored loop in micro-batches: another
+    micro_batch_size put the resumed position mid-step, and its steps mixed the rows of two batches."""
     run = tmp_path / "run"
     over = [f"run.dir={run}", "train.ckpt_every=2", "phases.a={seq_len: 32, steps: 1}",
             "phases.b={seq_len: 32, steps: 3}"]  # fmt: skip
