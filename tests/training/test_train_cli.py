@@ -353,3 +353,17 @@ def test_an_accelerator_whose_package_is_missing_is_named(tmp_path, tiny_text_di
     err = capsys.readouterr().err
     assert "trainer: Lightning cannot run with trainer.accelerator=tpu" in err and "torch_xla" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_phase_without_its_previous_phase_is_refused_before_the_run_is_written(tmp_path, tiny_text_dir, capsys):
+    """`--phase long` where 'short' has not finished (and no --init) was refused only after run.dir's config.yaml
+    had been overwritten with the refused command's config and the phases from 'long' on deleted."""
+    from minilm.cli import run_cli
+
+    train_py = load_script("train.py")
+    cfg = write_config(tmp_path, tiny_text_dir, phases=True)
+    run = tmp_path / "run"
+    assert run_cli(train_py.main, train_py.parser(), ["--config", str(cfg), f"run.dir={run}", "--phase", "long"]) == 2
+    err = capsys.readouterr().err
+    assert "--phase long: the previous phase 'short' has not finished" in err and "--init" in err, err
+    assert not run.exists()
