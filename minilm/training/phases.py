@@ -232,8 +232,8 @@ def check_trainer(pcfg) -> None:
         L.Trainer(accelerator=tr.accelerator, devices=tr.devices, strategy=tr.strategy, num_nodes=tr.num_nodes,
                   precision=precision(pcfg), logger=False, enable_checkpointing=False, enable_progress_bar=False,
                   enable_model_summary=False)  # fmt: skip
-    except (MisconfigurationException, ValueError, TypeError, RuntimeError, ImportError) as e:  # ImportError:
-        # an accelerator whose package is missing (tpu without torch_xla)
+    except (MisconfigurationException, ValueError, TypeError, RuntimeError, ImportError) as e:
+        # ImportError: an accelerator whose package is missing (trainer.accelerator=tpu without torch_xla)
         given = OmegaConf.to_container(tr, resolve=True)
         settings = ", ".join(f"trainer.{k}={v}" for k, v in given.items()) + f", train.precision={pcfg.train.precision}"
         raise MinilmError(f"trainer: Lightning cannot run with {settings}: {e}") from None
@@ -386,6 +386,10 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
             f"{run_dir} already holds a run; continue it with --resume, restart a phase with --phase NAME, or set "
             "run.name / run.dir to start a new one"
         )
+    prev = names[names.index(start_phase) - 1] if start_phase is not None and names.index(start_phase) else None
+    if prev is not None and init is None and not is_complete(run_dir, prev):  # refused before run.dir is written
+        raise MinilmError(f"--phase {start_phase}: the previous phase '{prev}' has not finished in {run_dir}; run it "
+                          "first or give starting weights with --init PATH")  # fmt: skip
     _check_run_dir(run_dir)
     check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
     saved = run_dir / "config.yaml"
