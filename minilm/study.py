@@ -4,6 +4,7 @@ A study file (``configs/studies/*.yaml``) names a config every variant starts fr
 as command-line overrides::
 
     config: ../rope_yarn_tiny.yaml           # relative to the study file
+    name: my_study                           # optional: <out> defaults to runs/studies/<name> (the file's stem)
     overrides: [train.log_every=20]          # optional: for every variant
     variants:
       yarn: []                               # the config as it is
