@@ -332,6 +332,26 @@ def _check_out_dir(out: Path) -> None:
                           "give another directory, or remove it first")  # fmt: skip
 
 
+STAGING = ".export-{pid}-"  # + mkdtemp's random part + ".tmp": a staging directory inside the output
+
+
+def _remove_stale_staging(out: Path) -> None:
+    """Delete the staging directories that exports killed midway (kill -9, a lost machine) left in ``out``: each as
+    large as a model, and nothing else reads or deletes them. One of a live process (another export into the same
+    directory now) is kept."""
+    for d in out.glob(".export-*-*.tmp"):
+        try:
+            pid = int(d.name.split("-")[1])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)  # signal 0: is it alive?
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
+
+
 def _write_export(model, cfg, tokenizer, out: Path) -> None:
     from safetensors.torch import save
 
@@ -372,7 +392,8 @@ def export_model(model, cfg, tokenizer, out_dir: str | Path, verify: Optional[Ca
     created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        staged = Path(tempfile.mkdtemp(prefix=".export-", suffix=".tmp", dir=out))
+        _remove_stale_staging(out)
+        staged = Path(tempfile.mkdtemp(prefix=STAGING.format(pid=os.getpid()), suffix=".tmp", dir=out))
     except OSError as e:  # a file on the way, no permission: bad input, not a crash
         raise MinilmError(
             f"{out}: cannot create the export directory ({e.strerror}); give a directory path to write (created "

@@ -201,6 +201,23 @@ def test_failed_export_leaves_the_earlier_one(failure, tmp_path, monkeypatch):
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no staging directory left either
 
 
+def test_a_killed_exports_staging_directory_is_removed_by_the_next(tmp_path):
+    """kill -9 during an export leaves its staging directory (a whole model.safetensors) in the output; nothing read
+    or deleted it, so each killed export cost a model's size of disk for good. The next export removes it, and keeps
+    one of a live process (another export into the same directory)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".export-{dead.pid}-abc123.tmp"
+    live = tmp_path / f".export-{os.getpid()}-def456.tmp"
+    for d in (stale, live):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x" * 1000)
+    model, cfg = tiny()
+    export_model(model, cfg, None, tmp_path)
+    assert not stale.exists() and (live / "model.safetensors").is_file()
+    assert (tmp_path / "model.safetensors").is_file()
+
+
 def test_failed_first_export_leaves_no_directory(tmp_path):
     model, cfg = tiny()
 
