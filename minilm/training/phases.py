@@ -13,6 +13,7 @@ Layout of ``run.dir``::
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -155,7 +156,16 @@ def _verify_rotary(model: GPT, params, phase: str) -> None:
 
 
 def check_phase_fits(model: GPT, pcfg, phase: str) -> None:
-    limits = [m.max_length() for m in [model.pos_emb, *model.position_modules()]]
+    """The phase's seq_len within the limits of the model's encoding as the phase configures it: a phase may give a
+    rotary encoding new parameters (apply_phase), and xPos's limit follows its scale_base, so a module that would
+    take new ones is measured on a copy configured with them; the model itself is left as it is."""
+    params = validate_position(pcfg.model.position, where=f"phases.{phase}.position")
+    limits = []
+    for m in [model.pos_emb, *model.position_modules()]:
+        if hasattr(m, "configure") and getattr(m, "params", params) != params:
+            m = copy.deepcopy(m)  # (a rotary module: its frequency tables, not the model's weights)
+            m.configure(params)
+        limits.append(m.max_length())
     limits = [x for x in limits if x is not None]
     if limits and pcfg.train.seq_len > min(limits):
         raise MinilmError(
@@ -443,6 +453,11 @@ def run_phases(
     for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
         if ((start_phase and not resume) or not is_complete(run_dir, n)) and (msg := warmup_warning(cfg, n)):
             log(f"warning: {msg}")
+    torch.manual_seed(cfg.run.seed)
+    model = GPT(cfg.model, corpus.tokenizer.vocab_size)
+    log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {corpus.tokenizer.vocab_size}")
+    for n in names:  # every phase is checked before any trains, and before run.dir is written
+        check_phase_fits(model, pcfgs[n], n)
     saved = run_dir / "config.yaml"
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
@@ -451,11 +466,6 @@ def run_phases(
             # a kill) left a truncated tokenizer that made the whole run unreadable until the next resume
             tokenizer = Path(corpus.tokenizer.model_file).read_bytes()
             atomic_write(run_dir / "tokenizer.model", lambda f: f.write(tokenizer))
-        torch.manual_seed(cfg.run.seed)
-        model = GPT(cfg.model, corpus.tokenizer.vocab_size)
-        log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {corpus.tokenizer.vocab_size}")
-        for n in names:  # every phase is checked before any trains
-            check_phase_fits(model, pcfgs[n], n)
         start = names.index(start_phase) if start_phase else 0
         if start_phase is not None and primary and not resume:  # with --resume: continue an interrupted --phase
             for n in names[start:]:  # an explicit restart retrains this phase and the ones after it

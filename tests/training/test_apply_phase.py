@@ -54,3 +54,24 @@ def test_learned_table_too_short_for_a_phase_is_named(tmp_path):
     check_phase_fits(model, phase_config(cfg, "short"), "short")
     with pytest.raises(MinilmError, match=r"phases\.long\.seq_len: 256 .*learned.*64"):
         check_phase_fits(model, phase_config(cfg, "long"), "long")
+
+
+def test_xpos_limit_is_checked_with_the_phase_s_own_scale_base(tmp_path):
+    """xPos's longest sequence follows its scale_base, which a phase may change: each phase is checked as it will
+    train, not with the parameters the model was built with. A phase raising scale_base to train longer was refused;
+    one lowering it passed the check made before any training, then crashed in the phase's first forward."""
+    phases = "phases:\n  short: {seq_len: 32, steps: 1}\n  long: {seq_len: 200, steps: 1, position: {scale_base: %s}}\n"
+    raised = _cfg(tmp_path, "model: {position: {name: xpos, scale_base: 1.0}}\n" + phases % 4.0)
+    model = GPT(raised.model, 64)
+    limit = model.blocks[0].attn.pos.max_length()
+    assert 32 < limit < 200  # scale_base 1.0 does not reach the long phase's 200 tokens
+    for name in ("short", "long"):
+        check_phase_fits(model, phase_config(raised, name), name)
+        apply_phase(model, phase_config(raised, name), name, lambda m: None)
+    model(torch.zeros(1, 200, dtype=torch.long))  # the long phase's length, under its own parameters
+    lowered = _cfg(tmp_path, "model: {position: {name: xpos, scale_base: 4.0}}\n" + phases % 1.0)
+    model = GPT(lowered.model, 64)
+    check_phase_fits(model, phase_config(lowered, "short"), "short")
+    with pytest.raises(MinilmError, match=r"phases\.long\.seq_len: 200 .*xpos"):
+        check_phase_fits(model, phase_config(lowered, "long"), "long")
+    assert model.blocks[0].attn.pos.params.scale_base == 4.0  # checking configured a copy, not the model

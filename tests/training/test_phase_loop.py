@@ -95,8 +95,10 @@ def test_micro_batch_size_splits_the_same_rows(config, tmp_path):
                    log=lambda m: None)  # fmt: skip
         runs[micro] = (load_file(run / "model.safetensors"), json.loads((run / "train/complete.json").read_text()))
     (whole, whole_summary), (split, split_summary) = runs[4], runs[1]
-    assert max(float((whole[k] - split[k]).abs().max()) for k in whole) < 1e-5
-    assert abs(whole_summary["val_loss"] - split_summary["val_loss"]) < 1e-5
+    # the same rows summed in another order: fp32 rounding, which AdamW's normalized steps carry into the weights
+    # (1.25e-5 seen once); other rows move a weight by up to lr = 3e-3 a step in another direction
+    assert max(float((whole[k] - split[k]).abs().max()) for k in whole) < 1e-4
+    assert abs(whole_summary["val_loss"] - split_summary["val_loss"]) < 1e-4
 
 
 def _killed_after_checkpoint(run, phase: str, step: int) -> None:
@@ -219,3 +221,14 @@ def test_a_failed_write_of_the_runs_tokenizer_leaves_the_previous_one_whole(conf
     monkeypatch.undo()
     assert (run / "tokenizer.model").read_bytes() == before
     assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_phase_its_encoding_cannot_reach_is_refused_before_run_dir_is_written(config, tmp_path):
+    """The check of every phase against its encoding's limits ran after config.yaml and tokenizer.model were written
+    into run.dir."""
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}", "model.position={name: learned, max_positions: 32}",
+                               "phases.a={seq_len: 32, steps: 1}", "phases.b={seq_len: 64, steps: 1}"])  # fmt: skip
+    with pytest.raises(MinilmError, match=r"phases\.b\.seq_len: 64 is longer than the learned encoding supports"):
+        run_phases(cfg, log=lambda m: None)
+    assert not (run / "config.yaml").exists() and not (run / "tokenizer.model").exists()
