@@ -449,6 +449,8 @@ def run_phases(
     names = phase_names(cfg)
     pcfgs = {n: phase_config(cfg, n) for n in names}
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
+    if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
+        log(f"--resume: {run_dir} holds no run yet; starting one")  # but say that nothing was resumed
     corpus = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init)
     for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
         if ((start_phase and not resume) or not is_complete(run_dir, n)) and (msg := warmup_warning(cfg, n)):

@@ -232,3 +232,14 @@ def test_a_phase_its_encoding_cannot_reach_is_refused_before_run_dir_is_written(
     with pytest.raises(MinilmError, match=r"phases\.b\.seq_len: 64 is longer than the learned encoding supports"):
         run_phases(cfg, log=lambda m: None)
     assert not (run / "config.yaml").exists() and not (run / "tokenizer.model").exists()
+
+
+def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
+    """'Always pass --resume' is a normal way to requeue a job, so it is not refused; but it must not be silent
+    that nothing was resumed (a mistyped run.dir would otherwise retrain from scratch without a word)."""
+    run, said = tmp_path / "run", []
+    run_phases(load_config(config, [f"run.dir={run}"]), log=said.append, resume=True)
+    assert any(f"--resume: {run} holds no run yet; starting one" in m for m in said)
+    said.clear()
+    run_phases(load_config(config, [f"run.dir={run}"]), log=said.append, resume=True)  # now there is one
+    assert not any("holds no run yet" in m for m in said)
