@@ -22,6 +22,7 @@ different ``rope_type`` replaces the inherited one: PI does not inherit YaRN's `
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import re
@@ -296,6 +297,21 @@ def _shape_errors(node: DictConfig, prefix: str = "") -> List[str]:
     return out
 
 
+def _check_new_phase(cfg: DictConfig, name: str, phase: DictConfig, label: str) -> None:
+    """A YAML file whose base already has phases may add one, but a phase it adds that sets neither its length nor
+    its seq_len is most likely a misspelled name of a base phase (``extend_1K`` for ``extend_1k``): merged as
+    written it would append a phase of the run's defaults and train it after the others, and the phase meant would
+    train unchanged."""
+    if any(phase.get(key) is not None for key in ("seq_len", "steps", "tokens")):
+        return
+    close = difflib.get_close_matches(name, list(cfg.phases), n=1, cutoff=0.6)
+    raise ConfigError(
+        f"{label}: phases.{name}: not a phase of its base (phases: {', '.join(cfg.phases)})"
+        + (f"; did you mean '{close[0]}'?" if close else "")
+        + " A new phase must set its seq_len, or its steps or tokens."
+    )
+
+
 def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
     wrong = _shape_errors(layer)
     if wrong:
@@ -312,6 +328,8 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
         for name, phase in layer_phases.items_ex(resolve=False):
             if name in cfg.phases and isinstance(phase, DictConfig):
                 _fresh_scaling(cfg.phases[name].position, phase.get("position"))
+            elif label != "command line" and len(cfg.phases) and isinstance(phase, DictConfig):
+                _check_new_phase(cfg, name, phase, label)
     try:
         return OmegaConf.merge(cfg, layer)
     except (OmegaConfBaseException, TypeError, ValueError) as e:  # TypeError: a list onto a mapping (phases)

@@ -207,6 +207,19 @@ def test_a_misspelled_phase_on_the_command_line_is_an_error():
     assert phase_names(load_config(REPO / "configs/tiny.yaml", ["phases.a.steps=5", "phases.b.steps=2"])) == ["a", "b"]
 
 
+def test_a_misspelled_phase_in_a_child_yaml_is_an_error(tmp_path):
+    """A YAML extending a config with phases that misspelled one of them (extend_1K for extend_1k, in the style of
+    rope_abf.yaml) appended a phase of the run's defaults, trained after the others, and left the phase it meant to
+    change as it was. A child may still add a phase that says how long it is."""
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {REPO / 'configs/rope_yarn.yaml'}\nphases:\n  extend_1K:\n    position: {{base: 4.0e4}}\n")
+    with pytest.raises(ConfigError, match=r"child\.yaml: phases\.extend_1K: not a phase of its base .*did you mean "
+                                          r"'extend_1k'\?"):
+        load_config(child)
+    child.write_text(f"base: {REPO / 'configs/rope_yarn.yaml'}\nphases:\n  cooldown: {{seq_len: 4096, steps: 10}}\n")
+    assert phase_names(load_config(child))[-1] == "cooldown"
+
+
 def test_a_config_file_that_cannot_be_read_is_named(tmp_path):
     """A non-UTF-8 file (or a directory) gave a UnicodeDecodeError (IsADirectoryError) traceback, exit 1."""
     latin = tmp_path / "latin1.yaml"
