@@ -135,4 +135,12 @@ def find_results(path: str | Path) -> Path:
         for phase in reversed(run_phase_names(path)):
             if (path / phase / "eval" / "results.json").is_file():
                 return path / phase / "eval" / "results.json"
+    if not path.is_dir():
+        raise MinilmError(f"{path}: no such file or directory (a run, a phase, an eval directory or a results.json)")
+    if not (path / "config.yaml").is_file():  # not a run: a folder of runs (a study's variant, runs/) is not one
+        runs = sorted(p.name for p in path.iterdir() if (p / "config.yaml").is_file())
+        if runs:
+            raise MinilmError(f"{path}: not a run but a folder of runs ({', '.join(runs[:5])}"
+                              f"{', ...' if len(runs) > 5 else ''}); name them: {path}/{runs[0]} ...")
+        raise MinilmError(f"{path}: not a run directory (no config.yaml) and no results.json in it")
     raise MinilmError(f"{path}: no results.json found; run scripts/evaluate.py --run {path} first")
