@@ -210,6 +210,9 @@ def test_an_out_that_is_a_file_exits_2_naming_out_before_anything_runs(tmp_path,
     assert _study([study_file, "--out", tmp_path / "out"]) == 2
     err = capsys.readouterr().err
     assert "--out" in err and "run.dir" not in err and str(tmp_path / "out") in err
+    assert _study([study_file, "--out", tmp_path / "out" / "sub"]) == 2  # cannot be created: under a file
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'out' / 'sub'} is not writable" in err and "run.dir" not in err
 
 
 @pytest.mark.parametrize("flag, message", [("--only=", "--only: comma-separated variant names expected"),

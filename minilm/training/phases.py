@@ -221,14 +221,15 @@ class _StepCheckpoint(L.Callback):
                 prune_checkpoints(self.dir, self.keep)
 
 
-def _check_run_dir(run_dir: Path) -> None:
-    """Fail before any work if run.dir cannot be created or written (checked without creating anything)."""
-    existing = run_dir.resolve()
+def check_writable_dir(path: Path, setting: str = "run.dir") -> None:
+    """Fail before any work if directory ``path`` cannot be created or written (checked without creating anything);
+    the message names ``setting``, what gave the path (run.dir; a study's --out)."""
+    existing = path.resolve()
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise MinilmError(f"run.dir {run_dir} is not writable ({existing} is not a writable directory); set "
-                          "run.dir to a writable path")
+        raise MinilmError(f"{setting} {path} is not writable ({existing} is not a writable directory); set "
+                          f"{setting} to a writable path")
 
 
 def check_trainer(pcfg) -> None:
@@ -400,7 +401,7 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     if prev is not None and init is None and not is_complete(run_dir, prev):  # refused before run.dir is written
         raise MinilmError(f"--phase {start_phase}: the previous phase '{prev}' has not finished in {run_dir}; run it "
                           "first or give starting weights with --init PATH")  # fmt: skip
-    _check_run_dir(run_dir)
+    check_writable_dir(run_dir)
     check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
     saved = run_dir / "config.yaml"
     if resume and saved.exists():
