@@ -4,8 +4,9 @@
 import pytest
 import torch
 
-from minilm.positions import PositionDims, build_position
+from minilm.positions import PositionDims, build_position, compute_rope
 from minilm.positions.absolute import SequenceTooLong, sinusoid
+from minilm.positions.rotary import Rope, RopeParams, apply_rotary, cos_sin_tables
 
 from .helpers import perturb
 
@@ -62,3 +63,36 @@ def test_floater_cache_follows_a_parameter_change():
         emb.p0.add_(1.0)  # in place, as an optimizer step updates it
         after = emb.trajectory(12)
     assert torch.allclose(after[0], before[0] + 1.0)  # p(0) = p0, moved by the step
+
+
+# -------------------------------------------------------------------------------------------------- rotary
+
+
+def test_fraction_rounds_the_rotary_dimensions_down_to_even():
+    # 0.375 · 8 = 3 dimensions: two rotate (rounded down to even), the third passes through, and the config is valid
+    rope = Rope(RopeParams(fraction=0.375), PositionDims(16, 2, 2, 8, 1))
+    assert rope.rot_dim == 2 and rope.inv_freq.shape == (1,)
+    q = torch.randn(1, 2, 5, 8)
+    p = torch.arange(5)[None]
+    rq, _ = rope.rotate(q, q, p, p)
+    assert torch.equal(rq[..., 2:], q[..., 2:])
+    assert not torch.allclose(rq[..., :2], q[..., :2])
+
+
+@pytest.mark.parametrize("block", [
+    {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": 16},
+    {"rope_type": "longrope", "original_max_position_embeddings": 16, "factor": 4.0,
+     "short_factor": [1.0] * 4, "long_factor": [2.0, 3.0, 4.0, 5.0]},
+])  # fmt: skip
+def test_length_dependent_rope_reads_one_plus_the_largest_key_position(block):
+    """The current length is 1 + max(k_pos): 17 keys (positions 0..16) are one past the original length 16, so
+    the long-context frequencies apply — also to a single query decoded against a KV cache."""
+    rope = Rope(RopeParams(scaling=block), PositionDims(16, 2, 2, 8, 1))
+    k_pos, q_pos = torch.arange(17)[None], torch.tensor([[16]])
+    inv_freq, factor = compute_rope(8, 10000.0, block, seq_len=17)
+    assert not torch.equal(inv_freq, compute_rope(8, 10000.0, block, seq_len=16)[0])  # the length matters here
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 17, 8, generator=g)
+    rq, rk = rope.rotate(q, k, q_pos, k_pos)
+    torch.testing.assert_close(rq, apply_rotary(q, *cos_sin_tables(q_pos, inv_freq, factor), "half"))
+    torch.testing.assert_close(rk, apply_rotary(k, *cos_sin_tables(k_pos, inv_freq, factor), "half"))
