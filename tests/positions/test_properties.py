@@ -1,6 +1,8 @@
 """Documented properties of the position encodings that mutation testing found no other test would notice breaking
 (each test names the behaviour it pins; the docstrings and docs/positions.md state it)."""
 
+import math
+
 import pytest
 import torch
 
@@ -96,3 +98,27 @@ def test_length_dependent_rope_reads_one_plus_the_largest_key_position(block):
     rq, rk = rope.rotate(q, k, q_pos, k_pos)
     torch.testing.assert_close(rq, apply_rotary(q, *cos_sin_tables(q_pos, inv_freq, factor), "half"))
     torch.testing.assert_close(rk, apply_rotary(k, *cos_sin_tables(k_pos, inv_freq, factor), "half"))
+
+
+# ---------------------------------------------------------------------------------------------------- biases
+
+
+def attention_hook(name, n_heads=4, head_dim=8, **params):
+    """Unperturbed: the parameters hold their documented initial values."""
+    dims = PositionDims(d_model=n_heads * head_dim, n_heads=n_heads, n_kv_heads=n_heads, head_dim=head_dim,
+                        n_layers=2, layer=0)  # fmt: skip
+    return build_position({"name": name, **params}, dims, "attention")
+
+
+def test_fire_normalizes_by_the_threshold_below_it():
+    """ψ(i − j) / ψ(max(L, i)): a query before L = 16 divides by ψ(16), not by ψ(i), so a short prefix is not
+    stretched to [0, 1]; beyond L it divides by ψ(i)."""
+    fire = attention_hook("fire", init_L=16.0, init_c=0.1)
+    psi = lambda x: math.log(0.1 * x + 1)  # noqa: E731
+    for i, d in ((4, 4), (4, 2), (10, 7), (40, 40), (40, 13)):
+        got = fire.normalized(torch.tensor(d), torch.tensor(i)).item()
+        assert got == pytest.approx(psi(d) / (psi(max(16, i)) + 1e-6), rel=1e-5), (i, d)
+    with torch.no_grad():
+        fire.L_multiplier.fill_(-1.0)  # L = |multiplier · init_L|: a multiplier trained through zero keeps L = 16
+    got = fire.normalized(torch.tensor(4), torch.tensor(4)).item()
+    assert got == pytest.approx(psi(4) / (psi(16) + 1e-6), rel=1e-5)
