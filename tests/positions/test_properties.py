@@ -122,3 +122,11 @@ def test_fire_normalizes_by_the_threshold_below_it():
         fire.L_multiplier.fill_(-1.0)  # L = |multiplier · init_L|: a multiplier trained through zero keeps L = 16
     got = fire.normalized(torch.tensor(4), torch.tensor(4)).item()
     assert got == pytest.approx(psi(4) / (psi(16) + 1e-6), rel=1e-5)
+
+
+def test_kerple_initializes_like_the_authors():
+    # r1 ~ U(0, 2), r2 ~ U(0, 1) (kept above 2·eps): over 512 heads each range is filled nearly to its top
+    torch.manual_seed(0)
+    r1, r2 = attention_hook("kerple", n_heads=512).coefficients()
+    assert r1.min() >= 0.02 - 1e-6 and r2.min() >= 0.02 - 1e-6
+    assert 1.9 < r1.max() <= 2.0 + 1e-5 and 0.95 < r2.max() <= 1.0 + 1e-5
