@@ -6,9 +6,11 @@ import math
 import pytest
 import torch
 
+from minilm.model.attention import AttentionMask
 from minilm.positions import PositionDims, build_position, compute_rope
 from minilm.positions.absolute import SequenceTooLong, sinusoid
 from minilm.positions.rotary import Rope, RopeParams, apply_rotary, cos_sin_tables
+from minilm.positions.training_free import build_extension
 
 from .helpers import perturb
 
@@ -130,3 +132,23 @@ def test_kerple_initializes_like_the_authors():
     r1, r2 = attention_hook("kerple", n_heads=512).coefficients()
     assert r1.min() >= 0.02 - 1e-6 and r2.min() >= 0.02 - 1e-6
     assert 1.9 < r1.max() <= 2.0 + 1e-5 and 0.95 < r2.max() <= 1.0 + 1e-5
+
+
+# ------------------------------------------------------------------------------------------- training-free
+
+
+@pytest.mark.parametrize("name, params", [("rerope", {"window": 2}), ("self_extend", {"group_size": 2, "window": 2}),
+                                          ("dca", {"chunk_size": 3, "local_window": 1})])
+def test_extension_gives_zeros_for_a_query_that_sees_no_key(name, params):
+    """A row with no allowed key (a query whose document has no key yet) gives zeros, not NaN (the merged
+    softmax's documented rule), and leaves the other rows finite."""
+    method = build_extension(name, params)
+    rope = Rope(RopeParams(), PositionDims(16, 2, 2, 8, 1))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 8, generator=g) for _ in range(3))
+    docs = torch.tensor([[0, 0, 0, 0, 0]])
+    mask = AttentionMask(q_doc=torch.tensor([[0, 0, 1, 0, 0]]), k_doc=docs)  # query 2 is in a document no key is
+    p = torch.arange(5)[None]
+    out = method.attend(q, k, v, rope, p, p, mask)
+    assert torch.equal(out[:, :, 2], torch.zeros(1, 2, 8))
+    assert out.isfinite().all() and out[:, :, 3].abs().sum() > 0
