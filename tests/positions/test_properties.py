@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from minilm.errors import ConfigError
 from minilm.model.attention import AttentionMask
 from minilm.positions import PositionDims, build_position, compute_rope
 from minilm.positions.absolute import SequenceTooLong, sinusoid
@@ -100,6 +101,19 @@ def test_length_dependent_rope_reads_one_plus_the_largest_key_position(block):
     rq, rk = rope.rotate(q, k, q_pos, k_pos)
     torch.testing.assert_close(rq, apply_rotary(q, *cos_sin_tables(q_pos, inv_freq, factor), "half"))
     torch.testing.assert_close(rk, apply_rotary(k, *cos_sin_tables(k_pos, inv_freq, factor), "half"))
+
+
+def test_compute_rope_refuses_a_length_below_one():
+    # a current length is 1 + the largest key position: 0 is a caller's bug, not "the original length"
+    block = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 16}
+    with pytest.raises(ConfigError, match=r"seq_len: must be >= 1, got 0"):
+        compute_rope(8, 10000.0, block, seq_len=0)
+
+
+def test_compute_rope_names_an_odd_rotary_dimension_not_a_key_left_unset():
+    # partial_rotary_factor is not set here: the message must blame the odd dimension count itself
+    with pytest.raises(ConfigError, match=r"rotary dimension must be even, got 7"):
+        compute_rope(7, 10000.0)
 
 
 # ---------------------------------------------------------------------------------------------------- biases
