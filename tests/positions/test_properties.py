@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minilm.errors import ConfigError
-from minilm.model.attention import AttentionMask
+from minilm.model.attention import AttentionMask, reference_attention
 from minilm.positions import PositionDims, build_position, compute_rope
 from minilm.positions.absolute import SequenceTooLong, sinusoid
 from minilm.positions.rotary import Rope, RopeParams, apply_rotary, cos_sin_tables
@@ -165,4 +165,17 @@ def test_extension_gives_zeros_for_a_query_that_sees_no_key(name, params):
     p = torch.arange(5)[None]
     out = method.attend(q, k, v, rope, p, p, mask)
     assert torch.equal(out[:, :, 2], torch.zeros(1, 2, 8))
+    assert out.isfinite().all() and out[:, :, 3].abs().sum() > 0
+
+
+@pytest.mark.parametrize("name", ["cope", "shaw", "none"])
+def test_reference_attention_gives_zeros_for_a_query_that_sees_no_key(name):
+    # the reference path's documented rule for a fully masked row: zeros, not NaN (value terms included)
+    pos = attention_hook(name)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 5, 8, generator=g) for _ in range(3))
+    mask = AttentionMask(q_doc=torch.tensor([[0, 0, 1, 0, 0]]), k_doc=torch.zeros(1, 5, dtype=torch.long))
+    p = torch.arange(5)[None]
+    out = reference_attention(q, k, v, pos, p, p, mask)
+    assert torch.equal(out[:, :, 2], torch.zeros(1, 4, 8))
     assert out.isfinite().all() and out[:, :, 3].abs().sum() > 0
