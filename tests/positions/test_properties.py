@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minilm.errors import ConfigError
-from minilm.model.attention import AttentionMask, reference_attention
+from minilm.model.attention import Attention, AttentionMask, reference_attention
 from minilm.positions import PositionDims, build_position, compute_rope
 from minilm.positions.absolute import SequenceTooLong, sinusoid
 from minilm.positions.rotary import Rope, RopeParams, apply_rotary, cos_sin_tables
@@ -179,3 +179,21 @@ def test_reference_attention_gives_zeros_for_a_query_that_sees_no_key(name):
     out = reference_attention(q, k, v, pos, p, p, mask)
     assert torch.equal(out[:, :, 2], torch.zeros(1, 4, 8))
     assert out.isfinite().all() and out[:, :, 3].abs().sum() > 0
+
+
+
+@pytest.mark.parametrize("name, params", [("shaw", {"values": False}), ("transformer_xl", {}), ("deberta", {})])
+def test_attend_reads_each_row_of_a_q_k_term_when_the_batch_shares_positions(name, params):
+    """Positions arrive as (1, T) when the batch shares them; a term that reads q or k (score_reads_qk) must still
+    be computed per row on the CPU's SDPA-with-bias path, so row 1 gets its own q·R table, not row 0's."""
+    dims = PositionDims(d_model=32, n_heads=4, n_kv_heads=2, head_dim=8, n_layers=2, layer=0)
+    torch.manual_seed(0)
+    attn = perturb(Attention(32, 4, 2, {"name": name, **params}, dims)).eval()
+    assert attn.kernel(torch.device("cpu")) == "sdpa_bias"
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(2, 4, 6, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g), torch.randn(2, 2, 6, 8)
+    p, mask = torch.arange(6)[None], AttentionMask()
+    with torch.no_grad():
+        got = attn.attend(q, k, v, p, p, mask)
+        want = reference_attention(q, k, v, attn.pos, p.expand(2, -1), p.expand(2, -1), mask)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
