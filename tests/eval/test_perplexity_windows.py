@@ -1,0 +1,98 @@
+"""Which windows perplexity runs and which targets it scores, checked with a model that records its inputs: every
+full window of L + 1 tokens (the last one included), documents of at least L + 1 tokens else the packed stream,
+windows drawn without repeats, sliding windows per document (each document's first window scores all L targets,
+later ones S), the default stride L/2, documents in a seeded random order."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from minilm.errors import MinilmError
+from minilm.eval.perplexity import eval_documents, perplexity, window_starts
+
+V = 1000
+
+
+class Recorder(nn.Module):
+    """Uniform logits; remembers every input row it was run on."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.zeros(1))
+        self.rows: list[tuple] = []
+
+    def forward(self, idx, **_):
+        self.rows += [tuple(r) for r in idx.tolist()]
+        return torch.zeros(*idx.shape, V) + self.p
+
+
+def _store(docs):
+    lengths = np.array([len(d) for d in docs])
+    return SimpleNamespace(tokens=np.concatenate(docs), doc_offsets=np.concatenate([[0], np.cumsum(lengths)[:-1]]),
+                           doc_lengths=lengths)  # fmt: skip
+
+
+def _docs(*lengths):
+    """Documents of distinct tokens (a window's first token says where it is)."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    return [np.arange(s, s + n) for s, n in zip(starts, lengths)]
+
+
+def test_every_full_window_is_a_start_the_last_one_included():
+    assert window_starts(_docs(9), 8, 8) == [(0, 0)]  # exactly L + 1 tokens: one window
+    assert window_starts(_docs(8), 8, 8) == []  # L tokens: L inputs but only L - 1 targets
+    assert window_starts(_docs(17, 20), 8, 8) == [(0, 0), (0, 8), (1, 0), (1, 8)]
+    assert window_starts(_docs(17), 8, 4) == [(0, 0), (0, 4), (0, 8)]
+
+
+def test_documents_of_at_least_l_plus_1_tokens_else_the_packed_stream():
+    docs, source = eval_documents(_store(_docs(8, 9, 5)), 8)
+    assert source == "documents" and [len(d) for d in docs] == [9]
+    docs, source = eval_documents(_store(_docs(8, 5)), 8)  # no document long enough: the stream of all 13
+    assert source == "packed" and [len(d) for d in docs] == [13]
+    with pytest.raises(MinilmError, match="fewer than one window of 9"):
+        eval_documents(_store(_docs(4, 4)), 8)  # 8 tokens: not one window
+
+
+def test_windows_mode_runs_each_window_at_most_once():
+    """As many windows asked for as there are: each non-overlapping window exactly once, no repeats."""
+    docs = _docs(41, 33)  # windows of 9 tokens every 8: 5 + 4
+    model = Recorder()
+    r = perplexity(model, docs, 8, mode="windows", n_windows=9, batch_size=4)
+    assert r.windows == 9 and r.tokens == 9 * 8
+    assert sorted(model.rows) == sorted(tuple(docs[d][s : s + 8]) for d, s in window_starts(docs, 8, 8))
+
+
+def test_sliding_scores_each_documents_first_window_whole_and_the_stride_after():
+    """Two documents of 25 tokens, L 8, S 4: windows start at 0, 4, 8, 12, 16 in each; the first scores 8
+    targets, each later one the 4 new ones — 8 + 4·4 = 24 per document, every target once."""
+    docs = _docs(25, 25)
+    r = perplexity(Recorder(), docs, 8, mode="sliding", n_windows=100, batch_size=3, stride=4)
+    assert r.windows == 10 and r.tokens == 2 * 24 and r.stride == 4
+
+
+def test_sliding_runs_at_most_n_windows_and_defaults_to_a_stride_of_half_the_length():
+    model = Recorder()
+    r = perplexity(model, _docs(200, 200), 16, mode="sliding", n_windows=5, batch_size=2)
+    assert r.stride == 8 and r.to_dict()["stride"] == 8
+    assert r.windows == 5 and len(model.rows) == 5
+    with pytest.raises(MinilmError, match="eval.stride"):
+        perplexity(model, _docs(200), 16, mode="sliding", stride=17)
+
+
+def test_sliding_takes_the_documents_in_a_seeded_random_order():
+    docs = _docs(*[20] * 6)
+    first = []
+    for seed in range(12):
+        model = Recorder()
+        perplexity(model, docs, 8, mode="sliding", n_windows=1, batch_size=1, stride=4, seed=seed)
+        first.append(model.rows[0][0] // 20)  # which document the only window came from
+        again = Recorder()
+        perplexity(again, docs, 8, mode="sliding", n_windows=1, batch_size=1, stride=4, seed=seed)
+        assert again.rows == model.rows  # seeded: the same order every time
+    assert len(set(first)) >= 3
