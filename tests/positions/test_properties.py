@@ -39,6 +39,14 @@ def test_sinusoidal_scale_multiplies_the_table():
     assert torch.allclose(emb.embed(x, p), 2.5 * sinusoid(p, 16))
 
 
+def test_sinusoidal_and_multiplicative_use_their_base():
+    p, x = torch.arange(20)[None], torch.randn(1, 20, 16)
+    table = sinusoid(p, 16, base=100.0)
+    assert not torch.allclose(table, sinusoid(p, 16))  # the base matters at these positions
+    assert torch.allclose(embedding_hook("sinusoidal", base=100.0).embed(x, p), x + table)
+    assert torch.allclose(embedding_hook("multiplicative", base=100.0, amplitude=0.5).embed(x, p), x * (1 + 0.5 * table))
+
+
 def test_floater_integrates_its_ode_accurately():
     """p(nΔ) solves dp/dt = h(t, p): with h independent of p, h(t) = W·tanh(a·t) + b, the solution is
     p0 + W·log(cosh(a·t))/a + b·t, which RK4 (4th order) reaches within ~1e-6 at Δ = 0.1 — a wrong stage weight or
