@@ -205,3 +205,19 @@ def test_attend_reads_each_row_of_a_q_k_term_when_the_batch_shares_positions(nam
         got = attn.attend(q, k, v, p, p, mask)
         want = reference_attention(q, k, v, attn.pos, p.expand(2, -1), p.expand(2, -1), mask)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_reference_attention_adds_shaw_s_value_term():
+    """z_i = Σ_j α_ij (v_j + R^V[clip(i − j, −k, k)]) with α the softmax of q·(k_j + R^K_ij)/√Dh (Shaw et al.)."""
+    pos = attention_hook("shaw", max_distance=2)
+    perturb(pos)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 6, 8, generator=g) for _ in range(3))
+    p, mask = torch.arange(6)[None], AttentionMask()
+    idx = (p[0, :, None] - p[0, None, :]).clamp(-2, 2) + 2  # (T, S)
+    with torch.no_grad():
+        logits = torch.einsum("bhtd,bhtsd->bhts", q, k[:, :, None] + pos.rel_k[idx]) / math.sqrt(8)
+        alpha = torch.softmax(logits.masked_fill(~mask.dense(6, 6, "cpu")[0], float("-inf")), -1)
+        want = torch.einsum("bhts,bhtsd->bhtd", alpha, v[:, :, None] + pos.rel_v[idx])
+        got = reference_attention(q, k, v, pos, p, p, mask)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
