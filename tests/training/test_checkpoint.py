@@ -82,3 +82,60 @@ def test_schedule_warmup_then_decay_to_the_floor():
     assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(f[10:], f[11:])) and f[-1] == pytest.approx(0.1, abs=1e-3)
     assert lr_lambda(50, 0, 100, "linear", 0.0) == pytest.approx(0.5)
+
+
+def test_schedule_decay_shapes_and_constant():
+    """After warmup: cosine follows half a cosine, linear a straight line, both to the floor at ``total``;
+    constant stays at the peak; a phase no longer than its warmup never decays."""
+    import math
+
+    quarter = 10 + 90 // 4  # a quarter of the way from the end of warmup (10) to total (100)
+    progress = (quarter - 10) / 90
+    assert lr_lambda(quarter, 10, 100, "cosine", 0.2) == pytest.approx(0.2 + 0.8 * 0.5 * (1 + math.cos(math.pi
+                                                                                                       * progress)))
+    assert lr_lambda(quarter, 10, 100, "linear", 0.2) == pytest.approx(0.2 + 0.8 * (1 - progress))
+    assert lr_lambda(100, 10, 100, "linear", 0.2) == pytest.approx(0.2)
+    assert [lr_lambda(s, 10, 100, "constant", 0.2) for s in (10, 50, 99)] == [1.0, 1.0, 1.0]
+    assert lr_lambda(4, 10, 100, "constant", 0.2) == pytest.approx(0.5)  # constant still warms up
+    assert lr_lambda(10, 10, 10, "cosine", 0.2) == 1.0
+
+
+def test_prune_with_keep_0_keeps_every_checkpoint(tmp_path):
+    io = AtomicCheckpointIO()
+    for step in (1, 2, 3):
+        io.save_checkpoint({"state_dict": {}}, checkpoint_path(tmp_path, step))
+    prune_checkpoints(tmp_path, 0)
+    assert len(list(tmp_path.glob("step-*.ckpt"))) == 3
+
+
+def test_a_checkpoint_without_model_state_is_skipped(tmp_path):
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"state_dict": {}}, checkpoint_path(tmp_path, 1))
+    io.save_checkpoint({"optimizer_states": []}, checkpoint_path(tmp_path, 2))
+    messages = []
+    assert latest_good_checkpoint(tmp_path, messages.append) == checkpoint_path(tmp_path, 1)
+    assert "no model state" in messages[0]
+
+
+def test_weights_load_from_a_lightning_checkpoint_and_from_a_directory(tmp_path):
+    """A step checkpoint holds Lightning's state_dict (names prefixed ``model.``); a directory means its
+    model.safetensors."""
+    a = tiny_model()
+    AtomicCheckpointIO().save_checkpoint({"state_dict": {f"model.{k}": v for k, v in a.state_dict().items()}},
+                                         checkpoint_path(tmp_path, 5))  # fmt: skip
+    save_weights(a, tmp_path / "model.safetensors")
+    for source in (checkpoint_path(tmp_path, 5), tmp_path):
+        b = tiny_model()
+        load_weights(b, source)
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values())), source
+
+
+def test_missing_and_unexpected_tensors_are_named(tmp_path):
+    model = tiny_model()
+    state = dict(model.state_dict())
+    dropped = "blocks.1.attn.wq.weight"
+    del state[dropped]
+    with pytest.raises(MinilmError, match=rf"{dropped}: missing"):
+        load_weights(tiny_model(), dict(state))
+    with pytest.raises(MinilmError, match=r"extra\.weight: not in the model"):
+        load_weights(tiny_model(), {**model.state_dict(), "extra.weight": torch.zeros(2)})

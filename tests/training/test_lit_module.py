@@ -1,5 +1,7 @@
 """The Lightning adapter: what a training step calls, and the optimizer it builds."""
 
+import pytest
+
 from minilm.config import load_config
 from minilm.model import GPT
 from minilm.training.lit_module import LitGPT
@@ -151,3 +153,148 @@ def test_a_nan_loss_skips_its_step_through_the_gradient_and_then_stops_the_phase
     module, before = modules[-1]
     assert module.bad_steps == 2 and all(torch.equal(v, before[k]) for k, v in module.model.state_dict().items())
     assert "warning: the loss became nan at step 0; skipped (1/1)" in capsys.readouterr().out
+
+
+def _module(phase: str = "train", **over):
+    """A tiny LitGPT outside a fit, its trainer a stand-in holding only what the hook under test reads."""
+    from types import SimpleNamespace
+
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2",
+                                 *(f"{k}={v}" for k, v in over.items())])  # fmt: skip
+    module = LitGPT(GPT(cfg.model, 40), cfg, total_steps=10, step_offset=100, phase=phase)
+    module.trainer = SimpleNamespace(accumulate_grad_batches=2, global_step=0, global_rank=0, logger=None,
+                                     loggers=[], precision="32-true",
+                                     strategy=SimpleNamespace(reduce=lambda t, reduce_op: t))  # fmt: skip
+    return module
+
+
+def test_dropout_seed_is_a_function_of_the_micro_step_phase_and_seed():
+    """Each micro-batch of an accumulated step draws its own dropout masks (not the step's first one's again), and
+    the same (seed, phase, micro-step) draws the same masks whatever the generator held before (exact resume)."""
+    import torch
+
+    def draw(module, batch_idx, step=0):
+        module.trainer.global_step = step
+        torch.rand(5)  # whatever the data loaders drew from the global generator before
+        module.on_train_batch_start({}, batch_idx)
+        return torch.rand(4)
+
+    module = _module()
+    first, second, next_step = draw(module, 0), draw(module, 1), draw(module, 2, step=1)
+    assert not torch.equal(first, second) and not torch.equal(second, next_step) and not torch.equal(first, next_step)
+    assert torch.equal(draw(module, 0), first) and torch.equal(draw(module, 1), second)
+    assert not torch.equal(draw(_module(phase="extend"), 0), first)
+    assert not torch.equal(draw(_module(**{"run.seed": 7}), 0), first)
+
+
+def test_grad_clip_bounds_the_step_s_gradient_norm_and_0_disables_it():
+    import torch
+
+    for clip, expected in ((0.5, 0.5), (0.0, None)):
+        module = _module(**{"optim.grad_clip": clip})
+        for p in module.model.parameters():
+            p.grad = torch.full_like(p, 3.0)
+        before = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.model.parameters()])).item()
+        module.on_before_optimizer_step(type("Opt", (), {"param_groups": [{"lr": 0.1}]})())
+        after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.model.parameters()])).item()
+        assert module.last_grad_norm == pytest.approx(before)  # the logged norm is the unclipped one
+        assert after == pytest.approx(expected if expected is not None else before, rel=1e-4)
+
+
+def test_fp16_skips_only_overflowing_gradients_itself_a_non_finite_loss_is_still_a_bad_step():
+    """Under 16-mixed the GradScaler skips a step whose gradient overflowed (a finite loss): not a bad step. A NaN
+    loss is one, whatever the precision."""
+    import torch
+
+    from minilm.errors import MinilmError
+
+    opt = type("Opt", (), {"param_groups": [{"lr": 0.1}]})()
+    for loss, bad in ((1.0, False), (float("nan"), True)):
+        module = _module()
+        module.trainer.precision = "16-mixed"
+        module._loss_sum, module._loss_count = torch.tensor(loss), 1
+        for p in module.model.parameters():
+            p.grad = torch.full_like(p, float("inf"))
+        if bad:
+            with pytest.raises(MinilmError, match="the loss became nan"):
+                module.on_before_optimizer_step(opt)
+        else:
+            module.on_before_optimizer_step(opt)
+            assert module.bad_steps == 0 and all(p.grad is not None for p in module.model.parameters())
+
+
+def test_scalars_go_to_the_run_s_step_axis_from_rank_0_only():
+    from types import SimpleNamespace
+
+    written = []
+    logger = SimpleNamespace(experiment=SimpleNamespace(add_scalar=lambda *a, **k: written.append((a, k))))
+    for rank in (1, 0):
+        module = _module()
+        module.trainer.logger, module.trainer.loggers, module.trainer.global_rank = logger, [logger], rank
+        module.trainer.global_step = 7
+        module.log_scalars({"lr": 0.5})
+    assert written == [(("lr", 0.5), {"global_step": 107})]  # step_offset 100 + this phase's step 7
+
+
+def test_checkpoint_state_restores_bad_steps_and_the_generator_and_refuses_another_phase():
+    import torch
+
+    from minilm.errors import MinilmError
+
+    module = _module(phase="a")
+    module.bad_steps = 2
+    torch.manual_seed(3)
+    checkpoint = {}
+    module.on_save_checkpoint(checkpoint)
+    expected = torch.rand(4)
+    resumed = _module(phase="a")
+    torch.manual_seed(99)
+    resumed.on_load_checkpoint(checkpoint)
+    assert resumed.bad_steps == 2 and torch.equal(torch.rand(4), expected)
+    with pytest.raises(MinilmError, match="checkpoint belongs to phase 'a', not 'b'"):
+        _module(phase="b").on_load_checkpoint(checkpoint)
+
+
+def test_validation_time_is_not_counted_as_training_time(monkeypatch):
+    """tokens_per_sec measures training throughput: seconds spent validating between two logs are left out."""
+    import itertools
+    from types import SimpleNamespace
+
+    from minilm.training import lit_module
+
+    ticks = itertools.count(1.0)  # one second per clock read
+    monkeypatch.setattr(lit_module, "time", SimpleNamespace(perf_counter=lambda: next(ticks)))
+
+    def validate_once(module):  # a validation (two clock reads: one second) between the first and second step
+        start = module.on_train_batch_start
+
+        def wrapped(batch, batch_idx):
+            if batch_idx == 1:
+                module.on_validation_start()
+                module.on_validation_end()
+            return start(batch, batch_idx)
+
+        module.on_train_batch_start = wrapped
+
+    per_step = 4 * 256
+    logged = _fit(4, steps=2, log_every=2, prepare=validate_once)
+    # clock: train start 1, validation 2..3 (1 s paused), log at 4: 2 steps over 4 - 1 - 1 = 2 training seconds
+    assert dict(logged["tokens_per_sec"]) == {2: 2 * per_step / 2}
+
+
+def test_adamw_decays_matrices_toward_zero_and_leaves_norms_and_biases_alone():
+    """With a zero gradient AdamW's update is the weight decay alone: matrices shrink by lr · weight_decay, norm
+    gains (and any vector) stay as they are."""
+    import torch
+
+    cfg = load_config(overrides=["optim.weight_decay=0.5", "optim.lr=0.1"])
+    model = _model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = make_adamw(model, cfg.optim)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for name, p in model.named_parameters():
+        factor = 1 - 0.1 * 0.5 if p.dim() >= 2 else 1.0
+        torch.testing.assert_close(p.detach(), before[name] * factor, msg=name)
+    assert any(p.dim() < 2 for p in model.parameters())  # the model has norms or biases to leave alone
