@@ -47,6 +47,14 @@ def test_sinusoidal_and_multiplicative_use_their_base():
     assert torch.allclose(embedding_hook("multiplicative", base=100.0, amplitude=0.5).embed(x, p), x * (1 + 0.5 * table))
 
 
+def test_complex_order_frequencies_start_at_the_sinusoidal_ones():
+    # ω's bias starts at base^(−2i/D), the sinusoids' frequencies, so every dimension rotates at its own rate
+    dims = PositionDims(d_model=16, n_heads=2, n_kv_heads=2, head_dim=8, n_layers=2, layer=-1)
+    emb = build_position({"name": "complex_order", "base": 100.0}, dims, "embedding")
+    i = torch.arange(8, dtype=torch.float64)
+    torch.testing.assert_close(emb.frequency.bias.double(), 100.0 ** (-2 * i / 16), rtol=1e-6, atol=0)
+
+
 def test_floater_integrates_its_ode_accurately():
     """p(nΔ) solves dp/dt = h(t, p): with h independent of p, h(t) = W·tanh(a·t) + b, the solution is
     p0 + W·log(cosh(a·t))/a + b·t, which RK4 (4th order) reaches within ~1e-6 at Δ = 0.1 — a wrong stage weight or
