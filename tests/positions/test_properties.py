@@ -55,6 +55,13 @@ def test_complex_order_frequencies_start_at_the_sinusoidal_ones():
     torch.testing.assert_close(emb.frequency.bias.double(), 100.0 ** (-2 * i / 16), rtol=1e-6, atol=0)
 
 
+def test_complex_order_pads_an_odd_width_with_one_zero_dimension_last():
+    # odd D: D/2 = 7 complex dimensions [r cos, r sin] fill the first 14; the 15th is the one zero dimension
+    odd = embedding_hook("complex_order", d_model=15)
+    out = odd.embed(torch.randn(1, 5, 15), torch.arange(5)[None])
+    assert torch.equal(out[..., 14], torch.zeros(1, 5)) and out[..., 0].abs().min() > 0
+
+
 def test_floater_integrates_its_ode_accurately():
     """p(nΔ) solves dp/dt = h(t, p): with h independent of p, h(t) = W·tanh(a·t) + b, the solution is
     p0 + W·log(cosh(a·t))/a + b·t, which RK4 (4th order) reaches within ~1e-6 at Δ = 0.1 — a wrong stage weight or
