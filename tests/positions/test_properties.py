@@ -149,6 +149,12 @@ def attention_hook(name, n_heads=4, head_dim=8, **params):
     return build_position({"name": name, **params}, dims, "attention")
 
 
+def test_alibi_uses_its_max_bias():
+    # head i (1-based) of n = 4 gets slope 2^(−max_bias·i/n): max_bias 4 gives 1/2, 1/4, 1/8, 1/16
+    alibi = attention_hook("alibi", max_bias=4.0)
+    torch.testing.assert_close(alibi.slopes, torch.tensor([2.0**-1, 2.0**-2, 2.0**-3, 2.0**-4]))
+
+
 def test_fire_normalizes_by_the_threshold_below_it():
     """ψ(i − j) / ψ(max(L, i)): a query before L = 16 divides by ψ(16), not by ψ(i), so a short prefix is not
     stretched to [0, 1]; beyond L it divides by ψ(i)."""
