@@ -1,0 +1,38 @@
+"""The held-out split's guarantees (``held_out``'s doc): identical texts share the split of their first name in
+sorted order; at least one document is held out, the lowest hash (the first one any val_fraction holds out); at
+least one stays in training."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minilm.data import held_out
+
+NAMES = [f"pkg/mod_{i:03d}.py" for i in range(60)]
+
+
+def test_identical_texts_take_the_split_of_their_first_name_in_sorted_order():
+    alone = held_out(NAMES, 0.3)
+    val, train = NAMES[int(np.flatnonzero(alone)[0])], NAMES[int(np.flatnonzero(~alone)[0])]
+    for a, b in ((val, train), (train, val)):
+        first = min(a, b)
+        split = held_out([a, b] + NAMES, 0.3, ["same", "same"] + [f"text {n}" for n in NAMES])
+        assert split[0] == split[1] == alone[NAMES.index(first)]
+
+
+def test_with_val_fraction_0_the_one_held_out_document_is_the_lowest_hash():
+    """The lowest hash is the document every positive val_fraction holds out first."""
+    none = held_out(NAMES, 0.0)
+    assert none.sum() == 1
+    i = int(np.flatnonzero(none)[0])
+    for f in (0.02, 0.1, 0.5, 0.9):
+        assert held_out(NAMES, f)[i]
+
+
+def test_with_val_fraction_1_one_document_stays_in_training():
+    """The highest hash: the last one any val_fraction < 1 would hold out."""
+    everything = held_out(NAMES, 1.0)
+    assert (~everything).sum() == 1
+    i = int(np.flatnonzero(~everything)[0])
+    for f in (0.1, 0.5, 0.98):
+        assert not held_out(NAMES, f)[i]

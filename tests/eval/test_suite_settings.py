@@ -1,0 +1,111 @@
+"""The suite's loop on a stub model and a character-level held-out split (no corpus, no training): default lengths,
+the position limit (a length equal to it runs, one past it is unsupported; the tightest module wins), how many
+retrieval samples each task scores, which sample is shown as the example, token accuracy next to exact match."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from torch import nn
+
+from minilm.eval import EvalData, EvalSettings, evaluate
+from minilm.eval.suite import default_lengths, length_limit
+
+V = 128
+EOS = 0
+
+
+class CharTokenizer:
+    eos_id = EOS
+    vocab_size = V
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(chr(t) for t in ids)
+
+
+class Limit(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+
+    def max_length(self):
+        return self.n
+
+
+class Digits(nn.Module):
+    """Always predicts the digit '1': every answer token that is a '1' is right, the rest wrong. Position modules
+    with the given limits (None: none)."""
+
+    def __init__(self, *limits):
+        super().__init__()
+        self.p = nn.Parameter(torch.zeros(1))
+        self.pos_emb = Limit(limits[0]) if limits else None
+        self.blocks = [SimpleNamespace(attn=SimpleNamespace(pos=Limit(n))) for n in limits[1:]]
+
+    def forward(self, idx, **_):
+        logits = torch.zeros(*idx.shape, V) + self.p
+        logits[..., ord("1")] = 1.0
+        return logits
+
+
+def data() -> EvalData:
+    text = "x = y + 1\nz = x * 2\n" * 60
+    tokens = np.array([ord(c) for c in text] + [EOS], np.int64)
+    val = SimpleNamespace(tokens=tokens, doc_offsets=np.array([0]), doc_lengths=np.array([len(tokens)]),
+                          n_tokens=len(tokens))  # fmt: skip
+    return EvalData(CharTokenizer(), val, "code")
+
+
+def settings(**kw) -> EvalSettings:
+    base = dict(lengths=[96], tasks=["passkey"], batches=1, batch_tokens=512, samples=3, depths=[0.0, 0.5, 1.0],
+                seed=0, sliding=False)  # fmt: skip
+    return EvalSettings(**{**base, **kw})
+
+
+def test_default_lengths_run_from_half_to_eight_times_the_training_length():
+    assert default_lengths(64) == [32, 64, 128, 256, 512]
+
+
+def test_a_length_equal_to_the_position_limit_runs_and_one_past_it_is_unsupported():
+    res = evaluate(Digits(96), data(), settings(lengths=[96, 97]), log=lambda *_: None)
+    assert set(res["unsupported"]) == {"97"}
+    assert res["passkey"]["96"] is not None and res["passkey"]["97"] is None
+
+
+def test_the_tightest_position_module_sets_the_limit():
+    assert length_limit(Digits(500, 96, None)) == 96
+    assert length_limit(Digits(None, None)) is None
+
+
+def test_each_task_scores_samples_per_depth_and_kv_as_many_in_all():
+    res = evaluate(Digits(), data(), settings(tasks=["passkey", "needle", "kv"], lengths=[200]), log=lambda *_: None)
+    for task in ("passkey", "needle", "kv"):
+        assert res["details"][task]["200"]["samples"] == 3 * 3, (task, res["skipped"])
+    assert set(res["passkey_grid"]["200"]) == {"0", "0.5", "1"}
+
+
+def test_the_example_is_the_sample_nearest_the_middle_depth():
+    res = evaluate(Digits(), data(), settings(depths=[0.0, 0.4, 1.0]), log=lambda *_: None)
+    assert [e["depth"] for e in res["examples"]["passkey"]] == [0.4]
+
+
+def test_token_accuracy_counts_right_answer_tokens_not_whole_answers():
+    """A model right on the answer's '1' digits only: no exact match, but a token accuracy equal to the share of
+    answer tokens that are '1' (key digits and the closing quote)."""
+    res = evaluate(Digits(), data(), settings(samples=8), log=lambda *_: None)
+    d = res["details"]["passkey"]["96"]
+    assert res["passkey"]["96"] == 0.0
+    assert 0.0 < d["token_accuracy"] < 0.5
+
+
+def test_ppl_runs_batches_of_batch_tokens_worth_of_windows():
+    """eval.batches batches of batch_tokens // L windows each: 2 x (128 // 32) = 8 windows of 32 tokens."""
+    res = evaluate(Digits(), data(), settings(tasks=["ppl"], lengths=[32], batches=2, batch_tokens=128),
+                   log=lambda *_: None)  # fmt: skip
+    assert res["details"]["ppl"]["32"]["windows"]["windows"] == 8
+    assert res["details"]["ppl"]["32"]["windows"]["tokens"] == 8 * 32
