@@ -8,8 +8,9 @@ import torch
 
 from minilm.errors import ConfigError
 from minilm.model.attention import Attention, AttentionMask, reference_attention
-from minilm.positions import PositionDims, build_position, compute_rope
+from minilm.positions import PositionDims, build_position, compute_rope, validate_position
 from minilm.positions.absolute import SequenceTooLong, sinusoid
+from minilm.positions.bias import t5_bucket
 from minilm.positions.rotary import Rope, RopeParams, apply_rotary, cos_sin_tables
 from minilm.positions.training_free import build_extension
 
@@ -93,6 +94,14 @@ def test_floater_cache_follows_a_parameter_change():
     assert torch.allclose(after[0], before[0] + 1.0)  # p(0) = p0, moved by the step
 
 
+@pytest.mark.parametrize("key", ["max_positions", "kernel_size"])
+def test_a_boolean_is_not_an_integer_parameter(key):
+    # YAML's true is a Python int subclass: max_positions: true must be refused, not read as 1
+    name = "learned" if key == "max_positions" else "conv"
+    with pytest.raises(ConfigError, match=rf"model\.position\.{key}: must be int, got True"):
+        validate_position({"name": name, key: True})
+
+
 # -------------------------------------------------------------------------------------------------- rotary
 
 
@@ -153,6 +162,17 @@ def test_alibi_uses_its_max_bias():
     # head i (1-based) of n = 4 gets slope 2^(−max_bias·i/n): max_bias 4 gives 1/2, 1/4, 1/8, 1/16
     alibi = attention_hook("alibi", max_bias=4.0)
     torch.testing.assert_close(alibi.slopes, torch.tensor([2.0**-1, 2.0**-2, 2.0**-3, 2.0**-4]))
+
+
+def test_t5_bidirectional_gives_keys_after_the_query_their_own_buckets():
+    # bidirectional: keys after the query use the upper half of the buckets (causal bucketing sends them to 0)
+    t5 = attention_hook("t5", num_buckets=8, max_distance=16, bidirectional=True)
+    perturb(t5)
+    q_pos, k_pos = torch.tensor([[0]]), torch.arange(6)[None]  # distances 0, −1, ..., −5
+    buckets = t5_bucket(-torch.arange(6), 8, 16, bidirectional=True)
+    assert buckets[1:].min() >= 4  # (the upper half: the bucketing itself is checked in test_encodings.py)
+    got = t5.score(None, None, q_pos, k_pos, None)[0, :, 0]  # (H, S)
+    torch.testing.assert_close(got, t5.table[buckets].t())
 
 
 def test_fire_normalizes_by_the_threshold_below_it():
