@@ -401,3 +401,47 @@ def test_a_path_starting_with_a_tilde_is_refused(key):
     with pytest.raises(ConfigError, match=f"{re.escape(key)}: '~/x': '~' is not expanded.*{re.escape(key)}=\\$HOME"):
         load_config(overrides=[f"{key}=~/x"])
     assert load_config(overrides=["run.dir=/tmp/a~b"]).run.dir == "/tmp/a~b"
+
+
+def test_ffn_width_follows_the_documented_rule():
+    """d_ff null: SwiGLU keeps a 4·d GELU MLP's parameter count, 8/3·d_model rounded *up* to a multiple of 64;
+    GELU is 4·d_model; a given d_ff wins."""
+    from minilm.config import ffn_dim
+
+    def width(*over):
+        return ffn_dim(load_config(overrides=["model.n_heads=2", *over]).model)
+
+    assert width("model.d_model=64") == 192  # 170.7 -> 192 (not 128)
+    assert width("model.d_model=96") == 256  # 256 exactly stays
+    assert width("model.d_model=64", "model.mlp=gelu") == 256
+    assert width("model.d_model=64", "model.d_ff=100") == 100
+
+
+def test_a_phase_with_its_own_steps_is_not_overridden_by_a_run_token_budget(tmp_path):
+    """train.tokens wins over train.steps for the run, but a phase that gives its own steps trains those steps."""
+    y = tmp_path / "p.yaml"
+    y.write_text("train: {tokens: 100000, batch_size: 2, seq_len: 32}\nphases:\n  a: {steps: 3}\n  b: {seq_len: 64}\n")
+    cfg = load_config(y)
+    assert phase_steps(phase_config(cfg, "a")) == 3
+    assert phase_steps(phase_config(cfg, "b")) == -(-100000 // (2 * 64))  # the run's budget, at b's seq_len
+
+
+def test_a_phase_s_eval_lengths_replace_the_run_s():
+    cfg = load_config(overrides=["eval.lengths=[32]", "phases.a.steps=1", "phases.a.eval_lengths=[64, 128]",
+                                 "phases.b.steps=1"])  # fmt: skip
+    assert list(phase_config(cfg, "a").eval.lengths) == [64, 128]
+    assert list(phase_config(cfg, "b").eval.lengths) == [32]
+
+
+def test_micro_batch_size_must_divide_the_batch():
+    """Gradient accumulation splits each batch into equal micro-batches: 16 rows cannot be split into 3s."""
+    with pytest.raises(ConfigError, match=r"train\.micro_batch_size: must divide batch_size \(16\), got 3"):
+        load_config(overrides=["train.batch_size=16", "train.micro_batch_size=3"])
+    with pytest.raises(ConfigError, match=r"phases\.a\.micro_batch_size: must divide batch_size \(16\), got 6"):
+        load_config(overrides=["train.batch_size=16", "phases.a.steps=1", "phases.a.micro_batch_size=6"])
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0])
+def test_min_lr_ratio_accepts_both_ends_of_its_range(ratio):
+    """[0, 1]: 0 decays to zero, 1 keeps the peak lr after warmup (no decay)."""
+    assert load_config(overrides=[f"optim.min_lr_ratio={ratio}"]).optim.min_lr_ratio == ratio
