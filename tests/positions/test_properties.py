@@ -10,6 +10,7 @@ from minilm.errors import ConfigError
 from minilm.model.attention import Attention, AttentionMask, reference_attention
 from minilm.positions import PositionDims, build_position, compute_rope, validate_position
 from minilm.positions.absolute import SequenceTooLong, sinusoid
+from minilm.positions.base import positions_like
 from minilm.positions.bias import t5_bucket
 from minilm.positions.rotary import Rope, RopeParams, apply_rotary, cos_sin_tables
 from minilm.positions.training_free import build_extension
@@ -100,6 +101,10 @@ def test_a_boolean_is_not_an_integer_parameter(key):
     name = "learned" if key == "max_positions" else "conv"
     with pytest.raises(ConfigError, match=rf"model\.position\.{key}: must be int, got True"):
         validate_position({"name": name, key: True})
+
+
+def test_positions_like_starts_at_the_offset():
+    assert torch.equal(positions_like(torch.zeros(2, 4, 8), offset=3), torch.tensor([[3, 4, 5, 6]]))
 
 
 # -------------------------------------------------------------------------------------------------- rotary
