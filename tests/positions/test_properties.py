@@ -103,6 +103,12 @@ def test_a_boolean_is_not_an_integer_parameter(key):
         validate_position({"name": name, key: True})
 
 
+def test_null_for_a_required_parameter_names_the_key():
+    # `max_bias:` left empty in YAML is null: a ConfigError naming the key, not a TypeError from a comparison
+    with pytest.raises(ConfigError, match=r"model\.position\.max_bias: must not be null"):
+        validate_position({"name": "alibi", "max_bias": None})
+
+
 def test_positions_like_starts_at_the_offset():
     assert torch.equal(positions_like(torch.zeros(2, 4, 8), offset=3), torch.tensor([[3, 4, 5, 6]]))
 
