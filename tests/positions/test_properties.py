@@ -273,3 +273,16 @@ def test_reference_attention_adds_shaw_s_value_term():
         want = torch.einsum("bhts,bhtsd->bhtd", alpha, v[:, :, None] + pos.rel_v[idx])
         got = reference_attention(q, k, v, pos, p, p, mask)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_transformer_xl_embeds_distances_with_its_base():
+    """(b) + (c) + (d) = (q_i + v)·W_{K,R} R_{i−j} + u·k_j, scaled by 1/√Dh, R the sinusoids of model.position.base."""
+    txl = perturb(attention_hook("transformer_xl", base=100.0))
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, 1, 8, generator=g), torch.randn(1, 4, 6, 8, generator=g)
+    q_pos, k_pos = torch.tensor([[5]]), torch.arange(6)[None]
+    with torch.no_grad():
+        r = txl.w_kr(sinusoid(5 - torch.arange(6), 32, base=100.0)).view(6, 4, 8)  # (S, H, Dh): W_{K,R} R_{i−j}
+        want = (torch.einsum("hd,shd->hs", q[0, :, 0] + txl.v, r) + torch.einsum("hd,hsd->hs", txl.u, k[0])) / 8**0.5
+        got = txl.score(q, k, q_pos, k_pos, None)[0, :, 0]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
