@@ -381,3 +381,32 @@ def test_a_variant_edited_after_it_finished_is_refused_with_the_study_remedy(tmp
     assert _study([study_file, "--out", out, "--resume"]) == 2
     err = capsys.readouterr().err
     assert "'a': --resume: phase 'long' finished with optim.lr" in err and "delete that phase's directory" in err
+
+
+def test_mean_sd_is_the_sample_sd_over_the_measured_values():
+    from minilm.study import mean_sd
+
+    assert mean_sd([1.0, None, 3.0]) == {"mean": 2.0, "sd": pytest.approx(2 ** 0.5), "n": 2}  # n - 1 in the sd
+    assert mean_sd([5.0]) == {"mean": 5.0, "sd": 0.0, "n": 1} and mean_sd([None]) is None
+
+
+def test_a_table_cell_shows_sd_and_how_many_seeds_it_averages_when_some_are_missing():
+    from minilm.study import _cell
+
+    assert _cell({"mean": 1.5, "sd": 0.25, "n": 2}, 2, 3) == "1.50 ± 0.25 (n=2)"
+    assert _cell({"mean": 1.5, "sd": 0.25, "n": 3}, 2, 3) == "1.50 ± 0.25"
+    assert _cell({"mean": -0.5, "sd": 0.0, "n": 1}, 1, 1, sign="+") == "-0.5" and _cell(None, 2, 3) == "–"
+
+
+def test_paired_differences_are_other_minus_reference_per_seed_on_the_last_phase():
+    from minilm.study import paired_differences
+
+    def variant(losses_by_seed, ppl_by_seed):
+        runs = {f"v/seed{s}": {"seed": s, "val_loss": {"pre": 9.0, "ext": loss}} for s, loss in losses_by_seed.items()}
+        return {"runs": runs}, {s: {"ppl": {"64": p}} for s, p in ppl_by_seed.items()}
+
+    ref = variant({1: 2.0, 2: 3.0}, {1: 10.0, 2: 20.0})
+    other = variant({1: 2.5, 2: 3.0}, {1: 12.0})  # seed 2 has no evaluation: only seed 1 is paired for ppl
+    diffs = paired_differences(ref, other)
+    assert diffs["val_loss"]["mean"] == pytest.approx(0.25) and diffs["val_loss"]["n"] == 2
+    assert diffs["ppl@64"] == {"mean": 2.0, "sd": 0.0, "n": 1}
