@@ -46,7 +46,8 @@ def test_sinusoidal_and_multiplicative_use_their_base():
     table = sinusoid(p, 16, base=100.0)
     assert not torch.allclose(table, sinusoid(p, 16))  # the base matters at these positions
     assert torch.allclose(embedding_hook("sinusoidal", base=100.0).embed(x, p), x + table)
-    assert torch.allclose(embedding_hook("multiplicative", base=100.0, amplitude=0.5).embed(x, p), x * (1 + 0.5 * table))
+    multiplicative = embedding_hook("multiplicative", base=100.0, amplitude=0.5)
+    assert torch.allclose(multiplicative.embed(x, p), x * (1 + 0.5 * table))
 
 
 def test_complex_order_frequencies_start_at_the_sinusoidal_ones():
@@ -286,3 +287,23 @@ def test_transformer_xl_embeds_distances_with_its_base():
         want = (torch.einsum("hd,shd->hs", q[0, :, 0] + txl.v, r) + torch.einsum("hd,hsd->hs", txl.u, k[0])) / 8**0.5
         got = txl.score(q, k, q_pos, k_pos, None)[0, :, 0]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_logn_scales_the_queries_of_a_layer_that_does_not_rotate():
+    # NoPE layers of nope_every get plain attention, but log-n still multiplies their queries by max(1, log n/log L)
+    rope = Rope(RopeParams(nope_every=1), PositionDims(16, 2, 2, 8, 1))
+    assert not rope.rotates
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 12, 8, generator=g) for _ in range(3))
+    p, mask = torch.arange(12)[None], AttentionMask()
+    got = build_extension("logn", {"train_len": 4}).attend(q, k, v, rope, p, p, mask)
+    scale = (torch.log(torch.arange(12.0) + 1) / math.log(4)).clamp(min=1)
+    want = reference_attention(q * scale[:, None], k, v, rope, p, p, mask)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_validate_position_with_a_head_size_checks_the_rotary_dimensions():
+    # a phase's block is validated with the head size when the config loads: 0.1 of 8 rotates no dimension
+    with pytest.raises(ConfigError, match=r"model\.position\.fraction: .* rotates 0 dimensions"):
+        validate_position({"name": "rope", "fraction": 0.1}, head_dim=8)
+    validate_position({"name": "rope", "fraction": 0.1}, head_dim=64)  # 6 dimensions: fine
