@@ -110,6 +110,18 @@ def test_null_for_a_required_parameter_names_the_key():
         validate_position({"name": "alibi", "max_bias": None})
 
 
+def test_a_block_without_a_name_lists_the_registered_encodings():
+    with pytest.raises(ConfigError, match=r"model\.position\.name: missing; registered encodings: learned, "):
+        validate_position({"base": 500.0})
+
+
+@pytest.mark.parametrize("gamma", [0.0, -0.5])
+def test_xpos_refuses_a_gamma_that_is_not_positive(gamma):
+    # ζ_0 = γ/(1 + γ) must lie in (0, 1): γ = 0 gives ζ_0 = 0, whose decay is 0 or inf
+    with pytest.raises(ConfigError, match=r"model\.position\.gamma: must be > 0"):
+        validate_position({"name": "xpos", "gamma": gamma})
+
+
 def test_positions_like_starts_at_the_offset():
     assert torch.equal(positions_like(torch.zeros(2, 4, 8), offset=3), torch.tensor([[3, 4, 5, 6]]))
 
