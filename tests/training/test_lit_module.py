@@ -298,3 +298,25 @@ def test_adamw_decays_matrices_toward_zero_and_leaves_norms_and_biases_alone():
         factor = 1 - 0.1 * 0.5 if p.dim() >= 2 else 1.0
         torch.testing.assert_close(p.detach(), before[name] * factor, msg=name)
     assert any(p.dim() < 2 for p in model.parameters())  # the model has norms or biases to leave alone
+
+
+@pytest.mark.parametrize("losses, val_loss, ppl", [((1.0, 3.0), 2.0, 7.38905609893065),
+                                                    ((100.0, 60.0), 80.0, 5.184705528587072e21)])  # fmt: skip
+def test_validation_logs_the_mean_loss_and_its_perplexity_capped_at_e50(losses, val_loss, ppl):
+    """val/loss is the mean over the validation batches; val/ppl = exp(val/loss), capped at exp(50) so a diverged
+    model logs a number, not inf."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    module = _module()
+    module.trainer = None
+    batches = [{"input_ids": torch.zeros(1, 4, dtype=torch.long), "targets": torch.full((1, 4), i)}
+               for i in range(len(losses))]  # fmt: skip
+    module.loss_fn = lambda ids, targets, **k: torch.tensor(losses[int(targets[0, 0])])
+    logged = {}
+    module.log_scalars = logged.update
+    trainer = L.Trainer(logger=False, accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False)  # fmt: skip
+    trainer.validate(module, DataLoader(batches, batch_size=None), verbose=False)
+    assert logged["val/loss"] == pytest.approx(val_loss) and logged["val/ppl"] == pytest.approx(ppl)
