@@ -445,3 +445,21 @@ def test_micro_batch_size_must_divide_the_batch():
 def test_min_lr_ratio_accepts_both_ends_of_its_range(ratio):
     """[0, 1]: 0 decays to zero, 1 keeps the peak lr after warmup (no decay)."""
     assert load_config(overrides=[f"optim.min_lr_ratio={ratio}"]).optim.min_lr_ratio == ratio
+
+
+def test_micro_batch_size_null_means_the_whole_batch():
+    from minilm.config import micro_batch_size
+
+    assert micro_batch_size(load_config(overrides=["train.batch_size=8"]).train) == 8
+    assert micro_batch_size(load_config(overrides=["train.batch_size=8", "train.micro_batch_size=2"]).train) == 2
+
+
+def test_an_odd_head_size_is_refused_for_every_encoding():
+    with pytest.raises(ConfigError, match=r"model\.d_model: d_model / n_heads must be even, got 3"):
+        load_config(overrides=["model.d_model=6", "model.n_heads=2", "model.position={name: alibi}"])
+
+
+@pytest.mark.parametrize("fraction", [0, 1])
+def test_val_fraction_must_hold_out_some_documents_and_keep_some(fraction):
+    with pytest.raises(ConfigError, match=r"data\.val_fraction: must be in \(0, 1\)"):
+        load_config(overrides=[f"data.val_fraction={fraction}"])
