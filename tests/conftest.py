@@ -15,6 +15,13 @@ REPO = Path(__file__).resolve().parents[1]
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+def pytest_runtest_setup(item):
+    """A gpu-marked test selected without a CUDA device (``-m "not slow"`` replaces the default ``-m`` that leaves
+    them out) is skipped, saying why, instead of failing in its first ``.cuda()``."""
+    if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (marked gpu)")
+
+
 @pytest.fixture
 def tiny_text_dir(tmp_path: Path) -> Path:
     """A few dozen small Python-like documents: enough to train a tokenizer and a few steps, in seconds."""
