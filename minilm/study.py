@@ -290,8 +290,7 @@ def _check_data(cfgs: dict[str, DictConfig], todo: list[StudyRun]) -> None:
     """Prepare every run's data and build each phase's samplers before anything trains, as ``run_phases`` does for
     one run: a variant whose data fails (a missing file, no document long enough for its long_fraction) is refused
     now, not after the variants before it have trained. Preparation is cached, so the runs pay nothing twice."""
-    from minilm.data import load_corpus
-    from minilm.training.phases import check_phase_data
+    from minilm.data import check_phase_data, load_corpus
 
     corpora = {}  # one load per distinct data section
     for r in todo:

@@ -20,7 +20,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from minilm.cli import add_config_args, run_cli  # noqa: E402
-from minilm.errors import MinilmError  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:
@@ -42,7 +41,7 @@ def report(config: str | None, overrides: list[str], progress: bool = True) -> N
     import numpy as np
 
     from minilm.config import load_config, phase_config, phase_names
-    from minilm.data import format_stats, load_corpus, long_share, make_sampler, parse_sources, validation_batches
+    from minilm.data import check_phase_data, format_stats, load_corpus, long_share, parse_sources
 
     cfg = load_config(config, overrides)
     corpus = load_corpus(cfg.data, progress=progress)
@@ -60,11 +59,7 @@ def report(config: str | None, overrides: list[str], progress: bool = True) -> N
         print(f"  phase {name}: seq_len {t.seq_len}, long_fraction {d.long_fraction}: "
               f"{long_share(store, min_tokens, sampled):.1%} of the train tokens of {', '.join(sampled)} are in "
               f"the {n_long} docs >= {min_tokens} tokens")  # fmt: skip
-        try:  # what training checks before any phase starts (minilm.training.phases.check_phase_data)
-            make_sampler(corpus, "train", d, t.seq_len, t.batch_size, pcfg.run.seed, name)
-            validation_batches(corpus, d, t.seq_len, t.batch_size, 0, pcfg.run.seed)
-        except MinilmError as e:
-            raise MinilmError(f"phase '{name}': {e}") from None
+        check_phase_data(corpus, pcfg, name)  # what training checks before any phase starts
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ See docs/data.md for the design, the cache layout and the measured preparation s
 """
 
 from minilm.data.prepare import Corpus, TokenStore, corpus_stats, format_stats, held_out, load_corpus, long_share
-from minilm.data.sampler import IGNORE, Sampler, make_sampler, synthetic_style, validation_batches
+from minilm.data.sampler import IGNORE, Sampler, check_phase_data, make_sampler, synthetic_style, validation_batches
 from minilm.data.sources import EmbeddedSource, FilesSource, HfSource, parse_sources, stdlib_files
 from minilm.data.synthetic import make_kv_sample, make_passkey_sample, make_sample
 from minilm.data.tokenizer import Tokenizer
@@ -23,6 +23,7 @@ __all__ = [
     "load_corpus",
     "make_sampler",
     "validation_batches",
+    "check_phase_data",
     "long_share",
     "corpus_stats",
     "format_stats",

@@ -326,3 +326,16 @@ def validation_batches(corpus: Corpus, data_cfg: Any, seq_len: int, batch_size: 
                 restart_positions=data_cfg.restart_positions, split="val",
                 rank=rank, world_size=world_size)  # fmt: skip
     return [s.batch(i) for i in range(n_batches)]
+
+
+def check_phase_data(corpus: Corpus, pcfg: Any, phase: str) -> None:
+    """Build phase ``phase``'s samplers once (``pcfg``: its config, minilm.config.phase_config), so that what only
+    its data can refuse (too few tokens for a batch, no document long enough for its long_fraction, every source
+    weighted 0) fails before any phase trains — in train.py, a study and prepare_data.py alike — not when the phase
+    is reached after the earlier ones have run."""
+    t = pcfg.train
+    try:
+        make_sampler(corpus, "train", pcfg.data, t.seq_len, t.batch_size, pcfg.run.seed, phase)
+        validation_batches(corpus, pcfg.data, t.seq_len, t.batch_size, 0, pcfg.run.seed)
+    except DataError as e:
+        raise DataError(f"phase '{phase}': {e}") from None

@@ -261,21 +261,6 @@ def _has_outputs(run_dir: Path, names: list[str]) -> bool:
     return any(phase_dir(run_dir, n).exists() for n in names)
 
 
-def check_phase_data(corpus, pcfg, phase: str) -> None:
-    """Build the phase's samplers once, so that what only its data can refuse (too few tokens for a batch, no
-    document long enough for its long_fraction, every source weighted 0) fails before any phase trains, not when
-    the phase is reached after the earlier ones have run."""
-    from minilm.data import make_sampler, validation_batches
-    from minilm.errors import DataError
-
-    t = pcfg.train
-    try:
-        make_sampler(corpus, "train", pcfg.data, t.seq_len, t.batch_size, pcfg.run.seed, phase)
-        validation_batches(corpus, pcfg.data, t.seq_len, t.batch_size, 0, pcfg.run.seed)
-    except DataError as e:
-        raise DataError(f"phase '{phase}': {e}") from None
-
-
 def _check_resumed_sampler(corpus, pcfg, phase: str, run_dir: Path) -> None:
     """--resume into a phase with a checkpoint: its data sampler must be the one the checkpoint trained with
     (same seed, sampling settings and corpus), checked before run.dir's config.yaml is rewritten. Lightning checks
@@ -387,7 +372,7 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     a model section that differs from the run's on --resume, finished phases the config now trains differently,
     bad data), then create run.dir. ``pcfgs``: each phase's config (``phase_config``), in order. Returns the
     corpus."""
-    from minilm.data import load_corpus
+    from minilm.data import check_phase_data, load_corpus
 
     names = list(pcfgs)
     if start_phase is not None and start_phase not in names:
