@@ -66,8 +66,15 @@ def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
     return ckpt_dir / f"step-{step:08d}.ckpt"
 
 
-def latest_good_checkpoint(ckpt_dir: Path, log: Callable[[str], None] = print) -> Optional[Path]:
-    """The newest checkpoint that loads; corrupt ones are reported and skipped (the previous good one wins)."""
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint named by ``checkpoint_path`` was written at."""
+    return int(CKPT_PATTERN.match(path.name).group(1))
+
+
+def load_latest_good_checkpoint(ckpt_dir: Path, log: Callable[[str], None] = print) -> tuple[Optional[Path], dict]:
+    """The newest checkpoint that loads, and what it holds ((None, {}) when there is none); corrupt ones are
+    reported and skipped (the previous good one wins). Loading is the check, so a caller that reads the checkpoint
+    takes it from here rather than loading it a second time."""
     for step, path in reversed(list_checkpoints(ckpt_dir)):
         try:
             ckpt = load_checkpoint_dict(path)
@@ -77,8 +84,13 @@ def latest_good_checkpoint(ckpt_dir: Path, log: Callable[[str], None] = print) -
         if "state_dict" not in ckpt:
             log(f"warning: checkpoint {path} has no model state; falling back to the previous checkpoint")
             continue
-        return path
-    return None
+        return path, ckpt
+    return None, {}
+
+
+def latest_good_checkpoint(ckpt_dir: Path, log: Callable[[str], None] = print) -> Optional[Path]:
+    """The newest checkpoint that loads (``load_latest_good_checkpoint``'s path)."""
+    return load_latest_good_checkpoint(ckpt_dir, log)[0]
 
 
 STALE_TMP = re.compile(r"^\.step-\d+\.ckpt\.(\d+)\.tmp$")  # atomic_write's temporary file of a checkpoint

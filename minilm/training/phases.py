@@ -21,7 +21,7 @@ import socket
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import lightning as L
 import torch
@@ -43,12 +43,13 @@ from minilm.model import GPT
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
 from minilm.training.checkpoint import (
-    CKPT_PATTERN,
     AtomicCheckpointIO,
     atomic_torch_save,
     checkpoint_path,
+    checkpoint_step,
     latest_good_checkpoint,
     load_checkpoint_dict,
+    load_latest_good_checkpoint,
     load_weights,
     prune_checkpoints,
     read_weights,
@@ -261,40 +262,27 @@ def _has_outputs(run_dir: Path, names: list[str]) -> bool:
     return any(phase_dir(run_dir, n).exists() for n in names)
 
 
-def _check_resumed_sampler(corpus, pcfg, phase: str, run_dir: Path) -> None:
-    """--resume into a phase with a checkpoint: its data sampler must be the one the checkpoint trained with
-    (same seed, sampling settings and corpus), checked before run.dir's config.yaml is rewritten. Lightning checks
-    again when it restores the checkpoint (PhaseData.load_state_dict)."""
+def _check_interrupted_phase(corpus, pcfg, phase: str, run_dir: Path) -> Optional[Path]:
+    """--resume into a phase that has not finished: its newest good checkpoint (returned; None: the phase starts
+    afresh) must be one the config can continue — within the phase's steps, trained by the same settings
+    (``_check_trained_with``) and with the same data sampler (seed, sampling settings, corpus) — checked before
+    run.dir's config.yaml is rewritten. Lightning checks the sampler again when it restores the checkpoint
+    (PhaseData.load_state_dict)."""
     from minilm.data import make_sampler
 
-    ckpt = latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
-    if ckpt is not None and (at := int(CKPT_PATTERN.match(ckpt.name).group(1))) > phase_steps(pcfg):
+    ckpt, state = load_latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
+    if ckpt is None:
+        return None
+    if (at := checkpoint_step(ckpt)) > phase_steps(pcfg):
         # Lightning would restore step `at` >= max_steps, train nothing, and the phase would be marked finished
         # with more steps in its weights than its config and complete.json say
         raise MinilmError(f"--resume: phase '{phase}' has a checkpoint at step {at} ({ckpt}), beyond the "
                           f"{phase_steps(pcfg)} steps the config now gives it; give it at least {at} steps, or "
                           f"retrain it with --phase {phase}")  # fmt: skip
-    state = load_checkpoint_dict(ckpt) if ckpt else {}
-    trained = state.get(TRAINED_WITH)  # None: no checkpoint, or one written before the config was saved in it
-    if trained is not None:
-        # Lightning restores the optimizer's lr, betas and weight decay and the schedule's base lr from the
-        # checkpoint, and the position settings would change under weights trained with the old ones: a changed
-        # value was silently ignored (or applied halfway), while config.yaml recorded it for the whole phase
-        now = _what_trains(pcfg)
-        diff = next((d for key in trained if (d := _first_difference(trained[key], now.get(key), key))
-                     and d[0] not in PHASE_LENGTH), None)  # fmt: skip
-        was, micro = trained["train"]["micro_batch_size"] or trained["train"]["batch_size"], micro_batch_size(
-            pcfg.train)
-        if diff is None and was != micro:  # a how-not-what elsewhere, but Lightning restores its loop in micro-batches:
-            # at another count per step the restored position falls mid-step, and steps mix rows of two batches
-            diff = ("train.micro_batch_size", was, micro)
-        if diff:
-            raise MinilmError(f"--resume: phase '{phase}' was interrupted training with {diff[0]} = {diff[1]!r} "
-                              f"({ckpt}), the config now says {diff[2]!r}; resume with the value it trained with, "
-                              f"or retrain the phase with --phase {phase}")  # fmt: skip
+    _check_trained_with(state.get(TRAINED_WITH), pcfg, phase, ckpt)
     saved = state.get(PhaseData.__qualname__, {}).get("sampler")
-    if saved is None:  # no checkpoint, or one written before the sampler's identity was saved
-        return
+    if saved is None:  # a checkpoint written before the sampler's identity was saved
+        return ckpt
     t = pcfg.train
     sampler = make_sampler(corpus, "train", pcfg.data, t.seq_len, t.batch_size, pcfg.run.seed, phase,
                            rank=saved.get("rank", 0), world_size=saved.get("world_size", 1))  # fmt: skip
@@ -302,6 +290,29 @@ def _check_resumed_sampler(corpus, pcfg, phase: str, run_dir: Path) -> None:
         sampler.load_state_dict(saved)
     except MinilmError as e:
         raise MinilmError(f"--resume: phase '{phase}' ({ckpt}): {e}") from None
+    return ckpt
+
+
+def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path) -> None:
+    """What the interrupted phase's checkpoint trained by (``_what_trains``; None: a checkpoint written before it
+    was saved there) must be what the config says now, but for the phase's length. Lightning restores the
+    optimizer's lr, betas and weight decay and the schedule's base lr from the checkpoint, and the position settings
+    would change under weights trained with the old ones: a changed value was silently ignored (or applied halfway),
+    while config.yaml recorded it for the whole phase."""
+    if trained is None:
+        return
+    now = _what_trains(pcfg)
+    diff = next((d for key in trained if (d := _first_difference(trained[key], now.get(key), key))
+                 and d[0] not in PHASE_LENGTH), None)  # fmt: skip
+    was = trained["train"]["micro_batch_size"] or trained["train"]["batch_size"]  # (a plain dict: as micro_batch_size)
+    micro = micro_batch_size(pcfg.train)
+    if diff is None and was != micro:  # a how-not-what elsewhere, but Lightning restores its loop in micro-batches:
+        # at another count per step the restored position falls mid-step, and steps mix rows of two batches
+        diff = ("train.micro_batch_size", was, micro)
+    if diff:
+        raise MinilmError(f"--resume: phase '{phase}' was interrupted training with {diff[0]} = {diff[1]!r} "
+                          f"({ckpt}), the config now says {diff[2]!r}; resume with the value it trained with, "
+                          f"or retrain the phase with --phase {phase}")  # fmt: skip
 
 
 class ChangedPhaseError(MinilmError):
@@ -367,11 +378,11 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
 
 
 def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
-              init: Optional[str] = None):  # fmt: skip
+              init: Optional[str] = None) -> tuple[Any, dict[str, Path]]:  # fmt: skip
     """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
     a model section that differs from the run's on --resume, finished phases the config now trains differently,
     bad data), then create run.dir. ``pcfgs``: each phase's config (``phase_config``), in order. Returns the
-    corpus."""
+    corpus and, on --resume, the checkpoint each interrupted phase continues from (checked here)."""
     from minilm.data import check_phase_data, load_corpus
 
     names = list(pcfgs)
@@ -400,13 +411,15 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     if init is None:  # --phase: the weights it starts from are the earlier phases' finished ones
         for n in [n for n in names[:start] if is_complete(run_dir, n)]:
             check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}", carries_optimizer(cfg, n))
+    resume_from = {}
     for i, n in enumerate(names[start:], start):
         check_phase_data(corpus, pcfgs[n], n)
         carry = carries_optimizer(cfg, n)
         if resume and is_complete(run_dir, n):
             check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry)
         elif resume:
-            _check_resumed_sampler(corpus, pcfgs[n], n, run_dir)
+            if (ckpt := _check_interrupted_phase(corpus, pcfgs[n], n, run_dir)) is not None:
+                resume_from[n] = ckpt
         if carry and init is not None and i == start:
             raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
                               f"previous phase's optimizer moments; add phases.{n}.carry_optimizer=false")
@@ -419,7 +432,7 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MinilmError(f"run.dir {run_dir} cannot be created ({e.strerror}); set run.dir to a writable path")
-    return corpus
+    return corpus, resume_from
 
 
 def run_phases(
@@ -437,7 +450,7 @@ def run_phases(
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
     if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
         log(f"--resume: {run_dir} holds no run yet; starting one")  # but say that nothing was resumed
-    corpus = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init)
+    corpus, resume_from = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init)
     for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
         if ((start_phase and not resume) or not is_complete(run_dir, n)) and (msg := warmup_warning(cfg, n)):
             log(f"warning: {msg}")
@@ -464,7 +477,8 @@ def run_phases(
         offset = sum(phase_steps(pcfgs[n]) for n in names[:start])
         # --resume / --phase: the events the earlier process logged past the point training restarts from are
         # dropped by TensorBoard (a SessionLog.START at purge_step), so they are not drawn twice
-        purge = _tensorboard_purge_step(run_dir, names[start:], pcfgs, offset) if resume or start_phase else None
+        restarted = resume or start_phase is not None
+        purge = _tensorboard_purge_step(run_dir, names[start:], pcfgs, offset, resume_from) if restarted else None
         tb_logger = _RunLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False,
                                purge_step=purge)  # fmt: skip
         tokens = sum(_phase_tokens(pcfgs[n]) for n in names[:start])
@@ -491,15 +505,17 @@ def run_phases(
     return run_dir
 
 
-def _tensorboard_purge_step(run_dir: Path, names: list[str], pcfgs: dict, offset: int) -> Optional[int]:
+def _tensorboard_purge_step(run_dir: Path, names: list[str], pcfgs: dict, offset: int,
+                            resume_from: dict[str, Path]) -> Optional[int]:  # fmt: skip
     """The first run step that training from here logs again: the step after the checkpoint the first unfinished
-    phase resumes from (its own steps up to the checkpoint were logged, and are not logged again), or the step after
-    its start when it starts afresh (the previous phase's last step shares that step; the phase's validation before
-    its first step is then logged a second time, with the same value). None when every phase is finished."""
+    phase resumes from (``resume_from``, as _open_run found it; its own steps up to the checkpoint were logged, and
+    are not logged again), or the step after its start when it starts afresh (the previous phase's last step shares
+    that step; the phase's validation before its first step is then logged a second time, with the same value).
+    None when every phase is finished."""
     for n in names:
         if not is_complete(run_dir, n):
-            ckpt = latest_good_checkpoint(phase_dir(run_dir, n) / "checkpoints", log=lambda msg: None)
-            at = offset + (int(CKPT_PATTERN.match(ckpt.name).group(1)) if ckpt else 0)
+            ckpt = resume_from.get(n)
+            at = offset + (checkpoint_step(ckpt) if ckpt else 0)
             return at + 1 if at else 0  # step 0 is the run's first event: nothing before it to keep
         offset += phase_steps(pcfgs[n])
     return None
