@@ -733,11 +733,10 @@ def validate(cfg: DictConfig) -> None:
 
     validate_position(m.position, where="model.position", head_dim=head_dim(m))
     validate_eval(cfg.eval)
-    for name in cfg.phases:
+    for name in cfg.phases:  # raises with the phase's name on a bad name or any bad override
         _check(PHASE_NAME.fullmatch(name) is not None and name not in RESERVED_PHASE_NAMES, "phases",
                f"bad phase name {name!r}: a phase trains in the directory run.dir/<name>, so a name has letters, "
                f"digits, '_' and '-' (not first) only, and is not {' or '.join(RESERVED_PHASE_NAMES)}")  # fmt: skip
-    for name in cfg.phases:  # raises with the phase's name on any bad override
         _validate_data(phase_config(cfg, name).data, where=f"phases.{name}.data")
     first = next(iter(cfg.phases), None)
     _check(

@@ -245,9 +245,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
         raise MinilmError(f"--only {unknown[0]}: no such variant in {study.path}; variants are: {', '.join(names)}")
     from minilm.training.phases import ChangedPhaseError, check_writable_dir, is_primary_process
 
-    if out_dir.exists() and not out_dir.is_dir():  # else each run's run.dir check advises setting run.dir, refused here
-        raise MinilmError(f"{out_dir}: is a file; the study's runs go into a directory: choose another --out")
-    check_writable_dir(out_dir, "--out")  # (likewise)
+    check_writable_dir(out_dir, "--out")  # else each run's run.dir check advises setting run.dir, refused here
     runs = study_runs(study)
     cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
     todo = [r for r in runs if not only or r.variant in only]
