@@ -294,6 +294,8 @@ def _shape_errors(node: DictConfig, prefix: str = "") -> List[str]:
                 out.append(f"'{key}' must be a mapping of keys, got {shown!r}")
         elif typing.get_origin(t) is list and v is not None and not isinstance(v, ListConfig):
             out.append(f"'{key}' must be a list such as [a, b], got {shown!r}")
+        elif t is bool and isinstance(v, (int, float)) and not isinstance(v, bool):
+            out.append(f"'{key}' must be true or false, got {shown!r}")  # OmegaConf reads any nonzero number as true
     return out
 
 

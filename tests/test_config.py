@@ -372,6 +372,18 @@ def test_a_nested_key_of_the_wrong_shape_is_named(override, message):
     assert load_config(overrides=["phases.a.steps=3", "phases.a.eval_lengths=null"]).phases.a.eval_lengths is None
 
 
+def test_a_switch_is_true_or_false_not_a_number(tmp_path):
+    """OmegaConf reads any nonzero number as true: ``train.compile=2`` compiled, ``compile: 0.5`` too."""
+    for override in ("train.compile=2", "train.compile=0", "phases.a.carry_optimizer=1"):
+        key = override.split("=")[0]
+        with pytest.raises(ConfigError, match=f"command line: '{re.escape(key)}' must be true or false"):
+            load_config(overrides=["phases.a.steps=3", override])
+    (tmp_path / "s.yaml").write_text("model:\n  tie_embeddings: 0.5\n")
+    with pytest.raises(ConfigError, match=r"s\.yaml: 'model.tie_embeddings' must be true or false, got 0.5"):
+        load_config(tmp_path / "s.yaml")
+    assert load_config(overrides=["train.compile=yes", "model.tie_embeddings=false"]).train.compile is True
+
+
 def test_a_nested_key_of_the_wrong_shape_is_named_with_its_file(tmp_path):
     (tmp_path / "e.yaml").write_text("eval:\n  lengths: 128\n")
     with pytest.raises(ConfigError, match=r"e\.yaml: 'eval.lengths' must be a list"):
