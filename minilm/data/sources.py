@@ -180,8 +180,11 @@ def _expand_globs(spec: FilesSource, where: str) -> List[Path]:
             hint = f"; {dirs[0]} is a directory: '{dirs[0]}/**/*' reads the files under it" if dirs else ""
             raise DataError(f"{where}.paths: the glob {pattern!r} matches no file (cwd: {os.getcwd()}){hint}")
         files.extend(matches)
+    # one file once, by its real path: a symlink to a file of the corpus (latest.txt -> v3.txt), two overlapping
+    # patterns, or a symlink to a parent directory (which ** follows, down to the OS's 40-link limit) would
+    # otherwise train on the same text again and again; the first name in pattern then sorted order is kept
     seen: set = set()
-    return [p for p in files if not (p in seen or seen.add(p))]
+    return [p for p in files if not (p.resolve() in seen or seen.add(p.resolve()))]
 
 
 def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
@@ -264,7 +267,7 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool)
             if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
                 docs.skipped[problem] += 1
                 continue
-            ds = _load_dataset(where, builder, None, "train", [str(path)], False)
+            ds = _load_dataset(where, builder, None, "train", [str(path)], False, local=True)
             _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=str(path), file=str(path))
     if spec.max_docs is not None:
         docs.names, docs.texts = docs.names[: spec.max_docs], docs.texts[: spec.max_docs]
@@ -332,7 +335,8 @@ def _read_hf(name: str, spec: HfSource, where: str) -> SourceDocs:
     if data_files is None and _saved_to_disk(Path(path)):
         ds = _load_from_disk(where, Path(path), spec.split)
     else:
-        ds = _load_dataset(where, path, spec.name, spec.split, data_files, spec.streaming)
+        ds = _load_dataset(where, path, spec.name, spec.split, data_files, spec.streaming,
+                           local=bool(_hf_local_files(spec)))  # fmt: skip
     docs = SourceDocs([], [], Counter())
     _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=f"{spec.path}/{spec.name}/{spec.split}",
                     file=spec.path if spec.data_files is None else f"{spec.path} data_files={spec.data_files}",
@@ -363,11 +367,18 @@ def _load_from_disk(where: str, path: Path, split: str):
     return ds
 
 
-def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_files: Any, streaming: bool):
+def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_files: Any, streaming: bool,
+                  local: bool = False):  # fmt: skip
+    """``local``: the dataset is built from local files, which are then read afresh. datasets caches the Arrow
+    conversion of local files keyed by their mtime alone, so a file rewritten with another content but the same
+    mtime (unpacked from an archive, copied with ``cp -p``) was served from that cache: a corpus prepared again
+    because the file's size changed held the old records. (Verification off: the sizes datasets recorded for the
+    old contents would refuse the new ones.)"""
     import datasets
 
+    fresh = {"download_mode": "force_redownload", "verification_mode": "no_checks"} if local else {}
     try:
-        return datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming)
+        return datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming, **fresh)
     except Exception as e:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError...)
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}) failed: "

@@ -1,0 +1,48 @@
+"""A user's own corpus: symlinks, local record files that change, errors that say what went wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from minilm.data import load_corpus
+from minilm.data.sources import parse_sources, read_source
+from tests.data.conftest import make_data_cfg
+
+
+def _read(name: str, entry: dict):
+    return read_source(name, parse_sources({name: entry})[name], progress=False)
+
+
+def test_a_file_reached_through_symlinks_is_read_once(tmp_path):
+    """A symlink to a file of the corpus and a symlink loop (``ln -s . loop``, which ``**`` follows down to the
+    OS's link limit) must not put the same text into the corpus again and again."""
+    root = tmp_path / "corpus"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_text("alpha document\n")
+    (root / "sub" / "b.md").write_text("beta document\n")
+    os.symlink("a.txt", root / "latest.txt")
+    os.symlink(".", root / "sub" / "loop")
+    docs = _read("mine", {"kind": "files", "paths": [f"{root}/**/*", f"{root}/a.txt"]})
+    assert sorted(docs.texts) == ["alpha document\n", "beta document\n"]
+    assert docs.names == [str(root / "a.txt"), str(root / "sub" / "b.md")]  # the first name in sorted order
+
+
+@pytest.mark.parametrize("kind", ["files", "hf"])
+def test_a_record_file_rewritten_with_its_old_mtime_is_read_afresh(tmp_path, kind):
+    """datasets caches a local file's records keyed by its mtime alone: a .jsonl replaced by another one with the
+    same mtime (unpacked from an archive, ``cp -p``) changes the corpus key (its size changed) but was read back
+    from that cache, so the corpus prepared again held the old records: training on stale text, silently."""
+    path = tmp_path / "recs.jsonl"
+    entry = {"kind": "files", "paths": [str(path)]} if kind == "files" else {"kind": "hf", "path": str(path)}
+    texts = {}
+    for version, records in (("old", ["the old record one", "the old record two"]),
+                             ("new", ["a new record, longer than the old ones", "new two", "new three"])):  # fmt: skip
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in records))
+        os.utime(path, ns=(1_600_000_000_000_000_000,) * 2)
+        corpus = load_corpus(make_data_cfg(tmp_path, {"recs": entry}), progress=False)
+        texts[version] = sorted(corpus.tokenizer.decode(s.doc(i)[:-1].tolist()) for s in (corpus.train, corpus.val)
+                                for i in range(s.n_docs))  # fmt: skip
+    assert texts["new"] == sorted(["a new record, longer than the old ones", "new two", "new three"])
