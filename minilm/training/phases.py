@@ -488,6 +488,7 @@ def run_phases(
         try:
             for n in names[start:]:
                 pcfg, steps = pcfgs[n], phase_steps(pcfgs[n])
+                _wait_for_primary()
                 if is_complete(run_dir, n):
                     log(f"phase '{n}' is complete; skipping")
                     load_weights(model, phase_dir(run_dir, n) / "model.safetensors")
@@ -503,6 +504,18 @@ def run_phases(
             tb_logger.close()
     log(f"done: {run_dir / 'model.safetensors'}")
     return run_dir
+
+
+def _wait_for_primary() -> None:
+    """Under DDP, hold every rank here until rank 0 has finished the previous phase: only rank 0 writes its files
+    (weights, optimizer.pt, complete.json) and evaluates it, while the other ranks went straight on to the next
+    phase, where one with carry_optimizer read optimizer.pt before rank 0 had written it ("left no optimizer
+    state"). Every rank calls this at the same points (the process group exists once a phase has trained, on all
+    ranks alike); a no-op in one process. Not after the last phase: nothing reads its files, and a rank waiting
+    through a long final evaluation would meet the process group's timeout."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        nccl = torch.distributed.get_backend() == "nccl"  # (it would guess the device from the rank)
+        torch.distributed.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
 
 
 def _tensorboard_purge_step(run_dir: Path, names: list[str], pcfgs: dict, offset: int,

@@ -20,15 +20,17 @@ trainer: {{accelerator: cpu}}
 """
 
 
-def train(config: Path, run_dir: Path, devices: int, batch_size: int, *extra: str) -> subprocess.CompletedProcess:
+def train(config: Path, run_dir: Path, devices: int, batch_size: int, *extra: str,
+          **kw) -> subprocess.CompletedProcess:  # fmt: skip
     strategy = "ddp" if devices > 1 else "auto"
     return run_train("--config", config, f"run.dir={run_dir}", f"trainer.devices={devices}",
-                     f"trainer.strategy={strategy}", f"train.batch_size={batch_size}", *extra, timeout=900)  # fmt: skip
+                     f"trainer.strategy={strategy}", f"train.batch_size={batch_size}", *extra, timeout=900,
+                     **kw)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory):
-    """One finished two-process run (6 steps, per-device batch 2, checkpoints at step 3)."""
+def ddp_config(tmp_path_factory) -> Path:
+    """The tests' config, over a corpus of their own."""
     root = tmp_path_factory.mktemp("ddp")
     corpus = root / "corpus"
     corpus.mkdir()
@@ -37,7 +39,14 @@ def ddp_run(tmp_path_factory):
         (corpus / f"doc_{i:03d}.py").write_text(body)
     config = root / "exp.yaml"
     config.write_text(CONFIG.format(data=local_data_yaml(corpus, root / "cache", vocab_size=300)))
-    run_dir = root / "run"
+    return config
+
+
+@pytest.fixture(scope="module")
+def ddp_run(ddp_config, tmp_path_factory):
+    """One finished two-process run (6 steps, per-device batch 2, checkpoints at step 3)."""
+    config = ddp_config
+    run_dir = tmp_path_factory.mktemp("ddp-run") / "run"
     proc = train(config, run_dir, devices=2, batch_size=2)
     return config, run_dir, proc
 
@@ -109,3 +118,38 @@ def test_a_study_under_ddp_shares_a_phase_exactly(ddp_run, tmp_path):
     assert (shared / "study.md").is_file() and (shared / "b" / "long" / "complete.json").is_file()
     a, b = weights(shared / "b"), weights(alone / "b")
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-6
+
+
+SLOW_RANK_ZERO = """
+import sys, time, runpy
+sys.path.insert(0, {repo!r})
+import minilm.training.phases as phases
+
+save = phases.atomic_torch_save
+
+
+def slow_save(obj, path):  # rank 0 writes a finished phase's optimizer.pt a while after the other rank is done
+    time.sleep(3)
+    save(obj, path)
+
+
+phases.atomic_torch_save = slow_save
+sys.argv[0] = {train!r}  # Lightning's launcher starts the other rank as train.py itself
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_ddp_carries_the_optimizer_rank_zero_writes(ddp_config, tmp_path, repo):
+    """Only rank 0 writes a finished phase's optimizer.pt; rank 1 went straight on to the next phase and, with
+    carry_optimizer, failed to find it ("left no optimizer state") while rank 0 was still writing it. Rank 0 is
+    made slow to write it here, so the old race is lost every time."""
+    config = ddp_config
+    script = tmp_path / "slow_rank_zero.py"
+    script.write_text(SLOW_RANK_ZERO.format(repo=str(repo), train=str(repo / "train.py")))
+    run_dir = tmp_path / "run"
+    proc = train(config, run_dir, 2, 2, "phases.short.steps=2", "phases.long.steps=2", "phases.long.seq_len=64",
+                 "phases.long.carry_optimizer=true", check=False, script=str(script))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "GLOBAL_RANK: 1" in proc.stdout + proc.stderr
+    assert json.loads((run_dir / "long" / "complete.json").read_text())["carried_optimizer"] is True
