@@ -380,9 +380,24 @@ def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_f
     try:
         return datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming, **fresh)
     except Exception as e:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError...)
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}) failed: "
-                        f"{type(e).__name__}: {first}") from None  # fmt: skip
+        files = f", data_files={data_files!r}" if data_files is not None else ""
+        raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}{files}) failed: "
+                        f"{_cause(e)}") from None  # fmt: skip
+
+
+def _cause(e: BaseException) -> str:
+    """``Type: first line`` of ``e`` and of the errors it was raised from. datasets wraps a parse error of a data
+    file in ``DatasetGenerationError: An error occurred while generating the dataset``: the wrapped error (``JSON
+    parse error: Invalid value. in row 1``, ``Expected 2 fields in line 4, saw 3``) is the part that says what is
+    wrong. An empty JSON file ends as a bare StopIteration."""
+    parts, seen = [], set()
+    while e is not None and id(e) not in seen and len(parts) < 4:
+        seen.add(id(e))
+        first = (str(e).splitlines() or [""])[0] or ("no records (an empty file?)" if isinstance(e, StopIteration)
+                                                     else "")  # fmt: skip
+        parts.append(f"{type(e).__name__}: {first}" if first else type(e).__name__)
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return " <- ".join(parts)
 
 
 def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix: str, file: str,

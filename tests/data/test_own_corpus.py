@@ -9,6 +9,7 @@ import pytest
 
 from minilm.data import load_corpus
 from minilm.data.sources import parse_sources, read_source
+from minilm.errors import DataError
 from tests.data.conftest import make_data_cfg
 
 
@@ -46,3 +47,20 @@ def test_a_record_file_rewritten_with_its_old_mtime_is_read_afresh(tmp_path, kin
         texts[version] = sorted(corpus.tokenizer.decode(s.doc(i)[:-1].tolist()) for s in (corpus.train, corpus.val)
                                 for i in range(s.n_docs))  # fmt: skip
     assert texts["new"] == sorted(["a new record, longer than the old ones", "new two", "new three"])
+
+
+@pytest.mark.parametrize("name, content, entry, says", [
+    ("bad.jsonl", '{"text": "fine"}\n{"text": not json\n', {"kind": "files"}, "JSON parse error"),
+    ("bad.csv", 'text,n\n"a",1\n"b",2,3\n', {"kind": "hf"}, "Expected 2 fields in line 3"),
+    ("empty.jsonl", "", {"kind": "hf", "path": "json"}, "empty file"),
+])  # fmt: skip
+def test_a_data_file_datasets_cannot_parse_is_named_with_the_reason(tmp_path, name, content, entry, says):
+    """datasets wraps a parse error in 'DatasetGenerationError: An error occurred while generating the dataset';
+    the message gave only that, and for a files source of many record files not even which file."""
+    path = tmp_path / name
+    path.write_text(content)
+    entry = dict(entry, **({"paths": [str(path)]} if entry["kind"] == "files" else
+                           {"data_files": str(path)} if "path" in entry else {"path": str(path)}))  # fmt: skip
+    with pytest.raises(DataError, match=says) as err:
+        _read("mine", entry)
+    assert str(path) in str(err.value) and "data.sources.mine" in str(err.value)
