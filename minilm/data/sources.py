@@ -198,8 +198,29 @@ def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
     elif isinstance(spec, FilesSource):
         extra = {"files": _stat_digest(_expand_globs(spec, where))}
     else:
+        _check_local_file(spec, where)  # before anything is read, not after the other sources
         extra = {"files": _stat_digest(_hf_local_files(spec))}
     return {"settings": settings, **extra}
+
+
+LOCAL_FILE_SUFFIXES = RECORD_SUFFIXES + (".csv", ".txt")  # an hf path ending so is a local file, never a Hub name
+
+
+def _check_local_file(spec: HfSource, where: str) -> None:
+    """An hf ``path`` that names a data file is read as that local file; a missing one (a typo, another working
+    directory) went to the Hub as a dataset name: 20 s of retries, then "Couldn't reach 'trian.jsonl' on the Hub".
+    A local ``.txt`` file was sent there too (only ``.jsonl/.json/.parquet/.csv`` open directly)."""
+    path = Path(os.path.expanduser(spec.path))
+    suffix = path.suffix.lower()
+    if spec.data_files is not None or suffix not in LOCAL_FILE_SUFFIXES:
+        return
+    if not path.exists():
+        raise DataError(f"{where}.path: no such file: {spec.path} (cwd: {os.getcwd()}); a path ending in {suffix} "
+                        f"is read as a local file")  # fmt: skip
+    if path.is_file() and suffix == ".txt":
+        raise DataError(f"{where}.path: {spec.path}: an hf source opens a local .jsonl/.json/.parquet/.csv file; "
+                        f"for a .txt file use kind: files (one file = one document), or path: text with "
+                        f"data_files: {spec.path} (one line = one document)")  # fmt: skip
 
 
 def _hf_local_files(spec: HfSource) -> List[Path]:
@@ -324,6 +345,7 @@ def _read_text_files(name: str, files: List[Path], root: Optional[str], progress
 
 
 def _read_hf(name: str, spec: HfSource, where: str) -> SourceDocs:
+    _check_local_file(spec, where)
     path, data_files = spec.path, spec.data_files
     suffix = Path(path).suffix.lower()
     if data_files is None and Path(path).is_file() and suffix in RECORD_SUFFIXES + (".csv",):

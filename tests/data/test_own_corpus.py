@@ -64,3 +64,20 @@ def test_a_data_file_datasets_cannot_parse_is_named_with_the_reason(tmp_path, na
     with pytest.raises(DataError, match=says) as err:
         _read("mine", entry)
     assert str(path) in str(err.value) and "data.sources.mine" in str(err.value)
+
+
+def test_an_hf_path_naming_a_missing_or_text_file_is_refused_before_the_hub(tmp_path, monkeypatch):
+    """A typo in a local file's name (or a run from another directory) was taken for a Hub dataset name: about
+    20 s of network retries, then "Couldn't reach 'trian.jsonl' on the Hub". A local .txt went the same way."""
+    import datasets
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("datasets.load_dataset called: the path was sent to the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    (tmp_path / "notes.txt").write_text("some notes\n")
+    cfg = make_data_cfg(tmp_path, {"mine": {"kind": "hf", "path": str(tmp_path / "trian.jsonl")}})
+    with pytest.raises(DataError, match=r"data\.sources\.mine\.path: no such file: .*trian\.jsonl"):
+        load_corpus(cfg, progress=False)
+    with pytest.raises(DataError, match=r"data\.sources\.mine\.path: .*notes\.txt.*kind: files"):
+        _read("mine", {"kind": "hf", "path": str(tmp_path / "notes.txt")})
