@@ -64,7 +64,10 @@ class PhaseData(L.LightningDataModule):
 
     def load_state_dict(self, state: dict) -> None:
         if "sampler" in state:  # checkpoints written before the sampler's identity was saved have none
-            self.sampler.load_state_dict(state["sampler"])
+            # Rank 0 writes the one checkpoint every rank resumes from: the rank in it is 0's, not this process's,
+            # and every other rank warned that its batches "differ from the original run" on an exact resume. The
+            # world size is the run's: resumed on another device count, the batches do differ, and the sampler says so.
+            self.sampler.load_state_dict({**state["sampler"], "rank": self.sampler.rank})
 
     def train_dataloader(self) -> DataLoader:
         sampler = self.sampler
