@@ -99,6 +99,12 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
     root = Path(data_cfg.cache_dir)
     out = root / f"corpus-{key}"
     from_cache = (out / "meta.json").is_file()
+    if not from_cache and (out.exists() or out.is_symlink()):
+        # a corpus is renamed into place whole, meta.json included: without it the directory was damaged afterwards
+        # (a file deleted, an interrupted rm -r). Say so now, not with an OSError from the rename onto it after
+        # the whole preparation; replacing it here could race with another process doing the same
+        raise DataError(f"data.cache_dir: the prepared corpus {out} is damaged (no meta.json); delete that "
+                        f"directory and it is prepared again")  # fmt: skip
     if not from_cache:
         tmp = _temporary_dir(out)  # first: an unusable cache_dir should not cost a read and a tokenizer training
         try:

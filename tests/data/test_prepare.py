@@ -156,14 +156,18 @@ def test_cache_dir_that_cannot_be_written_is_a_data_error_before_any_reading(fil
         load_corpus(files_cfg(cache_dir=str(tmp_path / "a_file")), progress=False)
 
 
-@pytest.mark.parametrize("damage", ["delete_index", "truncate_tokens", "bad_json", "shorter_tokens"])
+@pytest.mark.parametrize("damage", ["delete_index", "truncate_tokens", "bad_json", "shorter_tokens", "delete_meta"])
 def test_damaged_cache_says_to_delete_the_directory(files_cfg, damage):
     """A cache directory with a file deleted, truncated or garbled was a numpy/json traceback (or, with tokens
-    cut to a whole number of items, silently a corpus whose index points past its end)."""
+    cut to a whole number of items, silently a corpus whose index points past its end). Without its meta.json
+    (an interrupted rm -r) the corpus was prepared again in full, then the rename onto the damaged directory was
+    an OSError traceback."""
     cfg = files_cfg()
     d = load_corpus(cfg, progress=False).cache_dir
     if damage == "delete_index":
         (d / "val.index.npz").unlink()
+    elif damage == "delete_meta":
+        (d / "meta.json").unlink()
     elif damage == "truncate_tokens":
         with open(d / "train.tokens.npy", "r+b") as f:
             f.truncate(1000)
