@@ -21,6 +21,7 @@ import glob
 import hashlib
 import itertools
 import logging
+import math
 import os
 import sys
 import sysconfig
@@ -127,8 +128,10 @@ def _parse_one(name: str, entry: Any) -> SourceSpec:
 
 def _check_common(spec: SourceSpec, where: str) -> None:
     w = spec.weight
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
-        raise DataError(f"{where}.weight: must be a number >= 0, got {w!r}")
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 <= w < math.inf:  # NaN fails too
+        # (a YAML .nan or .inf weight passed and normalized every weight to nan or 0: "no train documents in any
+        # source with weight > 0", a message about the corpus, not about the weight)
+        raise DataError(f"{where}.weight: must be a finite number >= 0, got {w!r}")
     spec.weight = float(w)
     m = spec.max_docs
     if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):

@@ -133,7 +133,11 @@ def test_embedded_max_docs(tmp_path):
     ({"x": {"kind": "web"}}, r"data\.sources\.x\.kind: must be one of"),
     ({"x": {"kind": "files", "paths": ["a/*.txt"], "colour": 1}}, r"data\.sources\.x\.colour: unknown key"),
     ({"x": {"kind": "files", "paths": []}}, r"data\.sources\.x\.paths"),
-    ({"x": {"kind": "embedded", "weight": -1}}, r"data\.sources\.x\.weight: must be a number >= 0"),
+    ({"x": {"kind": "embedded", "weight": -1}}, r"data\.sources\.x\.weight: must be a finite number >= 0"),
+    # a YAML .nan / .inf weight normalized every weight to nan or 0: a misleading "no documents" error later
+    ({"x": {"kind": "embedded", "weight": float("nan")}}, r"data\.sources\.x\.weight: must be a finite.*nan"),
+    ({"x": {"kind": "embedded"}, "y": {"kind": "embedded", "weight": float("inf")}},
+     r"data\.sources\.y\.weight: must be a finite.*inf"),
     ({"x": {"kind": "embedded", "weight": 0}, "y": {"kind": "embedded", "weight": 0}}, "all weights are zero"),
     ({"x": {"kind": "embedded", "max_docs": 0}}, r"data\.sources\.x\.max_docs"),
     ({"x": {"kind": "hf"}}, r"data\.sources\.x\.path"),
