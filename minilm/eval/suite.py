@@ -450,10 +450,13 @@ def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: d
 
 
 def _meta(cfg, run_dir, phase, step, extension) -> dict:
+    if extension:  # as applied: with the parameters filled in from the training length, so the report says them
+        name, params = _with_length_defaults(extension, int(cfg.train.seq_len))
+        extension = {"name": name, **params}
     return {
         "run": str(run_dir), "phase": phase, "step": int(step),
         "label": f"{Path(str(run_dir)).name}/{phase}" + (f" + {extension['name']}" if extension else ""),
-        "extension": dict(extension) if extension else None,
+        "extension": extension or None,
         "position": OmegaConf.to_container(cfg.model.position, resolve=True),
         "train_seq_len": int(cfg.train.seq_len),
     }  # fmt: skip
