@@ -139,7 +139,7 @@ def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, ou
     source_of: List[int] = []
     skipped: Dict[str, Dict[str, int]] = {}
     for si, (name, spec) in enumerate(specs.items()):
-        docs: SourceDocs = read_source(name, spec, progress=progress)
+        docs: SourceDocs = read_source(name, spec, progress=progress, scratch=tmp)
         names += [f"{name}/{n}" for n in docs.names]
         texts += docs.texts
         source_of += [si] * len(docs.texts)

@@ -25,6 +25,7 @@ import math
 import os
 import sys
 import sysconfig
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -258,23 +259,31 @@ def _as_list(x: Any) -> List[str]:
     return [x] if isinstance(x, str) else list(x)
 
 
-def read_source(name: str, spec: SourceSpec, *, progress: bool = True) -> SourceDocs:
-    """All documents of one source. Raises ``DataError`` if it yields none (never a silent empty dataset)."""
+def read_source(name: str, spec: SourceSpec, *, progress: bool = True, scratch: Optional[Path] = None) -> SourceDocs:
+    """All documents of one source. Raises ``DataError`` if it yields none (never a silent empty dataset).
+
+    Local data files read through ``datasets`` are converted to Arrow in a temporary directory (under ``scratch``,
+    the corpus being built, when given), deleted once their records are read, not in datasets' own cache: that
+    cache keys a local file by its mtime alone, so a file replaced by another one with the same mtime (unpacked
+    from an archive, ``cp -p``) gave the old records to a corpus prepared again because the file's size changed.
+    A private directory also keeps ranks that prepare at once from rewriting one shared conversion."""
     where = f"data.sources.{name}"
     if isinstance(spec, EmbeddedSource):
         docs = _read_text_files(name, stdlib_files()[: spec.max_docs], root=sysconfig.get_paths()["stdlib"],
                                 progress=progress)  # fmt: skip
-    elif isinstance(spec, FilesSource):
-        docs = _read_files_source(name, spec, where, progress)
     else:
-        docs = _read_hf(name, spec, where)
+        with tempfile.TemporaryDirectory(prefix="datasets-", dir=scratch) as local_cache:
+            if isinstance(spec, FilesSource):
+                docs = _read_files_source(name, spec, where, progress, local_cache)
+            else:
+                docs = _read_hf(name, spec, where, local_cache)
     if not docs.texts:
         skipped = dict(docs.skipped) or "nothing"
         raise DataError(f"{where}: the source yields no documents (skipped: {skipped}); check its paths/settings")
     return docs
 
 
-def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool) -> SourceDocs:
+def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool, local_cache: str) -> SourceDocs:
     files = _expand_globs(spec, where)
     text_files = [p for p in files if p.suffix.lower() in TEXT_SUFFIXES]
     record_files = [p for p in files if p.suffix.lower() in RECORD_SUFFIXES]
@@ -291,7 +300,7 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool)
             if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
                 docs.skipped[problem] += 1
                 continue
-            ds = _load_dataset(where, builder, None, "train", [str(path)], False, local=True)
+            ds = _load_dataset(where, builder, None, "train", [str(path)], False, cache_dir=local_cache)
             _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=str(path), file=str(path))
     if spec.max_docs is not None:
         docs.names, docs.texts = docs.names[: spec.max_docs], docs.texts[: spec.max_docs]
@@ -347,7 +356,7 @@ def _read_text_files(name: str, files: List[Path], root: Optional[str], progress
     return docs
 
 
-def _read_hf(name: str, spec: HfSource, where: str) -> SourceDocs:
+def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceDocs:
     _check_local_file(spec, where)
     path, data_files = spec.path, spec.data_files
     suffix = Path(path).suffix.lower()
@@ -360,8 +369,9 @@ def _read_hf(name: str, spec: HfSource, where: str) -> SourceDocs:
     if data_files is None and _saved_to_disk(Path(path)):
         ds = _load_from_disk(where, Path(path), spec.split)
     else:
+        # local files: converted afresh (read_source); a Hub dataset: datasets' cache, not downloaded each time
         ds = _load_dataset(where, path, spec.name, spec.split, data_files, spec.streaming,
-                           local=bool(_hf_local_files(spec)))  # fmt: skip
+                           cache_dir=local_cache if _hf_local_files(spec) else None)  # fmt: skip
     docs = SourceDocs([], [], Counter())
     _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=f"{spec.path}/{spec.name}/{spec.split}",
                     file=spec.path if spec.data_files is None else f"{spec.path} data_files={spec.data_files}",
@@ -393,17 +403,12 @@ def _load_from_disk(where: str, path: Path, split: str):
 
 
 def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_files: Any, streaming: bool,
-                  local: bool = False):  # fmt: skip
-    """``local``: the dataset is built from local files, which are then read afresh. datasets caches the Arrow
-    conversion of local files keyed by their mtime alone, so a file rewritten with another content but the same
-    mtime (unpacked from an archive, copied with ``cp -p``) was served from that cache: a corpus prepared again
-    because the file's size changed held the old records. (Verification off: the sizes datasets recorded for the
-    old contents would refuse the new ones.)"""
+                  cache_dir: Optional[str] = None):  # fmt: skip
     import datasets
 
-    fresh = {"download_mode": "force_redownload", "verification_mode": "no_checks"} if local else {}
     try:
-        return datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming, **fresh)
+        return datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming,
+                                     cache_dir=cache_dir)  # fmt: skip
     except Exception as e:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError...)
         files = f", data_files={data_files!r}" if data_files is not None else ""
         raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}{files}) failed: "
