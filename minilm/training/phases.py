@@ -468,8 +468,13 @@ def run_phases(
             tokenizer = Path(corpus.tokenizer.model_file).read_bytes()
             atomic_write(run_dir / "tokenizer.model", lambda f: f.write(tokenizer))
         start = names.index(start_phase) if start_phase else 0
-        if start_phase is not None and primary and not resume:  # with --resume: continue an interrupted --phase
-            for n in names[start:]:  # an explicit restart retrains this phase and the ones after it
+        # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted
+        # --phase run). Every rank decides so from the command line, not from run.dir: rank 0 deletes their old
+        # outputs, and under torchrun / SLURM the other ranks start with it and looked before it had: they found
+        # the phases complete and skipped them (rank 0 then waited for them forever), or resumed an old checkpoint.
+        restarts = set(names[start:]) if start_phase is not None and not resume else set()
+        if primary:
+            for n in restarts:
                 shutil.rmtree(phase_dir(run_dir, n), ignore_errors=True)
         if init is not None:
             load_weights(model, Path(init))
@@ -489,13 +494,14 @@ def run_phases(
             for n in names[start:]:
                 pcfg, steps = pcfgs[n], phase_steps(pcfgs[n])
                 _wait_for_primary()
-                if is_complete(run_dir, n):
+                if n not in restarts and is_complete(run_dir, n):
                     log(f"phase '{n}' is complete; skipping")
                     load_weights(model, phase_dir(run_dir, n) / "model.safetensors")
                 else:
                     carry = carries_optimizer(cfg, n)
                     opt_state = load_checkpoint_dict(_optimizer_state_path(run_dir, prev, n)) if carry else None
-                    _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log, tokens)
+                    _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log, tokens,
+                                 fresh=n in restarts)  # fmt: skip
                 prev, offset, tokens = n, offset + steps, tokens + _phase_tokens(pcfg)
             if primary:
                 save_weights(model, run_dir / "model.safetensors")
@@ -559,10 +565,12 @@ def _phase_tokens(pcfg) -> int:
 
 
 def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, carried_opt, log,
-                 tokens_offset: int) -> None:  # fmt: skip
+                 tokens_offset: int, fresh: bool = False) -> None:  # fmt: skip
+    """Train phase ``name``: from its newest good checkpoint, or from its start when it has none or is ``fresh``
+    (restarted by --phase: its old checkpoints are being deleted by rank 0)."""
     pdir = phase_dir(run_dir, name)
     ckpt_dir = pdir / "checkpoints"
-    ckpt = latest_good_checkpoint(ckpt_dir, log)
+    ckpt = None if fresh else latest_good_checkpoint(ckpt_dir, log)
     if ckpt is None:
         apply_phase(model, pcfg, name, log, tb_logger.experiment, offset)
     else:

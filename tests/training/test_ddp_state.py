@@ -1,4 +1,5 @@
-"""What the ranks of a DDP run read from the one checkpoint rank 0 writes, in process (no second process)."""
+"""What the ranks of a DDP run other than rank 0 decide, in process (no second process): from the one checkpoint
+rank 0 writes, and from a run directory rank 0 may be changing while they look."""
 
 import logging
 from types import SimpleNamespace
@@ -7,20 +8,31 @@ import pytest
 
 from minilm.config import load_config, phase_config
 from minilm.data import load_corpus
+from minilm.training import phases
 from minilm.training.datamodule import PhaseData
 from tests.conftest import local_data_yaml
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 CONFIG = """
 model: {{n_layers: 1, d_model: 32, n_heads: 2}}
-{data}train: {{seq_len: 32, batch_size: 2, steps: 4}}
+{data}train: {{seq_len: 32, batch_size: 2, steps: 4, val_every: 0, val_batches: 1, log_every: 1, ckpt_every: 1}}
+optim: {{lr: 0.003, warmup_steps: 1}}
+trainer: {{accelerator: cpu}}
 """
+TWO_PHASES = ["phases.short.steps=2", "phases.long.steps=2", "phases.long.seq_len=64"]
 
 
 @pytest.fixture
-def phase(tmp_path, tiny_text_dir):
+def config(tmp_path, tiny_text_dir):
     path = tmp_path / "exp.yaml"
     path.write_text(CONFIG.format(data=local_data_yaml(tiny_text_dir, tmp_path / "cache")))
-    cfg = load_config(path, [])
+    return path
+
+
+@pytest.fixture
+def phase(config):
+    cfg = load_config(config, [])
     return load_corpus(cfg.data), phase_config(cfg, "train")
 
 
@@ -46,3 +58,19 @@ def test_resuming_on_another_device_count_still_warns(phase, caplog):
     with caplog.at_level(logging.WARNING):
         data_on(corpus, pcfg, 0, 1).load_state_dict(saved)
     assert "batches differ from the original run" in caplog.text
+
+
+def test_a_restarted_phase_is_retrained_by_every_rank_whatever_run_dir_still_holds(config, tmp_path, monkeypatch):
+    """--phase long under torchrun / SLURM: every rank starts at once and only rank 0 deletes the old outputs of
+    the phases it retrains. Another rank that looked first found 'long' complete (or its old checkpoints) and
+    skipped it, while rank 0 waited for it in the DDP setup forever. Here the other rank looks at a run directory
+    nobody has cleared: it must train 'long' from its start all the same."""
+    run_dir = tmp_path / "run"
+    cfg = load_config(config, [*TWO_PHASES, f"run.dir={run_dir}"])
+    phases.run_phases(cfg, log=lambda msg: None)
+    assert (run_dir / "long" / "checkpoints" / "step-00000001.ckpt").is_file()  # an old checkpoint to ignore too
+    monkeypatch.setattr(phases, "is_primary_process", lambda: False)
+    said = []
+    phases.run_phases(cfg, start_phase="long", log=said.append)
+    assert not any("is complete; skipping" in m or "resuming from" in m for m in said), said
+    assert any(m.startswith("phase 'long': seq_len 64") for m in said), said
