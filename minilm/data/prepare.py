@@ -35,7 +35,7 @@ from minilm.files import fsync_path
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 4  # bump when the cache layout, the split or the tokenizer training settings change
+FORMAT_VERSION = 5  # bump when the cache layout, the split, the documents read or the tokenizer training change
 SPLITS = ("train", "val")
 ENCODE_CHUNK_CHARS = 2_000_000
 SHARE_LENGTHS = tuple(2**k for k in range(6, 18))  # 64 .. 131072: seq_lens the long-document share is reported for

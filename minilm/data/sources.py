@@ -344,7 +344,9 @@ def _read_text_files(name: str, files: List[Path], root: Optional[str], progress
             docs.skipped["binary"] += 1
             continue
         try:
-            text = raw.decode("utf-8")
+            # utf-8-sig: a leading byte order mark (Windows editors write one) is an encoding marker, not text; kept,
+            # every such document began with U+FEFF (3 byte tokens), which the .jsonl/.csv readers drop
+            text = raw.decode("utf-8-sig")
         except UnicodeDecodeError:
             docs.skipped["non_utf8"] += 1
             continue

@@ -81,3 +81,13 @@ def test_an_hf_path_naming_a_missing_or_text_file_is_refused_before_the_hub(tmp_
         load_corpus(cfg, progress=False)
     with pytest.raises(DataError, match=r"data\.sources\.mine\.path: .*notes\.txt.*kind: files"):
         _read("mine", {"kind": "hf", "path": str(tmp_path / "notes.txt")})
+
+
+def test_a_byte_order_mark_is_not_part_of_a_text_document(tmp_path):
+    """A UTF-8 file saved with a BOM (Windows editors) began its document with U+FEFF, trained as 3 byte tokens
+    after every EOS before such a file; the .jsonl and .csv readers already drop it. CRLF line ends are text."""
+    (tmp_path / "bom.txt").write_bytes("\ufeffhello\r\nworld\r\n".encode())
+    (tmp_path / "only_bom.txt").write_bytes("\ufeff".encode())
+    docs = _read("mine", {"kind": "files", "paths": [f"{tmp_path}/*.txt"]})
+    assert docs.texts == ["hello\r\nworld\r\n"]
+    assert dict(docs.skipped) == {"empty": 1}
