@@ -80,8 +80,12 @@ def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool, flex_table:
         qr, kr = attn.pos.rotate(q, k, positions, positions)
         return attn.attend(qr, kr, v, positions, positions, mask)
 
+    # Every measurement starts with no compiled code, compiling the core or not: FlexAttention's kernel is one
+    # process-wide torch.compile(flex_attention) (minilm/model/flex.py), static per shape, so the (encoding, length)
+    # pairs of a run would pile up in its cache until dynamo's recompile limit (8) left the rest to run
+    # flex_attention eagerly (the whole score matrix materialized: another kernel measured, or an OOM at 32K).
+    torch._dynamo.reset()
     if do_compile:
-        torch._dynamo.reset()
         core = torch.compile(core, dynamic=False)
     leaves = [q, k, v, *attn.parameters()]
 

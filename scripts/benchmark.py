@@ -227,9 +227,13 @@ def build_step(impl, cfg, T, B, device, amp_dtype, do_compile):
         model, loss_fn, n_mm = build_peer(cfg.model, vocab, T, device)
     model.train()
     opt = make_adamw(model, cfg.optim)
-    if do_compile:  # each measurement compiles afresh and static, as a training phase does at its one length
-        torch._dynamo.reset()  # (else earlier encodings' and lengths' graphs pile up toward the recompile limit,
-        loss_fn = torch.compile(loss_fn, dynamic=False)  # and from the second length on T would be dynamic)
+    # Each measurement compiles afresh and static, as a training phase does at its one length: else earlier
+    # encodings' and lengths' graphs pile up toward dynamo's recompile limit (8), past which the rest runs eagerly,
+    # and from the second length on T would be dynamic. Uncompiled too: an eager model's FlexAttention kernel is
+    # one process-wide torch.compile(flex_attention) (minilm/model/flex.py) with the same limit.
+    torch._dynamo.reset()
+    if do_compile:
+        loss_fn = torch.compile(loss_fn, dynamic=False)
     g = torch.Generator(device="cpu").manual_seed(0)
     batches = [torch.randint(0, vocab, (B, T + 1), generator=g).to(device) for _ in range(2)]
     clip = cfg.optim.grad_clip

@@ -4,6 +4,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import REPO, load_script
 
@@ -74,3 +75,30 @@ def test_no_flex_table_gives_t5_and_kerple_their_direct_score_mods(attn_bench, t
     assert [b.attn.pos.flex_distance_table for b in built] == [False, False]
     assert json.loads(next(tmp_path.glob("*.json")).read_text())["flex_table"] is False
     assert "no Flex tables" in next(tmp_path.glob("*.md")).read_text()
+
+
+def test_uncompiled_measurements_do_not_share_compiled_kernels(attn_bench, tmp_path, monkeypatch):
+    """Without --compile the core is eager, but on CUDA its FlexAttention kernel is one process-wide
+    torch.compile(flex_attention), static per shape (minilm/model/flex.py). Shared by every (encoding, length) of a
+    run, its graphs piled up until dynamo's recompile limit (8) sent the rest — FIRE, and KERPLE at 32K, in
+    gpu_session.sh's `attn` — to eager flex_attention, which materializes the scores. Here a shared compiled
+    function stands in for that kernel (FlexAttention has no CPU backward); error_on_recompile makes a
+    recompilation, i.e. a measurement reusing an earlier one's cache, a failure."""
+    shared = torch.compile(lambda t: t + 1, backend="eager", dynamic=False)
+    real = attn_bench.build_core
+
+    def with_shared_kernel(cfg, T, *a, **kw):
+        step, kernel = real(cfg, T, *a, **kw)
+
+        def step_and_kernel(i):
+            step(i)
+            shared(torch.zeros(T))
+
+        return step_and_kernel, kernel
+
+    monkeypatch.setattr(attn_bench, "build_core", with_shared_kernel)
+    argv = ["--lengths", "8,16", "--encodings", "rope,alibi", "--tokens", "16", "--steps", "1", "--warmup", "1",
+            "--threads", "1", "--device", "cpu", "--out", str(tmp_path), *TINY]  # fmt: skip
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert attn_bench.main(argv) == 0
+    assert [r["status"] for r in json.loads(next(tmp_path.glob("*.json")).read_text())["results"]] == ["ok"] * 4

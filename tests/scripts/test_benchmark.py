@@ -138,3 +138,30 @@ def test_an_interrupted_run_keeps_what_it_measured(bench, tmp_path, monkeypatch,
     assert [(r["encoding"], r["status"]) for r in saved["results"]] == [("rope", "ok")]
     assert "**partial: stopped after 1 of 2 measurements**" in docs.read_text()
     assert "interrupted after 1 of 2 measurements; results in" in capsys.readouterr().err
+
+
+def test_uncompiled_measurements_do_not_share_compiled_kernels(bench, tmp_path, monkeypatch):
+    """An eager model's FlexAttention kernel (CUDA) is one process-wide torch.compile(flex_attention), static per
+    shape (minilm/model/flex.py): without a reset per measurement, --no-compile runs over several encodings and
+    lengths piled its graphs up to dynamo's recompile limit, past which flex_attention ran eagerly (the scores
+    materialized). A shared compiled function stands in for it; error_on_recompile makes reuse a failure."""
+    shared = torch.compile(lambda t: t + 1, backend="eager", dynamic=False)
+    real = bench.build_step
+
+    def with_shared_kernel(impl, cfg, T, *a, **kw):
+        step, n = real(impl, cfg, T, *a, **kw)
+
+        def step_and_kernel(i):
+            shared(torch.zeros(T))
+            return step(i)
+
+        return step_and_kernel, n
+
+    monkeypatch.setattr(bench, "build_step", with_shared_kernel)
+    args = bench.parse_args(
+        ["--lengths", "8,16", "--encodings", "rope,alibi", "--steps", "1", "--warmup", "1", "--threads", "1",
+         "--batch-size", "2", "--device", "cpu", "--no-compile", "--out", str(tmp_path), *TINY]
+    )  # fmt: skip
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        report = bench.run(args)
+    assert [r["status"] for r in report["results"]] == ["ok"] * 4
