@@ -451,9 +451,17 @@ def paired_differences(ref: tuple[dict, dict], other: tuple[dict, dict]) -> dict
 
 def _averaged(results: list[dict], entry: dict, out_dir: Path) -> dict:
     """One results dict for compare(): the first run's description, each per-length number the mean over runs."""
+    from minilm.eval.report import RETRIEVAL, prompts
+
     out = dict(results[0])
     for key, by_length in entry["evaluation"].items():
         out[key] = {L: stat["mean"] for L, stat in by_length.items() if stat is not None}
+    # the prompts each mean accuracy counts: those of every run measured there (the first run's alone would
+    # understate them, and a reader of compare.md weighs the accuracy by them)
+    out["details"] = {task: {L: {"samples": sum(prompts(r, task, L) or 0 for r in results
+                                                if r.get(task, {}).get(L) is not None)}
+                             for L in out.get(task, {})}
+                      for task in RETRIEVAL if task in out}  # fmt: skip
     if len(results) > 1:
         out["run"] = f"{out_dir / entry['variant']} (mean of {len(results)} seeds)"
     return out

@@ -258,6 +258,25 @@ def test_seeds_summary_compares_only_each_runs_last_phase_evaluation(tmp_path, s
     assert "| b | 9.00 |" in (out / "compare.md").read_text()
 
 
+def test_the_studys_compare_counts_the_prompts_of_every_seed_behind_a_mean_accuracy(tmp_path, study_file):
+    """compare.md gives each accuracy the prompts it counts; a study's row is the mean over its seeds, which counts
+    the prompts of every seed measured there, not the first run's alone."""
+    from minilm.files import atomic_write_text
+
+    study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: []}\n")
+    study = load_study(study_file)
+    out = tmp_path / "out"
+    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
+    for label, acc in [("a/seed1", 0.5), ("a/seed2", 0.25)]:
+        _finished(cfgs[label], out / label, ["short", "long"])
+        results = {"lengths": [32], "passkey": {"32": acc}, "details": {"passkey": {"32": {"samples": 4}}},
+                   "train_seq_len": 32, "phase": "long", "run": label}  # fmt: skip
+        atomic_write_text(out / label / "long" / "eval" / "results.json", json.dumps(results))
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    table = (out / "compare.md").read_text()
+    assert "prompts per length: a 8." in table and "| a | 0.38 [0.14, 0.69] |" in table  # 3 of 8
+
+
 def test_seeds_one_seed_is_named_and_val_batches_0_is_not_a_missing_run(tmp_path, study_file):
     study_file.write_text("config: base.yaml\nseeds: [7]\nvariants: {a: [], c: [train.val_batches=0]}\n")
     study = load_study(study_file)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from minilm.errors import MinilmError
 from minilm.files import atomic_write, atomic_write_text
@@ -68,6 +68,42 @@ def _fmt(v, kind: str) -> str:
     if kind == "ppl":
         return f"{v:.2f}" if v < 1e4 else f"{v:.3g}"
     return f"{v:.2f}"
+
+
+def prompts(results: dict, task: str, L) -> Optional[int]:
+    """How many prompts the accuracy of ``task`` at ``L`` is the mean of (``details[task][L].samples``), or None."""
+    n = ((results.get("details") or {}).get(task) or {}).get(str(L), {}).get("samples")
+    return int(n) if isinstance(n, (int, float)) and n > 0 else None
+
+
+def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion ``accuracy`` measured on ``n`` prompts: unlike ± 1.96·√(p(1−p)/n)
+    it is not [0, 0] for 0 of n (0 of 10 is still up to 0.28). Wilson 1927; Brown, Cai & DasGupta 2001."""
+    k = round(accuracy * n)
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _acc_cell(results: dict, task: str, L) -> str:
+    """An accuracy with its 95 % interval from the prompts it counts: ``0.40 [0.17, 0.69]``."""
+    v = results.get(task, {}).get(str(L))
+    n = prompts(results, task, L)
+    if v is None or n is None:
+        return _fmt(v, "acc")
+    lo, hi = wilson_interval(v, n)
+    return f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def _prompt_counts(results: dict, tasks) -> str:
+    """``passkey 10, kv 10`` (one number when every length has it, else the range)."""
+    parts = []
+    for task in tasks:
+        ns = sorted({n for L in results.get(task, {}) if (n := prompts(results, task, L)) is not None})
+        if ns:
+            parts.append(f"{task} {ns[0]}" if len(ns) == 1 else f"{task} {ns[0]}–{ns[-1]}")
+    return ", ".join(parts)
 
 
 def make_output_dir(out_dir: Path) -> None:
@@ -184,8 +220,15 @@ def _heatmap_figure(results: dict, task: str):
     ax.set_xticks(range(len(lengths)), [str(L) for L in lengths], rotation=45)
     ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
     ax.set_xlabel("context length (tokens)")
+    n = results.get("train_seq_len")
+    if n:  # the columns right of the dashed line are lengths the model was not trained at, as in the other figures
+        inside = sum(L <= n for L in lengths)
+        if 0 < inside < len(lengths):
+            ax.axvline(inside - 0.5, color="black", ls="--", lw=1.5)
+        ax.set_xlabel(f"context length (tokens); trained at {n}" + (" (dashed)" if 0 < inside < len(lengths) else ""))
     ax.set_ylabel("depth of the key")
-    ax.set_title(f"{task} accuracy")
+    n = results.get("samples")
+    ax.set_title(f"{task} accuracy" + (f" ({n} prompts per cell)" if n else ""))
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     return fig
@@ -196,7 +239,15 @@ def _retrieval_figure(results: dict):
     for task in RETRIEVAL:
         xs = _lengths(results, task)
         if xs:
-            ax.plot(xs, [results[task][str(x)] for x in xs], "o-", label=task)
+            ys = [results[task][str(x)] for x in xs]
+            ns = [prompts(results, task, x) for x in xs]
+            label = task + (f" (n={_prompt_counts(results, [task]).split(' ', 1)[1]})" if any(ns) else "")
+            if all(ns):  # the 95 % interval of each accuracy: a few prompts per length are weak evidence
+                lo, hi = zip(*(wilson_interval(y, n) for y, n in zip(ys, ns)))
+                err = [[y - a for y, a in zip(ys, lo)], [b - y for y, b in zip(ys, hi)]]
+                ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, label=label)
+            else:
+                ax.plot(xs, ys, "o-", label=label)
     _mark_train_len(ax, results)
     ax.set_xscale("log", base=2)
     ax.set_ylim(-0.05, 1.05)
@@ -275,18 +326,24 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
         if str(L) in unsupported:
             lines.append(f"| {L} | " + " | ".join("unsupported" for _ in cols) + " |")
             continue
-        cells = [_fmt(results[c].get(str(L)), "ppl" if c.startswith("ppl") else "acc") for c in cols]
+        cells = [_fmt(results[c].get(str(L)), "ppl") if c.startswith("ppl") else _acc_cell(results, c, L)
+                 for c in cols]  # fmt: skip
         lines.append(f"| {L} | " + " | ".join(cells) + " |")
+    counts = _prompt_counts(results, [c for c in cols if c in RETRIEVAL])
     lines += ["", "ppl: non-overlapping windows; ppl_sliding: sliding windows (after a document's first window, "
               "every scored token has at least L − stride tokens of context); retrieval: exact-match accuracy of "
-              "greedy decoding.", ""]  # fmt: skip
+              "greedy decoding" + (f" over n prompts per length ({counts}), in brackets its 95 % Wilson interval"
+                                   if counts else "") + ".", ""]  # fmt: skip
     for task in ("passkey", "needle"):
         grid = results.get(f"{task}_grid")
         if not grid:
             continue
         depths = [_depth_key(d) for d in results.get("depths", [])]
         header = "| length | " + " | ".join(f"{float(d):.0%}" for d in depths) + " |"
-        lines += [f"## {task}: length × depth", "", header, "|---:|" + "---:|" * len(depths)]
+        lines += [f"## {task}: length × depth", ""]
+        if results.get("samples"):
+            lines += [f"Exact-match accuracy over {results['samples']} prompts per cell.", ""]
+        lines += [header, "|---:|" + "---:|" * len(depths)]
         for L in _grid_lengths(results, grid):
             row = grid.get(str(L)) or {}
             lines.append(f"| {L} | " + " | ".join(_fmt(row.get(d), "acc") for d in depths) + " |")
@@ -391,15 +448,21 @@ def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple
                      + (f", extension `{json.dumps(ext)}`" if ext else ""))  # fmt: skip
     lines.append("")
     for key in panels:
-        lines += [f"## {key}", "", "| run | " + " | ".join(str(L) for L in lengths) + " |",
-                  "|---|" + "---:|" * len(lengths)]  # fmt: skip
+        lines += [f"## {key}", ""]
+        counts = [(label, _prompt_counts(r, [key])) for r, label in zip(runs, labels)]
+        if key in RETRIEVAL and any(c for _, c in counts):
+            lines += ["Exact-match accuracy [95 % Wilson interval] over n prompts per length: "
+                      + "; ".join(f"{label} {c.split(' ', 1)[1]}" for label, c in counts if c) + ".", ""]  # fmt: skip
+        lines += ["| run | " + " | ".join(str(L) for L in lengths) + " |", "|---|" + "---:|" * len(lengths)]
         for r, label in zip(runs, labels):
             cells = []
             for L in lengths:
                 if str(L) in r.get("unsupported", {}):
                     cells.append("unsupp.")
+                elif key.startswith("ppl"):
+                    cells.append(_fmt(r.get(key, {}).get(str(L)), "ppl"))
                 else:
-                    cells.append(_fmt(r.get(key, {}).get(str(L)), "ppl" if key.startswith("ppl") else "acc"))
+                    cells.append(_acc_cell(r, key, L))
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += [f"![compare]({fig_path.name})", ""]

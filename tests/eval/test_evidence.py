@@ -27,3 +27,54 @@ def test_the_report_names_the_extension_parameters_taken_from_the_training_lengt
     assert json.loads((out / "results.json").read_text())["extension"] == {**extension, **filled}
     key, value = next(iter(filled.items()))
     assert f'"{key}": {value}' in (out / "report.md").read_text()
+
+
+def _retrieval_results(passkey: dict, samples: int = 2, depths=(0.0, 1.0)) -> dict:
+    """A results dict as the suite writes it: passkey accuracy per length over samples × depths prompts."""
+    n = samples * len(depths)
+    return {"lengths": [int(L) for L in passkey], "depths": list(depths), "samples": samples, "tasks": ["passkey"],
+            "train_seq_len": 64, "run": "r", "phase": "p", "label": "r/p", "passkey": passkey,
+            "passkey_grid": {L: {f"{d:g}": v for d in depths} for L, v in passkey.items()},
+            "details": {"passkey": {L: {"samples": n} for L in passkey}}}  # fmt: skip
+
+
+def test_wilson_interval_known_values():
+    from minilm.eval.report import wilson_interval
+
+    lo, hi = wilson_interval(0.0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)  # 0 of 10 does not rule out 28 %
+    assert wilson_interval(0.4, 10) == pytest.approx((0.1682, 0.6873), abs=1e-4)
+    assert wilson_interval(1.0, 100) == pytest.approx((0.9630, 1.0), abs=1e-4)
+
+
+def test_the_report_says_how_many_prompts_an_accuracy_counts_and_its_interval(tmp_path):
+    """Passkey 0.40 from 10 prompts used to be reported as a bare 0.40 (the report's header named the prompts per
+    (length, depth) cell, not per length, and compare.md nothing at all): a reader could not tell it from 0.40 of
+    1000. The summary and compare.md now give each accuracy its 95 % interval and say n."""
+    from minilm.eval import compare, write_report
+
+    res = _retrieval_results({"64": 0.4, "128": 0.0}, samples=5)
+    write_report(res, tmp_path / "ev")
+    report = (tmp_path / "ev" / "report.md").read_text()
+    assert "| 64 | 0.40 [0.17, 0.69] |" in report and "| 128 | 0.00 [0.00, 0.28] |" in report
+    assert "over n prompts per length (passkey 10)" in report
+    assert "Exact-match accuracy over 5 prompts per cell." in report
+    _, table = compare([res], ["rope"], tmp_path / "cmp")
+    text = table.read_text()
+    assert "| rope | 0.40 [0.17, 0.69] | 0.00 [0.00, 0.28] |" in text and "prompts per length: rope 10." in text
+
+
+def test_the_retrieval_figure_draws_intervals_and_the_heatmap_marks_the_training_length():
+    """The heatmap used to have no mark of the training length (the other figures do), so the columns beyond it
+    could not be told from those within; the retrieval curves had no error bars and no n."""
+    from minilm.eval.report import _heatmap_figure, _retrieval_figure
+
+    res = _retrieval_results({"32": 1.0, "64": 0.4, "128": 0.0})
+    ax = _heatmap_figure(res, "passkey").axes[0]
+    dashed = [line.get_xdata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert dashed == [1.5]  # between column 1 (64, the training length) and column 2 (128)
+    assert "trained at 64" in ax.get_xlabel() and "4 prompts per cell" not in ax.get_title()
+    assert "2 prompts per cell" in ax.get_title()
+    ax = _retrieval_figure(res).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train length 64", "passkey (n=4)"]
+    assert ax.containers, "no error bars"
