@@ -35,7 +35,7 @@ from minilm.files import fsync_path
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 5  # bump when the cache layout, the split, the documents read or the tokenizer training change
+FORMAT_VERSION = 6  # bump when the cache layout, the split, the documents read or the tokenizer training change
 SPLITS = ("train", "val")
 ENCODE_CHUNK_CHARS = 2_000_000
 SHARE_LENGTHS = tuple(2**k for k in range(6, 18))  # 64 .. 131072: seq_lens the long-document share is reported for
@@ -153,7 +153,7 @@ def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, ou
     t1, c1 = time.time(), time.process_time()
     flat, lengths = _tokenize(tok, texts, data_cfg.num_proc, progress)
     t_tok, c_tok = time.time() - t1, time.process_time() - c1  # CPU time: comparable on a busy machine
-    is_val = held_out(names, data_cfg.val_fraction, texts)
+    is_val = held_out(names, data_cfg.val_fraction, texts, source_of)
     stores = {}
     for split, mask in (("train", ~is_val), ("val", is_val)):
         stores[split] = _write_split(tmp, split, flat, lengths, np.asarray(source_of), mask, tok.vocab_size,
@@ -183,13 +183,19 @@ def _sync_tree(directory: Path) -> None:
         fsync_path(f)
 
 
-def held_out(names: Sequence[str], val_fraction: float, texts: Sequence[str] | None = None) -> np.ndarray:
+def held_out(names: Sequence[str], val_fraction: float, texts: Sequence[str] | None = None,
+             sources: Sequence[int] | None = None) -> np.ndarray:
     """(D,) bool: a document is held out when a hash of its name falls below ``val_fraction``. Deterministic and
     independent of the other documents, so adding a file never moves another one between splits. With ``texts``,
     documents of identical text share one split, the one of the first of their names in sorted order (one hash per
     group, so the held-out share stays ``val_fraction``): a copy in training would leak the held-out one (the stdlib
     alone has 19 such copies, boilerplate ``__main__.py`` files among them). At least one document is held out (the
-    lowest hash) so validation always has data; at least one stays in training."""
+    lowest hash) so validation always has data; at least one stays in training.
+
+    With ``sources`` (D,) (the source of each document), both guarantees hold per source, for each source of at
+    least two documents: a phase validates on the held-out documents of the sources it samples, so a small source
+    beside a large one (or beside the embedded corpus at weight 0) had none and the phase could not start; and a
+    one-document source whose document had the corpus's lowest hash was held out whole, never trained on."""
     if texts is not None:
         first: Dict[bytes, str] = {}
         digests = [hashlib.sha1(t.encode()).digest() for t in texts]
@@ -198,10 +204,13 @@ def held_out(names: Sequence[str], val_fraction: float, texts: Sequence[str] | N
         names = [first[d] for d in digests]
     h = np.array([int.from_bytes(hashlib.sha1(n.encode()).digest()[:8], "big") / 2**64 for n in names])
     is_val = h < val_fraction
-    if len(names) >= 2 and not is_val.any():
-        is_val[h == h.min()] = True
-    if is_val.all():
-        is_val[h == h.max()] = False
+    groups = np.zeros(len(names), np.int64) if sources is None else np.asarray(sources, dtype=np.int64)
+    for g in np.unique(groups):  # (identical texts have one hash: flipping by hash moves their copies together)
+        sel = groups == g
+        if sel.sum() >= 2 and not is_val[sel].any():
+            is_val[h == h[sel].min()] = True
+        if is_val[sel].all():
+            is_val[h == h[sel].max()] = False
     if len(names) >= 2 and not is_val.any():  # every document has the same text: hold one out all the same
         is_val[0] = True
     return is_val

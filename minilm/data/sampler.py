@@ -126,12 +126,17 @@ class Sampler:
             )
         short_mask = ~is_long if self.long_fraction > 0 else np.ones(store.n_docs, bool)
         self._short = self._pools(short_mask)
-        if not self._short:  # every document is long: pack from all of them rather than fail
+        if not self._short and self._long:  # every document is long: pack from all of them rather than fail
             log.warning("no %s document is shorter than %d tokens: short rows pack long documents too", split,
                         self.long_min_tokens)  # fmt: skip
             self._short = self._pools(np.ones(store.n_docs, bool))
-        if not self._short:
-            raise DataError(f"no {split} documents in any source with weight > 0: {dict(zip(names, w))}")
+        if not self._short:  # (weights: plain floats in the message, not np.float64(...))
+            sampled = {n: round(float(x), 6) for n, x in zip(names, w)}
+            hint = (" (documents are held out by a hash of their names, data.val_fraction of them and at least one "
+                    "per source of two or more documents; a source of one document has none): raise "
+                    "data.val_fraction, or sample a source with held-out documents"
+                    if split == "val" else "")  # fmt: skip
+            raise DataError(f"no {split} documents in any source with weight > 0 (weights: {sampled}){hint}")
         if self.synthetic_fraction > 0:
             self._check_synthetic_fits()
 

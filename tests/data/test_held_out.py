@@ -36,3 +36,24 @@ def test_with_val_fraction_1_one_document_stays_in_training():
     i = int(np.flatnonzero(~everything)[0])
     for f in (0.1, 0.5, 0.98):
         assert not held_out(NAMES, f)[i]
+
+
+def test_with_sources_each_source_of_two_or_more_documents_has_a_held_out_one_and_a_trained_one():
+    """A phase validates on the held-out documents of the sources it samples: a 3-file corpus beside a large
+    source (the embedded corpus at weight 0, say) usually had none held out, and the phase refused to start."""
+    small = ["mine/a.txt", "mine/b.txt", "mine/c.txt"]
+    sources = [0] * len(NAMES) + [1] * len(small)
+    assert not held_out(NAMES + small, 0.02)[len(NAMES):].any()  # the case: by hash alone, none of them
+    split = held_out(NAMES + small, 0.02, sources=sources)
+    for s in (0, 1):
+        mine = split[np.asarray(sources) == s]
+        assert mine.any() and not mine.all()
+    assert np.array_equal(split[: len(NAMES)], held_out(NAMES, 0.02))  # the large source's split is its own
+
+
+def test_with_sources_a_one_document_source_is_trained_on():
+    """Its document could be the corpus's lowest hash, held out as the corpus's one validation document: the
+    source was then never trained on, whatever its weight."""
+    lone = next(n for n in (f"tiny/doc_{k}.txt" for k in range(10_000)) if held_out(NAMES + [n], 0.0)[-1])
+    split = held_out(NAMES + [lone], 0.0, sources=[0] * len(NAMES) + [1])
+    assert not split[-1] and split[:-1].sum() == 1

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from minilm.data import load_corpus
+from minilm.data import held_out, load_corpus, validation_batches
 from minilm.data.sources import parse_sources, read_source
 from minilm.errors import DataError
 from tests.data.conftest import make_data_cfg
@@ -91,3 +91,36 @@ def test_a_byte_order_mark_is_not_part_of_a_text_document(tmp_path):
     docs = _read("mine", {"kind": "files", "paths": [f"{tmp_path}/*.txt"]})
     assert docs.texts == ["hello\r\nworld\r\n"]
     assert dict(docs.skipped) == {"empty": 1}
+
+
+def test_a_small_source_beside_a_large_one_has_held_out_documents_to_validate_on(tmp_path, monkeypatch):
+    """Three files of one's own beside a large source at weight 0 (as docs/data.md once advised for the embedded
+    one): by hash alone none of the three was held out, and the phase stopped with "no val documents in any source
+    with weight > 0" (after a false warning that no document was shorter than seq_len)."""
+    monkeypatch.chdir(tmp_path)  # relative globs: the documents' names, and so the split, do not depend on tmp_path
+    for d, files in (("big", [f"f{i:02d}" for i in range(40)]), ("mine", ["a", "b", "c"])):
+        (tmp_path / d).mkdir()
+        for f in files:
+            (tmp_path / d / f"{f}.txt").write_text(f"{d} {f}: some words of text here\n" * 5)
+    assert not held_out([f"big/big/f{i:02d}.txt" for i in range(40)] + ["mine/mine/a.txt", "mine/mine/b.txt",
+                                                                        "mine/mine/c.txt"], 0.02)[-3:].any()
+    cfg = make_data_cfg(tmp_path, {"big": {"kind": "files", "paths": ["big/*.txt"], "weight": 0},
+                                   "mine": {"kind": "files", "paths": ["mine/*.txt"]}}, val_fraction=0.02)  # fmt: skip
+    corpus = load_corpus(cfg, progress=False)
+    assert (corpus.val.doc_source == corpus.source_names.index("mine")).sum() == 1
+    (batch,) = validation_batches(corpus, cfg, seq_len=16, batch_size=2, n_batches=1, seed=0)
+    assert batch["input_ids"].shape == (2, 16)
+
+
+def test_a_phase_sampling_only_sources_without_held_out_documents_says_what_to_change(tmp_path):
+    (tmp_path / "one.txt").write_text("the only document of this source\n" * 20)
+    (tmp_path / "many").mkdir()
+    for i in range(5):
+        (tmp_path / "many" / f"{i}.txt").write_text(f"document {i} of the other source\n" * 20)
+    sources = {"one": {"kind": "files", "paths": [str(tmp_path / "one.txt")]},
+               "many": {"kind": "files", "paths": [f"{tmp_path}/many/*.txt"], "weight": 0}}  # fmt: skip
+    cfg = make_data_cfg(tmp_path, sources)
+    corpus = load_corpus(cfg, progress=False)
+    says = r"no val documents .*weights: \{'one': 1\.0, 'many': 0\.0\}.*raise data\.val_fraction"
+    with pytest.raises(DataError, match=says):
+        validation_batches(corpus, cfg, seq_len=16, batch_size=2, n_batches=1, seed=0)
