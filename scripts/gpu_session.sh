@@ -22,9 +22,10 @@
 # slow part. (Part durations are estimates: not yet timed on a GPU.)
 #
 # Every benchmark part writes benchmarks/results/*.{json,md} and its table in docs/performance.md
-# (--update-docs). Where $OUT is set (the device tool's output folder), each part also leaves there
-# gpu-PART.log (everything printed) and gpu-PART.tgz (benchmarks/results and docs/performance.md): unpack the
-# last one in the checkout (tar xzf gpu-PART.tgz) to take the results home.
+# (--update-docs). Where $OUT is set (the device tool's output folder), the parts leave there two files, however
+# many run (the tool brings back at most 8): gpu-session.log (everything printed, part by part) and
+# gpu-results.tgz (benchmarks/results and docs/performance.md, rewritten after each part): unpack it in the
+# checkout (tar xzf gpu-results.tgz) to take the results home.
 #
 # Packages the GPU image lacks travel as wheels in .whl/ (`make gpu-wheels` downloads them; pass .whl in the
 # device tool's carry); they are installed into /tmp/site first (WHEELS names another folder). GPU_CONFIG picks
@@ -114,12 +115,14 @@ for part in "$@"; do
     if [ -z "$out" ]; then
         run_part
         rc=$?
-    else
+    else # two files whatever the parts: the device tool brings back at most 8 from $OUT
         mkdir -p "$out"
-        run_part 2>&1 | tee "$out/gpu-$part.log"
+        { echo "=== gpu_session $part ($(date -u '+%F %T UTC')) ==="; run_part; } 2>&1 | tee -a "$out/gpu-session.log"
         rc=${PIPESTATUS[0]}
-        tar czf "$out/gpu-$part.tgz" benchmarks/results docs/performance.md
-        echo "gpu_session $part: exit $rc; results in $out/gpu-$part.tgz" | tee -a "$out/gpu-$part.log"
+        # every part's results so far (a superset of the last tarball's), replaced whole, never half-written
+        tar czf "$out/gpu-results.tgz.part" benchmarks/results docs/performance.md &&
+            mv -f "$out/gpu-results.tgz.part" "$out/gpu-results.tgz"
+        echo "gpu_session $part: exit $rc; results in $out/gpu-results.tgz" | tee -a "$out/gpu-session.log"
     fi
     ((rc == 0)) || status=$rc
 done

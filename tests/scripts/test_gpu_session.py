@@ -7,6 +7,8 @@ import subprocess
 import sys
 import tarfile
 
+import pytest
+
 from tests.conftest import REPO
 
 SCRIPT = REPO / "scripts" / "gpu_session.sh"
@@ -22,12 +24,27 @@ def test_check_part_leaves_its_log_and_results_in_out(tmp_path):
     out = tmp_path / "out"
     proc = _run("check", tmp_path, OUT=str(out), GPU_CONFIG="configs/tiny.yaml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    log = (out / "gpu-check.log").read_text()
-    assert "tok/s" in log and "gpu_session check: exit 0" in log
-    with tarfile.open(out / "gpu-check.tgz") as tar:
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-results.tgz", "gpu-session.log"]
+    log = (out / "gpu-session.log").read_text()
+    assert "=== gpu_session check (" in log and "tok/s" in log and "gpu_session check: exit 0" in log
+    with tarfile.open(out / "gpu-results.tgz") as tar:
         names = tar.getnames()
     assert "docs/performance.md" in names and "benchmarks/results" in names
     assert list((tmp_path / "minilm-check").glob("*.json")), "the check's results go to TMPDIR, not the repo"
+
+
+@pytest.mark.slow  # two parts: ~25 s
+def test_parts_leave_one_log_and_one_tarball_in_out(tmp_path):
+    """However many parts run, $OUT holds two files — the device tool brings back at most 8, and a log and a
+    tarball per part lost files from the fifth part on: the log of every part, and the tarball of the results so
+    far (rewritten whole after each part)."""
+    out = tmp_path / "out"
+    proc = _run("check check", tmp_path, OUT=str(out), GPU_CONFIG="configs/tiny.yaml")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-results.tgz", "gpu-session.log"]
+    log = (out / "gpu-session.log").read_text()
+    assert log.count("=== gpu_session check (") == 2 and log.count("tok/s") == 2
+    assert log.count("gpu_session check: exit 0; results in") == 2
 
 
 def test_unknown_part_is_refused_with_usage_before_anything_runs(tmp_path):
