@@ -106,6 +106,8 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
         raise DataError(f"data.cache_dir: the prepared corpus {out} is damaged (no meta.json); delete that "
                         f"directory and it is prepared again")  # fmt: skip
     if not from_cache:
+        if tok_cfg.model_file:  # not a sentencepiece model, or one without EOS: say so before reading every source
+            Tokenizer(tok_cfg.model_file)
         tmp = _temporary_dir(out)  # first: an unusable cache_dir should not cost a read and a tokenizer training
         try:
             _prepare(data_cfg, specs, material, tmp, out, progress)

@@ -137,6 +137,30 @@ def test_missing_model_file_is_a_data_error_naming_the_key(files_cfg, tmp_path):
         load_corpus(files_cfg(**{"tokenizer.model_file": str(tmp_path / "nope.model")}), progress=False)
 
 
+@pytest.mark.parametrize("problem", ["not_a_model", "no_eos"])
+def test_a_model_file_that_cannot_serve_is_refused_before_any_source_is_read(files_cfg, tmp_path, monkeypatch,
+                                                                              problem):  # fmt: skip
+    """A file that is no sentencepiece model, or one trained without an EOS piece (eos_id=-1), was found out
+    only after every source had been read: minutes on a large corpus."""
+    import sentencepiece as spm
+
+    path = tmp_path / "own.model"
+    if problem == "not_a_model":
+        path.write_text("not a model")
+    else:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(["some text to train on, more text"] * 50),
+                                       model_prefix=str(tmp_path / "own"), vocab_size=16, eos_id=-1,
+                                       minloglevel=2)  # fmt: skip
+
+    def no_reading(*a, **k):
+        raise AssertionError("sources read before the tokenizer file was checked")
+
+    monkeypatch.setattr(prepare_mod, "read_source", no_reading)
+    says = r"data\.tokenizer\.model_file: .*own\.model (is not a sentencepiece|has no EOS)"
+    with pytest.raises(DataError, match=says):
+        load_corpus(files_cfg(**{"tokenizer.model_file": str(path)}), progress=False)
+
+
 def test_vocab_below_the_sample_characters_says_to_raise_it(files_cfg):
     """sentencepiece needs a piece per character it must cover: a vocab below that is too small, and the advice
     is to raise it (the generic advice, a smaller vocab, would make it worse)."""
