@@ -99,12 +99,14 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
     root = Path(data_cfg.cache_dir)
     out = root / f"corpus-{key}"
     from_cache = (out / "meta.json").is_file()
-    if not from_cache and (out.exists() or out.is_symlink()):
-        # a corpus is renamed into place whole, meta.json included: without it the directory was damaged afterwards
-        # (a file deleted, an interrupted rm -r). Say so now, not with an OSError from the rename onto it after
-        # the whole preparation; replacing it here could race with another process doing the same
+    # a corpus is renamed into place whole, meta.json included: a directory without it was damaged afterwards (a
+    # file deleted, an interrupted rm -r). Say so now, not with an OSError from the rename onto it after the whole
+    # preparation; replacing it here could race with another process doing the same. (meta.json is looked for
+    # again: another process may have renamed its corpus into place between the two looks.)
+    if not from_cache and (out.exists() or out.is_symlink()) and not (out / "meta.json").is_file():
         raise DataError(f"data.cache_dir: the prepared corpus {out} is damaged (no meta.json); delete that "
                         f"directory and it is prepared again")  # fmt: skip
+    from_cache = (out / "meta.json").is_file()
     if not from_cache:
         if tok_cfg.model_file:  # not a sentencepiece model, or one without EOS: say so before reading every source
             Tokenizer(tok_cfg.model_file)
