@@ -40,3 +40,20 @@ def test_given_labels_are_kept(tmp_path):
     assert cmp.main(args) == 0
     table = (tmp_path / "cmp" / "compare.md").read_text()
     assert "| first | 5.00 |" in table and "| second | 6.00 |" in table
+
+
+def test_the_figure_says_which_run_each_training_length_line_belongs_to(tmp_path, monkeypatch):
+    """Comparing a phase trained at 64 with one trained at 256 drew two unlabelled grey lines: a reader could not
+    tell which length was whose, so not which points lie beyond a run's training length."""
+    import matplotlib.pyplot as plt
+
+    from minilm.eval import compare
+
+    short, long = _evaluation(tmp_path / "a", "pre", 5.0), _evaluation(tmp_path / "b", "ext", 6.0)
+    runs = [json.loads((d / "results.json").read_text()) for d in (short, long)]
+    runs[1]["train_seq_len"] = 256
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)  # keep the figure to read its legend
+    compare(runs, ["a/pre", "b/ext"], tmp_path / "cmp")
+    legend = [t.get_text() for t in closed[0].axes[0].get_legend().get_texts()]
+    assert "trained at 64 (a/pre)" in legend and "trained at 256 (b/ext)" in legend

@@ -421,8 +421,10 @@ def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple
             xs = _lengths(r, key)
             if xs:
                 ax.plot(xs, [r[key][str(x)] for x in xs], "o-", label=label)
-        for n in train_lens:
-            ax.axvline(n, color="grey", ls="--", lw=1)
+        for i, n in enumerate(train_lens):  # named in the legend: with several, which run was trained where
+            who = [lb for r, lb in zip(runs, labels) if r.get("train_seq_len") == n]
+            text = f"trained at {n}" + (f" ({', '.join(who)})" if len(train_lens) > 1 else "")
+            ax.axvline(n, color="grey", ls=("--", ":", "-.")[i % 3], lw=1, label=text if ax is axes[0][0] else None)
         ax.set_xscale("log", base=2)
         if key.startswith("ppl"):
             ax.set_yscale("log")
