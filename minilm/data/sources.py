@@ -288,7 +288,8 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
     text_files = [p for p in files if p.suffix.lower() in TEXT_SUFFIXES]
     record_files = [p for p in files if p.suffix.lower() in RECORD_SUFFIXES]
     other = len(files) - len(text_files) - len(record_files)
-    docs = _read_text_files(name, text_files, root=None, progress=progress)
+    cap = spec.max_docs  # reading stops there: a quick run on a few documents of a large corpus reads only those
+    docs = _read_text_files(name, text_files, root=None, progress=progress, max_docs=cap)
     if other:
         docs.skipped["not_text"] += other
         log.warning("%s: %d file(s) with unsupported suffix skipped (allowed: %s)", where, other,
@@ -296,14 +297,15 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
     for builder, group in (("json", [p for p in record_files if p.suffix.lower() != ".parquet"]),
                            ("parquet", [p for p in record_files if p.suffix.lower() == ".parquet"])):  # fmt: skip
         for path in group:
+            if cap is not None and len(docs.texts) >= cap:
+                break
             problem = _text_problem(path) if builder == "json" else None
             if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
                 docs.skipped[problem] += 1
                 continue
             ds = _load_dataset(where, builder, None, "train", [str(path)], False, cache_dir=local_cache)
-            _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=str(path), file=str(path))
-    if spec.max_docs is not None:
-        docs.names, docs.texts = docs.names[: spec.max_docs], docs.texts[: spec.max_docs]
+            _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=str(path), file=str(path),
+                            max_docs=cap)  # fmt: skip
     return docs
 
 
@@ -329,12 +331,16 @@ def _text_problem(path: Path) -> Optional[str]:
     return "empty" if blank else None
 
 
-def _read_text_files(name: str, files: List[Path], root: Optional[str], progress: bool) -> SourceDocs:
-    """One file = one document. Decoding is strict UTF-8: a lossy decode would put garbage into the vocab."""
+def _read_text_files(name: str, files: List[Path], root: Optional[str], progress: bool,
+                     max_docs: Optional[int] = None) -> SourceDocs:  # fmt: skip
+    """One file = one document (up to ``max_docs`` of them). Decoding is strict UTF-8: a lossy decode would put
+    garbage into the vocab."""
     from tqdm.auto import tqdm
 
     docs = SourceDocs([], [], Counter())
     for path in tqdm(files, desc=f"read {name}", unit="file", disable=not progress, leave=False):
+        if max_docs is not None and len(docs.texts) >= max_docs:
+            break
         try:
             raw = path.read_bytes()
         except OSError:

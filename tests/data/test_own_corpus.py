@@ -124,3 +124,18 @@ def test_a_phase_sampling_only_sources_without_held_out_documents_says_what_to_c
     says = r"no val documents .*weights: \{'one': 1\.0, 'many': 0\.0\}.*raise data\.val_fraction"
     with pytest.raises(DataError, match=says):
         validation_batches(corpus, cfg, seq_len=16, batch_size=2, n_batches=1, seed=0)
+
+
+def test_files_max_docs_stops_reading_at_the_cap(tmp_path):
+    """max_docs (for a quick run on a large corpus) truncated after reading and converting every file: a files
+    source of 2 documents still parsed all the .jsonl files, and a bad one after the cap stopped the run."""
+    for i in range(3):
+        (tmp_path / f"{i}.txt").write_text(f"text document {i}\n")
+    (tmp_path / "y.jsonl").write_text('{"text": "record one"}\n{"text": "record two"}\n')
+    (tmp_path / "z.jsonl").write_text('{"text": "a record"}\n{"text": not json\n')
+    docs = _read("mine", {"kind": "files", "paths": [f"{tmp_path}/*"], "max_docs": 2})
+    assert docs.texts == ["text document 0\n", "text document 1\n"]
+    four = _read("mine", {"kind": "files", "paths": [f"{tmp_path}/*"], "max_docs": 4})
+    assert four.texts[2:] == ["text document 2\n", "record one"]  # records count towards the cap, in order
+    with pytest.raises(DataError, match="JSON parse error"):
+        _read("mine", {"kind": "files", "paths": [f"{tmp_path}/*"], "max_docs": 6})
