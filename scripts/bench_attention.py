@@ -7,12 +7,13 @@
         [--out benchmarks/results] [--tag TAG] [--update-docs] [key.sub=value ...]
 
 What differs between encodings is this part of a layer: the projections, the MLP and the loss are the same for
-all of them, so scripts/benchmark.py's whole-model ratios dilute it. Per (encoding, length) this builds layer 0's
-``Attention`` of the config with ``model.position.name`` set, random q (B, H, T, Dh), k and v (B, Hkv, T, Dh)
-that require gradients (bf16 under bf16-mixed, as the projections give them), positions 0..T−1 and a plain
-causal mask, and times ``pos.rotate`` + ``Attention.attend`` forward and backward (gradients of q, k, v and of
-the encoding's own parameters) — on the rung ``Attention.kernel`` names: SDPA, FlexAttention (CUDA),
-SDPA with the bias as its mask, or the fp32 reference. B = ``--tokens`` // T (at least 1); by default the
+all of them, so scripts/benchmark.py's whole-model ratios dilute it. Per (encoding, length) — length by length:
+every encoding at the first length, then the next — this builds layer 0's ``Attention`` of the config with
+``model.position.name`` set, random q (B, H, T, Dh), k and v (B, Hkv, T, Dh) that require gradients (bf16
+under bf16-mixed, as the projections give them), positions 0..T−1 and a plain causal mask, and times
+``pos.rotate`` + ``Attention.attend`` forward and backward (gradients of q, k, v and of the encoding's own
+parameters) — on the rung ``Attention.kernel`` names: SDPA, FlexAttention (CUDA), SDPA with the bias as its mask,
+or the fp32 reference. B = ``--tokens`` // T (at least 1); by default the
 config's tokens per micro-batch. ``--compile`` wraps the core in ``torch.compile(dynamic=False)`` (default: off;
 FlexAttention's kernel is compiled either way on CUDA). ``--no-flex-table`` gives T5 and KERPLE their direct
 score_mods instead of the per-distance tables (``flex_distance_table`` in minilm/positions/bias.py), to measure
@@ -157,7 +158,10 @@ def run(args) -> dict:
     device, precision = bench.device_and_precision(args, base)
     dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
     tokens = args.tokens or micro_batch_size(base.train) * base.train.seq_len
-    planned = bench.plan(args, base)
+    # length by length (every encoding at the first length, then the next): a run stopped by its time limit keeps
+    # whole lengths, each with RoPE to compare against, rather than every length of the first encodings
+    lengths = list(dict.fromkeys(T for _, T in bench.plan(args, base)))
+    planned = sorted(bench.plan(args, base), key=lambda p: lengths.index(p[1]))  # stable: encodings keep their order
     now = datetime.datetime.now(datetime.timezone.utc)
     report = bench.new_report(args, base, device, precision, args.compile, now, len(planned), kind="attention")
     report["flex_table"] = args.flex_table

@@ -4,7 +4,7 @@
 #   bash scripts/gpu_session.sh PART [PART ...]
 #
 #   check      versions, the GPU, one short uncompiled step of the config (no tables written): run first
-#   attn       the attention core alone (scripts/bench_attention.py), five encodings at 1K, 8K, 32K tokens
+#   attn       the attention core alone (scripts/bench_attention.py), five encodings at 1K, then 8K, then 32K tokens
 #   attn-direct  RoPE, T5, KERPLE at 8K with T5's and KERPLE's direct score_mods (--no-flex-table): the A/B of
 #              the per-distance tables their FlexAttention backward scatters into (minilm/positions/bias.py)
 #   peer       the config at 1024 tokens against the Hugging Face peer (MFU, ratio)

@@ -25,6 +25,9 @@ def test_rows_name_their_kernel_and_compare_with_rope(attn_bench, tmp_path, monk
     assert attn_bench.main(argv) == 0
     saved = json.loads(next((tmp_path / "out").glob("*-attention.json")).read_text())
     assert saved["complete"] and saved["measured"] == saved["planned"] == 6
+    # length by length, so a run its time limit stops keeps whole lengths, each with RoPE to compare against
+    assert [(r["encoding"], r["seq_len"]) for r in saved["results"]] == [
+        ("rope", 8), ("alibi", 8), ("cope", 8), ("rope", 16), ("alibi", 16), ("cope", 16)]  # fmt: skip
     rows = {(r["encoding"], r["seq_len"]): r for r in saved["results"]}
     assert [rows["rope", 8]["kernel"], rows["alibi", 8]["kernel"], rows["cope", 8]["kernel"]] == [
         "sdpa", "sdpa_bias", "reference"]  # fmt: skip
