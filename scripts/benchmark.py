@@ -25,8 +25,9 @@ N = the parameters that take part in a matmul — every parameter except the inp
 counted even when it is tied to the embedding (its matmul costs 2·V·d FLOPs per token forward, as in nanoGPT's
 estimate) — L layers, d = d_model, T the sequence length (12·L·d·T: the attention scores and the weighted sum,
 forward and backward, counted without the causal halving, as PaLM and nanoGPT do). MFU = FLOPs/token · tokens/s /
-peak. Peak: ``--peak-tflops``, by default 989 TFLOP/s for an H100/H200 in bf16 (dense); on CPU and on
-other devices MFU is reported only when ``--peak-tflops`` is given.
+peak. Peak: ``--peak-tflops``, by default the device's dense bf16 peak (``PEAK_BF16_TFLOPS``: 989 TFLOP/s for an
+H100 or H200 SXM, 756 for an H100 PCIe, 835 for the NVL boards); on CPU and on other devices MFU is reported only
+when ``--peak-tflops`` is given.
 
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` from before the model is built to the end of the timed
 steps (weights, gradients, AdamW state, activations). On CPU the peak resident set size over the same span minus
@@ -74,7 +75,10 @@ from minilm.files import atomic_write_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "performance.md"
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16 tensor-core peaks
+# Dense bf16 tensor-core peaks by device name, the first key the name contains: the PCIe and NVL boards run lower
+# clocks and power than the SXM ones ("NVIDIA H100 80GB HBM3"), and the same 989 would understate their MFU.
+PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H200 NVL": 835.0, "H100": 989.0, "H200": 989.0,
+                    "A100": 312.0}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------- arguments

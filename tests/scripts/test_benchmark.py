@@ -165,3 +165,13 @@ def test_uncompiled_measurements_do_not_share_compiled_kernels(bench, tmp_path, 
     with torch._dynamo.config.patch(error_on_recompile=True):
         report = bench.run(args)
     assert [r["status"] for r in report["results"]] == ["ok"] * 4
+
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                        ("NVIDIA H100 NVL", 835.0), ("NVIDIA H200", 989.0), ("Tesla T4", None)])
+def test_mfu_peak_follows_the_gpu_model(bench, monkeypatch, name, peak):
+    """MFU's default peak is the device's dense bf16 peak: an H100 PCIe board is not an SXM one (756 vs 989
+    TFLOP/s), and a GPU not in the table gets no MFU rather than another GPU's peak."""
+    monkeypatch.setattr(bench, "device_info", lambda device: (name, "gpu"))
+    args = bench.parse_args(["--device", "cuda", *TINY])
+    assert bench._setup(args, bench.load_config(None, TINY))[4] == peak
