@@ -6,10 +6,11 @@
         [--extension METHOD key=value ...] [--no-cache] [--device cpu|cuda]
 
 RUN_DIR_OR_CHECKPOINT: a run directory (its final weights, or its newest finished phase), a phase directory, or a
-``model.safetensors`` inside either. ``--extension`` installs a training-free context-extension method
-(minilm.positions.training_free: logn, rerope, self_extend, dca, rope_scaling) with its parameters, e.g.
-``--extension self_extend group_size=4 window=256`` or
-``--extension rope_scaling rope_type=dynamic factor=4 original_max_position_embeddings=256``.
+``model.safetensors`` inside either. ``--extension`` takes what scripts/evaluate.py's does: a training-free
+context-extension method (minilm.positions.training_free: logn, rerope, self_extend, dca, rope_scaling) or a RoPE
+scaling rope_type (linear, ntk, dynamic, yarn, ...) with its parameters, e.g.
+``--extension self_extend group_size=4 window=256`` or ``--extension dynamic factor=4``;
+``original_max_position_embeddings`` and logn's ``train_len`` default to the training length.
 Text is printed as it is generated; generation stops at the tokenizer's EOS. Bad input: one message on stderr, exit
 code 2 (--debug: traceback).
 """
@@ -33,13 +34,13 @@ def main(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device)
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
-    if args.extension:
-        from minilm.eval import parse_extension
-        from minilm.positions.training_free import install_extension
+    model = run.model
+    if args.extension:  # as scripts/evaluate.py takes it: the same flag decodes with what it evaluated
+        from minilm.eval import applied_extension, apply_extension, parse_extension
 
-        params = parse_extension(args.extension)
-        method = install_extension(run.model, params.pop("name"), **params)
-        print(f"[extension: {method!r}]", file=sys.stderr)
+        extension = parse_extension(args.extension)
+        model, _ = apply_extension(model, run.cfg.model, run.tokenizer.vocab_size, extension, run.cfg.train.seq_len)
+        print(f"[extension: {applied_extension(extension, int(run.cfg.train.seq_len))}]", file=sys.stderr)
     ids = run.tokenizer.encode(args.prompt)
     if not ids:
         raise MinilmError("--prompt: encodes to no tokens; give some text")
@@ -55,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         pending.clear()
 
     generate(
-        run.model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache, eos_id=run.tokenizer.eos_id, on_token=show,
     )  # fmt: skip
     print("".join(pending) + stream.flush())
@@ -73,7 +74,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float)
     p.add_argument("--seed", type=int)
     p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores temperature / top-k / top-p)")
-    p.add_argument("--extension", nargs="+", metavar="ARG", help="METHOD [key=value ...]: a training-free method")
+    p.add_argument("--extension", nargs="+", metavar="ARG",
+                   help="METHOD [key=value ...]: a training-free method or a rope_type, as scripts/evaluate.py")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")

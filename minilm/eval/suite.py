@@ -157,6 +157,14 @@ def _with_length_defaults(extension: Mapping[str, Any], train_len: int) -> tuple
     return name, params
 
 
+def applied_extension(extension: Mapping[str, Any], train_len: int) -> Dict[str, Any]:
+    """An extension block ``{name, ...params}`` as ``apply_extension`` applies it at training length ``train_len``:
+    with ``original_max_position_embeddings`` / logn's ``train_len`` filled in where absent (what the report and
+    generate.py show)."""
+    name, params = _with_length_defaults(extension, train_len)
+    return {"name": name, **params}
+
+
 def check_extension(extension: Mapping[str, Any], where: str = "extension") -> None:
     """Check an extension block ``{name, ...params}`` without a model, so a bad parameter in ``eval.extension``
     fails when the config loads rather than after training. Errors name ``where.<key>``. The parameters filled
@@ -451,8 +459,7 @@ def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: d
 
 def _meta(cfg, run_dir, phase, step, extension) -> dict:
     if extension:  # as applied: with the parameters filled in from the training length, so the report says them
-        name, params = _with_length_defaults(extension, int(cfg.train.seq_len))
-        extension = {"name": name, **params}
+        extension = applied_extension(extension, int(cfg.train.seq_len))
     return {
         "run": str(run_dir), "phase": phase, "step": int(step),
         "label": f"{Path(str(run_dir)).name}/{phase}" + (f" + {extension['name']}" if extension else ""),

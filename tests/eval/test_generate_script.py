@@ -48,3 +48,29 @@ def test_generate_prints_nothing_for_bad_arguments(fake_run, monkeypatch, capsys
     assert run_cli(gen.main, gen.parser(), argv) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "temperature" in captured.err  # the prompt is not printed before the checks
+
+
+def test_generate_takes_the_extensions_evaluate_takes_with_the_same_defaults(fake_run, monkeypatch, capsys):
+    """``evaluate.py --extension dynamic factor=2`` (a rope_type) and ``--extension logn`` (train_len from the training
+    length) used to be refused by generate.py ('unknown training-free method', 'train_len: required'): the text
+    behind an evaluated number could not be looked at with the same flag. Both now decode the evaluated model."""
+    from minilm.cli import run_cli
+    from minilm.eval import apply_extension
+    from minilm.model.generate import generate
+    from minilm.runs import load_run
+
+    gen = load_script("scripts/generate.py")
+    prompt = "def main(x):\n    return"
+    for extension in (["dynamic", "factor=2"], ["logn"]):
+        run = load_run(fake_run)
+        ids = run.tokenizer.encode(prompt)
+        params = {"name": extension[0], **({"factor": 2} if len(extension) > 1 else {})}
+        model, _ = apply_extension(run.model, run.cfg.model, run.tokenizer.vocab_size, params, run.cfg.train.seq_len)
+        want = generate(model, ids, 80, greedy=True, eos_id=run.tokenizer.eos_id)[0, len(ids) :].tolist()
+        want = want[:-1] if want and want[-1] == run.tokenizer.eos_id else want
+        argv = [str(fake_run), "--prompt", prompt, "--max-new-tokens", "80", "--greedy", "--device", "cpu",
+                "--extension", *extension]  # fmt: skip
+        assert run_cli(gen.main, gen.parser(), argv) == 0
+        captured = capsys.readouterr()
+        assert captured.out == prompt + run.tokenizer.decode(want) + "\n"
+        assert ("'original_max_position_embeddings': 64" if len(extension) > 1 else "'train_len': 64") in captured.err
