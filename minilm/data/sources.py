@@ -29,7 +29,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from minilm.errors import DataError
 
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = (".txt", ".md", ".py")
 RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
+COMPRESSIONS = (".gz", ".bz2", ".xz")  # a .jsonl/.json/.csv file compressed so: datasets (fsspec) decompresses it
 KINDS = ("embedded", "files", "hf")
 
 
@@ -120,6 +121,8 @@ def _parse_one(name: str, entry: Any) -> SourceSpec:
             raise DataError(f"{where}.paths: give a non-empty list of glob patterns, got {spec.paths!r}")
     if isinstance(spec, HfSource) and (not isinstance(spec.path, str) or not spec.path):
         raise DataError(f"{where}.path: give a dataset name, builder or local path, got {spec.path!r}")
+    if isinstance(spec, HfSource):  # as the files kind's globs: ~/corpus.jsonl is a local file (never a Hub name)
+        spec.path = os.path.expanduser(spec.path)
     if isinstance(spec, (FilesSource, HfSource)) and (not isinstance(spec.text_field, str) or not spec.text_field):
         # checked here: otherwise a files source of text files never notices, and a record source fails on lookup
         raise DataError(f"{where}.text_field: must be a non-empty string, the name of the records' text column "
@@ -210,16 +213,33 @@ def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
 LOCAL_FILE_SUFFIXES = RECORD_SUFFIXES + (".csv", ".txt")  # an hf path ending so is a local file, never a Hub name
 
 
+def _data_suffix(path: Path) -> Tuple[str, bool]:
+    """(format suffix, compressed): ('.jsonl', True) for ``x.jsonl.gz``, ('.jsonl', False) for ``x.jsonl``."""
+    suffix = path.suffix.lower()
+    if suffix in COMPRESSIONS:
+        return Path(path.stem).suffix.lower(), True
+    return suffix, False
+
+
+def _record_builder(path: Path) -> Optional[str]:
+    """The datasets builder of a local record file (``json``, ``parquet``, ``csv``; compressed json/csv too)."""
+    suffix, compressed = _data_suffix(path)
+    if suffix == ".parquet":
+        return None if compressed else "parquet"
+    return {".jsonl": "json", ".json": "json", ".csv": "csv"}.get(suffix)
+
+
 def _check_local_file(spec: HfSource, where: str) -> None:
     """An hf ``path`` that names a data file is read as that local file; a missing one (a typo, another working
     directory) went to the Hub as a dataset name: 20 s of retries, then "Couldn't reach 'trian.jsonl' on the Hub".
     A local ``.txt`` file was sent there too (only ``.jsonl/.json/.parquet/.csv`` open directly)."""
-    path = Path(os.path.expanduser(spec.path))
-    suffix = path.suffix.lower()
+    path = Path(spec.path)
+    suffix, compressed = _data_suffix(path)
     if spec.data_files is not None or suffix not in LOCAL_FILE_SUFFIXES:
         return
     if not path.exists():
-        raise DataError(f"{where}.path: no such file: {spec.path} (cwd: {os.getcwd()}); a path ending in {suffix} "
+        ending = suffix + (path.suffix.lower() if compressed else "")
+        raise DataError(f"{where}.path: no such file: {spec.path} (cwd: {os.getcwd()}); a path ending in {ending} "
                         f"is read as a local file")  # fmt: skip
     if path.is_file() and suffix == ".txt":
         raise DataError(f"{where}.path: {spec.path}: an hf source opens a local .jsonl/.json/.parquet/.csv file; "
@@ -286,20 +306,22 @@ def read_source(name: str, spec: SourceSpec, *, progress: bool = True, scratch: 
 def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool, local_cache: str) -> SourceDocs:
     files = _expand_globs(spec, where)
     text_files = [p for p in files if p.suffix.lower() in TEXT_SUFFIXES]
-    record_files = [p for p in files if p.suffix.lower() in RECORD_SUFFIXES]
+    record_files = [p for p in files if _record_builder(p) in ("json", "parquet")]
     other = len(files) - len(text_files) - len(record_files)
     cap = spec.max_docs  # reading stops there: a quick run on a few documents of a large corpus reads only those
     docs = _read_text_files(name, text_files, root=None, progress=progress, max_docs=cap)
     if other:
         docs.skipped["not_text"] += other
-        log.warning("%s: %d file(s) with unsupported suffix skipped (allowed: %s)", where, other,
-                    ", ".join(TEXT_SUFFIXES + RECORD_SUFFIXES))  # fmt: skip
-    for builder, group in (("json", [p for p in record_files if p.suffix.lower() != ".parquet"]),
-                           ("parquet", [p for p in record_files if p.suffix.lower() == ".parquet"])):  # fmt: skip
+        log.warning("%s: %d file(s) with unsupported suffix skipped (allowed: %s; .jsonl/.json also compressed: "
+                    "%s)", where, other, ", ".join(TEXT_SUFFIXES + RECORD_SUFFIXES),
+                    ", ".join(COMPRESSIONS))  # fmt: skip
+    for builder, group in (("json", [p for p in record_files if _record_builder(p) == "json"]),
+                           ("parquet", [p for p in record_files if _record_builder(p) == "parquet"])):  # fmt: skip
         for path in group:
             if cap is not None and len(docs.texts) >= cap:
                 break
-            problem = _text_problem(path) if builder == "json" else None
+            # (a compressed file is checked by datasets as it decompresses: its bytes here are not text)
+            problem = _text_problem(path) if builder == "json" and not _data_suffix(path)[1] else None
             if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
                 docs.skipped[problem] += 1
                 continue
@@ -367,11 +389,11 @@ def _read_text_files(name: str, files: List[Path], root: Optional[str], progress
 def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceDocs:
     _check_local_file(spec, where)
     path, data_files = spec.path, spec.data_files
-    suffix = Path(path).suffix.lower()
-    if data_files is None and Path(path).is_file() and suffix in RECORD_SUFFIXES + (".csv",):
+    builder = _record_builder(Path(path))
+    if data_files is None and Path(path).is_file() and builder:
         # a local file: datasets opens it through its packaged builder of that format
-        path, data_files = {".parquet": "parquet", ".csv": "csv"}.get(suffix, "json"), path
-        problem = _text_problem(Path(data_files)) if path == "json" else None
+        path, data_files = builder, path
+        problem = _text_problem(Path(data_files)) if path == "json" and not _data_suffix(Path(data_files))[1] else None
         if problem:  # one file and nothing to read in it: the source yields no documents (read_source says so)
             return SourceDocs([], [], Counter({problem: 1}))
     if data_files is None and _saved_to_disk(Path(path)):

@@ -139,3 +139,34 @@ def test_files_max_docs_stops_reading_at_the_cap(tmp_path):
     assert four.texts[2:] == ["text document 2\n", "record one"]  # records count towards the cap, in order
     with pytest.raises(DataError, match="JSON parse error"):
         _read("mine", {"kind": "files", "paths": [f"{tmp_path}/*"], "max_docs": 6})
+
+
+@pytest.mark.parametrize("suffix, opener", [(".gz", "gzip"), (".bz2", "bz2"), (".xz", "lzma")])
+def test_compressed_jsonl_files_are_read_by_both_kinds(tmp_path, monkeypatch, suffix, opener):
+    """A corpus shipped as .jsonl.gz: the files kind skipped it as an unsupported suffix, and an hf source with
+    that path sent it to the Hub as a dataset name. A missing one is a missing local file, not a Hub name."""
+    import importlib
+
+    path = tmp_path / f"recs.jsonl{suffix}"
+    with importlib.import_module(opener).open(path, "wt") as f:
+        f.write("".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(3)))
+    expected = ["record 0", "record 1", "record 2"]
+    assert _read("mine", {"kind": "files", "paths": [str(path)]}).texts == expected
+    assert _read("mine", {"kind": "hf", "path": str(path)}).texts == expected
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=rf"data\.sources\.mine\.path: no such file: gone\.jsonl{suffix} "):
+        _read("mine", {"kind": "hf", "path": f"gone.jsonl{suffix}"})
+
+
+def test_an_hf_path_under_home_is_the_local_file_and_is_in_the_cache_key(tmp_path, monkeypatch):
+    """path: ~/recs.jsonl went to the Hub as a dataset name, and the cache key did not follow the file."""
+    from minilm.data.sources import source_fingerprint
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "recs.jsonl"
+    path.write_text('{"text": "one record"}\n')
+    entry = {"kind": "hf", "path": "~/recs.jsonl"}
+    assert _read("mine", entry).texts == ["one record"]
+    before = source_fingerprint("mine", parse_sources({"mine": entry})["mine"])
+    path.write_text('{"text": "another record"}\n')
+    assert source_fingerprint("mine", parse_sources({"mine": entry})["mine"]) != before
