@@ -45,7 +45,11 @@ def report(config: str | None, overrides: list[str], progress: bool = True) -> N
 
     cfg = load_config(config, overrides)
     corpus = load_corpus(cfg.data, progress=progress)
-    print(format_stats(corpus.stats, header=f"corpus: {corpus.cache_dir}" + (" (cached)" if corpus.from_cache else "")))
+    if corpus.from_cache or not progress:  # (with progress, load_corpus has just printed the stats it prepared)
+        print(format_stats(corpus.stats, header=f"corpus: {corpus.cache_dir}" + (" (cached)" if corpus.from_cache
+                                                                                 else "")))  # fmt: skip
+    else:
+        print(f"corpus: {corpus.cache_dir}")
     print(f"  tokenizer: {corpus.tokenizer.model_file} (vocab {corpus.tokenizer.vocab_size})")
     for name in phase_names(cfg):
         pcfg = phase_config(cfg, name)

@@ -61,3 +61,10 @@ def test_long_share_and_check_count_only_the_sources_a_phase_samples(script, tmp
     assert "phase 'long': data.long_fraction=0.5 but no train document" in err
     shown = int(err.split("(longest: ")[1].split(")")[0])
     assert shown < longest  # the longest *tiny* document, not a stdlib file
+
+
+def test_stats_are_printed_once(script, tmp_path, tiny_text_dir, capsys):
+    """Without --quiet, load_corpus prints the stats of the corpus it prepared, and the script printed them again."""
+    for _ in range(2):  # prepared, then cached
+        assert script.main(["--config", _yaml(tmp_path, tiny_text_dir)]) == 0
+        assert capsys.readouterr().out.count("skipped files:") == 1
