@@ -397,6 +397,9 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
         if problem:  # one file and nothing to read in it: the source yields no documents (read_source says so)
             return SourceDocs([], [], Counter({problem: 1}))
     if data_files is None and _saved_to_disk(Path(path)):
+        if spec.name is not None:  # load_from_disk has no configs: the name was ignored, whatever it said
+            raise DataError(f"{where}.name: {path} was written by save_to_disk, which has no dataset configs; "
+                            f"remove name (pick a split of a saved DatasetDict with split)")  # fmt: skip
         ds = _load_from_disk(where, Path(path), spec.split)
     else:
         # local files: converted afresh (read_source); a Hub dataset: datasets' cache, not downloaded each time

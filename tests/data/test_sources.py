@@ -74,6 +74,10 @@ def test_hf_kind_opens_a_save_to_disk_directory(tmp_path):
     single = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(one), "split": "test", "text_field": "story"}})
     with pytest.raises(DataError, match=r"data.sources.st.split: .*one holds one Dataset .*split 'test' cannot be"):
         load_corpus(single, progress=False)
+    # nor configs: a name was ignored, silently
+    named = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(whole), "name": "en", "text_field": "story"}})
+    with pytest.raises(DataError, match=r"data.sources.st.name: .*dict was written by save_to_disk.*remove name"):
+        load_corpus(named, progress=False)
     datasets.Dataset.from_dict({"story": STORIES[:10]}).save_to_disk(str(one) + ".new")
     for f in (one.parent / "one.new").iterdir():  # rewrite the files in place: the directory's mtime stays
         shutil.copyfile(f, one / f.name)
