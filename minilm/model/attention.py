@@ -6,7 +6,7 @@ encoding declared (``score_kind``, ``has_value_term``; see minilm/positions/base
 1. no score term                    -> ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN on GPU);
 2. a score term with a score_mod    -> FlexAttention on CUDA (no T×S bias materialized) — see ``flex.py``;
 3. a bias score term elsewhere      -> ``sdpa_bias_attention``: SDPA in fp32 with the bias as its float mask
-                                       (CPU, or CUDA without FlexAttention);
+                                       (CPU, or CUDA without FlexAttention or with heads under 16 wide);
 4. anything else, and the reference -> ``reference_attention``: plain matmul–softmax in fp32.
 
 Masking is by *index*, not by position value: query i (at absolute index ``offset + i``) sees key j when
@@ -146,9 +146,9 @@ class Attention(nn.Module):
         if pos.score_kind == "none":
             return "sdpa"
         if torch.device(device).type == "cuda" and type(pos).score_mod is not PositionEncoding.score_mod:
-            from minilm.model.flex import flex_attention_available
+            from minilm.model.flex import FLEX_MIN_HEAD_DIM, flex_attention_available
 
-            if flex_attention_available():
+            if flex_attention_available() and self.head_dim >= FLEX_MIN_HEAD_DIM:  # (smaller: the kernel refuses)
                 return "flex"
         return "sdpa_bias"
 

@@ -22,6 +22,11 @@ import functools
 import torch
 
 
+# The CUDA kernel's smallest head dimension: inductor's Triton lowering refuses a smaller one ("NYI: embedding
+# dimension of the query, key, and value must be at least 16"; tl.dot needs 16), at the first compiled call.
+FLEX_MIN_HEAD_DIM = 16
+
+
 @functools.cache
 def flex_attention_available() -> bool:
     try:

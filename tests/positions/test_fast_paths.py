@@ -244,11 +244,13 @@ def test_ladder_on_cpu_sends_bias_terms_to_sdpa_and_full_terms_to_the_reference(
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
 def test_kernel_names_the_rung_per_device():
     """The routing a GPU run takes, checked without a GPU (``kernel`` reads the device, not a tensor): every bias
-    term with a score_mod goes to Flex on CUDA and to SDPA-with-bias elsewhere; no score term to SDPA."""
-    dims = PositionDims(d_model=H * DH, n_heads=H, n_kv_heads=HKV, head_dim=DH, n_layers=1)
+    term with a score_mod goes to Flex on CUDA and to SDPA-with-bias elsewhere; no score term to SDPA. Heads under
+    16 wide stay on SDPA-with-bias on CUDA too: inductor's Triton lowering of FlexAttention refuses them ("NYI:
+    embedding dimension ... must be at least 16"), which crashed the first compiled step of such a model."""
 
-    def kernels(name, **params):
-        layer = Attention(H * DH, H, HKV, {"name": name, **params}, dims)
+    def kernels(name, head_dim=16, **params):
+        dims = PositionDims(d_model=H * head_dim, n_heads=H, n_kv_heads=HKV, head_dim=head_dim, n_layers=1)
+        layer = Attention(H * head_dim, H, HKV, {"name": name, **params}, dims)
         return layer.kernel(torch.device("cpu")), layer.kernel(torch.device("cuda"))
 
     for name in ["rope", "none", "alibi", "t5", "kerple", "fire", "transformer_xl", "deberta"]:
@@ -256,6 +258,7 @@ def test_kernel_names_the_rung_per_device():
         assert kernels(name, **PARAMS.get(name, {})) == want, name
     assert kernels("shaw", values=False) == ("sdpa_bias", "flex")
     assert kernels("shaw") == kernels("cope") == ("reference", "reference")
+    assert kernels("alibi", head_dim=8) == kernels("t5", head_dim=15) == ("sdpa_bias", "sdpa_bias")
 
 
 def test_shaw_value_term_matches_the_definition():
@@ -350,17 +353,37 @@ def test_compiled_document_block_mask_equals_uncompiled():
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
+def odd_length_case(name, seed, S=300, head_dim=16):
+    """A FlexAttention check at a length that is no multiple of its 128-wide blocks, with heads 16 wide (the CUDA
+    kernel's least: ``FLEX_MIN_HEAD_DIM``; the CPU cases' 8 fail to compile there) and two documents per row, whose
+    positions restart: (encoding, (q, k, v), (q_pos, k_pos, mask)), on CPU."""
+    pos = hook(name, head_dim=head_dim, **PARAMS.get(name, {}))
+    if pos.has_value_term:  # as key_term_case: the value term lives on the reference path only
+        pos.has_value_term, pos.rel_v = False, None
+    idx = torch.arange(S)
+    docs = torch.stack([(idx >= cut).long() for cut in (100, 213)])  # (B, S), a boundary inside a block
+    positions = torch.stack([torch.where(idx >= cut, idx - cut, idx) for cut in (100, 213)])
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, S, head_dim, generator=g) for h in (H, HKV, HKV))
+    return pos, (q, k, v), (positions, positions, AttentionMask(q_doc=docs, k_doc=docs))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", BIAS)
 def test_compiled_flex_on_cuda_equals_reference(name):
     """The CUDA kernel, forward and backward: the gradients of q, k, v and of the encoding's own parameters
-    (reached through the tables the score_mod captures) equal the reference path's."""
-    pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, "packed", seed=3)
+    (reached through the tables the score_mod captures) equal the reference path's — with partial blocks and
+    document boundaries inside blocks (``odd_length_case``)."""
+    from minilm.model.flex import FLEX_MIN_HEAD_DIM
+
+    torch._dynamo.reset()  # this encoding's kernel compiled, not an eager fallback past the recompile limit
+    pos, (q, k, v), (q_pos, k_pos, mask) = odd_length_case(name, seed=3, head_dim=FLEX_MIN_HEAD_DIM)
     pos, q_pos, k_pos = pos.cuda(), q_pos.cuda(), k_pos.cuda()
     q, k, v = (t.detach().cuda().requires_grad_() for t in (q, k, v))
     mask = AttentionMask(q_doc=mask.q_doc.cuda(), k_doc=mask.k_doc.cuda())
     want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
-    got = flex_attention_with_score_mod(q, k, v, pos.score_mod(q, k, q_pos, k_pos), mask, pos.softmax_scale(DH))
+    got = flex_attention_with_score_mod(q, k, v, pos.score_mod(q, k, q_pos, k_pos), mask,
+                                        pos.softmax_scale(q.shape[-1]))  # fmt: skip
     assert torch.allclose(got, want, atol=1e-4)
     grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-4, rtol=1e-3)
 
