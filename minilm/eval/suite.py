@@ -7,8 +7,8 @@ its keys). ``evaluate_phase`` is what training calls at the end of a phase (``ev
 
 Lengths the model cannot read (beyond a ``learned`` table's ``max_positions`` — any position module whose
 ``max_length()`` is not None) are reported in ``unsupported`` and not run; a task that fails at one length
-(no held-out text that long, a prompt that does not fit, out of GPU memory) is reported in ``skipped`` and the
-suite goes on.
+(no held-out text that long, a prompt that does not fit, out of GPU memory even one sequence per forward) is
+reported in ``skipped`` and the suite goes on.
 """
 
 from __future__ import annotations
@@ -347,10 +347,7 @@ def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[di
             for task in settings.tasks:
                 t0 = time.perf_counter()
                 try:
-                    if task == "ppl":
-                        _ppl(model, data, settings, L, res)
-                    else:
-                        _retrieval(model, data, settings, L, task, res)
+                    _run_task(model, data, settings, L, task, res, log)
                 except MinilmError as e:
                     if _is_too_long(e):
                         res["unsupported"][key] = str(e)
@@ -361,7 +358,7 @@ def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[di
                 except _oom_types():
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
-                    res["skipped"][task][key] = "out of GPU memory (lower eval.batch_tokens)"
+                    res["skipped"][task][key] = "out of GPU memory, even one sequence at a time"
                     log(f"eval: {task} at {L} skipped: out of GPU memory")
                     continue
                 log(f"eval: {task} at {L}: {_summary(res, task, key)} ({time.perf_counter() - t0:.1f}s)")
@@ -383,11 +380,30 @@ def _batch_size(settings: EvalSettings, L: int) -> int:
     return max(1, settings.batch_tokens // L)
 
 
-def _ppl(model, data: EvalData, s: EvalSettings, L: int, res: dict) -> None:
+def _run_task(model, data: EvalData, s: EvalSettings, L: int, task: str, res: dict, log) -> None:
+    """One task at one length, ``batch_tokens // L`` sequences per forward; out of GPU memory, again with half as
+    many per forward. What is measured (the windows, the prompts) does not depend on that chunking, so the numbers
+    stay those of the settings — lowering eval.batch_tokens instead would also draw fewer perplexity windows."""
+    chunk = _batch_size(s, L)
+    while True:
+        try:
+            if task == "ppl":
+                return _ppl(model, data, s, L, res, chunk)
+            return _retrieval(model, data, s, L, task, res, chunk)
+        except _oom_types():
+            if chunk == 1:
+                raise
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            chunk //= 2
+            log(f"eval: {task} at {L}: out of GPU memory; again with {chunk} sequence(s) per forward")
+
+
+def _ppl(model, data: EvalData, s: EvalSettings, L: int, res: dict, chunk: int) -> None:
     key = str(L)
     docs, source = eval_documents(data.val, L)
-    bs = _batch_size(s, L)
-    n = s.batches * bs
+    n = s.batches * _batch_size(s, L)  # windows measured: the settings' (chunk only splits them into forwards)
+    bs = chunk
     seed = [s.seed, _TASK_SEED["ppl"], L]
     r = _finite(perplexity(model, docs, L, mode="windows", n_windows=n, batch_size=bs, seed=seed, source=source))
     rs = None
@@ -419,9 +435,9 @@ def _finite(r):
     return r
 
 
-def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: dict) -> None:
+def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: dict, chunk: int) -> None:
     key = str(L)
-    bs = _batch_size(s, L)
+    bs = chunk
     tok = data.tokenizer
     cells = list(enumerate(s.depths)) if task != "kv" else [(0, None)]
     n = s.samples if task != "kv" else s.samples * len(s.depths)

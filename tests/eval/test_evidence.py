@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from minilm.eval import evaluate_run
 
@@ -78,3 +79,58 @@ def test_the_retrieval_figure_draws_intervals_and_the_heatmap_marks_the_training
     ax = _retrieval_figure(res).axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train length 64", "passkey (n=4)"]
     assert ax.containers, "no error bars"
+
+
+class _SmallMemory(torch.nn.Module):
+    """A model that runs out of (GPU) memory on more than ``most`` sequences per forward, else is ``model``."""
+
+    def __init__(self, model, most: int):
+        super().__init__()
+        self.inner, self.most = model, most
+        self.lm_head = model.lm_head
+
+    def _check(self, idx):
+        if idx.shape[0] > self.most:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    def hidden(self, idx, *args, **kw):
+        self._check(idx)
+        return self.inner.hidden(idx, *args, **kw)
+
+    def forward(self, idx, *args, **kw):
+        self._check(idx)
+        return self.inner(idx, *args, **kw)
+
+
+def test_out_of_memory_retries_with_smaller_chunks_and_measures_the_same(corpus_setup, eval_data):
+    """Out of GPU memory at a length used to skip it ('lower eval.batch_tokens'); lowering batch_tokens also draws
+    fewer perplexity windows, so the re-run measured other text than the runs it is compared with. The suite now
+    retries with half as many sequences per forward: the same windows and prompts, the same numbers."""
+    from minilm.eval import EvalSettings, evaluate
+
+    from .conftest import tiny_gpt
+
+    cfg, corpus = corpus_setup
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size)
+    settings = EvalSettings(lengths=[64, 128], tasks=["ppl", "passkey"], batches=1, batch_tokens=512, samples=3,
+                            depths=[0.0, 1.0], seed=0)  # 8 and 4 sequences per forward  # fmt: skip
+    logs = []
+    want = evaluate(model, eval_data, settings, log=lambda *_: None)
+    got = evaluate(_SmallMemory(model, 2), eval_data, settings, log=logs.append)
+    assert not any(got["skipped"].values()) and got["passkey"]["128"] is not None, got["skipped"]
+    for key in ("ppl", "loss", "ppl_sliding", "passkey"):
+        assert got[key] == pytest.approx(want[key], rel=1e-5), key
+    assert got["passkey_grid"] == want["passkey_grid"]
+    for L in ("64", "128"):  # the same prompts: the answers' log-probabilities too
+        assert got["details"]["passkey"][L] == pytest.approx(want["details"]["passkey"][L], rel=1e-5)
+    assert got["details"]["ppl"]["64"]["windows"]["windows"] == want["details"]["ppl"]["64"]["windows"]["windows"] == 8
+    assert any("again with 2 sequence(s) per forward" in m for m in logs)
+    # one sequence at a time still too much: skipped, saying so
+    got = evaluate(_SmallMemory(model, 0), eval_data, replace_tasks(settings, ["ppl"]), log=lambda *_: None)
+    assert got["skipped"]["ppl"]["64"] == "out of GPU memory, even one sequence at a time"
+
+
+def replace_tasks(settings, tasks):
+    from dataclasses import replace
+
+    return replace(settings, tasks=tasks)
