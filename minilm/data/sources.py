@@ -344,8 +344,9 @@ def _text_problem(path: Path) -> Optional[str]:
             while block := f.read(1 << 20):
                 if b"\0" in block:
                     return "binary"
-                blank = blank and not decoder.decode(block).strip()
-            blank = blank and not decoder.decode(b"", final=True).strip()
+                text = decoder.decode(block)  # every block: after `blank and ...` short-circuited, a file whose
+                blank = blank and not text.strip()  # first MB was text was never checked further
+            blank = not decoder.decode(b"", final=True).strip() and blank
     except OSError:
         return "unreadable"
     except UnicodeDecodeError:

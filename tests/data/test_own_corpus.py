@@ -170,3 +170,16 @@ def test_an_hf_path_under_home_is_the_local_file_and_is_in_the_cache_key(tmp_pat
     before = source_fingerprint("mine", parse_sources({"mine": entry})["mine"])
     path.write_text('{"text": "another record"}\n')
     assert source_fingerprint("mine", parse_sources({"mine": entry})["mine"]) != before
+
+
+def test_a_large_record_file_with_a_non_utf8_byte_late_is_skipped_like_a_small_one(tmp_path):
+    """The UTF-8 pre-check stopped decoding after the first non-blank 1 MB block, so a .jsonl over 1 MB with a
+    latin-1 byte further on was not skipped and counted (as documented, and as a small one is) but stopped the
+    run at that record."""
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"text": "a fine record"}\n')
+    big = tmp_path / "big.jsonl"
+    line = json.dumps({"text": "x" * 1000}) + "\n"
+    big.write_bytes(line.encode() * 1200 + b'{"text": "caf\xe9"}\n')  # 1.2 MB, then latin-1
+    docs = _read("mine", {"kind": "files", "paths": [str(big), str(good)]})
+    assert docs.texts == ["a fine record"] and dict(docs.skipped) == {"non_utf8": 1}
