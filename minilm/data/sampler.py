@@ -108,8 +108,10 @@ class Sampler:
         if synthetic_loss not in SYNTHETIC_LOSSES:
             raise DataError(f"data.synthetic.loss: must be one of {SYNTHETIC_LOSSES}, got {synthetic_loss!r}")
         self.synthetic_loss = synthetic_loss
-        if store.n_tokens == 0:
-            raise DataError(f"the {split} split has no tokens; add documents or change data.val_fraction")
+        if store.n_tokens == 0:  # (held_out: only a source of 2+ documents gives one up; raising val_fraction won't)
+            why = (": documents are held out only from a source of two or more documents, and each source here has "
+                   "one" if split == "val" else "")  # fmt: skip
+            raise DataError(f"the {split} split has no documents{why}; add documents")
         names = store.source_names
         w = np.array([(weights or {}).get(n, 1.0) for n in names], dtype=np.float64)
         self._weights = w

@@ -183,3 +183,14 @@ def test_a_large_record_file_with_a_non_utf8_byte_late_is_skipped_like_a_small_o
     big.write_bytes(line.encode() * 1200 + b'{"text": "caf\xe9"}\n')  # 1.2 MB, then latin-1
     docs = _read("mine", {"kind": "files", "paths": [str(big), str(good)]})
     assert docs.texts == ["a fine record"] and dict(docs.skipped) == {"non_utf8": 1}
+
+
+def test_a_one_document_corpus_says_why_validation_has_nothing(tmp_path):
+    """The advice was "add documents or change data.val_fraction", but no val_fraction holds out the only document
+    of a source."""
+    (tmp_path / "only.txt").write_text("the one and only document of this corpus\n" * 50)
+    cfg = make_data_cfg(tmp_path, {"mine": {"kind": "files", "paths": [str(tmp_path / "only.txt")]}},
+                        val_fraction=0.9)  # fmt: skip
+    corpus = load_corpus(cfg, progress=False)
+    with pytest.raises(DataError, match=r"the val split has no documents: .*each source here has one; add documents$"):
+        validation_batches(corpus, cfg, seq_len=16, batch_size=2, n_batches=1, seed=0)
