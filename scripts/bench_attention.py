@@ -46,17 +46,20 @@ from minilm.model.transformer import Block  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", help="YAML experiment config (default: the schema defaults)")
-    ap.add_argument("--lengths", default=None, help="comma-separated sequence lengths (default: train.seq_len)")
+    ap.add_argument("--lengths", type=bench.lengths_list, default=None,
+                    help="comma-separated sequence lengths (default: train.seq_len)")  # fmt: skip
     ap.add_argument("--encodings", default="rope,alibi,t5,kerple,fire", help="comma-separated model.position.name")
-    ap.add_argument("--tokens", type=int, default=None, help="tokens per step, B = tokens // T (default: config's)")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
+    ap.add_argument("--tokens", type=bench.whole_number(1), default=None,
+                    help="tokens per step, B = tokens // T (default: config's)")  # fmt: skip
+    ap.add_argument("--steps", type=bench.whole_number(1), default=10, help="timed steps per measurement")
+    ap.add_argument("--warmup", type=bench.whole_number(0), default=3,
+                    help="untimed steps first (compilation happens here)")  # fmt: skip
     ap.add_argument("--precision", default=None, choices=["auto", "32", "bf16-mixed"], help="default: train.precision")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="compile the core")
     ap.add_argument("--flex-table", action=argparse.BooleanOptionalAction, default=True,
                     help="T5 and KERPLE read per-distance tables in FlexAttention (default) or their direct form")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
-    ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
+    ap.add_argument("--threads", type=bench.whole_number(1), default=None, help="torch.set_num_threads (CPU)")
+    ap.add_argument("--device", type=bench.device_name, default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--out", default=str(bench.REPO / "benchmarks" / "results"), help="folder for JSON and markdown")
     ap.add_argument("--update-docs", action="store_true", help="write the table into docs/performance.md")
     ap.add_argument("--tag", default="", help="appended to the result files' names and the docs table's key")
@@ -167,10 +170,9 @@ def run(args) -> dict:
     report["flex_table"] = args.flex_table
 
     def measure_loop(done):
-        configs = {}
+        configs = {enc: load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
+                   for enc, _ in planned}  # every one first: a misspelled encoding is exit 2 before any measurement
         for enc, T in planned:
-            if enc not in configs:
-                configs[enc] = load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
             row = measure(configs[enc], enc, T, max(1, tokens // T), args, device, dtype)
             report["results"].append(row)
             _print_row(row)

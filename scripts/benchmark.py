@@ -84,21 +84,68 @@ PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H200 NVL": 835.0, "H
 # --------------------------------------------------------------------------------------------- arguments
 
 
+def whole_number(least: int):
+    """An argparse ``type``: an int of at least ``least`` (argparse's own message names the option: exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be at least {least}, got {value}")
+        return value
+
+    return parse
+
+
+def lengths_list(text: str) -> str:
+    """An argparse ``type``: comma-separated sequence lengths, each at least 1 (kept as the text)."""
+    for item in text.split(","):
+        whole_number(1)(item.strip())
+    return text
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def device_name(text: str) -> str:
+    """An argparse ``type``: ``cpu``, ``cuda`` or ``cuda:N``."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", help="YAML experiment config (default: the schema defaults)")
-    ap.add_argument("--lengths", default=None, help="comma-separated sequence lengths (default: train.seq_len)")
+    ap.add_argument("--lengths", type=lengths_list, default=None,
+                    help="comma-separated sequence lengths (default: train.seq_len)")  # fmt: skip
     ap.add_argument("--encodings", default=None, help="comma-separated model.position.name values (default: config's)")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
-    ap.add_argument("--repeats", type=int, default=1, help="measurements per (encoding, length); median reported")
-    ap.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: config's tokens)")
+    ap.add_argument("--steps", type=whole_number(1), default=10, help="timed steps per measurement")
+    ap.add_argument("--warmup", type=whole_number(0), default=3, help="untimed steps first (compilation happens here)")
+    ap.add_argument("--repeats", type=whole_number(1), default=1,
+                    help="measurements per (encoding, length); median reported")  # fmt: skip
+    ap.add_argument("--batch-size", type=whole_number(1), default=None,
+                    help="sequences per step (default: config's tokens)")  # fmt: skip
     ap.add_argument("--peer", action="store_true", help="also train the same-shaped HF LlamaForCausalLM (rope only)")
-    ap.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (default: known GPUs, bf16)")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    ap.add_argument("--peak-tflops", type=positive_float, default=None,
+                    help="device peak for MFU (default: known GPUs, bf16)")  # fmt: skip
+    ap.add_argument("--threads", type=whole_number(1), default=None, help="torch.set_num_threads (CPU)")
     ap.add_argument("--precision", default=None, choices=["auto", "32", "bf16-mixed"], help="default: train.precision")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="default: train.compile")
-    ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
+    ap.add_argument("--device", type=device_name, default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for the JSON and markdown")
     ap.add_argument("--update-docs", action="store_true", help="write the table into docs/performance.md")
     ap.add_argument("--tag", default="", help="appended to the result files' names and the docs table's key")
@@ -451,6 +498,8 @@ def device_and_precision(args, base) -> tuple[torch.device, str]:
     """The device (--device, else CUDA when available), with --threads applied, and the precision: --precision,
     else train.precision, "auto" resolved as the trainer does (bf16-mixed on CUDA, 32 elsewhere)."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise MinilmError(f"--device {args.device}: CUDA is not available here (torch {torch.__version__})")
     if args.threads:
         torch.set_num_threads(args.threads)
     precision = args.precision or base.train.precision
@@ -489,16 +538,24 @@ def plan(args, base) -> list[tuple[str, int]]:
     return [(enc, T) for enc in encodings for T in lengths]
 
 
+def encoding_configs(args, base) -> dict:
+    """The config of each ``--encodings`` entry (``base`` with ``model.position.name`` set), every one loaded before
+    the first measurement: a misspelled name is a usage error (exit 2) at once, not after the encodings before it
+    were measured."""
+    if not args.encodings:
+        return {base.model.position.name: base}
+    return {enc: load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
+            for enc in dict.fromkeys(args.encodings.split(","))}  # fmt: skip
+
+
 def measure_all(args, base, device, amp_dtype, do_compile, peak_flops, report: dict, done) -> None:
     """Every planned (encoding, length): minilm and, for RoPE with --peer, the peer, alternating per repeat. Appends
     the median rows and the minilm / peer ratios (separate and interleaved) to ``report`` and calls ``done()``
     after each pair (``run_measurements``)."""
     tokens = micro_batch_size(base.train) * base.train.seq_len
-    configs = {}
+    configs = encoding_configs(args, base)
     for enc, T in plan(args, base):
-        if args.encodings and enc not in configs:
-            configs[enc] = load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
-        cfg = configs[enc] if args.encodings else base
+        cfg = configs[enc]
         B = args.batch_size or max(1, tokens // T)
         impls = ["minilm"] + (["hf_llama"] if args.peer and enc == "rope" else [])
         runs = {i: [] for i in impls}

@@ -105,3 +105,14 @@ def test_uncompiled_measurements_do_not_share_compiled_kernels(attn_bench, tmp_p
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert attn_bench.main(argv) == 0
     assert [r["status"] for r in json.loads(next(tmp_path.glob("*.json")).read_text())["results"]] == ["ok"] * 4
+
+
+def test_bad_arguments_and_misspelled_encodings_stop_before_any_measurement(attn_bench, tmp_path, capsys):
+    """Exit 2 with the option or key named, before anything is measured or written."""
+    argv = ["--lengths", "8", "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu",
+            "--out", str(tmp_path), *TINY]  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        attn_bench.parse_args(["--tokens", "0", *argv])
+    assert stop.value.code == 2 and "argument --tokens: must be at least 1, got 0" in capsys.readouterr().err
+    assert attn_bench.main(["--encodings", "rope,alibbi", *argv]) == 2
+    assert "unknown encoding 'alibbi'" in capsys.readouterr().err and not list(tmp_path.iterdir())

@@ -173,5 +173,35 @@ def test_mfu_peak_follows_the_gpu_model(bench, monkeypatch, name, peak):
     """MFU's default peak is the device's dense bf16 peak: an H100 PCIe board is not an SXM one (756 vs 989
     TFLOP/s), and a GPU not in the table gets no MFU rather than another GPU's peak."""
     monkeypatch.setattr(bench, "device_info", lambda device: (name, "gpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     args = bench.parse_args(["--device", "cuda", *TINY])
     assert bench._setup(args, bench.load_config(None, TINY))[4] == peak
+
+
+@pytest.mark.parametrize("bad, says", [
+    (["--lengths", "1024,8k"], "argument --lengths: must be a whole number, got '8k'"),
+    (["--lengths", "0"], "argument --lengths: must be at least 1, got 0"),  # was a ZeroDivisionError
+    (["--steps", "0"], "argument --steps: must be at least 1, got 0"),  # was an error row per measurement
+    (["--repeats", "0"], "argument --repeats: must be at least 1"),  # was an IndexError
+    (["--batch-size", "0"], "argument --batch-size: must be at least 1"),  # was the config's batch, silently
+    (["--warmup", "-1"], "argument --warmup: must be at least 0"),
+    (["--peak-tflops", "0"], "argument --peak-tflops: must be > 0"),
+    (["--device", "gpu"], "argument --device: must be cpu, cuda or cuda:N, got 'gpu'"),  # was a RuntimeError
+])  # fmt: skip
+def test_bad_arguments_are_usage_errors(bench, capsys, bad, says):
+    """A bad option value stops at once with exit 2 and a message naming the option, never a traceback part-way
+    or a silent default (the rule for every CLI here)."""
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args([*bad, *TINY])
+    assert stop.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_misspelled_encoding_or_absent_cuda_stops_before_any_measurement(bench, tmp_path, capsys, monkeypatch):
+    """Every --encodings entry is checked before the first measurement (the typo was found only after the
+    encodings before it had been measured), and --device cuda without CUDA is exit 2, not a row of errors."""
+    argv = ["--lengths", "8", "--steps", "1", "--warmup", "0", "--threads", "1", "--out", str(tmp_path), *TINY]
+    assert bench.main(["--encodings", "rope,alibbi", "--device", "cpu", *argv]) == 2
+    assert "unknown encoding 'alibbi'" in capsys.readouterr().err and not list(tmp_path.iterdir())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.main(["--device", "cuda", *argv]) == 2
+    assert "--device cuda: CUDA is not available" in capsys.readouterr().err and not list(tmp_path.iterdir())
