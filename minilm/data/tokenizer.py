@@ -1,6 +1,7 @@
 """The sentencepiece tokenizer: training on a bounded character sample of the mixture, and a small wrapper.
 
-Training settings are chosen so that ``decode(encode(text)) == text`` for any text (code included):
+Training settings are chosen so that ``decode(encode(text)) == text`` for any text (code included) but one
+character: U+2581 ``▁``, sentencepiece's own whitespace marker, decodes as a space (a limit of sentencepiece):
 identity normalization, no extra-whitespace removal, no dummy prefix, whitespace-only pieces allowed (so
 indentation becomes a few tokens), ``\\n`` as a user-defined piece (sentencepiece otherwise cannot represent
 newlines except as bytes), digits split (so passkeys are one token per digit), and byte fallback (no UNK for
