@@ -278,8 +278,10 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
     if not same:
         raise MinilmError(
             f"the corpus prepared for this run's data config ({corpus.cache_dir}) has another tokenizer than the "
-            f"run ({tok_file}); were the source files changed since training? Set data.tokenizer.model_file to "
-            "the run's tokenizer.model in its config.yaml"
+            f"run ({tok_file}): the source files changed since training, or this version of minilm prepares the "
+            "data differently (its held-out split or tokenizer training; minilm.data.prepare.FORMAT_VERSION). To "
+            "evaluate anyway, set data.tokenizer.model_file to the run's tokenizer.model in its config.yaml; the "
+            "held-out documents may then differ from those held out in training"
         )
     if corpus.val.n_tokens == 0:
         raise MinilmError("the held-out split is empty; raise data.val_fraction so some documents are held out")

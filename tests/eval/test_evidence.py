@@ -134,3 +134,18 @@ def replace_tasks(settings, tasks):
     from dataclasses import replace
 
     return replace(settings, tasks=tasks)
+
+
+def test_a_run_whose_tokenizer_the_prepared_corpus_lacks_names_both_causes(fake_run, corpus_setup):
+    """After an upgrade of minilm's data preparation (a new held-out split retrains the tokenizer) every earlier run
+    was refused with 'were the source files changed since training?' alone, which sent the user looking for a
+    change they had not made."""
+    from minilm.errors import MinilmError
+    from minilm.eval import eval_data
+
+    cfg, _ = corpus_setup
+    (fake_run / "tokenizer.model").write_bytes(b"the tokenizer of an older preparation")
+    with pytest.raises(MinilmError) as err:
+        eval_data(cfg, fake_run)
+    assert "source files changed" in str(err.value) and "FORMAT_VERSION" in str(err.value)
+    assert "data.tokenizer.model_file" in str(err.value)
