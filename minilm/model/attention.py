@@ -4,7 +4,8 @@ The block never asks which encoding it has. It calls ``rotate`` on q and k, then
 encoding declared (``score_kind``, ``has_value_term``; see minilm/positions/base.py):
 
 1. no score term                    -> ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN on GPU);
-2. a score term with a score_mod    -> FlexAttention on CUDA (no T×S bias materialized) — see ``flex.py``;
+2. a score term with a score_mod    -> FlexAttention on CUDA (no T×S bias materialized) — see ``flex.py``; a
+                                       decoding step (under ``FLEX_MIN_QUERIES`` queries) takes rung 3 instead;
 3. a bias score term elsewhere      -> ``sdpa_bias_attention``: SDPA in fp32 with the bias as its float mask
                                        (CPU, or CUDA without FlexAttention or with heads under 16 wide);
 4. anything else, and the reference -> ``reference_attention``: plain matmul–softmax in fp32.
@@ -106,6 +107,9 @@ def sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tens
     return out.to(q.dtype)
 
 
+FLEX_MIN_QUERIES = 16  # fewer queries than this (a decoding step) take SDPA with the bias mask, not FlexAttention
+
+
 class Attention(nn.Module):
     # No dropout on the attention probabilities: FlexAttention has none, and every kernel must compute the same thing
     # (model.dropout acts on the embeddings and on each residual branch, in transformer.py)
@@ -159,8 +163,13 @@ class Attention(nn.Module):
         pos, kernel = self.pos, self.kernel(q.device)
         if kernel == "sdpa":
             return sdpa_attention(q, k, v, pos, mask)
-        B = q.shape[0]
+        B, T = q.shape[0], q.shape[2]
         rows = q_pos.expand(B, -1), k_pos.expand(B, -1)
+        if kernel == "flex" and T < FLEX_MIN_QUERIES:
+            # KV-cache decoding (one query, or a few): the (B|1, H, T, S) bias is small, and FlexAttention's kernel
+            # (static shapes) would compile once per key length — a compilation every token for the first 8
+            # tokens, until dynamo's recompile limit — for nothing it saves here
+            kernel = "sdpa_bias"
         if kernel == "flex":  # (only encodings that define score_mod get here: ``kernel``)
             from minilm.model.flex import flex_attention_with_score_mod
 

@@ -322,6 +322,37 @@ def test_flex_path_traces_as_one_graph_inside_a_compiled_model(name, case):
 
 
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # the CPU stand-in, eager
+def test_decoding_steps_take_sdpa_with_the_bias_not_flex(monkeypatch):
+    """On CUDA a prompt goes through FlexAttention, but a KV-cache decoding step (one query against a key length
+    that grows every token) takes SDPA with the bias: FlexAttention's kernel, static per shape, compiled once per
+    key length — every token of the first eight, then dynamo's recompile limit sent it to the eager kernel.
+    Routed as on CUDA (``kernel`` says "flex"); the decoded logits stay those of the whole sequence at once."""
+    import minilm.model.attention as attention
+    import minilm.model.flex as flex
+    from minilm.model.cache import KVCache
+
+    from .helpers import tiny_model
+
+    real_kernel, taken = attention.Attention.kernel, []
+    monkeypatch.setattr(attention.Attention, "kernel",
+                        lambda self, device: "flex" if real_kernel(self, device) == "sdpa_bias" else "?")  # fmt: skip
+    for module, fn in ((flex, "flex_attention_with_score_mod"), (attention, "sdpa_bias_attention")):
+        real = getattr(module, fn)
+        monkeypatch.setattr(module, fn, lambda *a, _fn=fn, _real=real, **kw: taken.append(_fn) or _real(*a, **kw))
+    model = tiny_model("alibi")
+    idx = torch.randint(0, 61, (1, 19))
+    with torch.no_grad():  # (FlexAttention has no CPU backward)
+        whole = model(idx)
+        cache = KVCache.for_model(model)
+        prompt = model(idx[:, :17], cache=cache)
+        steps = [model(idx[:, t : t + 1], cache=cache) for t in (17, 18)]
+    layers = len(model.blocks)
+    assert taken == ["flex_attention_with_score_mod"] * 2 * layers + ["sdpa_bias_attention"] * 2 * layers
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=1), whole, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
 def test_document_block_mask_is_built_once_per_forward():
     """Every layer of a forward gets the same AttentionMask: the eager path builds its BlockMask once, not per
     layer (each build evaluates the rule over the whole (B, T, S) grid)."""
