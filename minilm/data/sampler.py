@@ -248,8 +248,12 @@ class Sampler:
         diff = {k: (state.get(k), mine[k]) for k in strict if state.get(k) != mine[k]}
         if diff:
             details = ", ".join(f"{k}: checkpoint {a!r} != now {b!r}" for k, (a, b) in diff.items())
-            raise DataError(f"the data sampler does not match the checkpoint's ({details}); resume with the same "
-                            f"config or start a new run")  # fmt: skip
+            # the corpus key follows the source files' size and mtime too: with an unchanged config, a file was edited
+            why = ("; the corpus is keyed by the source settings and by the path, size and mtime of every file they "
+                   "read, so a source file added, removed, edited or only touched since gives another corpus"
+                   if "corpus" in diff else "")  # fmt: skip
+            raise DataError(f"the data sampler does not match the checkpoint's ({details}){why}; resume with the "
+                            f"same config and data or start a new run")  # fmt: skip
         if (state.get("rank"), state.get("world_size")) != (self.rank, self.world_size):
             log.warning("resuming on a different rank/world size (%s/%s -> %s/%s): batches differ from the "
                         "original run from here on", state.get("rank"), state.get("world_size"), self.rank,

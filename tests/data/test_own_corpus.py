@@ -194,3 +194,19 @@ def test_a_one_document_corpus_says_why_validation_has_nothing(tmp_path):
     corpus = load_corpus(cfg, progress=False)
     with pytest.raises(DataError, match=r"the val split has no documents: .*each source here has one; add documents$"):
         validation_batches(corpus, cfg, seq_len=16, batch_size=2, n_batches=1, seed=0)
+
+
+def test_resuming_on_a_corpus_whose_files_changed_says_why_the_corpus_differs(tmp_path):
+    """With the config unchanged, a source file edited (or only touched) since gives another corpus key: the
+    refusal said only "resume with the same config", which the user had done."""
+    from minilm.data import make_sampler
+
+    for i in range(4):
+        (tmp_path / f"{i}.txt").write_text(f"document {i} with a few words in it\n" * 30)
+    cfg = make_data_cfg(tmp_path, {"mine": {"kind": "files", "paths": [f"{tmp_path}/*.txt"]}})
+    args = dict(seq_len=16, batch_size=2, seed=0, phase="p")
+    state = make_sampler(load_corpus(cfg, progress=False), "train", cfg, **args).state_dict()
+    os.utime(tmp_path / "0.txt", ns=(1_600_000_000_000_000_000,) * 2)
+    now = make_sampler(load_corpus(cfg, progress=False), "train", cfg, **args)
+    with pytest.raises(DataError, match=r"corpus: checkpoint .*size and mtime of every file .* touched since"):
+        now.load_state_dict(state)
