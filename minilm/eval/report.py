@@ -77,8 +77,9 @@ def prompts(results: dict, task: str, L) -> Optional[int]:
 
 
 def wilson_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a proportion ``accuracy`` measured on ``n`` prompts: unlike ± 1.96·√(p(1−p)/n)
-    it is not [0, 0] for 0 of n (0 of 10 is still up to 0.28). Wilson 1927; Brown, Cai & DasGupta 2001."""
+    """95 % Wilson score interval of a proportion ``accuracy`` measured on ``n`` prompts: unlike
+    ± 1.96·√(p(1−p)/n) it is not [0, 0] for 0 of n (0 of 10 is still up to 0.28). Wilson 1927; Brown, Cai &
+    DasGupta 2001."""
     k = round(accuracy * n)
     p, z2 = k / n, z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)

@@ -14,10 +14,11 @@ QUICK = dict(lengths=[32], tasks=["ppl"], batches=1, batch_tokens=64, sliding=Fa
              log=lambda *_: None)  # fmt: skip
 
 
-@pytest.mark.parametrize("extension,filled", [({"name": "dynamic", "factor": 2}, {"original_max_position_embeddings": 64}),
-                                              ({"name": "logn"}, {"train_len": 64}),
-                                              ({"name": "rope_scaling", "rope_type": "dynamic", "factor": 2},
-                                               {"original_max_position_embeddings": 64})])  # fmt: skip
+@pytest.mark.parametrize("extension,filled", [
+    ({"name": "dynamic", "factor": 2}, {"original_max_position_embeddings": 64}),
+    ({"name": "logn"}, {"train_len": 64}),
+    ({"name": "rope_scaling", "rope_type": "dynamic", "factor": 2}, {"original_max_position_embeddings": 64}),
+])  # fmt: skip
 def test_the_report_names_the_extension_parameters_taken_from_the_training_length(fake_run, tmp_path, extension,
                                                                                   filled):  # fmt: skip
     """``--extension dynamic factor=2`` on a phase trained at 64 runs dynamic NTK with original length 64; results.json
