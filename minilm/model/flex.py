@@ -51,13 +51,16 @@ def _compiled_create_block_mask():  # (create_block_mask's own _compile flag is 
 
 
 @functools.lru_cache(maxsize=32)
-def _causal_block_mask(T: int, S: int, offset: int, device: str):
+def _causal_block_mask(T: int, S: int, offset: int, device: str, compile: bool = False):
+    """``compile`` as in ``document_block_mask``: uncompiled, create_block_mask evaluates the rule on the whole
+    (T, S) grid, ~10 bytes per element at once (10 GB at T = S = 32K, 160 GB at 128K)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     def causal(b, h, i, j):
         return j <= i + offset
 
-    return create_block_mask(causal, None, None, T, S, device=device)
+    build = _compiled_create_block_mask() if compile else create_block_mask
+    return build(causal, None, None, T, S, device=device)
 
 
 def document_block_mask(mask, B: int, T: int, S: int, device, compile: bool = False):
@@ -77,17 +80,18 @@ def document_block_mask(mask, B: int, T: int, S: int, device, compile: bool = Fa
 def block_mask(mask, B: int, T: int, S: int, device: torch.device):
     """The BlockMask equal to ``mask.dense(T, S)`` (minilm.model.attention.AttentionMask). Inside a compiled model
     it is built in the graph. In an eager one the causal mask is cached per shape, and a document mask is built
-    once per forward (every layer gets the same AttentionMask object), compiled on CUDA."""
+    once per forward (every layer gets the same AttentionMask object), both by the compiled builder on CUDA."""
     if torch.compiler.is_compiling():  # part of the compiled graph: no caches, no nested compile
         if mask.q_doc is None:
             return _causal_block_mask.__wrapped__(T, S, mask.offset, str(device))
         return document_block_mask(mask, B, T, S, device)
+    on_cuda = torch.device(device).type == "cuda"
     if mask.q_doc is None:
-        return _causal_block_mask(T, S, mask.offset, str(device))
+        return _causal_block_mask(T, S, mask.offset, str(device), compile=on_cuda)
     memo = mask.__dict__.setdefault("_block_masks", {})
     key = (B, T, S, str(device))
     if key not in memo:
-        memo[key] = document_block_mask(mask, B, T, S, device, compile=torch.device(device).type == "cuda")
+        memo[key] = document_block_mask(mask, B, T, S, device, compile=on_cuda)
     return memo[key]
 
 

@@ -384,6 +384,39 @@ def test_compiled_document_block_mask_equals_uncompiled():
         assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+def test_causal_block_mask_on_cuda_is_built_by_the_compiled_builder(monkeypatch):
+    """An eager model on CUDA (bench_attention.py's core, train.compile off) built its causal BlockMask with the
+    uncompiled create_block_mask, which evaluates the rule on the whole (T, S) grid: ~10 bytes per element at once,
+    10 GB at 32K (counted in the attn part's peak memory as if the kernel needed it) and 160 GB at 128K. On CUDA it
+    is now built by the compiled builder, as document masks are; on CPU (no FlexAttention in training) as before."""
+    import minilm.model.flex as flex
+
+    built = []
+    monkeypatch.setattr(flex, "_compiled_create_block_mask",
+                        lambda: lambda *a, device, **kw: built.append(device) or "compiled build")  # fmt: skip
+    flex._causal_block_mask.cache_clear()
+    try:
+        assert flex.block_mask(AttentionMask(), 1, 300, 300, torch.device("cuda")) == "compiled build"
+        assert built == ["cuda"]
+        assert flex.block_mask(AttentionMask(), 1, 300, 300, torch.device("cpu")) != "compiled build"
+    finally:
+        flex._causal_block_mask.cache_clear()  # (the stub's result must not stay cached)
+
+
+@pytest.mark.slow  # create_block_mask's compiled kernel: seconds of inductor on CPU
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+def test_compiled_causal_block_mask_equals_uncompiled():
+    """The compiled build of the causal mask (CUDA's) has the uncompiled one's blocks, at lengths that are no
+    multiple of 128 and with cached keys before the queries."""
+    from minilm.model.flex import _causal_block_mask
+
+    want = _causal_block_mask.__wrapped__(300, 377, 77, "cpu")
+    got = _causal_block_mask.__wrapped__(300, 377, 77, "cpu", compile=True)
+    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
 def odd_length_case(name, seed, S=300, head_dim=16):
     """A FlexAttention check at a length that is no multiple of its 128-wide blocks, with heads 16 wide (the CUDA
     kernel's least: ``FLEX_MIN_HEAD_DIM``; the CPU cases' 8 fail to compile there) and two documents per row, whose
