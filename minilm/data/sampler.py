@@ -306,15 +306,22 @@ def make_sampler(corpus: Corpus, split: str, data_cfg: Any, seq_len: int, batch_
     if split not in ("train", "val"):
         raise DataError(f"split must be 'train' or 'val', got {split!r}")
     store = corpus.train if split == "train" else corpus.val
+    weights = _weights(data_cfg, corpus)
     need = batch_size * (seq_len + 1)
-    if split == "train" and store.n_tokens < need:
-        raise DataError(f"the corpus has {store.n_tokens} training tokens, fewer than one batch "
+    # the tokens of the sources sampled (weight > 0): a few sentences of one's own beside the embedded corpus at
+    # weight 0 passed a check of the whole corpus, and every row repeated those few tokens over and over
+    sampled = [n for n in store.source_names if weights.get(n, 0) > 0]
+    n_tokens = int(store.doc_lengths[np.isin(store.doc_source, [store.source_names.index(n) for n in sampled])].sum())
+    if split == "train" and n_tokens < need:
+        of = ("the corpus has" if len(sampled) == len(store.source_names)
+              else f"the sources sampled ({', '.join(sampled)}) have")  # fmt: skip
+        raise DataError(f"{of} {n_tokens} training tokens, fewer than one batch "
                         f"(batch_size {batch_size} x (seq_len {seq_len} + 1) = {need}); add documents or lower "
                         f"train.batch_size / train.seq_len")  # fmt: skip
     syn = data_cfg.synthetic
     return Sampler(
         corpus, store, seq_len=seq_len, batch_size=batch_size, seed=seed, phase=phase, rank=rank,
-        world_size=world_size, weights=_weights(data_cfg, corpus), long_fraction=data_cfg.long_fraction,
+        world_size=world_size, weights=weights, long_fraction=data_cfg.long_fraction,
         long_min_tokens=data_cfg.long_min_tokens, document_mask=data_cfg.document_mask,
         restart_positions=data_cfg.restart_positions, synthetic_fraction=syn.fraction,
         synthetic_tasks=tuple(syn.tasks), synthetic_style=synthetic_style(data_cfg), synthetic_loss=syn.loss,

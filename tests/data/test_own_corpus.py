@@ -210,3 +210,22 @@ def test_resuming_on_a_corpus_whose_files_changed_says_why_the_corpus_differs(tm
     now = make_sampler(load_corpus(cfg, progress=False), "train", cfg, **args)
     with pytest.raises(DataError, match=r"corpus: checkpoint .*size and mtime of every file .* touched since"):
         now.load_state_dict(state)
+
+
+def test_a_batch_must_fit_in_the_sources_sampled_not_the_whole_corpus(tmp_path):
+    """Three sentences of one's own beside a large source at weight 0 passed the 'fewer tokens than one batch'
+    check (it counted the whole corpus), and every training row repeated those few tokens."""
+    from minilm.data import make_sampler
+
+    (tmp_path / "big").mkdir()
+    for i in range(20):
+        (tmp_path / "big" / f"{i}.txt").write_text(f"a long enough document number {i}, many words\n" * 20)
+    (tmp_path / "mine").mkdir()
+    for i in range(3):
+        (tmp_path / "mine" / f"{i}.txt").write_text(f"tiny {i}\n")
+    cfg = make_data_cfg(tmp_path, {"big": {"kind": "files", "paths": [f"{tmp_path}/big/*.txt"], "weight": 0},
+                                   "mine": {"kind": "files", "paths": [f"{tmp_path}/mine/*.txt"]}})  # fmt: skip
+    corpus = load_corpus(cfg, progress=False)
+    assert corpus.train.n_tokens > 4 * (32 + 1)  # the whole corpus would hold a batch
+    with pytest.raises(DataError, match=r"the sources sampled \(mine\) have \d+ training tokens, fewer than one batch"):
+        make_sampler(corpus, "train", cfg, seq_len=32, batch_size=4, seed=0, phase="p")

@@ -47,7 +47,7 @@ def test_bad_input_exits_2_with_a_message(script, tmp_path, tiny_text_dir, capsy
     assert script.main(["--config", cfg, "--quiet", "phases.long.data.long_min_tokens=100000"]) == 2
     assert "phase 'long': data.long_fraction=0.5 but no train document" in capsys.readouterr().err
     assert script.main(["--config", cfg, "--quiet", "phases.long.seq_len=100000"]) == 2  # as training refuses it
-    assert "phase 'long': the corpus has" in capsys.readouterr().err
+    assert "phase 'long': the sources sampled (tiny) have" in capsys.readouterr().err
 
 
 def test_long_share_and_check_count_only_the_sources_a_phase_samples(script, tmp_path, tiny_text_dir, capsys):

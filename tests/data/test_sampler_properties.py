@@ -175,8 +175,9 @@ def test_a_source_the_phase_does_not_list_is_not_sampled(tmp_path):
     """A phase can re-weight the run's sources; a prepared source it leaves out gets weight 0."""
     store = store_of([30] * 6, sources=[0, 0, 0, 1, 1, 1], names=("a", "b"))
     cfg = make_data_cfg(tmp_path, {"a": {"kind": "files", "paths": ["x/*.py"]}})
-    s = make_sampler(corpus_of(store), "train", cfg, seq_len=16, batch_size=8, seed=0, phase="p")
-    docs = {where(store, int(t))[0] for i in range(20) for t in s.batch(i)["input_ids"][:, 0] if t != EOS}
+    # (a batch of 4 x 17 tokens fits in the 90 tokens of a, the one source sampled)
+    s = make_sampler(corpus_of(store), "train", cfg, seq_len=16, batch_size=4, seed=0, phase="p")
+    docs = {where(store, int(t))[0] for i in range(40) for t in s.batch(i)["input_ids"][:, 0] if t != EOS}
     assert docs and docs <= {0, 1, 2}
 
 
