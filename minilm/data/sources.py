@@ -7,8 +7,9 @@ raises ``DataError`` naming ``data.sources.<name>.<key>`` and what is allowed.
 Kinds:
 - ``embedded``: the Python standard library ``*.py`` files of the running interpreter (one file = one document).
   Present wherever Python is, needs no network, and has a natural mix of short and very long documents.
-- ``files``: glob patterns of local ``.txt/.md/.py`` files (one file = one document) and ``.jsonl/.parquet``
-  files (one record = one document, text taken from ``text_field``; read through ``datasets``).
+- ``files``: glob patterns of local ``.txt/.md/.py`` files (one file = one document) and ``.jsonl/.json/.parquet``
+  files, the json ones also compressed (one record = one document, text taken from ``text_field``; read through
+  ``datasets``). A file reached through several paths (symlinks) is read once.
 - ``hf``: anything ``datasets.load_dataset`` opens (hub name or local path / data files), and a directory written
   by ``save_to_disk`` (opened with ``datasets.load_from_disk``; ``split`` picks a split of a ``DatasetDict``).
 
