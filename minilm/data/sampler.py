@@ -329,6 +329,17 @@ def make_sampler(corpus: Corpus, split: str, data_cfg: Any, seq_len: int, batch_
     )  # fmt: skip
 
 
+def _warn_short_sources(store: TokenStore, weights: Dict[str, float], seq_len: int, what: str) -> None:
+    """A row is drawn from one source's documents and wraps around them: a sampled source with fewer tokens than a
+    row repeats its text within every row of it. (The held-out split as a whole was checked, so the few held-out
+    tokens of a small source beside a large one went unnoticed.)"""
+    for i, name in enumerate(store.source_names):
+        n = int(store.doc_lengths[store.doc_source == i].sum())
+        if weights.get(name, 0) > 0 and 0 < n < seq_len + 1:
+            log.warning("%s: source %s has %d tokens in the %s split, fewer than one row of %d: its rows repeat "
+                        "them", what, name, n, "val" if what == "validation" else "train", seq_len + 1)  # fmt: skip
+
+
 def validation_batches(corpus: Corpus, data_cfg: Any, seq_len: int, batch_size: int, n_batches: int,
                        seed: int, rank: int = 0, world_size: int = 1) -> List[Dict[str, torch.Tensor]]:  # fmt: skip
     """Fixed validation batches per (seq_len, seed): packed windows of the held-out documents (all of them,
@@ -336,11 +347,11 @@ def validation_batches(corpus: Corpus, data_cfg: Any, seq_len: int, batch_size: 
     batch i is the global batch of ``batch_size · world_size`` rows, and a DDP rank gets its slice: the ranks
     together validate exactly the rows one process with the whole batch would (not the same rows on each)."""
     store = corpus.val
-    if store.n_tokens < seq_len + 1 and n_batches > 0:  # (0 batches: a check that the sampler builds)
-        log.warning("the held-out split has %d tokens, fewer than one row of %d: validation rows wrap around it",
-                    store.n_tokens, seq_len + 1)  # fmt: skip
+    weights = _weights(data_cfg, corpus)
+    if n_batches > 0:  # (0 batches: a check that the sampler builds)
+        _warn_short_sources(store, weights, seq_len, "validation")
     s = Sampler(corpus, store, seq_len=seq_len, batch_size=batch_size, seed=seed, phase=f"validation/{seq_len}",
-                weights=_weights(data_cfg, corpus), document_mask=data_cfg.document_mask,
+                weights=weights, document_mask=data_cfg.document_mask,
                 restart_positions=data_cfg.restart_positions, split="val",
                 rank=rank, world_size=world_size)  # fmt: skip
     return [s.batch(i) for i in range(n_batches)]

@@ -229,3 +229,22 @@ def test_a_batch_must_fit_in_the_sources_sampled_not_the_whole_corpus(tmp_path):
     assert corpus.train.n_tokens > 4 * (32 + 1)  # the whole corpus would hold a batch
     with pytest.raises(DataError, match=r"the sources sampled \(mine\) have \d+ training tokens, fewer than one batch"):
         make_sampler(corpus, "train", cfg, seq_len=32, batch_size=4, seed=0, phase="p")
+
+
+def test_validation_warns_when_a_sampled_source_holds_out_less_than_a_row(tmp_path, caplog):
+    """Validation rows of a source wrap around its held-out documents; the warning looked at the whole held-out
+    split, so a small source's few held-out tokens beside a large weight-0 source were repeated without a word."""
+    (tmp_path / "big").mkdir()
+    for i in range(30):
+        (tmp_path / "big" / f"{i}.txt").write_text(f"document number {i} of the big source, with words\n" * 20)
+    (tmp_path / "mine").mkdir()
+    for i in range(3):
+        (tmp_path / "mine" / f"{i}.txt").write_text(f"short {i}\n")
+    cfg = make_data_cfg(tmp_path, {"big": {"kind": "files", "paths": [f"{tmp_path}/big/*.txt"], "weight": 0},
+                                   "mine": {"kind": "files", "paths": [f"{tmp_path}/mine/*.txt"]}},
+                        val_fraction=0.2)  # fmt: skip
+    corpus = load_corpus(cfg, progress=False)
+    assert corpus.val.n_tokens > 64 + 1  # the held-out split as a whole holds a row
+    with caplog.at_level("WARNING"):
+        validation_batches(corpus, cfg, seq_len=64, batch_size=2, n_batches=1, seed=0)
+    assert "source mine has" in caplog.text and "fewer than one row of 65" in caplog.text
