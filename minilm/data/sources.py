@@ -328,7 +328,7 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
                 continue
             ds = _load_dataset(where, builder, None, "train", [str(path)], False, cache_dir=local_cache)
             _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=str(path), file=str(path),
-                            max_docs=cap)  # fmt: skip
+                            max_docs=cap, paths_key=f"{where}.paths")  # fmt: skip
     return docs
 
 
@@ -466,14 +466,18 @@ def _cause(e: BaseException) -> str:
 
 
 def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix: str, file: str,
-                    max_docs: Optional[int] = None) -> None:  # fmt: skip
-    """Take the ``text_field`` of each record; non-string and empty values are skipped and counted."""
+                    max_docs: Optional[int] = None, paths_key: Optional[str] = None) -> None:  # fmt: skip
+    """Take the ``text_field`` of each record; non-string and empty values are skipped and counted. ``paths_key``:
+    the glob key that matched ``file`` (files kind)."""
     columns = getattr(ds, "column_names", None)
     if columns is None and getattr(ds, "features", None) is not None:
         columns = list(ds.features)
     if columns is not None and text_field not in columns:
+        # a glob over a code or docs tree (dir/**/*) also matches package.json, tsconfig.json...: not data at all
+        other = (f", or leave {file} out of {paths_key} (a .json file is read as records)"
+                 if paths_key and _data_suffix(Path(file))[0] == ".json" else "")  # fmt: skip
         raise DataError(f"{key}: {text_field!r} is not a column of {file} (columns: {', '.join(columns)}); "
-                        f"set text_field to one of them")  # fmt: skip
+                        f"set text_field to one of them{other}")  # fmt: skip
     records = iter(ds.select_columns([text_field]) if columns is not None else ds)
     for i in itertools.count():
         if max_docs is not None and len(docs.texts) >= max_docs:

@@ -248,3 +248,13 @@ def test_validation_warns_when_a_sampled_source_holds_out_less_than_a_row(tmp_pa
     with caplog.at_level("WARNING"):
         validation_batches(corpus, cfg, seq_len=64, batch_size=2, n_batches=1, seed=0)
     assert "source mine has" in caplog.text and "fewer than one row of 65" in caplog.text
+
+
+def test_a_json_file_that_is_not_data_says_to_leave_it_out_of_the_glob(tmp_path):
+    """dir/**/* over a project also matches package.json: the advice was only to set text_field to one of its
+    keys (name, version), which is not what the user wants."""
+    (tmp_path / "notes.md").write_text("# some notes\n")
+    (tmp_path / "package.json").write_text('{"name": "x", "version": "1.0"}\n')
+    with pytest.raises(DataError, match=r"not a column of .*package\.json .*or leave .*package\.json out of "
+                                        r"data\.sources\.mine\.paths"):  # fmt: skip
+        _read("mine", {"kind": "files", "paths": [f"{tmp_path}/**/*"]})
