@@ -236,19 +236,37 @@ def check_writable_dir(path: Path, setting: str = "run.dir") -> None:
 def check_trainer(pcfg) -> None:
     """The ``trainer`` section and ``train.precision`` go to lightning.Trainer unchanged; build one with them, so
     that what Lightning refuses (an unknown accelerator or strategy, devices it cannot use) is an error naming the
-    keys before run.dir is written, not a traceback when the first phase starts."""
+    keys before run.dir is written, not a traceback when the first phase starts. Refused too, what Lightning would
+    run but minilm cannot: a strategy that trains in processes it spawns or forks, and several nodes that nothing
+    launched."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
     from lightning.fabric.utilities.exceptions import MisconfigurationException
+    from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
     tr = pcfg.trainer
     try:
-        L.Trainer(accelerator=tr.accelerator, devices=tr.devices, strategy=tr.strategy, num_nodes=tr.num_nodes,
-                  precision=precision(pcfg), logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                  enable_model_summary=False)  # fmt: skip
+        trainer = L.Trainer(accelerator=tr.accelerator, devices=tr.devices, strategy=tr.strategy,
+                            num_nodes=tr.num_nodes, precision=precision(pcfg), logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     except (MisconfigurationException, ValueError, TypeError, RuntimeError, ImportError) as e:
         # ImportError: an accelerator whose package is missing (trainer.accelerator=tpu without torch_xla)
         given = OmegaConf.to_container(tr, resolve=True)
         settings = ", ".join(f"trainer.{k}={v}" for k, v in given.items()) + f", train.precision={pcfg.train.precision}"
         raise MinilmError(f"trainer: Lightning cannot run with {settings}: {e}") from None
+    if isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher):
+        # ddp_spawn, ddp_fork, ddp_notebook: the fit runs in child processes and this one gets back the weights
+        # only, not the step, checkpoints or validation loss: each phase ended "stopped at step 0"
+        raise MinilmError(f"trainer.strategy={tr.strategy}: Lightning trains in processes it spawns or forks, and "
+                          "minilm's phases need the training process's own state; use trainer.strategy=ddp (one "
+                          "process per device, started by Lightning, torchrun or SLURM: docs/scaling.md)")  # fmt: skip
+    manual = any(k in os.environ for k in ("MASTER_ADDR", "NODE_RANK", "GROUP_RANK"))  # Lightning's own multi-node
+    env = getattr(trainer.strategy, "cluster_environment", None)
+    if trainer.num_nodes > 1 and type(env) is LightningEnvironment and not manual:
+        # no torchrun, SLURM, ... and no address of a head node: no other node can join, and the run waited for
+        # them until the process group's timeout (30 minutes), then failed with a traceback
+        raise MinilmError(f"trainer.num_nodes={tr.num_nodes}: this process was not started by torchrun or SLURM and "
+                          "MASTER_ADDR / NODE_RANK are not set, so the processes of the other nodes cannot join it; "
+                          "launch it on every node as docs/scaling.md shows, or set trainer.num_nodes=1")  # fmt: skip
 
 
 def is_primary_process() -> bool:

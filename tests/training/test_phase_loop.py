@@ -63,6 +63,29 @@ def test_trainer_settings_lightning_refuses_are_named_before_the_run_starts(conf
     assert not run.exists()
 
 
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
+def test_a_strategy_that_trains_in_spawned_processes_is_refused(config, tmp_path, strategy):
+    """Lightning runs it, but the phases never get the trained state back: each ended 'stopped at step 0 of N;
+    resume with --resume', and --resume did the same."""
+    run = tmp_path / "run"
+    overrides = [f"run.dir={run}", "trainer.devices=2", f"trainer.strategy={strategy}"]
+    with pytest.raises(MinilmError, match=f"trainer.strategy={strategy}: .*use trainer.strategy=ddp"):
+        run_phases(load_config(config, overrides), log=lambda m: None)
+    assert not run.exists()
+
+
+def test_several_nodes_that_nothing_launched_are_refused(config, tmp_path, monkeypatch):
+    """trainer.num_nodes=2 from a plain `python train.py`: the run waited for the other node's processes until the
+    process group's timeout (30 minutes), then failed with a traceback."""
+    for key in ("MASTER_ADDR", "NODE_RANK", "GROUP_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    run = tmp_path / "run"
+    overrides = [f"run.dir={run}", "trainer.devices=2", "trainer.strategy=ddp", "trainer.num_nodes=2"]
+    with pytest.raises(MinilmError, match="trainer.num_nodes=2: this process was not started by torchrun or SLURM"):
+        run_phases(load_config(config, overrides), log=lambda m: None)
+    assert not run.exists()
+
+
 def test_resume_past_or_at_a_shortened_phase_end(config, tmp_path):
     """--resume after the phase's steps were lowered: a checkpoint beyond the new end was restored, fit had nothing
     left to do, and the phase was marked finished with more steps in its weights than its config and complete.json
