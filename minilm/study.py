@@ -358,6 +358,27 @@ def _wait_for_rank_zero() -> None:
 # ---------------------------------------------------------------------------------------------- summary
 
 
+def other_settings(results: dict, pcfg: DictConfig) -> dict[str, tuple]:
+    """key -> (as evaluated, as the study now asks) for the evaluation settings of ``results`` (a results.json) that
+    differ from its phase config's ``eval``: finished phases are not evaluated again on --resume, so raising
+    eval.samples in the study file (or evaluate.py --samples into eval/) leaves numbers of other settings."""
+    from minilm.eval import applied_extension
+    from minilm.eval.report import RETRIEVAL
+
+    ev = OmegaConf.to_container(pcfg.eval, resolve=True)
+    seq_len = int(pcfg.train.seq_len)
+    want = {"lengths": list(ev["lengths"]), "tasks": list(ev["tasks"]),
+            "extension": applied_extension(ev["extension"], seq_len) if ev["extension"] else None}  # fmt: skip
+    if not want["lengths"]:  # a phase that does not evaluate: evaluate.py chose the lengths, none are asked
+        del want["lengths"]
+    if any(t in RETRIEVAL for t in want["tasks"]):  # what the retrieval accuracies count
+        want.update(samples=ev["samples"], depths=[float(d) for d in ev["depths"]])
+    got = dict(results)
+    if got.get("extension"):  # recorded before results.json held the filled-in defaults: compare them filled in
+        got["extension"] = applied_extension(got["extension"], int(got.get("train_seq_len") or seq_len))
+    return {k: (got[k], v) for k, v in want.items() if k in got and got[k] != v}
+
+
 def _val_losses(run_dir: Path, phases: list[str]) -> dict[str, Optional[float]]:
     out = {}
     for p in phases:
@@ -414,6 +435,11 @@ def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, 
                 by_seed[r.seed] = load_results(out_dir / r.label / evaluated / "eval" / "results.json")
             except MinilmError:
                 pass  # not evaluated (its evaluation failed, or scripts/evaluate.py has not run)
+            else:
+                differ = other_settings(by_seed[r.seed], pcfgs[evaluated])
+                if differ:
+                    per_run[r.label]["evaluated_with_other_settings"] = {k: {"evaluated": a, "study": b}
+                                                                         for k, (a, b) in differ.items()}
     results = list(by_seed.values())
     evaluation = {key: {L: mean_sd([res.get(key, {}).get(L) for res in results])
                         for L in sorted({L for res in results for L in res.get(key, {})}, key=int)}
@@ -485,7 +511,8 @@ def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Call
     for entry, results in zip(entries[1:], by_seed[1:]):  # each variant against the first, seed by seed
         entry["vs_first"] = paired_differences((entries[0], by_seed[0]), (entry, results))
     date = datetime.datetime.now().isoformat("T", "seconds")
-    report = {"study": str(study.path), "name": study.name, "date": date, "seeds": study.seeds, "variants": entries}
+    report = {"study": str(study.path), "name": study.name, "date": date, "seeds": study.seeds, "out": str(out_dir),
+              "variants": entries}  # fmt: skip
     atomic_write_text(out_dir / "study.json", json.dumps(report, indent=2))
     if averaged:
         compare([r for _, r in averaged], [n for n, _ in averaged], out_dir)
@@ -517,11 +544,39 @@ def _markdown(study: Study, report: dict, figure: bool) -> str:
         for e in entries:
             stats = e["evaluation"].get(key, {})
             md.append(f"| {e['variant']} | " + " | ".join(_cell(stats.get(L), 2, n) for L in lengths) + " |")
+    other = [(e["evaluated_phase"], label, run["evaluated_with_other_settings"]) for e in entries
+             for label, run in e["runs"].items() if run.get("evaluated_with_other_settings")]  # fmt: skip
+    if other:
+        md += ["", "## Evaluated with other settings than the study asks", "",
+               "Finished phases are not evaluated again (on --resume, or after scripts/evaluate.py wrote into their "
+               "eval/): these runs' numbers above are of other settings. The command after each measures them as "
+               "the study asks; then `--resume` the study again for its tables.", ""]  # fmt: skip
+        for phase, label, differ in other:
+            what = "; ".join(f"{k} {json.dumps(d['evaluated'])} (study: {json.dumps(d['study'])})"
+                             for k, d in differ.items())  # fmt: skip
+            run = f"{report['out']}/{label}"
+            md.append(f"- {label}: {what}: `python scripts/evaluate.py --run {run} --phase {phase}"
+                      f"{_evaluate_flags(differ, f'{run}/{phase}')}`")
     if n > 1 and len(entries) > 1:
         md += _paired_table(entries, n)
     if figure:
         md += ["", "![compare](compare.png)"]
     return "\n".join(md) + "\n"
+
+
+def _evaluate_flags(differ: dict, phase_dir: str) -> str:
+    """The scripts/evaluate.py flags that set each differing setting to the study's value (the run's saved config,
+    which evaluate.py reads, still holds the settings it was trained with). An --extension would be written beside
+    eval/, so then --out names eval/ itself."""
+
+    def extension(v):  # values as YAML scalars / flow lists without spaces, one shell word each
+        params = [f"{k}={json.dumps(x, separators=(',', ':'))}" for k, x in v.items() if k != "name"] if v else []
+        return " ".join([v["name"], *params]) if v else "none"
+
+    flags = {"lengths": lambda v: f"--lengths {','.join(map(str, v))}", "tasks": lambda v: f"--tasks {','.join(v)}",
+             "samples": lambda v: f"--samples {v}", "depths": lambda v: f"--depths {','.join(f'{d:g}' for d in v)}",
+             "extension": lambda v: f"--extension {extension(v)} --out {phase_dir}/eval"}  # fmt: skip
+    return "".join(" " + flags[k](d["study"]) for k, d in differ.items())
 
 
 def _paired_table(entries: list[dict], n: int) -> list[str]:

@@ -277,6 +277,58 @@ def test_the_studys_compare_counts_the_prompts_of_every_seed_behind_a_mean_accur
     assert "prompts per length: a 8." in table and "| a | 0.38 [0.14, 0.69] |" in table  # 3 of 8
 
 
+def test_an_evaluation_made_with_other_settings_than_the_study_asks_is_named_with_its_remedy(tmp_path, study_file):
+    """--resume skips finished phases, so raising eval.samples in the study file (or on its command line) left the
+    old evaluations in the tables, silently: numbers of 1 prompt per cell under a study that asks for 3. The summary
+    now names each such run and the evaluate.py command that measures it as the study asks."""
+    import shlex
+
+    from minilm.files import atomic_write_text
+
+    study_file.write_text("config: base.yaml\nvariants: {a: []}\n")
+    study = load_study(study_file)
+    out = tmp_path / "out"
+    extra = ["eval.tasks=[ppl,passkey]", "eval.samples=3"]
+    cfgs = {r.label: run_config(study, r, out, extra) for r in study_runs(study)}
+    _finished(cfgs["a"], out / "a", ["short", "long"])
+    results = {"lengths": [32, 64], "tasks": ["ppl", "passkey"], "samples": 1, "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
+               "extension": None, "train_seq_len": 64, "phase": "long", "run": str(out / "a"),
+               "ppl": {"32": 10.0, "64": 11.0}, "passkey": {"32": 0.0, "64": 0.0}}  # fmt: skip
+    atomic_write_text(out / "a" / "long" / "eval" / "results.json", json.dumps(results))
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    md = (out / "study.md").read_text()
+    assert "## Evaluated with other settings than the study asks" in md
+    line = next(x for x in md.splitlines() if x.startswith("- a: samples 1 (study: 3)"))
+    command = shlex.split(line.split("`")[1])
+    assert command[:2] == ["python", "scripts/evaluate.py"]
+    args = _script("evaluate").parser().parse_args(command[2:])
+    assert (args.run, args.phase, args.samples) == (str(out / "a"), "long", 3)
+    report = json.loads((out / "study.json").read_text())
+    assert report["variants"][0]["runs"]["a"]["evaluated_with_other_settings"] == {
+        "samples": {"evaluated": 1, "study": 3}}  # fmt: skip
+    # evaluated as the study asks (as the end of the phase does): nothing to say
+    atomic_write_text(out / "a" / "long" / "eval" / "results.json", json.dumps({**results, "samples": 3}))
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    assert "other settings" not in (out / "study.md").read_text()
+
+
+def test_the_remedy_command_sets_each_differing_setting_as_evaluate_py_reads_it():
+    import shlex
+
+    from minilm.eval import parse_extension
+    from minilm.study import _evaluate_flags
+
+    want = {"lengths": [32, 128], "tasks": ["ppl", "kv"], "depths": [0.0, 0.5],
+            "extension": {"name": "longrope", "short_factor": [1.0, 1.5], "original_max_position_embeddings": 32}}
+    flags = _evaluate_flags({k: {"evaluated": None, "study": v} for k, v in want.items()}, "/r/a/long")
+    args = _script("evaluate").parser().parse_args(["--run", "/r/a"] + shlex.split(flags))
+    assert (args.lengths, args.tasks, args.depths) == ([32, 128], ["ppl", "kv"], [0.0, 0.5])
+    assert parse_extension(args.extension) == want["extension"]
+    assert args.out == "/r/a/long/eval"  # an --extension would be written beside eval/, not into it
+    none = _evaluate_flags({"extension": {"evaluated": {"name": "logn"}, "study": None}}, "/r/a/long")
+    assert shlex.split(none) == ["--extension", "none", "--out", "/r/a/long/eval"]
+
+
 def test_seeds_one_seed_is_named_and_val_batches_0_is_not_a_missing_run(tmp_path, study_file):
     study_file.write_text("config: base.yaml\nseeds: [7]\nvariants: {a: [], c: [train.val_batches=0]}\n")
     study = load_study(study_file)
