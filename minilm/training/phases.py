@@ -272,8 +272,11 @@ def check_trainer(pcfg) -> None:
 def is_primary_process() -> bool:
     """True in the one process that owns run.dir's bookkeeping (lock, config, tokenizer, final weights). The other
     ranks of a DDP run (started by Lightning's launcher, torchrun or SLURM) train and leave the files to it.
-    Lightning reads the launcher's rank variables once, at import, into ``rank_zero_only.rank``."""
-    return getattr(rank_zero_only, "rank", 0) == 0
+    Lightning reads the launcher's rank variables once, at import, into ``rank_zero_only.rank``. That is the rank
+    on its node where several nodes are started by hand (Lightning's NODE_RANK, no global RANK): the first process
+    of every node read 0 there, and each took the run lock on the shared run.dir ("in use by process ...")."""
+    node = os.environ.get("NODE_RANK", os.environ.get("GROUP_RANK", "0"))
+    return getattr(rank_zero_only, "rank", 0) == 0 and node.strip() in ("", "0")
 
 
 def _has_outputs(run_dir: Path, names: list[str]) -> bool:

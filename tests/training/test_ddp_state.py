@@ -74,3 +74,16 @@ def test_a_restarted_phase_is_retrained_by_every_rank_whatever_run_dir_still_hol
     phases.run_phases(cfg, start_phase="long", log=said.append)
     assert not any("is complete; skipping" in m or "resuming from" in m for m in said), said
     assert any(m.startswith("phase 'long': seq_len 64") for m in said), said
+
+
+@pytest.mark.parametrize("var", ["NODE_RANK", "GROUP_RANK"])
+def test_the_first_process_of_a_second_node_is_not_the_primary_one(monkeypatch, var):
+    """Several nodes started by hand (Lightning's MASTER_ADDR / NODE_RANK, no global RANK): the first process of
+    node 1 has local rank 0, and took the run lock and wrote run.dir's files as if it were rank 0."""
+    for key in ("NODE_RANK", "GROUP_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert phases.is_primary_process()
+    monkeypatch.setenv(var, "1")
+    assert not phases.is_primary_process()
+    monkeypatch.setenv(var, "0")
+    assert phases.is_primary_process()
