@@ -39,7 +39,7 @@ import torch
 
 from minilm.config import SYNTHETIC_LOSSES
 from minilm.data.prepare import Corpus, TokenStore
-from minilm.data.sources import _plain, parse_sources
+from minilm.data.sources import parse_sources
 from minilm.data.synthetic import make_sample
 from minilm.errors import DataError
 
@@ -293,12 +293,13 @@ def _weights(data_cfg: Any, corpus: Corpus) -> Dict[str, float]:
 
 
 def synthetic_style(data_cfg: Any) -> str:
-    """``auto`` means code-style prompts when any source is the (code) embedded corpus, else prose."""
+    """``auto`` means code-style prompts when the (code) embedded corpus is sampled (weight > 0), else prose. An
+    embedded source kept at weight 0 gives no filler, so it put code-style needles into one's own prose."""
     style = data_cfg.synthetic.style
     if style != "auto":
         return style
-    kinds = [s.get("kind") for s in _plain(data_cfg.sources).values()]
-    return "code" if "embedded" in kinds else "text"
+    sampled = [s for s in parse_sources(data_cfg.sources).values() if s.weight > 0]
+    return "code" if any(s.kind == "embedded" for s in sampled) else "text"
 
 
 def make_sampler(corpus: Corpus, split: str, data_cfg: Any, seq_len: int, batch_size: int, seed: int, phase: str,

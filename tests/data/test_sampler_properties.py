@@ -181,9 +181,11 @@ def test_a_source_the_phase_does_not_list_is_not_sampled(tmp_path):
     assert docs and docs <= {0, 1, 2}
 
 
-def test_auto_style_is_code_when_any_source_is_embedded(tmp_path):
+def test_auto_style_is_code_when_an_embedded_source_is_sampled(tmp_path):
     files = {"kind": "files", "paths": ["x/*.py"]}
     assert synthetic_style(make_data_cfg(tmp_path, {"f": files})) == "text"
     assert synthetic_style(make_data_cfg(tmp_path, {"f": files, "e": {"kind": "embedded"}})) == "code"
+    # an embedded source at weight 0 gives no filler: prose filler got code-style needles
+    assert synthetic_style(make_data_cfg(tmp_path, {"f": files, "e": {"kind": "embedded", "weight": 0}})) == "text"
     assert synthetic_style(make_data_cfg(tmp_path, {"e": {"kind": "embedded"}}, **{"synthetic.style": "text"})) \
         == "text"  # an explicit style wins
