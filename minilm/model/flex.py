@@ -36,11 +36,29 @@ def flex_attention_available() -> bool:
     return True
 
 
+# Shapes the eager model's FlexAttention kernel compiles for before dynamo gives up on it. The kernel is one
+# process-wide compiled function, static per shape (and per grad mode), and an evaluation meets many: each length's
+# perplexity windows, retrieval batches and greedy-example prompt, plus their remainder batches — about ten per
+# length. Past dynamo's default limit (8, reached in a run's first evaluation) flex_attention ran eagerly,
+# materializing the (B, H, T, S) scores: slow, and out of memory at long lengths. (Under dynamo's global cap of
+# 256 compilations, accumulated_recompile_limit.)
+FLEX_RECOMPILE_LIMIT = 128
+
+
 @functools.cache
-def _compiled_flex():
+def _compiled_flex_kernel():
     from torch.nn.attention.flex_attention import flex_attention
 
     return torch.compile(flex_attention, dynamic=False)
+
+
+def _compiled_flex(*args, **kwargs):
+    """The compiled kernel, called with dynamo's recompile limit raised to FLEX_RECOMPILE_LIMIT for this call only
+    (the limit is read when a call misses the cache and compiles)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    with config.patch(name, max(getattr(config, name), FLEX_RECOMPILE_LIMIT)):
+        return _compiled_flex_kernel()(*args, **kwargs)
 
 
 @functools.cache
@@ -101,9 +119,9 @@ def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None
 
     compiled = q.is_cuda if compiled is None else compiled
     # Inside a compiled model (train.compile) the outer compile captures flex_attention itself. Calling
-    # torch.compile there would break the graph in every layer: dynamo traces into _compiled_flex (it ignores
+    # torch.compile there would break the graph in every layer: dynamo traces into the compiled kernel (it ignores
     # the cache), and Lightning replaces torch.compile with a wrapper dynamo cannot trace.
-    attend = _compiled_flex() if compiled and not torch.compiler.is_compiling() else flex_attention
+    attend = _compiled_flex if compiled and not torch.compiler.is_compiling() else flex_attention
 
     def mod(score, b, h, i, j):  # the encodings' tables are fp32; the kernel keeps the score's dtype
         return score_mod(score, b, h, i, j).to(score.dtype)
