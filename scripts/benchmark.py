@@ -454,9 +454,12 @@ def markdown_table(report: dict) -> str:
     lines = [
         head,
         "",
-        "| impl | encoding | T | B | tokens/s | MFU | peak mem (MB) | vs peer | vs peer, interleaved |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| impl | encoding | T | B | tokens/s | MFU | peak mem (MB) | vs RoPE | vs peer | vs peer, interleaved |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    # issue #8's bias-encoding target reads against RoPE at the same length and batch: minilm's rope row
+    rope = {(r["seq_len"], r["batch_size"]): r["tokens_per_s"] for r in report["results"]
+            if r["impl"] == "minilm" and r["encoding"] == "rope" and r.get("tokens_per_s")}  # fmt: skip
     ratios = {(r["encoding"], r["seq_len"]): r["ratio"] for r in report["ratios"]}
     paired = {(r["encoding"], r["seq_len"]): (r.get("paired") or {}).get("ratio") for r in report["ratios"]}
     for r in report["results"]:
@@ -467,7 +470,11 @@ def markdown_table(report: dict) -> str:
         ratio = f"{ratio:.2f}×" if ratio else "–"
         pair = paired.get((r["encoding"], r["seq_len"])) if r["impl"] == "minilm" else None
         pair = f"{pair:.2f}×" if pair else "–"
-        cells = [r["impl"], r["encoding"], r["seq_len"], r["batch_size"], tps, mfu, mem, ratio, pair]
+        base = rope.get((r["seq_len"], r["batch_size"]))
+        vs_rope = "–"
+        if r["impl"] == "minilm" and r["encoding"] != "rope" and base and r.get("tokens_per_s"):
+            vs_rope = f"{r['tokens_per_s'] / base:.2f}×"
+        cells = [r["impl"], r["encoding"], r["seq_len"], r["batch_size"], tps, mfu, mem, vs_rope, ratio, pair]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     errors = [f"- {r['impl']} {r['encoding']} T={r['seq_len']}: `{r['error']}`"
               for r in report["results"] if r.get("error")]  # fmt: skip

@@ -53,6 +53,24 @@ def test_benchmark_writes_results(bench, tmp_path, monkeypatch):
     assert text.count("benchmark:cpu-run:begin") == 1 and "| new table |" in text and "| minilm |" not in text
 
 
+def test_the_table_gives_each_encoding_against_rope_at_its_length_and_batch(bench):
+    """Issue #8's bias-encoding target (>= 0.9x RoPE's tokens/s at 1K and 8K) is read off the table."""
+    def row(enc, T, B, tps, impl="minilm"):
+        return {"impl": impl, "encoding": enc, "seq_len": T, "batch_size": B, "tokens_per_s": tps, "status": "ok"}
+
+    report = {"device_name": "cpu", "torch": "t", "threads": 1, "precision": "32", "compile": False, "date": "d",
+              "config": "c", "overrides": [], "steps": 1, "warmup": 1, "repeats": 1, "memory_kind": "m", "ratios": [],
+              "results": [row("rope", 8, 2, 1000.0), row("rope", 16, 1, 400.0), row("alibi", 8, 2, 900.0),
+                          row("alibi", 16, 1, 500.0), row("t5", 16, 2, 300.0), row("rope", 8, 2, 800.0, "hf_llama")]}
+    lines = [line.split(" | ") for line in bench.markdown_table(report).splitlines() if line.startswith("| ")]
+    col = lines[0].index("vs RoPE")
+    got = {(c[0].lstrip("| "), c[1], c[2], c[3]): c[col] for c in lines[1:]}
+    assert got == {("minilm", "rope", "8", "2"): "–", ("minilm", "rope", "16", "1"): "–",
+                   ("minilm", "alibi", "8", "2"): "0.90×", ("minilm", "alibi", "16", "1"): "1.25×",
+                   ("minilm", "t5", "16", "2"): "–",  # no RoPE row at this batch
+                   ("hf_llama", "rope", "8", "2"): "–"}  # fmt: skip
+
+
 @pytest.mark.slow  # importing transformers alone takes ~15 s of CPU
 def test_benchmark_peer_ratio(bench, tmp_path):
     pytest.importorskip("transformers")
