@@ -164,7 +164,9 @@ class LitGPT(L.LightningModule):
         loss = torch.stack(self._val_losses).mean()
         loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
         self._val_losses.clear()
-        self.log("val_loss", loss, prog_bar=True, logger=False, sync_dist=False)
+        # (already the mean over the ranks: sync_dist averages equal values, and keeps Lightning from telling every
+        # DDP run to "use sync_dist=True")
+        self.log("val_loss", loss, prog_bar=True, logger=False, sync_dist=True)
         self.last_val_loss, self.last_val_step = float(loss), self.global_step
         if not self.trainer.sanity_checking:
             self.log_scalars({"val/loss": float(loss), "val/ppl": math.exp(min(float(loss), 50.0))})
