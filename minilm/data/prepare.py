@@ -155,7 +155,9 @@ def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, ou
     tok = _make_tokenizer(data_cfg, names, texts, tmp / "tokenizer.model")
     t_train = time.time() - t1
     t1, c1 = time.time(), time.process_time()
-    flat, lengths = _tokenize(tok, texts, data_cfg.num_proc, progress)
+    # cutting long documents at newlines gives the same ids only with the BPE tokenizer trained here (_tokenize)
+    split_lines = not data_cfg.tokenizer.model_file and data_cfg.tokenizer.type == "bpe"
+    flat, lengths = _tokenize(tok, texts, data_cfg.num_proc, progress, split_lines)
     t_tok, c_tok = time.time() - t1, time.process_time() - c1  # CPU time: comparable on a busy machine
     is_val = held_out(names, data_cfg.val_fraction, texts, source_of)
     stores = {}
@@ -235,29 +237,56 @@ def _make_tokenizer(data_cfg: Any, names: List[str], texts: List[str], dest: Pat
     return train_tokenizer(chunks, dest, tok_cfg, num_threads=1)
 
 
-def _tokenize(tok: Tokenizer, texts: List[str], num_proc: int, progress: bool) -> Tuple[np.ndarray, np.ndarray]:
+def _tokenize(tok: Tokenizer, texts: List[str], num_proc: int, progress: bool,
+              split_lines: bool = False) -> Tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Token ids of every document with EOS appended: flat (N,) int32 ids and (D,) int64 lengths.
 
     sentencepiece's batch encode runs ``num_proc`` C++ threads over the documents. It is fed longest document
     first, in chunks of about ``ENCODE_CHUNK_CHARS`` characters, so the progress bar moves and a huge file does
     not leave the other threads idle. (``datasets.map(num_proc=2)`` was measured 3x slower on the embedded
     corpus: process start-up and the Python-list -> Arrow round trip of 10 M ids cost more than the encoding.)
+
+    ``split_lines`` (a BPE tokenizer trained here): a document longer than ``ENCODE_CHUNK_CHARS`` is encoded in
+    pieces cut after a newline. sentencepiece needs about 50 bytes per character of one encoded string (2.7 GB
+    for a 51 MB file, so a corpus that is one big file could not be prepared), and the pieces give the same ids:
+    ``\n`` is a user-defined piece that no other piece contains, so no BPE merge crosses it. (Not for unigram,
+    whose Viterbi breaks ties between equal segmentations by position, nor for a model_file of unknown settings.)
     """
     from tqdm.auto import tqdm
 
     eos = np.array([tok.eos_id], dtype=np.int32)
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # longest first keeps the threads balanced
-    bounds = _chunk_bounds([len(texts[i]) for i in order], ENCODE_CHUNK_CHARS)
-    encoded: List[np.ndarray] = [eos] * len(texts)
+    # (document, piece) items: a document is one piece unless it is long and may be cut at newlines
+    items = [(d, p) for d, text in enumerate(texts)
+             for p in (_line_pieces(text, ENCODE_CHUNK_CHARS) if split_lines else [text])]  # fmt: skip
+    order = sorted(range(len(items)), key=lambda i: -len(items[i][1]))  # longest first keeps the threads balanced
+    bounds = _chunk_bounds([len(items[i][1]) for i in order], ENCODE_CHUNK_CHARS)
+    pieces: List[np.ndarray] = [eos[:0]] * len(items)
     with tqdm(total=sum(len(t) for t in texts), desc="tokenize", unit="char", unit_scale=True,
               disable=not progress, leave=False) as bar:  # fmt: skip
         for lo, hi in bounds:
-            batch = [texts[i] for i in order[lo:hi]]
+            batch = [items[i][1] for i in order[lo:hi]]
             for i, ids in zip(order[lo:hi], tok.encode_batch(batch, num_threads=num_proc)):
-                encoded[i] = np.asarray(ids + [tok.eos_id], dtype=np.int32)
+                pieces[i] = np.asarray(ids, dtype=np.int32)
             bar.update(sum(len(t) for t in batch))
-    lengths = np.array([len(e) for e in encoded], dtype=np.int64)
-    return (np.concatenate(encoded) if encoded else np.zeros(0, np.int32)), lengths
+    encoded: List[List[np.ndarray]] = [[] for _ in texts]
+    for (d, _), ids in zip(items, pieces):  # items are in document order, pieces in text order
+        encoded[d].append(ids)
+    docs = [np.concatenate(e + [eos]) for e in encoded]
+    lengths = np.array([len(e) for e in docs], dtype=np.int64)
+    return (np.concatenate(docs) if docs else np.zeros(0, np.int32)), lengths
+
+
+def _line_pieces(text: str, limit: int) -> List[str]:
+    """``text`` cut after the first newline past every ``limit`` characters (a text without one stays whole)."""
+    out, lo = [], 0
+    while len(text) - lo > limit:
+        cut = text.find("\n", lo + limit)
+        if cut < 0:
+            break
+        out.append(text[lo : cut + 1])
+        lo = cut + 1
+    out.append(text[lo:])
+    return out
 
 
 def _chunk_bounds(sizes: Sequence[int], target: int) -> List[Tuple[int, int]]:

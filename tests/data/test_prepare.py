@@ -246,3 +246,27 @@ def test_tokenizer_training_does_not_depend_on_num_proc(tmp_path):
         tok = Tokenizer(dest)
         pieces.append([(tok.id_to_piece(i), tok._sp.get_score(i)) for i in range(tok.vocab_size)])
     assert pieces[0] == pieces[1]
+
+
+def test_a_long_document_is_encoded_in_pieces_cut_at_newlines_with_the_same_ids(files_cfg, monkeypatch):
+    """sentencepiece needs ~50 bytes per character of one encoded string: a corpus that is one 51 MB file took
+    2.7 GB, and a 1 GB one could not be prepared. A long document is now encoded in pieces cut after newlines,
+    which gives the ids of the whole (BPE: no piece but "\\n" itself contains a newline)."""
+    from minilm.data.tokenizer import Tokenizer
+
+    cfg = files_cfg()
+    whole = load_corpus(cfg, progress=False)
+    longest = int(whole.train.doc_lengths.max())
+    seen = []
+    encode_batch = Tokenizer.encode_batch
+    monkeypatch.setattr(Tokenizer, "encode_batch", lambda self, texts, num_threads=1: (
+        seen.extend(len(t) for t in texts), encode_batch(self, texts, num_threads))[1])  # fmt: skip
+    monkeypatch.setattr(prepare_mod, "ENCODE_CHUNK_CHARS", 100)
+    import shutil
+
+    shutil.rmtree(whole.cache_dir)
+    pieces = load_corpus(cfg, progress=False)
+    assert max(seen) < 200 < longest  # no string much longer than the limit reached the encoder
+    for split in ("train", "val"):
+        assert np.array_equal(getattr(pieces, split).tokens, getattr(whole, split).tokens)
+        assert np.array_equal(getattr(pieces, split).doc_lengths, getattr(whole, split).doc_lengths)
