@@ -64,6 +64,18 @@ class TokenStore:
         o = int(self.doc_offsets[i])
         return self.tokens[o : o + int(self.doc_lengths[i])]
 
+    def only(self, sources: Sequence[str]) -> "TokenStore":
+        """The documents of the named sources, back to back in this store's order: this store itself when it holds
+        no other source's, else a copy in memory (meant for the held-out split)."""
+        keep = np.isin(self.doc_source, [i for i, n in enumerate(self.source_names) if n in set(sources)])
+        if keep.all():
+            return self
+        docs = np.flatnonzero(keep)
+        lengths = self.doc_lengths[docs]
+        tokens = np.concatenate([self.doc(int(i)) for i in docs]) if len(docs) else self.tokens[:0].copy()
+        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)[: len(docs)]
+        return TokenStore(tokens, offsets, lengths, self.doc_source[docs], self.source_names)
+
 
 @dataclass
 class Corpus:

@@ -268,10 +268,10 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
     from minilm.data import load_corpus, synthetic_style
     from minilm.data.tokenizer import file_digest
 
-    data_cfg = cfg.data
+    run_cfg = cfg
     if run_dir is not None and (Path(run_dir) / "config.yaml").is_file():
-        data_cfg = _run_data_config(Path(run_dir))
-    corpus = load_corpus(data_cfg, progress=False)
+        run_cfg = _run_config(Path(run_dir))
+    corpus = load_corpus(run_cfg.data, progress=False)
     tok_file = Path(run_dir) / "tokenizer.model" if run_dir is not None else None
     same = (tok_file is None or not tok_file.is_file()
             or file_digest(corpus.tokenizer.model_file) == file_digest(tok_file))  # fmt: skip
@@ -283,18 +283,39 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
             "evaluate anyway, set data.tokenizer.model_file to the run's tokenizer.model in its config.yaml; the "
             "held-out documents may then differ from those held out in training"
         )
-    if corpus.val.n_tokens == 0:
-        raise MinilmError("the held-out split is empty; raise data.val_fraction so some documents are held out")
-    return EvalData(corpus.tokenizer, corpus.val, synthetic_style(cfg.data))
+    sampled = sampled_sources(run_cfg)
+    val = corpus.val.only(sampled)
+    if val.n_tokens == 0:
+        raise MinilmError(
+            f"no held-out documents in the sources the run trains on ({', '.join(sampled)}): documents are held out "
+            "by a hash of their names, data.val_fraction of them and at least one per source of two or more "
+            "documents; a source of one document has none"
+        )
+    return EvalData(corpus.tokenizer, val, synthetic_style(cfg.data))
 
 
-def _run_data_config(run_dir: Path):
-    """The run-level ``data`` section as saved, with ``sources`` exactly as saved. (Merging a saved config onto
-    the schema defaults would add the default ``embedded`` source back to a run that trained on other sources,
-    and the corpus — and its cache key — would differ from the one the run trained on.)"""
+def sampled_sources(run_cfg) -> List[str]:
+    """The sources a run trains on: weight > 0 in its data section or in any phase's. The evaluation reads their
+    held-out documents only: a source kept at weight 0 (the embedded stdlib beside one's own text) is prepared,
+    tokenized and held out like the others, and perplexity and retrieval filler read its code as if the model had
+    trained on it. One set for every phase, so that the phases of a run are measured on the same text."""
+    from minilm.config import phase_config, phase_names
+    from minilm.data import parse_sources
+
+    weights = {n: s.weight for n, s in parse_sources(run_cfg.data.sources).items()}
+    for name in phase_names(run_cfg):
+        for n, s in parse_sources(phase_config(run_cfg, name).data.sources).items():
+            weights[n] = max(weights.get(n, 0.0), s.weight)
+    return [n for n, w in weights.items() if w > 0]
+
+
+def _run_config(run_dir: Path):
+    """The run's config as saved, its ``data.sources`` exactly as saved. (Merging a saved config onto the schema
+    defaults would add the default ``embedded`` source back to a run that trained on other sources, and the corpus
+    — and its cache key — would differ from the one the run trained on.)"""
     from minilm.runs import load_run_config  # (on_schema keeps the saved sources and drops a removed one's null)
 
-    return load_run_config(run_dir / "config.yaml").data
+    return load_run_config(run_dir / "config.yaml")
 
 
 # -------------------------------------------------------------------------------------------------------- suite
