@@ -229,8 +229,9 @@ def held_out(names: Sequence[str], val_fraction: float, texts: Sequence[str] | N
             is_val[h == h[sel].min()] = True
         if is_val[sel].all():
             is_val[h == h[sel].max()] = False
-    if len(names) >= 2 and not is_val.any():  # every document has the same text: hold one out all the same
-        is_val[0] = True
+        if sel.sum() >= 2 and not is_val[sel].any():  # its documents have one text: hold one out all the same
+            # (per source: over the whole corpus, two one-document sources held the first one out, never trained)
+            is_val[np.flatnonzero(sel)[0]] = True
     return is_val
 
 

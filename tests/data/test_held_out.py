@@ -57,3 +57,16 @@ def test_with_sources_a_one_document_source_is_trained_on():
     lone = next(n for n in (f"tiny/doc_{k}.txt" for k in range(10_000)) if held_out(NAMES + [n], 0.0)[-1])
     split = held_out(NAMES + [lone], 0.0, sources=[0] * len(NAMES) + [1])
     assert not split[-1] and split[:-1].sum() == 1
+
+
+def test_with_sources_every_source_of_one_document_keeps_it_in_training():
+    """Two sources of one big file each: the corpus-wide fallback "hold one out all the same" held the first
+    source's only document out, and that source was never trained on (its train pool empty, dropped silently)."""
+    split = held_out(["wiki/all.txt", "code/all.txt"], 0.1, ["wiki text", "code text"], sources=[0, 1])
+    assert not split.any()
+
+
+def test_with_sources_a_source_of_identical_documents_holds_one_out():
+    """The fallback for a source whose documents all share one text still applies, per source."""
+    split = held_out(["a/x", "a/y", "b/z"], 0.1, ["same", "same", "other"], sources=[0, 0, 1])
+    assert split[:2].sum() == 1 and not split[2]

@@ -126,6 +126,19 @@ def test_a_phase_sampling_only_sources_without_held_out_documents_says_what_to_c
         validation_batches(corpus, cfg, seq_len=16, batch_size=2, n_batches=1, seed=0)
 
 
+def test_sources_of_one_document_each_are_all_trained_on_and_validation_says_why_it_has_none(tmp_path):
+    """Two sources of one big file each: the first source's document was held out as the corpus's one validation
+    document, and training silently never drew from that source."""
+    for d in ("wiki", "code"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "all.txt").write_text(f"{d}: some words of text here and there\n" * 50)
+    cfg = make_data_cfg(tmp_path, {d: {"kind": "files", "paths": [f"{tmp_path}/{d}/*.txt"]} for d in ("wiki", "code")})
+    corpus = load_corpus(cfg, progress=False)
+    assert sorted(corpus.train.doc_source.tolist()) == [0, 1]
+    with pytest.raises(DataError, match="the val split has no documents: .*each source here has one"):
+        validation_batches(corpus, cfg, seq_len=16, batch_size=2, n_batches=1, seed=0)
+
+
 def test_files_max_docs_stops_reading_at_the_cap(tmp_path):
     """max_docs (for a quick run on a large corpus) truncated after reading and converting every file: a files
     source of 2 documents still parsed all the .jsonl files, and a bad one after the cap stopped the run."""
