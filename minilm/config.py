@@ -399,7 +399,9 @@ def _schema_type(key: str) -> Any:
     """The schema's type of a dotted key (None where the schema does not type it: open mappings, unknown keys)."""
     t: Any = Config
     for part in key.split("."):
-        if dataclasses.is_dataclass(t):
+        if t is PhaseConfig and part == "data":  # an open mapping merged onto the data section: typed as that one
+            t = DataConfig  # (phases.x.data.document_mask=2 was read as true)
+        elif dataclasses.is_dataclass(t):
             t = typing.get_type_hints(t).get(part)
         elif typing.get_origin(t) is dict:  # phases: name -> PhaseConfig
             t = typing.get_args(t)[1]

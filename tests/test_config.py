@@ -384,6 +384,18 @@ def test_a_switch_is_true_or_false_not_a_number(tmp_path):
     assert load_config(overrides=["train.compile=yes", "model.tie_embeddings=false"]).train.compile is True
 
 
+def test_a_switch_in_a_phase_data_section_is_true_or_false_not_a_number(tmp_path):
+    """A phase's ``data`` is an open mapping merged onto the data section: ``phases.a.data.document_mask=2`` passed
+    the switch check and the merge read it as true."""
+    with pytest.raises(ConfigError, match=r"command line: 'phases\.a\.data\.document_mask' must be true or false"):
+        load_config(overrides=["phases.a.steps=3", "phases.a.data.document_mask=2"])
+    (tmp_path / "p.yaml").write_text("phases:\n  a:\n    steps: 3\n    data: {restart_positions: 1}\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml: 'phases\.a\.data\.restart_positions' must be true or false"):
+        load_config(tmp_path / "p.yaml")
+    cfg = load_config(overrides=["phases.a.steps=3", "phases.a.data.document_mask=true"])
+    assert phase_config(cfg, "a").data.document_mask is True
+
+
 def test_a_nested_key_of_the_wrong_shape_is_named_with_its_file(tmp_path):
     (tmp_path / "e.yaml").write_text("eval:\n  lengths: 128\n")
     with pytest.raises(ConfigError, match=r"e\.yaml: 'eval.lengths' must be a list"):
