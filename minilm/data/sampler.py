@@ -249,8 +249,10 @@ class Sampler:
         if diff:
             details = ", ".join(f"{k}: checkpoint {a!r} != now {b!r}" for k, (a, b) in diff.items())
             # the corpus key follows the source files' size and mtime too: with an unchanged config, a file was edited
+            # (or minilm was upgraded: the key holds FORMAT_VERSION, bumped when the split or tokenizer changes)
             why = ("; the corpus is keyed by the source settings and by the path, size and mtime of every file they "
-                   "read, so a source file added, removed, edited or only touched since gives another corpus"
+                   "read, so a source file added, removed, edited or only touched since gives another corpus, as does "
+                   "a version of minilm that prepares data differently (minilm.data.prepare.FORMAT_VERSION)"
                    if "corpus" in diff else "")  # fmt: skip
             raise DataError(f"the data sampler does not match the checkpoint's ({details}){why}; resume with the "
                             f"same config and data or start a new run")  # fmt: skip

@@ -225,6 +225,22 @@ def test_resuming_on_a_corpus_whose_files_changed_says_why_the_corpus_differs(tm
         now.load_state_dict(state)
 
 
+def test_resuming_on_another_corpus_names_a_minilm_upgrade_as_a_cause_too(tmp_path, monkeypatch):
+    """The corpus key holds FORMAT_VERSION (4 -> 6 in one day): a run resumed after an upgrade was told only that
+    its source files had changed, and the user went looking for an edited file."""
+    from minilm.data import make_sampler, prepare
+
+    (tmp_path / "0.txt").write_text("document with a few words in it\n" * 30)
+    (tmp_path / "1.txt").write_text("another document, other words\n" * 30)
+    cfg = make_data_cfg(tmp_path, {"mine": {"kind": "files", "paths": [f"{tmp_path}/*.txt"]}})
+    args = dict(seq_len=16, batch_size=2, seed=0, phase="p")
+    state = make_sampler(load_corpus(cfg, progress=False), "train", cfg, **args).state_dict()
+    monkeypatch.setattr(prepare, "FORMAT_VERSION", prepare.FORMAT_VERSION + 1)
+    now = make_sampler(load_corpus(cfg, progress=False), "train", cfg, **args)
+    with pytest.raises(DataError, match=r"corpus: checkpoint .*a version of minilm that prepares data differently"):
+        now.load_state_dict(state)
+
+
 def test_a_batch_must_fit_in_the_sources_sampled_not_the_whole_corpus(tmp_path):
     """Three sentences of one's own beside a large source at weight 0 passed the 'fewer tokens than one batch'
     check (it counted the whole corpus), and every training row repeated those few tokens."""
