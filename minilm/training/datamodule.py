@@ -5,7 +5,9 @@ The sampler (minilm.data) is a pure function of (seed, phase, index, rank); the 
 trainer is at. Lightning restores the trainer's step before it asks for the loader, so a resumed phase sees
 exactly the batches an uninterrupted one would. The sampler draws whole batches (``batch_size`` rows) and
 ``micro_batch_size`` only splits them, so gradient accumulation trains on the rows, and validates on the rows, of
-a run without it: it trades memory for time and changes nothing else.
+a run without it: it trades memory for time and changes nothing else. (The loss of a step is the mean over all its
+targets, not of its micro-batches' or ranks' means: those differ where rows have different numbers of targets,
+synthetic rows under ``data.synthetic.loss: answer``. LitGPT weighs them, from the count each micro-batch carries.)
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
 from minilm.config import micro_batch_size, phase_steps
+from minilm.data import IGNORE
+
+STEP_TARGETS = "step_targets"  # the key of a train micro-batch that counts its step's targets (_StepBatches)
 
 
 def _micro(batch: dict, m: int, accum: int) -> dict:
@@ -36,7 +41,10 @@ class _StepBatches(Dataset):
         step, m = divmod(self.start + i, self.accum)
         if step != self._step:
             self._step, self._batch = step, self.fetch(step)
-        return _micro(self._batch, m, self.accum)
+            self._targets = int((self._batch["targets"] != IGNORE).sum())
+        # the targets of the whole step on this rank: LitGPT weighs each micro-batch's loss by its share of the step's
+        # targets, so the step's gradient is the mean over all its targets however the rows are split
+        return {**_micro(self._batch, m, self.accum), STEP_TARGETS: self._targets}
 
 
 class PhaseData(L.LightningDataModule):

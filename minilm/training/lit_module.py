@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from minilm.errors import MinilmError
+from minilm.training.datamodule import IGNORE, STEP_TARGETS
 from minilm.training.optim import make_adamw
 
 
@@ -30,6 +31,11 @@ def lr_lambda(step: int, warmup: int, total: int, decay: str, min_ratio: float) 
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if decay == "cosine" else 1 - progress
     return min_ratio + (1 - min_ratio) * shape
+
+
+def _per_target(total: torch.Tensor, targets) -> torch.Tensor:
+    """A summed token loss over its number of targets (a tensor, or an int)."""
+    return total / (targets.clamp(min=1) if torch.is_tensor(targets) else max(1, targets))
 
 
 class LitGPT(L.LightningModule):
@@ -54,14 +60,15 @@ class LitGPT(L.LightningModule):
         self.bad_steps = 0
         self.last_grad_norm = float("nan")
         self._step_lr = float("nan")  # the lr the last optimizer step used (the scheduler moves on before logging)
-        # the micro-batch losses of the current optimizer step: their mean is the step's loss
+        # the summed token losses and the number of targets of the current optimizer step on this rank
         self._loss_sum: Optional[torch.Tensor] = None
         self._loss_count = 0
+        self._step_targets: Optional[torch.Tensor] = None  # the step's targets on every rank together
         self._t_last: Optional[float] = None  # time and step of the last tokens_per_sec measurement
         self._step_last = 0
         self._t_val: Optional[float] = None
         self._paused = 0.0  # seconds spent validating since the last measurement: not training throughput
-        self._val_losses: list[torch.Tensor] = []
+        self._val_losses: list[torch.Tensor] = []  # (summed token loss, targets) of each validation micro-batch
         self.last_val_step: Optional[int] = None  # this phase's step of the last validation
 
     # ------------------------------------------------------------------------------------------- steps
@@ -76,22 +83,36 @@ class LitGPT(L.LightningModule):
         key = f"{self.cfg.run.seed}/{self.phase}/{micro_step}/{self.global_rank}"
         torch.manual_seed(int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % 2**63)
 
-    def _loss(self, batch: dict) -> torch.Tensor:
+    def _loss(self, batch: dict, reduction: str = "mean") -> torch.Tensor:
         return self.loss_fn(
-            batch["input_ids"], batch["targets"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids")
-        )
+            batch["input_ids"], batch["targets"], positions=batch.get("positions"), doc_ids=batch.get("doc_ids"),
+            reduction=reduction,
+        )  # fmt: skip
 
     def training_step(self, batch: dict, batch_idx: int):
-        loss = self._loss(batch)
+        # The step's loss is the mean over all its targets, on every rank and in every micro-batch: DDP averages the
+        # ranks' gradients and Lightning divides each micro-batch's loss by their number, so a micro-batch's summed
+        # loss is scaled by (ranks · micro-batches / the step's targets). A mean per micro-batch weighed a row by
+        # 1 / (its micro-batch's targets): where rows differ in targets (synthetic rows trained on their answer
+        # alone), 2 devices x 2 rows, or micro_batch_size, trained otherwise than 1 device x 4 rows.
+        accum = self.trainer.accumulate_grad_batches
+        targets = (batch["targets"] != IGNORE).sum()  # a tensor: no host sync per micro-batch
+        if batch_idx % accum == 0 or self._step_targets is None:  # the first micro-batch: one count per step
+            # (PhaseData's batches carry their step's count; other rows are taken for micro-batches alike)
+            given = batch.get(STEP_TARGETS)
+            mine = targets * accum if given is None else torch.tensor(float(given), device=targets.device)
+            self._step_targets = self.trainer.strategy.reduce(mine.float(), reduce_op="sum")
+        total = self._loss(batch, reduction="sum")
+        loss = total * (self.trainer.world_size * accum) / self._step_targets.clamp(min=1)
         # A non-finite loss is not skipped here (returning None) but through its gradient, in
         # on_before_optimizer_step: under DDP the all-reduce spreads it to every rank, so all ranks skip the same
         # step (one rank skipping its backward alone would leave the others waiting in the all-reduce). No host
         # sync per micro-batch either.
-        self.log("loss", loss.detach(), prog_bar=True, logger=False)
-        # With gradient accumulation a step is several micro-batches: its loss is their mean (what the gradient
-        # is of), not the last micro-batch's.
-        self._loss_sum = loss.detach() if self._loss_sum is None else self._loss_sum + loss.detach()
-        self._loss_count += 1
+        self.log("loss", total.detach() / targets.clamp(min=1), prog_bar=True, logger=False)
+        # With gradient accumulation a step is several micro-batches: its logged loss is the mean over all their
+        # targets (this rank's), not the last micro-batch's.
+        self._loss_sum = total.detach() if self._loss_sum is None else self._loss_sum + total.detach()
+        self._loss_count = self._loss_count + targets
         return loss
 
     def _bad_step(self, what: str) -> None:
@@ -114,7 +135,7 @@ class LitGPT(L.LightningModule):
         # scales by clip / norm). The norm is of the all-reduced gradient, so every rank decides alike. fp16's
         # GradScaler skips overflowing steps itself (and lowers its scale): there only a bad loss is a bad step.
         if not math.isfinite(self.last_grad_norm):  # every rank is here (a collective is safe): the step's loss
-            loss = float(self.trainer.strategy.reduce(self._loss_sum / self._loss_count, reduce_op="mean"))
+            loss = float(self.trainer.strategy.reduce(_per_target(self._loss_sum, self._loss_count), reduce_op="mean"))
             if math.isfinite(loss) and self.trainer.precision == "16-mixed":
                 return
             norm = f"the gradient norm became {self.last_grad_norm}"
@@ -136,14 +157,14 @@ class LitGPT(L.LightningModule):
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
             return
-        loss_sum, count = self._loss_sum, self._loss_count  # every micro-batch returns its loss: count >= 1
+        step_loss = _per_target(self._loss_sum, self._loss_count)  # every micro-batch adds to it: not None
         self._loss_sum, self._loss_count = None, 0  # the next optimizer step starts its own mean
         step = self.global_step  # already incremented by the optimizer step
         if step % self.cfg.train.log_every and step != self.total_steps:
             return
         now = time.perf_counter()
         scalars = {
-            "train/loss": float(loss_sum) / count,
+            "train/loss": float(step_loss),
             "lr": self._step_lr,
             "grad_norm": self.last_grad_norm,
             "tokens_seen": float(self.tokens_offset + step * self.tokens_per_step),
@@ -156,13 +177,16 @@ class LitGPT(L.LightningModule):
         self.log_scalars(scalars)
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
-        self._val_losses.append(self._loss(batch).detach())
+        targets = (batch["targets"] != IGNORE).sum().to(torch.float32)
+        self._val_losses.append(torch.stack([self._loss(batch, reduction="sum").detach().float(), targets]))
 
     def on_validation_epoch_end(self) -> None:
         if not self._val_losses:
             return
-        loss = torch.stack(self._val_losses).mean()
-        loss = self.trainer.strategy.reduce(loss, reduce_op="mean")
+        # the mean over every target of every rank's rows (as for a training step): not of the micro-batches' or
+        # ranks' means, which differ where rows differ in targets
+        total, targets = self.trainer.strategy.reduce(torch.stack(self._val_losses).sum(0), reduce_op="sum")
+        loss = total / targets.clamp(min=1)
         self._val_losses.clear()
         # (already the mean over the ranks: sync_dist averages equal values, and keeps Lightning from telling every
         # DDP run to "use sync_dist=True")

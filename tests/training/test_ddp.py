@@ -154,3 +154,19 @@ def test_ddp_carries_the_optimizer_rank_zero_writes(ddp_config, tmp_path, repo):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "GLOBAL_RANK: 1" in proc.stdout + proc.stderr
     assert json.loads((run_dir / "long" / "complete.json").read_text())["carried_optimizer"] is True
+
+
+@pytest.mark.slow
+def test_ddp_matches_one_process_when_rows_differ_in_targets(ddp_config, tmp_path):
+    """Synthetic rows trained on their answer alone (a few targets each) beside corpus rows (seq_len targets): DDP
+    averaged the ranks' mean losses, weighing a row by 1 / its rank's targets, so 2 x 2 rows trained 8e-3 apart in
+    weights from 1 x 4 rows and validated 0.05 apart. The step's loss is now the mean over all its targets."""
+    synthetic = ["train.seq_len=128", "data.synthetic.fraction=0.5", "data.synthetic.loss=answer",
+                 "data.synthetic.tasks=[passkey]"]  # fmt: skip
+    two, one = tmp_path / "two", tmp_path / "one"
+    train(ddp_config, two, 2, 2, *synthetic)
+    train(ddp_config, one, 1, 4, *synthetic)
+    a, b = weights(two), weights(one)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+    loss = [json.loads((run / "train" / "complete.json").read_text())["val_loss"] for run in (two, one)]
+    assert abs(loss[0] - loss[1]) < 1e-4, loss

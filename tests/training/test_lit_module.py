@@ -313,7 +313,10 @@ def test_validation_logs_the_mean_loss_and_its_perplexity_capped_at_e50(losses, 
     module.trainer = None
     batches = [{"input_ids": torch.zeros(1, 4, dtype=torch.long), "targets": torch.full((1, 4), i)}
                for i in range(len(losses))]  # fmt: skip
-    module.loss_fn = lambda ids, targets, **k: torch.tensor(losses[int(targets[0, 0])])
+    def loss_fn(ids, targets, reduction="mean", **k):  # each batch's mean loss, over its 4 targets
+        return torch.tensor(losses[int(targets[0, 0])]) * (targets.numel() if reduction == "sum" else 1)
+
+    module.loss_fn = loss_fn
     logged = {}
     module.log_scalars = logged.update
     trainer = L.Trainer(logger=False, accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
