@@ -243,9 +243,14 @@ def _check_local_file(spec: HfSource, where: str) -> None:
         raise DataError(f"{where}.path: no such file: {spec.path} (cwd: {os.getcwd()}); a path ending in {ending} "
                         f"is read as a local file")  # fmt: skip
     if path.is_file() and suffix == ".txt":
+        # (the files kind reads no compressed text file: for one, path: text alone)
+        files = "" if compressed else "kind: files (one file = one document), or "
         raise DataError(f"{where}.path: {spec.path}: an hf source opens a local .jsonl/.json/.parquet/.csv file; "
-                        f"for a .txt file use kind: files (one file = one document), or path: text with "
+                        f"for a {suffix}{path.suffix.lower() if compressed else ''} file use {files}path: text with "
                         f"data_files: {spec.path} (one line = one document)")  # fmt: skip
+    if path.is_file() and suffix == ".parquet" and compressed:  # datasets said "Couldn't find any data file at"
+        raise DataError(f"{where}.path: {spec.path}: a compressed .parquet file is not read (parquet compresses its "
+                        f"own columns); decompress it")  # fmt: skip
 
 
 def _hf_local_files(spec: HfSource) -> List[Path]:

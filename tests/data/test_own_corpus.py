@@ -83,6 +83,22 @@ def test_an_hf_path_naming_a_missing_or_text_file_is_refused_before_the_hub(tmp_
         _read("mine", {"kind": "hf", "path": str(tmp_path / "notes.txt")})
 
 
+def test_an_hf_path_to_a_compressed_text_or_parquet_file_says_what_reads_it(tmp_path):
+    """A .txt.gz was told to use kind: files, which skips compressed text files (the source then yielded no
+    documents); a .parquet.gz failed in datasets with "Couldn't find any data file at" a file that exists."""
+    import gzip
+
+    (tmp_path / "notes.txt.gz").write_bytes(gzip.compress(b"one line\nanother line\n"))
+    with pytest.raises(DataError, match=r"for a \.txt\.gz file use path: text with data_files: .*notes\.txt\.gz") as e:
+        _read("mine", {"kind": "hf", "path": str(tmp_path / "notes.txt.gz")})
+    assert "kind: files" not in str(e.value)
+    docs = _read("mine", {"kind": "hf", "path": "text", "data_files": str(tmp_path / "notes.txt.gz")})
+    assert docs.texts == ["one line", "another line"]  # what the message advises reads it
+    (tmp_path / "t.parquet.gz").write_bytes(gzip.compress(b"PAR1"))
+    with pytest.raises(DataError, match=r"path: .*t\.parquet\.gz: a compressed \.parquet file is not read"):
+        _read("mine", {"kind": "hf", "path": str(tmp_path / "t.parquet.gz")})
+
+
 def test_a_byte_order_mark_is_not_part_of_a_text_document(tmp_path):
     """A UTF-8 file saved with a BOM (Windows editors) began its document with U+FEFF, trained as 3 byte tokens
     after every EOS before such a file; the .jsonl and .csv readers already drop it. CRLF line ends are text."""
