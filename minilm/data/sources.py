@@ -344,7 +344,8 @@ def _text_problem(path: Path) -> Optional[str]:
     StopIteration.)"""
     import codecs
 
-    decoder, blank = codecs.getincrementaldecoder("utf-8")(), True
+    # utf-8-sig: a leading byte order mark is no content (a file of only one was "Empty JSON file" in datasets)
+    decoder, blank = codecs.getincrementaldecoder("utf-8-sig")(), True
     try:
         with open(path, "rb") as f:
             while block := f.read(1 << 20):

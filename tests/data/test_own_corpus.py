@@ -109,6 +109,15 @@ def test_a_byte_order_mark_is_not_part_of_a_text_document(tmp_path):
     assert dict(docs.skipped) == {"empty": 1}
 
 
+def test_a_record_file_of_only_a_byte_order_mark_is_skipped_as_empty(tmp_path):
+    """As a text file of only a BOM is (above); the record file stopped the preparation with datasets' "Empty JSON
+    file". One with records after its BOM is read."""
+    (tmp_path / "a.jsonl").write_bytes('\ufeff{"text": "hello"}\n'.encode())
+    (tmp_path / "b.jsonl").write_bytes("\ufeff\n".encode())
+    docs = _read("mine", {"kind": "files", "paths": [f"{tmp_path}/*.jsonl"]})
+    assert docs.texts == ["hello"] and dict(docs.skipped) == {"empty": 1}
+
+
 def test_a_small_source_beside_a_large_one_has_held_out_documents_to_validate_on(tmp_path, monkeypatch):
     """Three files of one's own beside a large source at weight 0 (as docs/data.md once advised for the embedded
     one): by hash alone none of the three was held out, and the phase stopped with "no val documents in any source
