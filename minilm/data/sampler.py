@@ -134,9 +134,10 @@ class Sampler:
             self._short = self._pools(np.ones(store.n_docs, bool))
         if not self._short:  # (weights: plain floats in the message, not np.float64(...))
             sampled = {n: round(float(x), 6) for n, x in zip(names, w)}
+            # (each sampled source has one document or none: raising data.val_fraction holds none of them out)
             hint = (" (documents are held out by a hash of their names, data.val_fraction of them and at least one "
-                    "per source of two or more documents; a source of one document has none): raise "
-                    "data.val_fraction, or sample a source with held-out documents"
+                    "per source of two or more documents; a source of one document has none): add documents to a "
+                    "source sampled, or sample a source with held-out documents"
                     if split == "val" else "")  # fmt: skip
             raise DataError(f"no {split} documents in any source with weight > 0 (weights: {sampled}){hint}")
         if self.synthetic_fraction > 0:

@@ -146,9 +146,13 @@ def test_a_phase_sampling_only_sources_without_held_out_documents_says_what_to_c
                "many": {"kind": "files", "paths": [f"{tmp_path}/many/*.txt"], "weight": 0}}  # fmt: skip
     cfg = make_data_cfg(tmp_path, sources)
     corpus = load_corpus(cfg, progress=False)
-    says = r"no val documents .*weights: \{'one': 1\.0, 'many': 0\.0\}.*raise data\.val_fraction"
-    with pytest.raises(DataError, match=says):
+    says = r"no val documents .*weights: \{'one': 1\.0, 'many': 0\.0\}.*add documents to a source sampled"
+    with pytest.raises(DataError, match=says) as e:
         validation_batches(corpus, cfg, seq_len=16, batch_size=2, n_batches=1, seed=0)
+    assert "raise data.val_fraction" not in str(e.value)  # it holds out no document of a one-document source
+    raised = make_data_cfg(tmp_path, sources, val_fraction=0.9)
+    with pytest.raises(DataError, match="no val documents"):
+        validation_batches(load_corpus(raised, progress=False), raised, seq_len=16, batch_size=2, n_batches=1, seed=0)
 
 
 def test_sources_of_one_document_each_are_all_trained_on_and_validation_says_why_it_has_none(tmp_path):
