@@ -42,6 +42,7 @@ def report(config: str | None, overrides: list[str], progress: bool = True) -> N
 
     from minilm.config import load_config, phase_config, phase_names
     from minilm.data import check_phase_data, format_stats, load_corpus, long_share, parse_sources
+    from minilm.errors import DataError
 
     cfg = load_config(config, overrides)
     corpus = load_corpus(cfg.data, progress=progress)
@@ -56,7 +57,11 @@ def report(config: str | None, overrides: list[str], progress: bool = True) -> N
         t, d = pcfg.train, pcfg.data
         min_tokens = d.long_min_tokens or t.seq_len
         # the phase's long rows come only from the sources it samples (weight > 0), as the sampler draws them
-        sampled = [n for n, s in parse_sources(d.sources).items() if s.weight > 0 and n in corpus.source_names]
+        try:  # (read before check_phase_data, which names the phase in its errors as train.py does: so here)
+            specs = parse_sources(d.sources)
+        except DataError as e:  # a phase's weight .nan, or every weight 0
+            raise DataError(f"phase '{name}': {e}") from None
+        sampled = [n for n, s in specs.items() if s.weight > 0 and n in corpus.source_names]
         store = corpus.train
         in_sampled = np.isin(store.doc_source, [store.source_names.index(n) for n in sampled])
         n_long = int((in_sampled & (store.doc_lengths >= min_tokens)).sum())

@@ -68,3 +68,13 @@ def test_stats_are_printed_once(script, tmp_path, tiny_text_dir, capsys):
     for _ in range(2):  # prepared, then cached
         assert script.main(["--config", _yaml(tmp_path, tiny_text_dir)]) == 0
         assert capsys.readouterr().out.count("skipped files:") == 1
+
+
+def test_a_bad_weight_in_a_phase_is_named_with_the_phase_as_train_py_names_it(script, tmp_path, tiny_text_dir, capsys):
+    """The per-phase long-share line read the phase's sources before check_phase_data: a phase's weight .nan (or
+    every weight 0) was reported as "data.sources...", not naming the phase train.py names."""
+    cfg = _yaml(tmp_path, tiny_text_dir)
+    for override, says in (("phases.long.data.sources.tiny.weight=.nan", "data.sources.tiny.weight: must be a finite"),
+                           ("phases.long.data.sources.tiny.weight=0", "data.sources: all weights are zero")):
+        assert script.main(["--config", cfg, "--quiet", override]) == 2
+        assert f"error: phase 'long': {says}" in capsys.readouterr().err
