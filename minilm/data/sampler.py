@@ -372,3 +372,6 @@ def check_phase_data(corpus: Corpus, pcfg: Any, phase: str) -> None:
         validation_batches(corpus, pcfg.data, t.seq_len, t.batch_size, 0, pcfg.run.seed)
     except DataError as e:
         raise DataError(f"phase '{phase}': {e}") from None
+    # training rows wrap around a source's documents as validation rows do: a few sentences of one's own at weight
+    # 0.5 beside a large source passed the one-batch check, and half the rows repeated them (here: once per phase)
+    _warn_short_sources(corpus.train, _weights(pcfg.data, corpus), t.seq_len, f"phase '{phase}'")

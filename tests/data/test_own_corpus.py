@@ -289,6 +289,30 @@ def test_a_batch_must_fit_in_the_sources_sampled_not_the_whole_corpus(tmp_path):
         make_sampler(corpus, "train", cfg, seq_len=32, batch_size=4, seed=0, phase="p")
 
 
+def test_a_phase_whose_sampled_source_has_fewer_training_tokens_than_a_row_is_warned_about(tmp_path, caplog):
+    """A training row wraps around its source's documents as a validation row does: three sentences of one's own
+    at weight 1 beside a large source passed the one-batch check (the large one holds it), and half the rows
+    repeated those sentences without a word."""
+    from omegaconf import OmegaConf
+
+    from minilm.data import check_phase_data
+
+    (tmp_path / "big").mkdir()
+    for i in range(20):
+        (tmp_path / "big" / f"{i}.txt").write_text(f"a long enough document number {i}, many words\n" * 20)
+    (tmp_path / "mine").mkdir()
+    for i in range(3):
+        (tmp_path / "mine" / f"{i}.txt").write_text(f"tiny {i}\n")
+    cfg = make_data_cfg(tmp_path, {"big": {"kind": "files", "paths": [f"{tmp_path}/big/*.txt"]},
+                                   "mine": {"kind": "files", "paths": [f"{tmp_path}/mine/*.txt"]}})  # fmt: skip
+    corpus = load_corpus(cfg, progress=False)
+    pcfg = OmegaConf.create({"train": {"seq_len": 32, "batch_size": 2}, "run": {"seed": 0}, "data": cfg})
+    with caplog.at_level("WARNING", logger="minilm.data.sampler"):
+        check_phase_data(corpus, pcfg, "p")
+    said = [r.getMessage() for r in caplog.records if "fewer than one row" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("phase 'p': source mine has ") and "train split" in said[0]
+
+
 def test_validation_warns_when_a_sampled_source_holds_out_less_than_a_row(tmp_path, caplog):
     """Validation rows of a source wrap around its held-out documents; the warning looked at the whole held-out
     split, so a small source's few held-out tokens beside a large weight-0 source were repeated without a word."""
