@@ -244,15 +244,25 @@ def check_trainer(pcfg) -> None:
     from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 
     tr = pcfg.trainer
+    given = OmegaConf.to_container(tr, resolve=True)
+    settings = ", ".join(f"trainer.{k}={v}" for k, v in given.items()) + f", train.precision={pcfg.train.precision}"
     try:
         trainer = L.Trainer(accelerator=tr.accelerator, devices=tr.devices, strategy=tr.strategy,
                             num_nodes=tr.num_nodes, precision=precision(pcfg), logger=False, enable_checkpointing=False,
                             enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
     except (MisconfigurationException, ValueError, TypeError, RuntimeError, ImportError) as e:
         # ImportError: an accelerator whose package is missing (trainer.accelerator=tpu without torch_xla)
-        given = OmegaConf.to_container(tr, resolve=True)
-        settings = ", ".join(f"trainer.{k}={v}" for k, v in given.items()) + f", train.precision={pcfg.train.precision}"
         raise MinilmError(f"trainer: Lightning cannot run with {settings}: {e}") from None
+    # the launcher Lightning detected (torchrun, SLURM, ...; LightningEnvironment: none, or its own), also where the
+    # strategy has none: torchrun --nproc_per_node=2 with trainer.devices=1 ran two single-device trainings, each
+    # writing the run's phase outputs as its global rank 0
+    env = trainer._accelerator_connector.cluster_environment
+    try:  # devices x num_nodes against the launcher's processes (torchrun's world size, SLURM's tasks per node):
+        # Lightning checks it only when the first phase starts, a ValueError traceback after run.dir was written
+        if env is not None:
+            env.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
+    except (MisconfigurationException, ValueError) as e:
+        raise MinilmError(f"trainer: {settings} do not match how the processes were launched: {e}") from None
     if isinstance(getattr(trainer.strategy, "launcher", None), _MultiProcessingLauncher):
         # ddp_spawn, ddp_fork, ddp_notebook: the fit runs in child processes and this one gets back the weights
         # only, not the step, checkpoints or validation loss: each phase ended "stopped at step 0"
@@ -260,7 +270,6 @@ def check_trainer(pcfg) -> None:
                           "minilm's phases need the training process's own state; use trainer.strategy=ddp (one "
                           "process per device, started by Lightning, torchrun or SLURM: docs/scaling.md)")  # fmt: skip
     manual = any(k in os.environ for k in ("MASTER_ADDR", "NODE_RANK", "GROUP_RANK"))  # Lightning's own multi-node
-    env = getattr(trainer.strategy, "cluster_environment", None)
     if trainer.num_nodes > 1 and type(env) is LightningEnvironment and not manual:
         # no torchrun, SLURM, ... and no address of a head node: no other node can join, and the run waited for
         # them until the process group's timeout (30 minutes), then failed with a traceback

@@ -86,6 +86,28 @@ def test_several_nodes_that_nothing_launched_are_refused(config, tmp_path, monke
     assert not run.exists()
 
 
+SLURM = {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "train", "SLURM_PROCID": "0",
+         "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_ID": "5", "SLURM_NODELIST": "node1"}  # fmt: skip
+TORCHRUN = {"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2",
+            "TORCHELASTIC_RUN_ID": "x", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher, devices", [(SLURM, 2), (TORCHRUN, 1)], ids=["slurm", "torchrun"])
+def test_devices_that_do_not_match_the_launched_processes_are_refused(config, tmp_path, monkeypatch, launcher,
+                                                                      devices):  # fmt: skip
+    """srun with --ntasks-per-node=1 and trainer.devices=2: Lightning checked the two agree only when the first
+    phase started, a ValueError traceback (exit 1) after run.dir's config.yaml, tokenizer and TensorBoard were
+    written. torchrun --nproc_per_node=2 with trainer.devices=1: every process trained a single-device run of its
+    own, each writing the run's phase outputs."""
+    for key, value in launcher.items():
+        monkeypatch.setenv(key, value)
+    run = tmp_path / "run"
+    overrides = [f"run.dir={run}", f"trainer.devices={devices}"]
+    with pytest.raises(MinilmError, match=f"trainer: .*trainer.devices={devices}.* do not match how the processes"):
+        run_phases(load_config(config, overrides), log=lambda m: None)
+    assert not run.exists()
+
+
 def test_resume_past_or_at_a_shortened_phase_end(config, tmp_path):
     """--resume after the phase's steps were lowered: a checkpoint beyond the new end was restored, fit had nothing
     left to do, and the phase was marked finished with more steps in its weights than its config and complete.json
