@@ -1,7 +1,10 @@
 """minilm.runs.find_results: what compare_runs.py is given, and what it says when that is not a run."""
 
+from pathlib import Path
+
 import pytest
 
+from minilm.config import load_config, save_config
 from minilm.errors import MinilmError
 from minilm.runs import find_results
 
@@ -19,3 +22,36 @@ def test_a_folder_of_runs_is_named_as_such(tmp_path):
         find_results(tmp_path / "missing")
     with pytest.raises(MinilmError, match=r"not a run directory \(no config.yaml\)"):
         find_results(tmp_path)  # holds no run: only a folder that does
+
+
+def _run(tmp_path):
+    """A three-phase run as far as find_results looks: its config.yaml (pretrain, extend_512, extend_2k)."""
+    run = tmp_path / "run"
+    repo = Path(__file__).resolve().parents[1]
+    save_config(load_config(str(repo / "configs" / "rope_yarn_tiny.yaml")), run / "config.yaml")
+    return run
+
+
+def _results(where):
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "results.json").write_text("{}")
+    return where / "results.json"
+
+
+def test_each_documented_path_finds_its_results(tmp_path):
+    """A results.json itself, an evaluation directory, a phase directory (its eval/) and a run directory: the last
+    phase with an evaluation, not the first one."""
+    run = _run(tmp_path)
+    first = _results(run / "pretrain" / "eval")
+    assert find_results(run) == first  # the only evaluated phase
+    middle = _results(run / "extend_512" / "eval")
+    assert find_results(run) == middle  # the later one, though extend_2k (the last) has none
+    assert find_results(run / "pretrain") == first
+    assert find_results(run / "pretrain" / "eval") == first
+    assert find_results(first) == first
+    other = _results(tmp_path / "elsewhere")  # an evaluation written with --out anywhere
+    assert find_results(other.parent) == other
+    for name in ("pretrain", "extend_512"):
+        (run / name / "eval" / "results.json").unlink()
+    with pytest.raises(MinilmError, match="no results.json found; run scripts/evaluate.py --run"):
+        find_results(run)  # a run not evaluated yet
