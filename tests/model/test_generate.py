@@ -9,7 +9,7 @@ from minilm.config import load_config
 from minilm.errors import MinilmError
 from minilm.model import GPT
 from minilm.model.cache import KVCache
-from minilm.model.generate import cache_blockers, filter_logits, generate
+from minilm.model.generate import cache_blockers, filter_logits, generate, max_length
 from minilm.positions import REGISTRY
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # decoding: hundreds of tiny ops
@@ -264,6 +264,10 @@ def test_text_stream_holds_partial_characters_back():
     cut = TextStream(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
     held = [cut.push(i) for i in "é".encode()[:1]]  # a character whose last byte never came
     assert held == [""] and cut.flush() == "\ufffd"
+    # a decoder that rewrites text already shown (capitalizing it once a second id comes): what was printed cannot
+    # be taken back, so nothing more is streamed — no piece that would garble the text after the printed "a"
+    rewriting = TextStream(lambda ids: "".join(chr(96 + i) for i in ids).capitalize() if len(ids) > 1 else "a")
+    assert [rewriting.push(i) for i in (1, 2, 3)] == ["a", "", ""]
 
 
 def test_rows_that_finish_early_are_padded_with_eos():
@@ -283,3 +287,50 @@ def test_rows_that_finish_early_are_padded_with_eos():
     end0 = first[0][0]
     assert (out[0, end0:] == eos).all() and out.shape[1] > end0 + 1
     assert torch.equal(out[1], free[1, : out.shape[1]])
+
+
+def test_the_nucleus_stops_at_the_token_whose_mass_reaches_top_p():
+    """Four equally likely tokens (0.25 each, exact in fp32): a nucleus of 0.5 is reached by two of them, so only
+    two survive — a third, whose predecessors already hold exactly top_p, is outside; 0.51 needs three."""
+    logits = torch.zeros(1, 4)
+    assert int(torch.isfinite(filter_logits(logits, top_p=0.5)).sum()) == 2
+    assert int(torch.isfinite(filter_logits(logits, top_p=0.51)).sum()) == 3
+    assert int(torch.isfinite(filter_logits(logits, top_p=1.0)).sum()) == 4
+
+
+def test_generation_leaves_the_model_in_the_mode_it_found():
+    """generate() decodes in eval mode (no dropout) and restores a training model's mode, also after an error."""
+    model = tiny("rope", "model.dropout=0.5").train()
+    prompt = [5, 7, 11]
+    out = generate(model, prompt, 6, greedy=True)
+    assert model.training
+    assert torch.equal(out, generate(model.eval(), prompt, 6, greedy=True)) and not model.training
+    model.train()
+    with pytest.raises(RuntimeError, match="stop"):
+        generate(model, prompt, 6, greedy=True, on_token=lambda nxt: (_ for _ in ()).throw(RuntimeError("stop")))
+    assert model.training
+
+
+def test_a_bounded_encoding_decodes_up_to_its_last_position_and_no_further():
+    learned = tiny("learned")  # 64 positions (SMALL)
+    assert generate(learned, [1] * 60, 4, greedy=True).shape == (1, 64)
+    with pytest.raises(MinilmError, match=r"prompt \(60 tokens\) \+ max_new_tokens \(5\) exceeds the 64 positions"):
+        generate(learned, [1] * 60, 5, greedy=True)
+
+
+def test_the_tightest_bound_of_any_position_module_limits_generation():
+    model = tiny("learned")
+    assert max_length(model) == 64 and max_length(tiny("rope")) is None
+    model.blocks[1].attn.pos.max_length = lambda: 20  # one layer accepting fewer positions than the embedding
+    assert max_length(model) == 20
+    with pytest.raises(MinilmError, match="exceeds the 20 positions"):
+        generate(model, [1] * 15, 6, greedy=True)
+
+
+def test_top_k_below_one_and_a_negative_token_count_are_refused():
+    model = tiny("rope")
+    with pytest.raises(MinilmError, match="top_k: must be >= 1, got 0"):
+        generate(model, [1, 2], 3, top_k=0)
+    with pytest.raises(MinilmError, match="max_new_tokens: must be >= 0, got -1"):
+        generate(model, [1, 2], -1)
+    assert generate(model, [1, 2], 0).tolist() == [[1, 2]]  # zero new tokens: the prompt
