@@ -69,3 +69,27 @@ def test_a_file_that_is_not_weights_is_refused_by_name(run_dir):
     (run_dir / "extend_512" / "config.yaml").write_text("")
     with pytest.raises(MinilmError, match=r"config.yaml: not a weights file; .*\.safetensors / \.ckpt"):
         resolve_run(run_dir / "extend_512" / "config.yaml")
+
+
+def test_an_unfinished_run_opens_its_newest_finished_phase(run_dir):
+    """No final weights yet (the run is still training extend_2k): the run directory alone means the last phase
+    that has finished, named, not the first; none finished is an error saying so."""
+    (run_dir / "model.safetensors").unlink()
+    (run_dir / "extend_2k" / "model.safetensors").unlink()
+    assert resolve_run(run_dir) == (run_dir, "extend_512", run_dir / "extend_512" / "model.safetensors")
+    for name in PHASES[:2]:
+        (run_dir / name / "model.safetensors").unlink()
+    with pytest.raises(MinilmError, match="has no finished phase yet"):
+        resolve_run(run_dir)
+
+
+def test_the_final_weights_load_under_the_last_phase_s_config(run_dir):
+    """The run's model.safetensors is its last phase's: the config it is built with is that phase's (extend_2k's
+    sequence length and RoPE scaling), never the pretraining's."""
+    from omegaconf import OmegaConf
+
+    from minilm.runs import run_config
+
+    final, last, first = (run_config(run_dir, p) for p in (None, "extend_2k", "pretrain"))
+    assert OmegaConf.to_container(final) == OmegaConf.to_container(last)
+    assert final.train.seq_len != first.train.seq_len
