@@ -53,6 +53,8 @@ CASES = {
                             " mscale_all_dim: 0.5, beta_fast: 16.0, beta_slow: 2.0}")],  # fmt: skip
     "llama3": [scaling(f"{{rope_type: llama3, factor: 4.0, original_max_position_embeddings: {L},"
                        " low_freq_factor: 1.0, high_freq_factor: 4.0}")],  # fmt: skip
+    # low_freq_factor / high_freq_factor left to minilm's defaults (Meta's 1 and 4): the export must write the same
+    "llama3_defaults": [scaling(f"{{rope_type: llama3, factor: 4.0, original_max_position_embeddings: {L}}}")],
     "longrope": [scaling(f"{{rope_type: longrope, factor: 4.0, original_max_position_embeddings: {L},"
                          f" short_factor: {SHORT}, long_factor: {LONG}}}")],  # fmt: skip
     "ntk": [scaling("{rope_type: ntk, factor: 4.0}")],
@@ -63,6 +65,7 @@ CASES = {
     "mha_untied": ["model.n_kv_heads=4", "model.tie_embeddings=false", "model.norm_eps=1e-6"],
 }
 ROPE_TYPE = {"linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "yarn_mscale": "yarn", "llama3": "llama3",
+             "llama3_defaults": "llama3",
              "longrope": "longrope", "ntk": "ntk", "ntk_by_parts": "ntk_by_parts", "interleaved_yarn": "yarn"}
 
 
@@ -87,6 +90,27 @@ def test_config_form_matches_installed_transformers(tmp_path):
     rope = getattr(config, "rope_parameters", None) or {**config.rope_scaling, "rope_theta": config.rope_theta}
     assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0 and rope["rope_theta"] == 10000.0
     assert rope["original_max_position_embeddings"] == L
+    assert config.max_position_embeddings == 4 * L  # the target length: original · factor
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_config_and_tensors_of_a_plain_export(tied, tmp_path):
+    """Without a scaling the context length is the training length; a tied LM head is not written twice (the config
+    ties it), an untied one is; the tokenizer's BOS, EOS and pad ids are the config's."""
+    from types import SimpleNamespace
+
+    from safetensors import safe_open
+
+    from minilm.export import hf_config
+
+    model, cfg = tiny(f"model.tie_embeddings={str(tied).lower()}")
+    export_model(model, cfg, None, tmp_path)
+    config = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert config.max_position_embeddings == L and config.tie_word_embeddings == tied
+    with safe_open(tmp_path / "model.safetensors", "pt") as f:
+        assert ("lm_head.weight" in f.keys()) == (not tied)
+    ids = hf_config(cfg, V, SimpleNamespace(bos_id=1, eos_id=2, pad_id=3))
+    assert (ids.bos_token_id, ids.eos_token_id, ids.pad_token_id) == (1, 2, 3)
 
 
 def test_dynamic_sets_the_original_length_once(tmp_path):
@@ -140,6 +164,8 @@ REFUSED = {
     "gelu": (["model.mlp=gelu"], "model.mlp"),
     "partial": (["model.position.fraction=0.5"], "partial rotary"),
     "nope_layers": (["model.position.nope_every=2"], "nope_every"),
+    "partial_scaling": ([scaling("{rope_type: linear, factor: 2.0, partial_rotary_factor: 0.5}")],
+                        "scaling.partial_rotary_factor"),
     "dynamic_yarn": ([scaling(f"{{rope_type: dynamic_yarn, original_max_position_embeddings: {L}}}")], "dynamic_yarn"),
 }
 
@@ -178,9 +204,10 @@ def test_refuses_to_overwrite_a_run_or_another_model(kind, tmp_path):
     (out / "model.safetensors").write_bytes(b"the run's weights")
     if kind != "foreign_model":
         (out / ("config.yaml" if kind == "run_dir" else "complete.json")).write_text("{}")
+    says = "holds a model.safetensors that is not a minilm export" if kind == "foreign_model" else "is a minilm run or"
     with pytest.raises(MinilmError, match="give another directory") as err:
         export_model(model, cfg, None, out)
-    assert str(out) in str(err.value)
+    assert str(out) in str(err.value) and says in str(err.value)
     assert (out / "model.safetensors").read_bytes() == b"the run's weights"
     assert not (out / "config.json").exists()
 
@@ -220,6 +247,24 @@ def test_failed_export_leaves_the_earlier_one(failure, tmp_path, monkeypatch):
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # no staging directory left either
 
 
+def test_the_marker_is_moved_into_place_last(tmp_path, monkeypatch):
+    """minilm_export.json marks a whole export: every other file is in place before it is, so an export interrupted
+    while moving its files never leaves a marker beside a mix of old and new files."""
+    import minilm.export
+
+    moved, real_replace = [], os.replace
+
+    def replace(src, dst):
+        moved.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(minilm.export.os, "replace", replace)
+    model, cfg = tiny()
+    export_model(model, cfg, None, tmp_path)
+    assert moved[-1] == "minilm_export.json" and sorted(moved) == ["config.json", "minilm_export.json",
+                                                                  "model.safetensors"]
+
+
 def test_a_killed_exports_staging_directory_is_removed_by_the_next(tmp_path):
     """kill -9 during an export leaves its staging directory (a whole model.safetensors) in the output; nothing read
     or deleted it, so each killed export cost a model's size of disk for good. The next export removes it, and keeps
@@ -235,6 +280,23 @@ def test_a_killed_exports_staging_directory_is_removed_by_the_next(tmp_path):
     export_model(model, cfg, None, tmp_path)
     assert not stale.exists() and (live / "model.safetensors").is_file()
     assert (tmp_path / "model.safetensors").is_file()
+
+
+def test_a_staging_directory_of_another_user_s_live_process_is_kept(tmp_path, monkeypatch):
+    """A process that signal 0 may not reach (PermissionError) is alive: its export is not deleted under it, and
+    this export goes on."""
+    import minilm.export
+
+    theirs = tmp_path / ".export-1-abc123.tmp"
+    theirs.mkdir()
+
+    def kill(pid, sig):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(minilm.export.os, "kill", kill)
+    model, cfg = tiny()
+    export_model(model, cfg, None, tmp_path)
+    assert theirs.is_dir() and (tmp_path / "minilm_export.json").is_file()
 
 
 def test_failed_first_export_leaves_no_directory(tmp_path):
