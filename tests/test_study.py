@@ -397,7 +397,9 @@ def test_copy_finished_phase_leaves_out_checkpoints_and_stale_temporary_files(tm
     write_json({"ppl": {"32": 1.0}}, donor / "eval" / "results.json")
     (donor / "eval" / "results.json.tmp").write_text("left by an interrupted write")
     (copy / "half").mkdir(parents=True)  # an interrupted earlier copy or run
+    (tmp_path / "pi" / "short.copying" / "eval").mkdir(parents=True)  # a copy interrupted before its rename
     copy_finished_phase(donor, copy)
+    assert not (tmp_path / "pi" / "short.copying").exists()
     assert sorted(p.relative_to(copy).as_posix() for p in copy.rglob("*")) == ["complete.json", "eval",
                                                                                "eval/results.json"]
     write_json({"ppl": {"32": 2.0}}, copy / "eval" / "results.json")  # scripts/evaluate.py on the copy
@@ -481,3 +483,52 @@ def test_paired_differences_are_other_minus_reference_per_seed_on_the_last_phase
     diffs = paired_differences(ref, other)
     assert diffs["val_loss"]["mean"] == pytest.approx(0.25) and diffs["val_loss"]["n"] == 2
     assert diffs["ppl@64"] == {"mean": 2.0, "sd": 0.0, "n": 1}
+
+
+def test_a_study_without_seeds_may_set_each_variant_s_seed(tmp_path, study_file):
+    """run.seed is the study's only when it has ``seeds:``; without them a variant (or the command line) sets its
+    own, as in any config."""
+    study_file.write_text("config: base.yaml\nvariants: {a: [run.seed=7], b: []}\n")
+    study = load_study(study_file)
+    a, b = (run_config(study, r, tmp_path / "out", ["optim.lr=0.001"]) for r in study_runs(study))
+    assert a.run.seed == 7 and a.run.name == "a" and a.run.dir == str(tmp_path / "out" / "a")
+    assert run_config(study, study_runs(study)[1], tmp_path / "out", ["run.seed=5"]).run.seed == 5
+    assert b.optim.lr == 0.001
+
+
+def test_lengths_evaluate_py_chose_for_a_phase_that_names_none_are_not_other_settings(tmp_path, study_file):
+    """A phase without eval_lengths is evaluated at the lengths scripts/evaluate.py chooses: those are not settings
+    the study asks otherwise (no remedy to print), while a phase that names lengths is compared on them."""
+    from minilm.study import other_settings
+
+    study = load_study(study_file)
+    results = {"lengths": [32, 64, 128], "tasks": ["ppl"], "extension": None}
+    run = study_runs(study)[0]
+    unnamed = run_config(study, run, tmp_path / "out", ["phases.long.eval_lengths=[]"])
+    assert other_settings(results, phase_config(unnamed, "long")) == {}
+    named = run_config(study, run, tmp_path / "out", [])
+    assert other_settings(results, phase_config(named, "long")) == {"lengths": ([32, 64, 128], [32, 64])}
+
+
+def test_a_long_override_is_cut_in_the_table_cell_only():
+    from minilm.study import _short
+
+    assert _short("a=1   b") == "a=1 b"  # whitespace runs (a YAML flow list over lines) as one space
+    long = "phases.x.position.scaling={long_factor: [" + ", ".join(["1.5"] * 40) + "]}"
+    cell = _short(long)
+    assert len(cell) == 100 and cell.endswith("…") and long.startswith(cell[:-1])
+    assert _short("x" * 100) == "x" * 100
+
+
+def test_carrying_the_optimizer_into_a_phase_makes_it_another_phase():
+    """A phase that starts from the previous phase's optimizer moments trains differently from one that starts
+    afresh: the phase keys differ from that phase on (so a variant never copies it), not before."""
+    from minilm.config import load_config
+
+    base = load_config(str(REPO / "configs" / "rope_yarn_tiny.yaml"))
+    last = phase_names(base)[-1]
+    for carry in ("true", "false"):
+        other = load_config(str(REPO / "configs" / "rope_yarn_tiny.yaml"), [f"phases.{last}.carry_optimizer={carry}"])
+        same = bool(base.phases[last].carry_optimizer) == (carry == "true")
+        assert phase_keys(other)[:-1] == phase_keys(base)[:-1]
+        assert (phase_keys(other)[-1] == phase_keys(base)[-1]) == same
