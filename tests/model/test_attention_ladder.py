@@ -1,5 +1,5 @@
 """The attention block's kernel ladder at its documented boundaries (minilm/model/attention.py): on CUDA a bias
-score term goes through FlexAttention from FLEX_MIN_QUERIES queries on, through SDPA with the bias below that (a
+score term goes through FlexAttention from FLEX_MIN_QUERIES (16) queries on, through SDPA with the bias below that (a
 decoding step); and an encoding whose score reads q or k receives per-row positions (B, T), as minilm/positions/base.py
 promises, where one that reads positions only receives them as given."""
 
@@ -10,7 +10,7 @@ import minilm.model.attention as attention
 import minilm.model.flex as flex
 from minilm.config import load_config
 from minilm.model import GPT
-from minilm.model.attention import FLEX_MIN_QUERIES, AttentionMask
+from minilm.model.attention import AttentionMask
 
 V = 61
 
@@ -40,7 +40,8 @@ def _routes(monkeypatch):
     return taken
 
 
-@pytest.mark.parametrize("T, kernel", [(FLEX_MIN_QUERIES - 1, "sdpa_bias"), (FLEX_MIN_QUERIES, "flex")])
+# docs/performance.md states the boundary: FlexAttention for 16 queries or more
+@pytest.mark.parametrize("T, kernel", [(1, "sdpa_bias"), (15, "sdpa_bias"), (16, "flex"), (40, "flex")])
 def test_flex_takes_calls_of_flex_min_queries_and_more(T, kernel, monkeypatch):
     taken = _routes(monkeypatch)
     attn = tiny_model("alibi").blocks[0].attn

@@ -1,8 +1,9 @@
 """GPT properties the other model tests leave open: the parameter counts the training log prints, the shape of the
-per-token loss."""
+per-token loss, the MLP forms."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from minilm.config import load_config
 from minilm.model import GPT
@@ -42,3 +43,54 @@ def test_per_token_loss_is_shaped_like_the_targets(chunk):
         mean = model.loss(x, y)
     assert per_token.shape == (3, 9) and per_token[1, 4] == 0 and (per_token[y != -100] > 0).all()
     torch.testing.assert_close(per_token.sum() / (y != -100).sum(), mean)
+
+
+@pytest.mark.parametrize("kind", ["swiglu", "gelu"])
+def test_mlp_is_the_documented_gated_or_plain_form(kind):
+    """transformer.py's MLP: SwiGLU w_out(silu(gate) · up) with [gate | up] = w_in(x) (hidden 8/3·d rounded to 64),
+    or GELU w_out(gelu(w_in(x))) with hidden 4·d."""
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=4", f"model.mlp={kind}"])
+    torch.manual_seed(0)
+    mlp = GPT(cfg.model, V).blocks[0].mlp
+    x = torch.randn(2, 5, 32)
+    h = x @ mlp.w_in.weight.T
+    if kind == "swiglu":
+        assert mlp.w_out.weight.shape == (32, 128)  # 8/3 · 32 = 85.3, rounded up to 64s
+        gate, up = h.chunk(2, dim=-1)
+        want = (F.silu(gate) * up) @ mlp.w_out.weight.T
+    else:
+        assert mlp.w_out.weight.shape == (32, 4 * 32)
+        want = F.gelu(h) @ mlp.w_out.weight.T
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), want)
+
+
+def tiny(name, *overrides):
+    cfg = load_config(overrides=["model.n_layers=2", "model.d_model=32", "model.n_heads=4",
+                                 f"model.position.name={name}", *overrides])  # fmt: skip
+    torch.manual_seed(0)
+    return GPT(cfg.model, V).eval()
+
+
+def test_position_modules_keep_their_own_initialization():
+    """GPT's N(0, init_std) for every matrix, then each encoding's own init (reset_position_parameters): CoPE's
+    position table starts at zero, as in the paper, not at the matrices' random init."""
+    model = tiny("cope")
+    for block in model.blocks:
+        assert block.attn.pos.pos_emb.abs().max() == 0
+    assert model.blocks[0].attn.wq.weight.std() > 0.01  # (the model's own matrices are initialized)
+
+
+def test_document_ids_reach_the_embedding_hook():
+    """conv's taps stop at a document boundary given by doc_ids even where the positions run on across it: a
+    packed second document's logits do not depend on the first document's tokens."""
+    model = tiny("conv")
+    for p in model.pos_emb.parameters():  # taps large enough to matter
+        torch.nn.init.normal_(p, std=1.0)
+    x = torch.randint(0, V, (1, 16))
+    y = x.clone()
+    y[:, :8] = (y[:, :8] + 5) % V  # only the first document changes
+    docs = torch.tensor([[0] * 8 + [1] * 8])
+    with torch.no_grad():
+        a, b = model(x, doc_ids=docs), model(y, doc_ids=docs)  # default positions: 0..15, no restart
+    torch.testing.assert_close(a[:, 8:], b[:, 8:])
