@@ -253,6 +253,12 @@ def check_trainer(pcfg) -> None:
     except (MisconfigurationException, ValueError, TypeError, RuntimeError, ImportError) as e:
         # ImportError: an accelerator whose package is missing (trainer.accelerator=tpu without torch_xla)
         raise MinilmError(f"trainer: Lightning cannot run with {settings}: {e}") from None
+    sharded = _sharded_strategy(trainer.strategy)
+    if sharded:
+        raise MinilmError(f"trainer.strategy={tr.strategy}: {sharded} shards the model or its optimizer state across "
+                          "devices, while minilm ends a phase in rank 0 alone (its weights, optimizer state for "
+                          "carry_optimizer, evaluation) and resumes from single-file checkpoints; use "
+                          "trainer.strategy=ddp (docs/scaling.md)")  # fmt: skip
     # the launcher Lightning detected (torchrun, SLURM, ...; LightningEnvironment: none, or its own), also where the
     # strategy has none: torchrun --nproc_per_node=2 with trainer.devices=1 ran two single-device trainings, each
     # writing the run's phase outputs as its global rank 0
@@ -276,6 +282,15 @@ def check_trainer(pcfg) -> None:
         raise MinilmError(f"trainer.num_nodes={tr.num_nodes}: this process was not started by torchrun or SLURM and "
                           "MASTER_ADDR / NODE_RANK are not set, so the processes of the other nodes cannot join it; "
                           "launch it on every node as docs/scaling.md shows, or set trainer.num_nodes=1")  # fmt: skip
+
+
+def _sharded_strategy(strategy) -> Optional[str]:
+    """The name of a strategy that shards the model or the optimizer state (FSDP, DeepSpeed ZeRO, model
+    parallelism), else None. Lightning builds them on CUDA only, so on CPU they never get here."""
+    import lightning.pytorch.strategies as S
+
+    kinds = tuple(getattr(S, n) for n in ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy") if hasattr(S, n))
+    return type(strategy).__name__ if isinstance(strategy, kinds) else None
 
 
 def is_primary_process() -> bool:

@@ -74,6 +74,27 @@ def test_a_strategy_that_trains_in_spawned_processes_is_refused(config, tmp_path
     assert not run.exists()
 
 
+@pytest.mark.parametrize("kind", ["FSDPStrategy", "DeepSpeedStrategy"])
+def test_a_strategy_that_shards_the_model_is_refused(config, tmp_path, monkeypatch, kind):
+    """Lightning builds FSDP and DeepSpeed on CUDA only; there a phase trained, then ended in rank 0 alone, which
+    holds a shard: its weights, optimizer state and evaluation were of a part of the model."""
+    import lightning as L
+    import lightning.pytorch.strategies as S
+
+    real = L.Trainer
+
+    def with_sharded_strategy(*args, **kwargs):  # a CPU trainer that reports the GPU-only strategy
+        trainer = real(*args, **{**kwargs, "strategy": "auto"})
+        trainer._accelerator_connector.strategy = object.__new__(getattr(S, kind))
+        return trainer
+
+    monkeypatch.setattr(L, "Trainer", with_sharded_strategy)
+    run = tmp_path / "run"
+    with pytest.raises(MinilmError, match=f"trainer.strategy=fsdp: {kind} shards the model .*use trainer.strategy=ddp"):
+        run_phases(load_config(config, [f"run.dir={run}", "trainer.strategy=fsdp"]), log=lambda m: None)
+    assert not run.exists()
+
+
 def test_several_nodes_that_nothing_launched_are_refused(config, tmp_path, monkeypatch):
     """trainer.num_nodes=2 from a plain `python train.py`: the run waited for the other node's processes until the
     process group's timeout (30 minutes), then failed with a traceback."""
@@ -200,17 +221,26 @@ def restart_aware_points(run_dir, tag):
 
 
 @pytest.mark.parametrize("how", ["resume", "phase"])
-def test_tensorboard_after_a_resume_or_restart_shows_each_step_once(config, tmp_path, how):
+def test_tensorboard_after_a_resume_or_restart_shows_each_step_once(config, tmp_path, how, monkeypatch):
     """A resumed (or --phase restarted) run logged again the steps the interrupted process had already logged past
     its checkpoint: TensorBoard showed them twice, each curve jumping back to the checkpoint's step. The new events
     purge the old ones from the resumed step on (purge_step), so the curves equal an uninterrupted run's."""
     import shutil
+    import time
+    import types
+
+    import tensorboard.summary.writer.event_file_writer as event_file_writer
 
     over = ["train.ckpt_every=2", "train.val_every=3", "train.keep_checkpoints=9",
             "phases.a={seq_len: 32, steps: 5}", "phases.b={seq_len: 32, steps: 4}"]  # fmt: skip
     straight, run = tmp_path / "straight", tmp_path / "run"
     run_phases(load_config(config, [f"run.dir={straight}", *over]), log=lambda m: None)
     shutil.copytree(straight, run)
+    # TensorBoard reads event files in name order: time in seconds, host, pid, a counter. The second process of a
+    # real resume is later and another pid; here it is this process, often within the same second, where a counter
+    # going from 9 to 10 sorted the new file first. Its clock is moved on as a real restart's would be.
+    later = time.time() + 10
+    monkeypatch.setattr(event_file_writer, "time", types.SimpleNamespace(time=lambda: later))
     if how == "resume":  # killed in phase b after its checkpoint at step 2 (run step 7), steps 8 and 9 logged
         _killed_after_checkpoint(run, "b", 2)
         run_phases(load_config(config, [f"run.dir={run}", *over]), resume=True, log=lambda m: None)
