@@ -532,3 +532,16 @@ def test_carrying_the_optimizer_into_a_phase_makes_it_another_phase():
         same = bool(base.phases[last].carry_optimizer) == (carry == "true")
         assert phase_keys(other)[:-1] == phase_keys(base)[:-1]
         assert (phase_keys(other)[-1] == phase_keys(base)[-1]) == same
+
+
+def test_a_variant_whose_phases_evaluate_nowhere_is_read_from_its_last_phase(tmp_path, study_file):
+    """No phase names eval_lengths: scripts/evaluate.py writes into the last phase's eval/, so that is the
+    evaluation the summary reads (and waits for), not the first phase's."""
+    from minilm.study import _variant_summary
+
+    study = load_study(study_file)
+    cfgs = {r.label: run_config(study, r, tmp_path / "out", ["phases.short.eval_lengths=[]",
+                                                                "phases.long.eval_lengths=[]"])
+            for r in study_runs(study)}  # fmt: skip
+    entry, results = _variant_summary(study, study.variants[0], tmp_path / "out", cfgs, {})
+    assert entry["evaluated_phase"] == "long" and results == {}
