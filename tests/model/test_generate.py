@@ -289,6 +289,13 @@ def test_rows_that_finish_early_are_padded_with_eos():
     assert torch.equal(out[1], free[1, : out.shape[1]])
 
 
+def test_top_k_of_the_vocabulary_or_more_keeps_every_token():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    for k in (4, 5, 1000):
+        assert torch.equal(filter_logits(logits, top_k=k), logits)
+    assert generate(tiny("rope"), [5, 7], 3, top_k=10 * V, seed=0).shape == (1, 5)
+
+
 def test_the_nucleus_stops_at_the_token_whose_mass_reaches_top_p():
     """Four equally likely tokens (0.25 each, exact in fp32): a nucleus of 0.5 is reached by two of them, so only
     two survive — a third, whose predecessors already hold exactly top_p, is outside; 0.51 needs three."""
