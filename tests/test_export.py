@@ -328,6 +328,7 @@ TEXTS = [
     "   leading and trailing spaces   ",
     "tabs\tand\r\nwindows lines, ünïcödé ∑ and 😀 emoji",
     "literal </s> and <s> stay text",
+    "runs  of   spaces    before words, and text  ,  that 's not cleaned up . ",  # both as sentencepiece does
     "",
 ]
 
@@ -349,6 +350,26 @@ def test_tokenizer_encodes_like_sentencepiece(kind, tiny_text_dir, tmp_path):
         assert theirs.encode(text, add_special_tokens=False) == ids, text
         assert theirs.decode(ids) == text
     assert (theirs.eos_token_id, theirs.bos_token_id, theirs.pad_token_id) == (ours.eos_id, ours.bos_id, ours.pad_id)
+
+
+def test_a_sentencepiece_setting_without_a_tokenizers_form_is_refused(tiny_text_dir, tmp_path):
+    """A foreign .model with a dummy prefix (sentencepiece's default, which minilm turns off) would encode every text
+    with a leading ▁ there and not here: refused by name rather than exported unequal."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    from minilm.data.tokenizer import train_tokenizer
+    from minilm.export import hf_tokenizer
+
+    docs = [p.read_text() for p in sorted(tiny_text_dir.glob("*.py"))]
+    tok_cfg = load_config(overrides=["data.tokenizer.vocab_size=400"]).data.tokenizer
+    ours = train_tokenizer(docs, tmp_path / "tok.model", tok_cfg)
+    proto = pb.ModelProto()
+    proto.ParseFromString(Path(ours.model_file).read_bytes())
+    proto.normalizer_spec.add_dummy_prefix = True
+    (tmp_path / "foreign.model").write_bytes(proto.SerializeToString())
+    with pytest.raises(MinilmError, match="foreign.model: sentencepiece settings without an exact tokenizers form: "
+                                          "add_dummy_prefix"):  # fmt: skip
+        hf_tokenizer(tmp_path / "foreign.model")
 
 
 class _Extractor4x:
