@@ -85,6 +85,17 @@ def test_chunked_under_bf16_autocast_matches_plain():
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
 
 
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_bf16_weight_gradient_is_summed_over_chunks_in_fp32(reduction):
+    """grad_weight sums one (V, D) term per chunk; in fp32 (loss.py), then rounded to bf16 once. Summed in bf16 over
+    256 one-row chunks it drifted by several bf16 steps from the fp32 gradient; rounded once it is within one."""
+    h, w, t = _inputs(N=256, D=16, ignore=False)
+    g32 = _grads(plain_cross_entropy, h, w, t, reduction=reduction)[2]  # the fp32 reference
+    g16 = _grads(chunked_cross_entropy, h.bfloat16(), w.bfloat16(), t, chunk_size=1, reduction=reduction)[2]
+    assert g16.dtype == torch.bfloat16
+    assert (g16.float() - g32).abs().max() <= g32.abs().max() / 128  # one bf16 step (2^-7 relative) at the largest
+
+
 def _model(*overrides):
     cfg = load_config(overrides=["model.n_layers=2", "model.d_model=32", "model.n_heads=4", *overrides])
     torch.manual_seed(0)
