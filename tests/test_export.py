@@ -329,6 +329,7 @@ TEXTS = [
     "tabs\tand\r\nwindows lines, ünïcödé ∑ and 😀 emoji",
     "literal </s> and <s> stay text",
     "runs  of   spaces    before words, and text  ,  that 's not cleaned up . ",  # both as sentencepiece does
+    "a   x     function   plus  y",  # a run of spaces stays whole with the next word: '▁▁▁x', not '▁▁' + '▁x'
     "",
 ]
 
