@@ -4,6 +4,7 @@ that the run does not have, is an error naming it, never weights loaded under an
 from pathlib import Path
 
 import pytest
+import torch
 
 from minilm.config import load_config, save_config
 from minilm.errors import MinilmError
@@ -93,3 +94,28 @@ def test_the_final_weights_load_under_the_last_phase_s_config(run_dir):
     final, last, first = (run_config(run_dir, p) for p in (None, "extend_2k", "pretrain"))
     assert OmegaConf.to_container(final) == OmegaConf.to_container(last)
     assert final.train.seq_len != first.train.seq_len
+
+
+def test_load_run_gives_the_saved_weights_in_eval_mode(tiny_text_dir, tmp_path):
+    """load_run: the model evaluate / generate / export use is built from the run's config and tokenizer, holds the
+    saved weights and is in eval mode (with dropout in the config, a model left in training mode would give other
+    logits at every call)."""
+    from minilm.data.tokenizer import train_tokenizer
+    from minilm.model import GPT
+    from minilm.runs import load_run
+    from minilm.training.checkpoint import save_weights
+
+    run = tmp_path / "run"
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=4", "model.dropout=0.5",
+                                 "data.tokenizer.vocab_size=300"])  # fmt: skip
+    save_config(cfg, run / "config.yaml")
+    docs = [p.read_text() for p in sorted(tiny_text_dir.glob("*.py"))[:8]]
+    tokenizer = train_tokenizer(docs, run / "tokenizer.model", cfg.data.tokenizer)
+    torch.manual_seed(0)
+    model = GPT(cfg.model, tokenizer.vocab_size)
+    save_weights(model, run / "model.safetensors")
+    loaded = load_run(run)
+    assert not loaded.model.training and loaded.phase is None and loaded.weights == run / "model.safetensors"
+    x = torch.randint(0, tokenizer.vocab_size, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(x), model.eval()(x))
