@@ -19,6 +19,8 @@ from omegaconf.errors import OmegaConfBaseException
 from minilm.config import on_schema, phase_config, phase_names
 from minilm.errors import MinilmError
 
+HELD_OUT = "held_out.json"  # in run.dir: the corpus and the digest of the documents held out from training
+
 
 @dataclass
 class LoadedRun:

@@ -64,6 +64,16 @@ class TokenStore:
         o = int(self.doc_offsets[i])
         return self.tokens[o : o + int(self.doc_lengths[i])]
 
+    def digest(self) -> str:
+        """sha256 of the split's documents (tokens, lengths, sources): equal for the same documents tokenized alike,
+        whatever the cache directory or the source files' timestamps."""
+        h = hashlib.sha256()
+        for part in (np.asarray(self.tokens, dtype=np.int64), self.doc_lengths.astype(np.int64),
+                     self.doc_source.astype(np.int64)):  # fmt: skip
+            h.update(np.ascontiguousarray(part).tobytes())
+        h.update(json.dumps(self.source_names).encode())
+        return h.hexdigest()
+
     def only(self, sources: Sequence[str]) -> "TokenStore":
         """The documents of the named sources, back to back in this store's order: this store itself when it holds
         no other source's, else a copy in memory (meant for the held-out split)."""

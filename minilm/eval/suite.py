@@ -13,6 +13,7 @@ reported in ``skipped`` and the suite goes on.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -283,6 +284,8 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
             "evaluate anyway, set data.tokenizer.model_file to the run's tokenizer.model in its config.yaml; the "
             "held-out documents may then differ from those held out in training"
         )
+    if run_dir is not None:
+        _check_held_out(corpus, Path(run_dir))
     sampled = sampled_sources(run_cfg)
     val = corpus.val.only(sampled)
     if val.n_tokens == 0:
@@ -292,6 +295,29 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
             "documents; a source of one document has none"
         )
     return EvalData(corpus.tokenizer, val, synthetic_style(cfg.data))
+
+
+def _check_held_out(corpus, run_dir: Path) -> None:
+    """The documents held out now must be those the run held out (recorded in run.dir when it trained; runs from
+    before the record are not checked). A corpus prepared again — source files changed, or another minilm that
+    splits or tokenizes otherwise (minilm.data.prepare.FORMAT_VERSION) — may hold out documents the run trained on,
+    with the very same tokenizer."""
+    from minilm.runs import HELD_OUT
+
+    path = run_dir / HELD_OUT
+    if not path.is_file():
+        return
+    try:
+        recorded = json.loads(path.read_text())["digest"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MinilmError(f"{path}: cannot be read ({e}); it records the documents the run held out") from None
+    if recorded != corpus.val.digest():
+        raise MinilmError(
+            f"the documents held out by the corpus prepared now ({corpus.cache_dir}) are not those the run held out "
+            f"in training ({path}): the source files changed since training, or this version of minilm prepares the "
+            "data differently (minilm.data.prepare.FORMAT_VERSION). Evaluated on them, the run would be scored on "
+            "documents it may have trained on; evaluate with the minilm and source files it trained with"
+        )
 
 
 def sampled_sources(run_cfg) -> List[str]:

@@ -3,6 +3,7 @@
 Layout of ``run.dir``::
 
     config.yaml            the resolved run config        tokenizer.model   the tokenizer (self-contained runs)
+    held_out.json          the documents held out from training (corpus, digest: checked by the evaluation)
     tb/                    TensorBoard, one step axis      model.safetensors the final weights (last phase)
     .lock                  pid of the process training here
     <phase>/checkpoints/step-XXXXXXXX.ckpt                 resumable state (last ``train.keep_checkpoints``)
@@ -41,6 +42,7 @@ from minilm.errors import MinilmError
 from minilm.files import atomic_write, atomic_write_text
 from minilm.model import GPT
 from minilm.positions import validate_position
+from minilm.runs import HELD_OUT
 from minilm.positions.rope_scaling import compute_rope
 from minilm.training.checkpoint import (
     AtomicCheckpointIO,
@@ -512,6 +514,10 @@ def run_phases(
             # a kill) left a truncated tokenizer that made the whole run unreadable until the next resume
             tokenizer = Path(corpus.tokenizer.model_file).read_bytes()
             atomic_write(run_dir / "tokenizer.model", lambda f: f.write(tokenizer))
+            # which documents were held out: an evaluation later, on a corpus prepared again (its files changed, or
+            # another minilm split it otherwise), must not read documents the run trained on (minilm.eval.eval_data)
+            held = {"corpus": corpus.cache_dir.name, "documents": corpus.val.n_docs, "digest": corpus.val.digest()}
+            atomic_write_text(run_dir / HELD_OUT, json.dumps(held, indent=2) + "\n")
         start = names.index(start_phase) if start_phase else 0
         # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted
         # --phase run). Every rank decides so from the command line, not from run.dir: rank 0 deletes their old

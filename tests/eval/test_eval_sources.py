@@ -60,3 +60,23 @@ def test_only_keeps_the_store_itself_when_nothing_is_left_out():
     kept = store.only(["b"])
     assert kept.tokens.tolist() == [2, 3, 4, 5] and kept.doc_offsets.tolist() == [0] and kept.n_docs == 1
     assert store.only([]).n_tokens == 0
+
+
+def test_a_corpus_that_holds_out_other_documents_than_the_run_did_is_refused(fake_run, corpus_setup):
+    """A corpus prepared again (its files changed, or another minilm split it otherwise) could hold out documents the
+    run trained on, with the very same tokenizer: the tokenizer check passed and the scores were of trained-on text."""
+    import json
+
+    cfg, corpus = corpus_setup
+    assert eval_data(cfg, fake_run).val.n_docs == corpus.val.n_docs  # no record (a run from before it): not checked
+    record = fake_run / "held_out.json"
+    record.write_text(json.dumps({"corpus": corpus.cache_dir.name, "digest": corpus.val.digest()}))
+    assert eval_data(cfg, fake_run).val.n_docs == corpus.val.n_docs
+    moved = TokenStore(np.asarray(corpus.val.tokens), corpus.val.doc_offsets, corpus.val.doc_lengths[::-1].copy(),
+                       corpus.val.doc_source, corpus.val.source_names)  # fmt: skip
+    record.write_text(json.dumps({"digest": moved.digest()}))
+    with pytest.raises(MinilmError, match=r"are not those the run held out in training .*held_out\.json"):
+        eval_data(cfg, fake_run)
+    record.write_text("{")
+    with pytest.raises(MinilmError, match=r"held_out\.json: cannot be read"):
+        eval_data(cfg, fake_run)

@@ -42,6 +42,26 @@ def test_the_end_of_a_phase_is_validated_once(config, tmp_path, val_every):
     assert [step for step, _ in scalars(run, "val/loss")] == [0, 3]  # before the first step, and at the end
 
 
+def test_the_run_records_the_documents_it_held_out_and_its_evaluation_checks_them(config, tmp_path):
+    """An evaluation on a corpus prepared again could read documents the run trained on (same tokenizer, another
+    split): the run records its held-out split's digest, the evaluation compares."""
+    import json
+
+    from minilm.data import load_corpus
+    from minilm.eval.suite import eval_data
+
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}"])
+    run_phases(cfg, log=lambda m: None)
+    corpus = load_corpus(cfg.data, progress=False)
+    held = json.loads((run / "held_out.json").read_text())
+    assert held == {"corpus": corpus.cache_dir.name, "documents": corpus.val.n_docs, "digest": corpus.val.digest()}
+    assert eval_data(cfg, run).val.n_docs == corpus.val.n_docs
+    (run / "held_out.json").write_text(json.dumps({**held, "digest": "0" * 64}))
+    with pytest.raises(MinilmError, match="not those the run held out"):
+        eval_data(cfg, run)
+
+
 def test_tokens_seen_adds_each_phase_at_its_own_batch_and_length(config, tmp_path):
     """tokens_seen counted every step of the earlier phases at the current phase's batch_size · seq_len."""
     run = tmp_path / "run"
