@@ -294,9 +294,20 @@ def _shape_errors(node: DictConfig, prefix: str = "") -> List[str]:
                 out.append(f"'{key}' must be a mapping of keys, got {shown!r}")
         elif typing.get_origin(t) is list and v is not None and not isinstance(v, ListConfig):
             out.append(f"'{key}' must be a list such as [a, b], got {shown!r}")
-        elif t is bool and isinstance(v, (int, float)) and not isinstance(v, bool):
+        elif t is bool and not isinstance(v, bool) and (isinstance(v, (int, float)) or _number_text(v)):
             out.append(f"'{key}' must be true or false, got {shown!r}")  # OmegaConf reads any nonzero number as true
     return out
+
+
+def _number_text(value: Any) -> bool:
+    """A string OmegaConf would read as a number (``compile: "2"``, which it then reads as true)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _check_new_phase(cfg: DictConfig, name: str, phase: DictConfig, label: str) -> None:

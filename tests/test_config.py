@@ -378,6 +378,9 @@ def test_a_switch_is_true_or_false_not_a_number(tmp_path):
         key = override.split("=")[0]
         with pytest.raises(ConfigError, match=f"command line: '{re.escape(key)}' must be true or false"):
             load_config(overrides=["phases.a.steps=3", override])
+    (tmp_path / "q.yaml").write_text('train:\n  compile: "2"\n')  # quoted: a string OmegaConf reads as 2, so true
+    with pytest.raises(ConfigError, match=r"q\.yaml: 'train.compile' must be true or false, got '2'"):
+        load_config(tmp_path / "q.yaml")
     (tmp_path / "s.yaml").write_text("model:\n  tie_embeddings: 0.5\n")
     with pytest.raises(ConfigError, match=r"s\.yaml: 'model.tie_embeddings' must be true or false, got 0.5"):
         load_config(tmp_path / "s.yaml")
