@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from minilm.cli import run_cli  # noqa: E402
-from minilm.errors import MinilmError  # noqa: E402
+from minilm.errors import ConfigError, MinilmError  # noqa: E402
 
 
 def main(args: argparse.Namespace) -> int:
@@ -37,10 +37,14 @@ def main(args: argparse.Namespace) -> int:
     model = run.model
     if args.extension:  # as scripts/evaluate.py takes it: the same flag decodes with what it evaluated
         from minilm.eval import applied_extension, apply_extension, parse_extension
+        from minilm.eval.suite import NO_EXTENSION
 
         extension = parse_extension(args.extension)
-        model, _ = apply_extension(model, run.cfg.model, run.tokenizer.vocab_size, extension, run.cfg.train.seq_len)
-        print(f"[extension: {applied_extension(extension, int(run.cfg.train.seq_len))}]", file=sys.stderr)
+        if extension["name"] == NO_EXTENSION and len(extension) > 1:
+            raise ConfigError(f"--extension none takes no parameters, got {' '.join(args.extension[1:])}")
+        if extension["name"] != NO_EXTENSION:  # (none: the plain model, which generate.py decodes with anyway)
+            model, _ = apply_extension(model, run.cfg.model, run.tokenizer.vocab_size, extension, run.cfg.train.seq_len)
+            print(f"[extension: {applied_extension(extension, int(run.cfg.train.seq_len))}]", file=sys.stderr)
     ids = run.tokenizer.encode(args.prompt)
     if not ids:
         raise MinilmError("--prompt: encodes to no tokens; give some text")

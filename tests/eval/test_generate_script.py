@@ -74,3 +74,17 @@ def test_generate_takes_the_extensions_evaluate_takes_with_the_same_defaults(fak
         captured = capsys.readouterr()
         assert captured.out == prompt + run.tokenizer.decode(want) + "\n"
         assert ("'original_max_position_embeddings': 64" if len(extension) > 1 else "'train_len': 64") in captured.err
+
+
+def test_extension_none_decodes_the_plain_model_as_evaluate_takes_it(fake_run, capsys):
+    """evaluate.py takes --extension none (the plain model); generate.py refused it as an unknown method."""
+    from minilm.cli import run_cli
+
+    gen = load_script("scripts/generate.py")
+    argv = [str(fake_run), "--prompt", "def f(x):", "--max-new-tokens", "20", "--greedy", "--device", "cpu"]
+    assert run_cli(gen.main, gen.parser(), argv) == 0
+    plain = capsys.readouterr().out
+    assert run_cli(gen.main, gen.parser(), [*argv, "--extension", "none"]) == 0
+    assert capsys.readouterr().out == plain
+    assert run_cli(gen.main, gen.parser(), [*argv, "--extension", "none", "factor=2"]) == 2
+    assert "--extension none takes no parameters, got factor=2" in capsys.readouterr().err
