@@ -145,6 +145,24 @@ def test_activation_checkpointing_only_in_training():
     torch.testing.assert_close(a, b.detach())
 
 
+def test_activation_checkpointing_checkpoints_each_block_of_a_training_forward_only(monkeypatch):
+    """Only a training forward that builds a graph checkpoints (one call per block); an eval forward, even one with
+    gradients enabled, and a no-grad training forward run the blocks plainly."""
+    import minilm.model.transformer as transformer
+
+    calls = []
+    real = transformer.checkpoint
+    monkeypatch.setattr(transformer, "checkpoint", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    model = _model("model.activation_checkpointing=true")
+    x = torch.randint(0, V, (1, 8))
+    model.eval()(x)
+    with torch.no_grad():
+        model.train()(x)
+    assert calls == []
+    model.train()(x)
+    assert len(calls) == len(model.blocks)
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
