@@ -2,6 +2,7 @@
 it, for every RoPE scaling transformers can express; a tokenizer that encodes as sentencepiece does; clear errors
 for everything a Llama cannot express."""
 
+import json
 import os
 import subprocess
 import sys
@@ -111,6 +112,18 @@ def test_config_and_tensors_of_a_plain_export(tied, tmp_path):
         assert ("lm_head.weight" in f.keys()) == (not tied)
     ids = hf_config(cfg, V, SimpleNamespace(bos_id=1, eos_id=2, pad_id=3))
     assert (ids.bos_token_id, ids.eos_token_id, ids.pad_token_id) == (1, 2, 3)
+
+
+def test_integer_and_null_scaling_values_are_written_as_transformers_reads_them(tmp_path):
+    """A scaling block written by hand may hold integers (factor: 4) and nulls (a key left to its default): the
+    config gets floats, as transformers' checks expect, and no null keys; the logits still match."""
+    block = f"{{rope_type: yarn, factor: 4, original_max_position_embeddings: {L}, beta_fast: 32, mscale: null}}"
+    model, cfg = tiny(scaling(block))
+    export_model(model, cfg, None, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    rope = config.get("rope_parameters") or config["rope_scaling"]
+    assert type(rope["factor"]) is float and type(rope["beta_fast"]) is float and "mscale" not in rope
+    assert max(max_logit_difference(model, tmp_path, [L, 4 * L]).values()) < 1e-4
 
 
 def test_dynamic_sets_the_original_length_once(tmp_path):
