@@ -130,6 +130,7 @@ def test_every_shipped_study_resolves_and_its_rope_variants_share_the_pretrainin
         ("config: base.yaml\nvariants:\n  a: []\n  a: [train.steps=3]\n", "duplicate key 'a'"),
         ("config: base.yaml\nseeds: [1, 1]\nvariants: {a: []}\n", "seeds must differ"),
         ("config: base.yaml\nseeds: [one]\nvariants: {a: []}\n", "seeds: a non-empty list of integer seeds"),
+        ("config: base.yaml\nseeds: [true]\nvariants: {a: []}\n", "seeds: a non-empty list of integer seeds"),  # a bool
         ("config: base.yaml\nvariants: {study.json: []}\n", "variants.study.json: the name of a file the study writes"),
     ],
 )
