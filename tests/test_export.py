@@ -100,6 +100,7 @@ def test_config_and_tensors_of_a_plain_export(tied, tmp_path):
     ties it), an untied one is; the tokenizer's BOS, EOS and pad ids are the config's."""
     from types import SimpleNamespace
 
+    from omegaconf import OmegaConf
     from safetensors import safe_open
 
     from minilm.export import hf_config
@@ -110,6 +111,8 @@ def test_config_and_tensors_of_a_plain_export(tied, tmp_path):
     assert config.max_position_embeddings == L and config.tie_word_embeddings == tied
     with safe_open(tmp_path / "model.safetensors", "pt") as f:
         assert ("lm_head.weight" in f.keys()) == (not tied)
+    origin = json.loads((tmp_path / "minilm_export.json").read_text())  # the position block it came from
+    assert origin == {"position": OmegaConf.to_container(cfg.model.position, resolve=True), "train_seq_len": L}
     ids = hf_config(cfg, V, SimpleNamespace(bos_id=1, eos_id=2, pad_id=3))
     assert (ids.bos_token_id, ids.eos_token_id, ids.pad_token_id) == (1, 2, 3)
 
