@@ -270,19 +270,27 @@ def test_resuming_on_another_corpus_names_a_minilm_upgrade_as_a_cause_too(tmp_pa
         now.load_state_dict(state)
 
 
+def _big_beside_mine(tmp_path, n_big: int, line: str, mine: str, big_weight=None) -> dict:
+    """A source of ``n_big`` documents of twenty ``line``s each, beside three one-line documents ``mine i``: the
+    sources mapping of a config over them (``big`` at ``big_weight`` when given)."""
+    (tmp_path / "big").mkdir()
+    for i in range(n_big):
+        (tmp_path / "big" / f"{i}.txt").write_text(line.format(i=i) * 20)
+    (tmp_path / "mine").mkdir()
+    for i in range(3):
+        (tmp_path / "mine" / f"{i}.txt").write_text(f"{mine} {i}\n")
+    big = {"kind": "files", "paths": [f"{tmp_path}/big/*.txt"]}
+    return {"big": big if big_weight is None else {**big, "weight": big_weight},
+            "mine": {"kind": "files", "paths": [f"{tmp_path}/mine/*.txt"]}}
+
+
 def test_a_batch_must_fit_in_the_sources_sampled_not_the_whole_corpus(tmp_path):
     """Three sentences of one's own beside a large source at weight 0 passed the 'fewer tokens than one batch'
     check (it counted the whole corpus), and every training row repeated those few tokens."""
     from minilm.data import make_sampler
 
-    (tmp_path / "big").mkdir()
-    for i in range(20):
-        (tmp_path / "big" / f"{i}.txt").write_text(f"a long enough document number {i}, many words\n" * 20)
-    (tmp_path / "mine").mkdir()
-    for i in range(3):
-        (tmp_path / "mine" / f"{i}.txt").write_text(f"tiny {i}\n")
-    cfg = make_data_cfg(tmp_path, {"big": {"kind": "files", "paths": [f"{tmp_path}/big/*.txt"], "weight": 0},
-                                   "mine": {"kind": "files", "paths": [f"{tmp_path}/mine/*.txt"]}})  # fmt: skip
+    cfg = make_data_cfg(tmp_path, _big_beside_mine(tmp_path, 20, "a long enough document number {i}, many words\n",
+                                                   "tiny", big_weight=0))  # fmt: skip
     corpus = load_corpus(cfg, progress=False)
     assert corpus.train.n_tokens > 4 * (32 + 1)  # the whole corpus would hold a batch
     with pytest.raises(DataError, match=r"the sources sampled \(mine\) have \d+ training tokens, fewer than one batch"):
@@ -297,14 +305,8 @@ def test_a_phase_whose_sampled_source_has_fewer_training_tokens_than_a_row_is_wa
 
     from minilm.data import check_phase_data
 
-    (tmp_path / "big").mkdir()
-    for i in range(20):
-        (tmp_path / "big" / f"{i}.txt").write_text(f"a long enough document number {i}, many words\n" * 20)
-    (tmp_path / "mine").mkdir()
-    for i in range(3):
-        (tmp_path / "mine" / f"{i}.txt").write_text(f"tiny {i}\n")
-    cfg = make_data_cfg(tmp_path, {"big": {"kind": "files", "paths": [f"{tmp_path}/big/*.txt"]},
-                                   "mine": {"kind": "files", "paths": [f"{tmp_path}/mine/*.txt"]}})  # fmt: skip
+    cfg = make_data_cfg(tmp_path, _big_beside_mine(tmp_path, 20, "a long enough document number {i}, many words\n",
+                                                   "tiny"))  # fmt: skip
     corpus = load_corpus(cfg, progress=False)
     pcfg = OmegaConf.create({"train": {"seq_len": 32, "batch_size": 2}, "run": {"seed": 0}, "data": cfg})
     with caplog.at_level("WARNING", logger="minilm.data.sampler"):
@@ -316,15 +318,8 @@ def test_a_phase_whose_sampled_source_has_fewer_training_tokens_than_a_row_is_wa
 def test_validation_warns_when_a_sampled_source_holds_out_less_than_a_row(tmp_path, caplog):
     """Validation rows of a source wrap around its held-out documents; the warning looked at the whole held-out
     split, so a small source's few held-out tokens beside a large weight-0 source were repeated without a word."""
-    (tmp_path / "big").mkdir()
-    for i in range(30):
-        (tmp_path / "big" / f"{i}.txt").write_text(f"document number {i} of the big source, with words\n" * 20)
-    (tmp_path / "mine").mkdir()
-    for i in range(3):
-        (tmp_path / "mine" / f"{i}.txt").write_text(f"short {i}\n")
-    cfg = make_data_cfg(tmp_path, {"big": {"kind": "files", "paths": [f"{tmp_path}/big/*.txt"], "weight": 0},
-                                   "mine": {"kind": "files", "paths": [f"{tmp_path}/mine/*.txt"]}},
-                        val_fraction=0.2)  # fmt: skip
+    sources = _big_beside_mine(tmp_path, 30, "document number {i} of the big source, with words\n", "short", 0)
+    cfg = make_data_cfg(tmp_path, sources, val_fraction=0.2)
     corpus = load_corpus(cfg, progress=False)
     assert corpus.val.n_tokens > 64 + 1  # the held-out split as a whole holds a row
     with caplog.at_level("WARNING"):
