@@ -163,15 +163,15 @@ def run(args) -> dict:
     tokens = args.tokens or micro_batch_size(base.train) * base.train.seq_len
     # length by length (every encoding at the first length, then the next): a run stopped by its time limit keeps
     # whole lengths, each with RoPE to compare against, rather than every length of the first encodings
-    lengths = list(dict.fromkeys(T for _, T in bench.plan(args, base)))
-    planned = sorted(bench.plan(args, base), key=lambda p: lengths.index(p[1]))  # stable: encodings keep their order
+    planned = bench.plan(args, base)
+    lengths = list(dict.fromkeys(T for _, T in planned))
+    planned.sort(key=lambda p: lengths.index(p[1]))  # stable: encodings keep their order
     now = datetime.datetime.now(datetime.timezone.utc)
     report = bench.new_report(args, base, device, precision, args.compile, now, len(planned), kind="attention")
     report["flex_table"] = args.flex_table
 
     def measure_loop(done):
-        configs = {enc: load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
-                   for enc, _ in planned}  # every one first: a misspelled encoding is exit 2 before any measurement
+        configs = bench.encoding_configs(args, base)  # every one first: a misspelled encoding is exit 2 at once
         for enc, T in planned:
             row = measure(configs[enc], enc, T, max(1, tokens // T), args, device, dtype)
             report["results"].append(row)
