@@ -74,10 +74,14 @@ class TokenStore:
         h.update(json.dumps(self.source_names).encode())
         return h.hexdigest()
 
+    def of_sources(self, sources: Sequence[str]) -> np.ndarray:
+        """(D,) bool: the documents of the named sources."""
+        return np.isin(self.doc_source, [i for i, n in enumerate(self.source_names) if n in set(sources)])
+
     def only(self, sources: Sequence[str]) -> "TokenStore":
         """The documents of the named sources, back to back in this store's order: this store itself when it holds
         no other source's, else a copy in memory (meant for the held-out split)."""
-        keep = np.isin(self.doc_source, [i for i, n in enumerate(self.source_names) if n in set(sources)])
+        keep = self.of_sources(sources)
         if keep.all():
             return self
         docs = np.flatnonzero(keep)

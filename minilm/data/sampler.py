@@ -315,7 +315,7 @@ def make_sampler(corpus: Corpus, split: str, data_cfg: Any, seq_len: int, batch_
     # the tokens of the sources sampled (weight > 0): a few sentences of one's own beside the embedded corpus at
     # weight 0 passed a check of the whole corpus, and every row repeated those few tokens over and over
     sampled = [n for n in store.source_names if weights.get(n, 0) > 0]
-    n_tokens = int(store.doc_lengths[np.isin(store.doc_source, [store.source_names.index(n) for n in sampled])].sum())
+    n_tokens = int(store.doc_lengths[store.of_sources(sampled)].sum())
     if split == "train" and n_tokens < need:
         of = ("the corpus has" if len(sampled) == len(store.source_names)
               else f"the sources sampled ({', '.join(sampled)}) have")  # fmt: skip
