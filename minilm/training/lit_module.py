@@ -16,8 +16,9 @@ import lightning as L
 import torch
 from torch import nn
 
+from minilm.data import IGNORE
 from minilm.errors import MinilmError
-from minilm.training.datamodule import IGNORE, STEP_TARGETS
+from minilm.training.datamodule import STEP_TARGETS
 from minilm.training.optim import make_adamw
 
 

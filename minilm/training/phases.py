@@ -42,8 +42,8 @@ from minilm.errors import MinilmError
 from minilm.files import atomic_write, atomic_write_text
 from minilm.model import GPT
 from minilm.positions import validate_position
-from minilm.runs import HELD_OUT
 from minilm.positions.rope_scaling import compute_rope
+from minilm.runs import HELD_OUT
 from minilm.training.checkpoint import (
     AtomicCheckpointIO,
     atomic_torch_save,
