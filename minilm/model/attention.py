@@ -4,8 +4,11 @@ The block never asks which encoding it has. It calls ``rotate`` on q and k, then
 encoding declared (``score_kind``, ``has_value_term``; see minilm/positions/base.py):
 
 1. no score term                    -> ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN on GPU);
+                                       with a document mask, FlexAttention on CUDA instead (rung 2, no score_mod):
+                                       SDPA would take the dense (B, 1, T, S) mask, which rules out the flash
+                                       kernel and grows as T², where Flex skips the blocks between documents;
 2. a score term with a score_mod    -> FlexAttention on CUDA (no T×S bias materialized) — see ``flex.py``; a
-                                       decoding step (under ``FLEX_MIN_QUERIES`` queries) takes rung 3 instead;
+                                       decoding step (under ``FLEX_MIN_QUERIES`` queries) takes rung 1 or 3 instead;
 3. a bias score term elsewhere      -> ``sdpa_bias_attention``: SDPA in fp32 with the bias as its float mask
                                        (CPU, or CUDA without FlexAttention or with heads under 16 wide);
 4. anything else, and the reference -> ``reference_attention``: plain matmul–softmax in fp32.
@@ -141,39 +144,44 @@ class Attention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H·Dh)
         return self.wo(y)
 
-    def kernel(self, device: torch.device) -> str:
-        """The rung of the kernel ladder (module docstring) this encoding takes on ``device``: "sdpa", "flex",
-        "sdpa_bias" or "reference"."""
+    def kernel(self, device: torch.device, documents: bool = False) -> str:
+        """The rung of the kernel ladder (module docstring) this encoding takes on ``device``, with a document mask
+        or without: "sdpa", "flex", "sdpa_bias" or "reference"."""
         pos = self.pos
         if pos.has_value_term or pos.score_kind not in ("none", "bias"):
             return "reference"
         if pos.score_kind == "none":
-            return "sdpa"
-        if torch.device(device).type == "cuda" and type(pos).score_mod is not PositionEncoding.score_mod:
-            from minilm.model.flex import FLEX_MIN_HEAD_DIM, flex_attention_available
-
-            if flex_attention_available() and self.head_dim >= FLEX_MIN_HEAD_DIM:  # (smaller: the kernel refuses)
-                return "flex"
+            return "flex" if documents and self._flex_runs_on(device) else "sdpa"
+        if type(pos).score_mod is not PositionEncoding.score_mod and self._flex_runs_on(device):
+            return "flex"
         return "sdpa_bias"
+
+    def _flex_runs_on(self, device: torch.device) -> bool:
+        """FlexAttention's compiled kernel: CUDA only (no CPU backward), heads at least 16 wide (it refuses less)."""
+        if torch.device(device).type != "cuda":
+            return False
+        from minilm.model.flex import FLEX_MIN_HEAD_DIM, flex_attention_available
+
+        return flex_attention_available() and self.head_dim >= FLEX_MIN_HEAD_DIM
 
     def attend(self, q, k, v, q_pos, k_pos, mask: AttentionMask) -> Tensor:
         """The kernel ladder (module docstring). Positions arrive as given, (1, T) when the batch shares them;
         every score-term path reads them per row, except a position-only bias (``score_reads_qk = False``)
         through SDPA, which then builds one bias for the whole batch."""
-        pos, kernel = self.pos, self.kernel(q.device)
+        pos, kernel = self.pos, self.kernel(q.device, documents=not mask.is_plain_causal)
+        B, T = q.shape[0], q.shape[2]
+        if kernel == "flex" and T < FLEX_MIN_QUERIES:
+            # KV-cache decoding (one query, or a few): the (B|1, H, T, S) bias or mask is small, and FlexAttention's
+            # kernel (static shapes) would compile once per key length — a compilation every token for the first 8
+            # tokens, until dynamo's recompile limit — for nothing it saves here
+            kernel = "sdpa" if pos.score_kind == "none" else "sdpa_bias"
         if kernel == "sdpa":
             return sdpa_attention(q, k, v, pos, mask)
-        B, T = q.shape[0], q.shape[2]
         rows = q_pos.expand(B, -1), k_pos.expand(B, -1)
-        if kernel == "flex" and T < FLEX_MIN_QUERIES:
-            # KV-cache decoding (one query, or a few): the (B|1, H, T, S) bias is small, and FlexAttention's kernel
-            # (static shapes) would compile once per key length — a compilation every token for the first 8
-            # tokens, until dynamo's recompile limit — for nothing it saves here
-            kernel = "sdpa_bias"
-        if kernel == "flex":  # (only encodings that define score_mod get here: ``kernel``)
+        if kernel == "flex":  # (a score term here has a score_mod: ``kernel``)
             from minilm.model.flex import flex_attention_with_score_mod
 
-            score_mod = pos.score_mod(q, k, *rows)
+            score_mod = pos.score_mod(q, k, *rows) if pos.score_kind == "bias" else None
             return flex_attention_with_score_mod(q, k, v, score_mod, mask, pos.softmax_scale(q.shape[-1]))
         if kernel == "sdpa_bias":
             shared = rows if pos.score_reads_qk else (q_pos, k_pos)

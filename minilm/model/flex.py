@@ -6,7 +6,8 @@
   j <= offset + i (causal by index, ``offset`` cached keys first) and, with document masking, when both lie in the
   same document; fully masked blocks are skipped. Plain causal masks are cached per (T, S, offset, device);
 - the encoding's ``score_mod(score, b, h, i, j)`` (minilm.positions: ALiBi, T5, KERPLE, FIRE, and the per-step
-  q·R tables of Shaw, Transformer-XL, DeBERTa), which reads positions as q_pos[b, i], k_pos[b, j];
+  q·R tables of Shaw, Transformer-XL, DeBERTa), which reads positions as q_pos[b, i], k_pos[b, j]; or none, for
+  the document mask of an encoding without a score term (RoPE family, absolute, NoPE);
 - grouped-query attention through ``enable_gqa`` (consecutive query heads share a key head, as ``repeat_kv``).
 
 It is compiled on CUDA (the fused kernel: by ``_compiled_flex`` in an eager model, by the model's own compile
@@ -114,7 +115,8 @@ def block_mask(mask, B: int, T: int, S: int, device: torch.device):
 
 
 def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None):
-    """q (B, H, T, Dh), k and v (B, Hkv, S, Dh) -> (B, H, T, Dh). ``compiled`` defaults to q.is_cuda."""
+    """q (B, H, T, Dh), k and v (B, Hkv, S, Dh) -> (B, H, T, Dh); ``score_mod`` None for the mask alone.
+    ``compiled`` defaults to q.is_cuda."""
     from torch.nn.attention.flex_attention import flex_attention
 
     compiled = q.is_cuda if compiled is None else compiled
@@ -125,6 +127,8 @@ def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None
 
     def mod(score, b, h, i, j):  # the encodings' tables are fp32; the kernel keeps the score's dtype
         return score_mod(score, b, h, i, j).to(score.dtype)
+
+    mod = None if score_mod is None else mod  # None: the mask alone (document masking of a RoPE-family encoding)
 
     B, H, T, _ = q.shape
     S = k.shape[2]

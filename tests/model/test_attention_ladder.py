@@ -28,7 +28,8 @@ def _routes(monkeypatch):
     eager FlexAttention (seconds per call on CPU): both recorders compute the SDPA-with-bias result."""
     real_kernel, real_bias, taken = attention.Attention.kernel, attention.sdpa_bias_attention, []
     monkeypatch.setattr(attention.Attention, "kernel",
-                        lambda self, device: "flex" if real_kernel(self, device) == "sdpa_bias" else "?")  # fmt: skip
+                        lambda self, device, documents=False:
+                        "flex" if real_kernel(self, device) == "sdpa_bias" else "?")  # fmt: skip
 
     def fake_flex(q, k, v, score_mod, mask, scale, compiled=None):
         taken.append("flex")

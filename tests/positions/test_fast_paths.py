@@ -174,6 +174,22 @@ def test_flex_path_equals_reference(name, case):
     assert torch.allclose(got, want, atol=1e-5)
 
 
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", ["rope", "none"])
+def test_flex_path_without_a_score_term_equals_reference(name):
+    """Document masking of an encoding with no score term takes FlexAttention on CUDA with the BlockMask alone
+    (``score_mod=None``): the same attention as the reference's dense same-document mask."""
+    pos = hook(name)
+    T, S, q_pos, k_pos, mask = CASES["packed"]
+    q, k, v = qkv(T, S, seed=5)
+    q, k = pos.rotate(q, k, q_pos, k_pos)
+    with torch.no_grad():
+        want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
+        got = flex_attention_with_score_mod(q, k, v, None, mask, pos.softmax_scale(DH), compiled=False)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("name", NO_SCORE)
 def test_sdpa_path_equals_reference(name, case):
@@ -244,14 +260,15 @@ def test_ladder_on_cpu_sends_bias_terms_to_sdpa_and_full_terms_to_the_reference(
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
 def test_kernel_names_the_rung_per_device():
     """The routing a GPU run takes, checked without a GPU (``kernel`` reads the device, not a tensor): every bias
-    term with a score_mod goes to Flex on CUDA and to SDPA-with-bias elsewhere; no score term to SDPA. Heads under
+    term with a score_mod goes to Flex on CUDA and to SDPA-with-bias elsewhere; no score term to SDPA, or to Flex
+    on CUDA with a document mask (SDPA's dense (B, 1, T, S) mask rules out its flash kernel). Heads under
     16 wide stay on SDPA-with-bias on CUDA too: inductor's Triton lowering of FlexAttention refuses them ("NYI:
     embedding dimension ... must be at least 16"), which crashed the first compiled step of such a model."""
 
-    def kernels(name, head_dim=16, **params):
+    def kernels(name, head_dim=16, documents=False, **params):
         dims = PositionDims(d_model=H * head_dim, n_heads=H, n_kv_heads=HKV, head_dim=head_dim, n_layers=1)
         layer = Attention(H * head_dim, H, HKV, {"name": name, **params}, dims)
-        return layer.kernel(torch.device("cpu")), layer.kernel(torch.device("cuda"))
+        return layer.kernel(torch.device("cpu"), documents), layer.kernel(torch.device("cuda"), documents)
 
     for name in ["rope", "none", "alibi", "t5", "kerple", "fire", "transformer_xl", "deberta"]:
         want = ("sdpa", "sdpa") if hook(name).score_kind == "none" else ("sdpa_bias", "flex")
@@ -259,6 +276,12 @@ def test_kernel_names_the_rung_per_device():
     assert kernels("shaw", values=False) == ("sdpa_bias", "flex")
     assert kernels("shaw") == kernels("cope") == ("reference", "reference")
     assert kernels("alibi", head_dim=8) == kernels("t5", head_dim=15) == ("sdpa_bias", "sdpa_bias")
+    # with a document mask: no score term takes Flex on CUDA too (its BlockMask, not SDPA's dense T×S mask)
+    for name in ["rope", "none", "learned", "alibi"]:
+        want = ("sdpa", "flex") if hook(name).score_kind == "none" else ("sdpa_bias", "flex")
+        assert kernels(name, documents=True) == want, name
+    assert kernels("rope", head_dim=8, documents=True) == ("sdpa", "sdpa")
+    assert kernels("cope", documents=True) == ("reference", "reference")
 
 
 def test_shaw_value_term_matches_the_definition():
@@ -336,7 +359,8 @@ def test_decoding_steps_take_sdpa_with_the_bias_not_flex(monkeypatch):
 
     real_kernel, taken = attention.Attention.kernel, []
     monkeypatch.setattr(attention.Attention, "kernel",
-                        lambda self, device: "flex" if real_kernel(self, device) == "sdpa_bias" else "?")  # fmt: skip
+                        lambda self, device, documents=False:
+                        "flex" if real_kernel(self, device) == "sdpa_bias" else "?")  # fmt: skip
     for module, fn in ((flex, "flex_attention_with_score_mod"), (attention, "sdpa_bias_attention")):
         real = getattr(module, fn)
         monkeypatch.setattr(module, fn, lambda *a, _fn=fn, _real=real, **kw: taken.append(_fn) or _real(*a, **kw))
@@ -350,6 +374,38 @@ def test_decoding_steps_take_sdpa_with_the_bias_not_flex(monkeypatch):
     layers = len(model.blocks)
     assert taken == ["flex_attention_with_score_mod"] * 2 * layers + ["sdpa_bias_attention"] * 2 * layers
     torch.testing.assert_close(torch.cat([prompt, *steps], dim=1), whole, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # the CPU stand-in, eager
+def test_document_masked_rope_takes_flex_on_cuda(monkeypatch):
+    """RoPE with packed documents on CUDA: FlexAttention with the document BlockMask (blocks between documents
+    skipped, memory linear in T), where SDPA took the dense (B, 1, T, S) boolean mask — no flash kernel, T² bytes.
+    Without documents, and for decoding steps, SDPA as before. Routed as on CUDA; the logits stay the same."""
+    import minilm.model.attention as attention
+    import minilm.model.flex as flex
+
+    from .helpers import tiny_model
+
+    taken = []
+    monkeypatch.setattr(attention.Attention, "_flex_runs_on", lambda self, device: True)
+    for module, fn in ((flex, "flex_attention_with_score_mod"), (attention, "sdpa_attention")):
+        real = getattr(module, fn)
+        monkeypatch.setattr(module, fn, lambda *a, _fn=fn, _real=real, **kw: taken.append(_fn) or _real(*a, **kw))
+    model = tiny_model("rope")
+    idx = torch.randint(0, 61, (2, 20))
+    docs = torch.tensor([[0] * 7 + [1] * 13, [0] * 20])
+    positions = torch.stack([torch.cat([torch.arange(7), torch.arange(13)]), torch.arange(20)])
+    with torch.no_grad():  # (FlexAttention has no CPU backward)
+        got = model(idx, positions, docs)
+        layers = len(model.blocks)
+        assert taken == ["flex_attention_with_score_mod"] * layers
+        taken.clear()
+        model(idx)
+        model(idx[:, :9], positions[:, :9], docs[:, :9])  # (under FLEX_MIN_QUERIES: a decoding step's size)
+        assert taken == ["sdpa_attention"] * 2 * layers
+        monkeypatch.undo()
+        torch.testing.assert_close(got, model(idx, positions, docs), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
@@ -450,6 +506,25 @@ def test_compiled_flex_on_cuda_equals_reference(name):
                                         pos.softmax_scale(q.shape[-1]))  # fmt: skip
     assert torch.allclose(got, want, atol=1e-4)
     grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_document_masked_rope_on_cuda_equals_reference():
+    """The CUDA kernel with the document BlockMask and no score_mod (RoPE with packed documents), forward and
+    backward, against the reference's dense mask: partial blocks, boundaries inside blocks."""
+    from minilm.model.flex import FLEX_MIN_HEAD_DIM
+
+    torch._dynamo.reset()
+    _, (q, k, v), (q_pos, k_pos, mask) = odd_length_case("alibi", seed=6, head_dim=FLEX_MIN_HEAD_DIM)
+    pos = hook("rope", head_dim=FLEX_MIN_HEAD_DIM).cuda()
+    q_pos, k_pos = q_pos.cuda(), k_pos.cuda()
+    q, k, v = (t.detach().cuda().requires_grad_() for t in (q, k, v))
+    mask = AttentionMask(q_doc=mask.q_doc.cuda(), k_doc=mask.k_doc.cuda())
+    rq, rk = pos.rotate(q, k, q_pos, k_pos)
+    want = reference_attention(rq, rk, v, pos, q_pos, k_pos, mask)
+    got = flex_attention_with_score_mod(rq, rk, v, None, mask, pos.softmax_scale(q.shape[-1]))
+    assert torch.allclose(got, want, atol=1e-4)
+    grads_agree(got, want, [q, k, v], atol=1e-4, rtol=1e-3)
 
 
 @pytest.mark.parametrize("name", ["rope", "xpos"])
