@@ -12,8 +12,8 @@ rope_type (linear, ntk, dynamic, yarn, dynamic_yarn, llama3, ...) with its param
 (``original_max_position_embeddings`` and logn's ``train_len`` default to the training length).
 
 Writes results.json, report.md and PNG figures to RUN/PHASE/eval[-METHOD]/ (or --out) and logs scalars
-``eval/ppl@L``, ``eval/passkey@L``, ... and the figures to RUN/tb at the weights' global step. See
-docs/evaluation.md. Bad input: one message, exit code 2 (--debug for a traceback).
+``eval/ppl@L``, ``eval/passkey@L``, ... and the figures to RUN/tb (with --out: OUT/tb) at the weights' global step.
+See docs/evaluation.md. Bad input: one message, exit code 2 (--debug for a traceback).
 """
 
 import argparse
@@ -94,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-sliding", action="store_true", help="skip the sliding-window perplexity")
     p.add_argument("--out", help="output directory (default RUN/PHASE/eval[-METHOD])")
     p.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
-    p.add_argument("--no-tb", action="store_true", help="do not log to the run's TensorBoard")
+    p.add_argument("--no-tb", action="store_true", help="do not log to TensorBoard (the run's tb/, or OUT/tb/)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 

@@ -615,7 +615,8 @@ def evaluate_run(
     Default lengths: ``eval.lengths`` of the run's config, else half to eight times the training length. Written
     to ``RUN/PHASE/eval/`` (with the config's own ``eval.extension`` too, as at the end of the phase), or to
     ``RUN/PHASE/eval-METHOD/`` with an ``extension`` given here, or to ``out``. ``extension={"name": "none"}``
-    evaluates without the config's ``eval.extension`` (to ``eval-none/``)."""
+    evaluates without the config's ``eval.extension`` (to ``eval-none/``). TensorBoard: the run's ``tb/``, or
+    ``out/tb/`` with ``out``."""
     from minilm.config import phase_names
     from minilm.runs import load_run, load_run_config
 
@@ -653,7 +654,9 @@ def evaluate_run(
     if tensorboard:
         from torch.utils.tensorboard import SummaryWriter
 
-        writer = SummaryWriter(str(loaded.run_dir / "tb"))
+        # --out: a side evaluation (other lengths, samples, settings). In the run's tb/ its scalars would sit at
+        # the same step and under the same tags as the phase's own evaluation, one curve of two measurements.
+        writer = SummaryWriter(str(out_dir / "tb" if out else loaded.run_dir / "tb"))
         try:
             prefix = f"eval-{NO_EXTENSION}" if plain else _tb_prefix(settings.extension)
             log_tensorboard(writer, results, figures, step, prefix=prefix)

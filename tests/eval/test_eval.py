@@ -302,6 +302,11 @@ def test_evaluate_script_and_compare(tmp_path, fake_run, capsys):
     assert list((fake_run / "tb").glob("events.out.tfevents.*"))
     assert run_cli(ev.main, ev.parser(), argv + ["--extension", "dynamic", "factor=2", "--no-tb"]) == 0
     assert (fake_run / "train" / "eval-dynamic" / "results.json").is_file()
+    # --out: a side evaluation logs to OUT/tb, not beside the phase's own evaluation (same step, same tags)
+    events = sorted((fake_run / "tb").glob("events.out.tfevents.*"))
+    assert run_cli(ev.main, ev.parser(), argv + ["--out", str(tmp_path / "side")]) == 0
+    assert sorted((fake_run / "tb").glob("events.out.tfevents.*")) == events
+    assert list((tmp_path / "side" / "tb").glob("events.out.tfevents.*"))
     # bad input: one message, exit code 2
     assert run_cli(ev.main, ev.parser(), argv + ["--extension", "bogus"]) == 2
     assert "unknown method 'bogus'" in capsys.readouterr().err
