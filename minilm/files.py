@@ -4,9 +4,10 @@ and studies write through it without importing the trainer.)"""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 
 def fsync_path(path: Path) -> None:
@@ -40,3 +41,18 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text), mode="w")
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left on the device; the user's disk quota exhausted
+
+
+def disk_full(e: Optional[BaseException]) -> Optional[OSError]:
+    """The ``OSError`` saying the disk (or the quota) is full that ``e`` is or was raised from, else None. Libraries
+    wrap it (datasets: ``DatasetGenerationError`` from pyarrow's ``OSError``), and that is still a full disk."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            return e
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)  # (``raise ... from None``: not)
+    return None

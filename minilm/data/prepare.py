@@ -15,6 +15,7 @@ name and renamed into place, so an interrupted or concurrent preparation never l
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -31,13 +32,14 @@ import numpy as np
 from minilm.data.sources import SourceDocs, _plain, parse_sources, read_source, source_fingerprint
 from minilm.data.tokenizer import Tokenizer, file_digest, sample_chunks, train_tokenizer
 from minilm.errors import DataError
-from minilm.files import fsync_path
+from minilm.files import disk_full, fsync_path
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 6  # bump when the cache layout, the split, the documents read or the tokenizer training change
 SPLITS = ("train", "val")
 ENCODE_CHUNK_CHARS = 2_000_000
+WRITE_CHUNK_TOKENS = 1 << 24  # tokens of the flat stream written per slice (64 MB of int32 ids)
 SHARE_LENGTHS = tuple(2**k for k in range(6, 18))  # 64 .. 131072: seq_lens the long-document share is reported for
 
 
@@ -137,9 +139,15 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
         if tok_cfg.model_file:  # not a sentencepiece model, or one without EOS: say so before reading every source
             Tokenizer(tok_cfg.model_file)
         tmp = _temporary_dir(out)  # first: an unusable cache_dir should not cost a read and a tokenizer training
+        need: Dict[str, int] = {}  # bytes the corpus needs, once known: for the message of a full disk
         try:
-            _prepare(data_cfg, specs, material, tmp, out, progress)
-        finally:
+            _prepare(data_cfg, specs, material, tmp, out, progress, need)
+        except Exception as e:  # a full disk may come wrapped (datasets' DatasetGenerationError of pyarrow's OSError)
+            if isinstance(e, DataError) or (full := disk_full(e)) is None:  # (a DataError has said what it is)
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # first: the free space the message quotes is then true
+            raise _disk_full_error(root, full, need.get("bytes")) from e  # (--debug shows where the write failed)
+        finally:  # an error, Ctrl-C: nothing half-written stays
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return _open(out, from_cache)
@@ -156,13 +164,30 @@ def _temporary_dir(out: Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
     except OSError as e:
+        if disk_full(e):
+            raise _disk_full_error(out.parent, e, None) from None
         raise DataError(f"data.cache_dir: cannot write the prepared corpus under {str(out.parent)!r} "
                         f"({e.strerror or e}); give a writable directory") from None  # fmt: skip
     return tmp
 
 
-def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, out: Path, progress: bool) -> None:
-    """Read, train the tokenizer, tokenize and write into ``tmp``, then rename it to ``out``."""
+def _disk_full_error(root: Path, e: OSError, need: int | None) -> DataError:
+    """The error for a disk (or quota) that filled up while a corpus was written under ``root``."""
+    try:
+        free = f"{shutil.disk_usage(root).free / 1e6:,.1f} MB are free there"
+    except OSError:
+        free = "the free space there cannot be read"
+    size = f"the corpus needs about {need / 1e6:,.1f} MB and " if need else ""
+    what = "quota is exhausted" if e.errno == errno.EDQUOT else "disk is full"
+    return DataError(f"data.cache_dir: no space left to write the prepared corpus under {str(root)!r}: the {what} "
+                     f"({e.strerror or e}); {size}{free}. Nothing half-written was kept. Free some space, or set "
+                     f"data.cache_dir to a directory on a disk with room")  # fmt: skip
+
+
+def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, out: Path, progress: bool,
+             need: Dict[str, int] | None = None) -> None:  # fmt: skip
+    """Read, train the tokenizer, tokenize and write into ``tmp``, then rename it to ``out``. ``need["bytes"]``:
+    set to the size of the corpus on disk once that is known (after tokenizing)."""
     t0 = time.time()
     names: List[str] = []
     texts: List[str] = []
@@ -185,6 +210,9 @@ def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, ou
     split_lines = not data_cfg.tokenizer.model_file and data_cfg.tokenizer.type == "bpe"
     flat, lengths = _tokenize(tok, texts, data_cfg.num_proc, progress, split_lines)
     t_tok, c_tok = time.time() - t1, time.process_time() - c1  # CPU time: comparable on a busy machine
+    if need is not None:  # tokens, the index (3 int64 per document), the tokenizer already written
+        itemsize = np.dtype(_token_dtype(tok.vocab_size)).itemsize
+        need["bytes"] = int(lengths.sum()) * itemsize + 24 * len(lengths) + (tmp / "tokenizer.model").stat().st_size
     is_val = held_out(names, data_cfg.val_fraction, texts, source_of)
     stores = {}
     for split, mask in (("train", ~is_val), ("val", is_val)):
@@ -331,21 +359,29 @@ def _chunk_bounds(sizes: Sequence[int], target: int) -> List[Tuple[int, int]]:
 
 def _write_split(tmp: Path, split: str, flat: np.ndarray, lengths_all: np.ndarray, source_of: np.ndarray,
                  mask: np.ndarray, vocab_size: int, source_names: List[str]) -> TokenStore:  # fmt: skip
-    """Write the documents selected by ``mask`` as a token memmap plus index."""
+    """Write the documents selected by ``mask`` as a token array (a ``.npy`` file, opened as a memmap) plus index."""
     lengths = lengths_all[mask]
     token_mask = np.repeat(mask, lengths_all)
-    dtype = np.uint16 if vocab_size < 2**16 else np.uint32
+    dtype = _token_dtype(vocab_size)
     n = int(lengths.sum())
     path = tmp / f"{split}.tokens.npy"
-    arr = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=(n,))
-    arr[:] = flat[token_mask]
-    arr.flush()
-    del arr
+    # written with write(), not into a memmap (np.lib.format.open_memmap): that file is sparse, and on a full disk a
+    # store into one of its pages is a SIGBUS that killed the process without a word, its temporary directory left
+    # behind; write() says ENOSPC, which load_corpus reports. In slices, so no whole-split copy is made either.
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                 "fortran_order": False, "shape": (n,)})  # fmt: skip
+        for lo in range(0, len(flat), WRITE_CHUNK_TOKENS):
+            f.write(flat[lo : lo + WRITE_CHUNK_TOKENS][token_mask[lo : lo + WRITE_CHUNK_TOKENS]].astype(dtype))
     doc_offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if n else np.zeros(0, np.int64)
     np.savez(tmp / f"{split}.index.npz", doc_offsets=doc_offsets, doc_lengths=lengths,
              doc_source=source_of[mask].astype(np.int64))  # fmt: skip
     return TokenStore(np.load(path, mmap_mode="r"), doc_offsets, lengths, source_of[mask].astype(np.int64),
                       source_names)  # fmt: skip
+
+
+def _token_dtype(vocab_size: int) -> type:
+    return np.uint16 if vocab_size < 2**16 else np.uint32
 
 
 def _open(out: Path, from_cache: bool) -> Corpus:

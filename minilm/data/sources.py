@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from minilm.errors import DataError
+from minilm.files import disk_full
 
 log = logging.getLogger(__name__)
 
@@ -451,6 +452,13 @@ def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_f
         return datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming,
                                      cache_dir=cache_dir)  # fmt: skip
     except Exception as e:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError...)
+        if disk_full(e) is not None:
+            if cache_dir is not None:  # the conversion of a local file, inside the corpus being built: load_corpus
+                raise  # says so, with data.cache_dir
+            raise DataError(f"{where}: no space left on the disk of datasets' cache "
+                            f"({datasets.config.HF_DATASETS_CACHE}) while datasets.load_dataset({path!r}) wrote there: "
+                            f"{disk_full(e)}; free some space or set HF_DATASETS_CACHE to a directory on a disk with "
+                            f"room") from None  # fmt: skip
         files = f", data_files={data_files!r}" if data_files is not None else ""
         raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}{files}) failed: "
                         f"{_cause(e)}") from None  # fmt: skip
