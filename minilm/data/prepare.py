@@ -20,8 +20,10 @@ import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,7 @@ FORMAT_VERSION = 6  # bump when the cache layout, the split, the documents read 
 SPLITS = ("train", "val")
 ENCODE_CHUNK_CHARS = 2_000_000
 WRITE_CHUNK_TOKENS = 1 << 24  # tokens of the flat stream written per slice (64 MB of int32 ids)
+TMP_MARK = ".tmp-"  # corpus-<key>.tmp-<host>-<pid>-<random>: a corpus being built (_temporary_dir)
 SHARE_LENGTHS = tuple(2**k for k in range(6, 18))  # 64 .. 131072: seq_lens the long-document share is reported for
 
 
@@ -139,6 +142,7 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
         if tok_cfg.model_file:  # not a sentencepiece model, or one without EOS: say so before reading every source
             Tokenizer(tok_cfg.model_file)
         tmp = _temporary_dir(out)  # first: an unusable cache_dir should not cost a read and a tokenizer training
+        _remove_leftovers(root)
         need: Dict[str, int] = {}  # bytes the corpus needs, once known: for the message of a full disk
         try:
             _prepare(data_cfg, specs, material, tmp, out, progress, need)
@@ -147,7 +151,7 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # first: the free space the message quotes is then true
             raise _disk_full_error(root, full, need.get("bytes")) from e  # (--debug shows where the write failed)
-        finally:  # an error, Ctrl-C: nothing half-written stays
+        finally:  # an error, Ctrl-C: nothing half-written stays (a SIGKILL's leftover goes at the next preparation)
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return _open(out, from_cache)
@@ -157,9 +161,11 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
 
 
 def _temporary_dir(out: Path) -> Path:
-    """A fresh directory beside ``out`` to build the corpus in. ``os.mkdir`` honours the umask (``mkdtemp`` would
-    make it 0700, unreadable to the other users of a shared cache once renamed into place)."""
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    """A fresh directory beside ``out`` to build the corpus in, ``<out>.tmp-<host>-<pid>-<random>``: the host and
+    pid say whose it is, so a later preparation can tell the leftover of a killed one (``_remove_leftovers``) from
+    the directory a live one is writing. ``os.mkdir`` honours the umask (``mkdtemp`` would make it 0700,
+    unreadable to the other users of a shared cache once renamed into place)."""
+    tmp = out.with_name(f"{out.name}{TMP_MARK}{_host()}-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
@@ -169,6 +175,72 @@ def _temporary_dir(out: Path) -> Path:
         raise DataError(f"data.cache_dir: cannot write the prepared corpus under {str(out.parent)!r} "
                         f"({e.strerror or e}); give a writable directory") from None  # fmt: skip
     return tmp
+
+
+def _host() -> str:
+    """This machine's name as it goes into a temporary directory's name (no ``/``; no ``-``, where ``_owner`` splits
+    the name)."""
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "_"
+
+
+def _owner(name: str) -> Tuple[str | None, int] | None:
+    """(host, pid) of the preparation that builds the directory ``name`` (host None: a name of an older minilm,
+    ``corpus-<key>.tmp-<pid>-<random>``), or None for a name that is not one of its temporary directories."""
+    if not name.startswith("corpus-") or TMP_MARK not in name:
+        return None
+    parts = name.split(TMP_MARK, 1)[1].split("-")
+    if len(parts) not in (2, 3) or not parts[-2].isdigit():
+        return None
+    return (parts[0] if len(parts) == 3 else None), int(parts[-2])
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine exists; True whenever that cannot be told (a pid that was reused
+    keeps a leftover until that process ends: a directory too many, never one too few)."""
+    if os.name != "posix" or pid <= 0:  # (on Windows os.kill(pid, 0) would end the process)
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's live process
+        return True
+    return True
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Delete the temporary directories that preparations killed on this machine (SIGKILL, a lost session, the
+    out-of-memory killer: no ``finally`` ran) left in ``root``, each possibly hundreds of MB. One whose process is
+    alive is being written and stays; so does one made on another machine (a cache shared over the network:
+    its pid means nothing here). A directory named by an older minilm has no host in its name: it is reported,
+    not deleted."""
+    host = _host()
+    for d in sorted(root.glob(f"corpus-*{TMP_MARK}*")):
+        owner = _owner(d.name)
+        if owner is None or not d.is_dir() or _alive(owner[1]):
+            continue
+        if owner[0] is None:
+            log.warning("data.cache_dir: %s looks left by a preparation that was killed (an older minilm's, whose "
+                        "names say no host); delete it unless a machine sharing this cache is preparing into it", d)
+            continue
+        if owner[0] != host:
+            continue
+        size = _tree_size(d)
+        shutil.rmtree(d, ignore_errors=True)  # (another preparation may be deleting it too)
+        if not d.exists():
+            log.info("data.cache_dir: removed %s (%.1f MB), left by a preparation (pid %d) that was killed", d,
+                     size / 1e6, owner[1])  # fmt: skip
+
+
+def _tree_size(directory: Path) -> int:
+    """Bytes of the files under ``directory``, as far as they can be read (another process may be deleting it)."""
+    total = 0
+    for f in directory.rglob("*"):
+        try:
+            total += f.lstat().st_size if f.is_file() and not f.is_symlink() else 0
+        except OSError:
+            pass
+    return total
 
 
 def _disk_full_error(root: Path, e: OSError, need: int | None) -> DataError:
