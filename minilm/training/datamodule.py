@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from minilm.config import micro_batch_size, phase_steps
 from minilm.data import IGNORE
+from minilm.errors import MinilmError
 
 STEP_TARGETS = "step_targets"  # the key of a train micro-batch that counts its step's targets (_StepBatches)
 
@@ -72,10 +73,24 @@ class PhaseData(L.LightningDataModule):
 
     def load_state_dict(self, state: dict) -> None:
         if "sampler" in state:  # checkpoints written before the sampler's identity was saved have none
-            # Rank 0 writes the one checkpoint every rank resumes from: the rank in it is 0's, not this process's,
-            # and every other rank warned that its batches "differ from the original run" on an exact resume. The
-            # world size is the run's: resumed on another device count, the batches do differ, and the sampler says so.
-            self.sampler.load_state_dict({**state["sampler"], "rank": self.sampler.rank})
+            self.sampler.load_state_dict(self.as_split_now(state["sampler"], self.sampler))
+
+    @staticmethod
+    def as_split_now(saved: dict, sampler) -> dict:
+        """A checkpoint's sampler state as ``sampler`` (this process's) would save it, where the two draw the same
+        rows. Rank 0 writes the one checkpoint every rank resumes from: the rank in it is 0's, not this process's
+        (every other rank warned that its batches "differ from the original run" on an exact resume). And the
+        sampler draws the global batch, ``batch_size x world_size`` rows, whatever their split: 2 processes x 2 rows
+        continue as 1 x 4. Another global batch is refused: ``--resume`` says so before the run changes
+        (phases._check_trained_with); this is the check of a checkpoint restored any other way."""
+        was = (saved.get("batch_size"), saved.get("world_size", 1))
+        if was[0] is not None and was[0] * was[1] != sampler.batch_size * sampler.world_size:
+            raise MinilmError(f"the checkpoint trained on a global batch of {was[0] * was[1]} sequences (batch_size "
+                              f"{was[0]} x {was[1]} process(es)), this run on {sampler.batch_size * sampler.world_size} "
+                              f"({sampler.batch_size} x {sampler.world_size}); train.batch_size is per device: give "
+                              "the global batch it trained with")  # fmt: skip
+        split = {"rank": sampler.rank, "world_size": sampler.world_size}
+        return {**saved, **split, **({"batch_size": sampler.batch_size} if was[0] is not None else {})}
 
     def train_dataloader(self) -> DataLoader:
         sampler = self.sampler

@@ -235,12 +235,12 @@ def check_writable_dir(path: Path, setting: str = "run.dir") -> None:
                           f"{setting} to a writable path")
 
 
-def check_trainer(pcfg) -> None:
+def check_trainer(pcfg) -> int:
     """The ``trainer`` section and ``train.precision`` go to lightning.Trainer unchanged; build one with them, so
     that what Lightning refuses (an unknown accelerator or strategy, devices it cannot use) is an error naming the
     keys before run.dir is written, not a traceback when the first phase starts. Refused too, what Lightning would
     run but minilm cannot: a strategy that trains in processes it spawns or forks, and several nodes that nothing
-    launched."""
+    launched. Returns the number of processes that will train (devices x num_nodes: the world size)."""
     from lightning.fabric.plugins.environments import LightningEnvironment
     from lightning.fabric.utilities.exceptions import MisconfigurationException
     from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
@@ -284,6 +284,7 @@ def check_trainer(pcfg) -> None:
         raise MinilmError(f"trainer.num_nodes={tr.num_nodes}: this process was not started by torchrun or SLURM and "
                           "MASTER_ADDR / NODE_RANK are not set, so the processes of the other nodes cannot join it; "
                           "launch it on every node as docs/scaling.md shows, or set trainer.num_nodes=1")  # fmt: skip
+    return trainer.world_size
 
 
 def _sharded_strategy(strategy) -> Optional[str]:
@@ -309,12 +310,13 @@ def _has_outputs(run_dir: Path, names: list[str]) -> bool:
     return any(phase_dir(run_dir, n).exists() for n in names)
 
 
-def _check_interrupted_phase(corpus, pcfg, phase: str, run_dir: Path) -> Optional[Path]:
+def _check_interrupted_phase(corpus, pcfg, phase: str, run_dir: Path, world_size: int,
+                             log: Callable[[str], None]) -> Optional[Path]:  # fmt: skip
     """--resume into a phase that has not finished: its newest good checkpoint (returned; None: the phase starts
-    afresh) must be one the config can continue — within the phase's steps, trained by the same settings
-    (``_check_trained_with``) and with the same data sampler (seed, sampling settings, corpus) — checked before
-    run.dir's config.yaml is rewritten. Lightning checks the sampler again when it restores the checkpoint
-    (PhaseData.load_state_dict)."""
+    afresh) must be one the config can continue — within the phase's steps, trained by the same settings and the
+    same global batch on ``world_size`` processes now (``_check_trained_with``), with the same data sampler (seed,
+    sampling settings, corpus) — checked before run.dir's config.yaml is rewritten. Lightning checks the sampler
+    again when it restores the checkpoint (PhaseData.load_state_dict)."""
     from minilm.data import make_sampler
 
     ckpt, state = load_latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
@@ -326,40 +328,92 @@ def _check_interrupted_phase(corpus, pcfg, phase: str, run_dir: Path) -> Optiona
         raise MinilmError(f"--resume: phase '{phase}' has a checkpoint at step {at} ({ckpt}), beyond the "
                           f"{phase_steps(pcfg)} steps the config now gives it; give it at least {at} steps, or "
                           f"retrain it with --phase {phase}")  # fmt: skip
-    _check_trained_with(state.get(TRAINED_WITH), pcfg, phase, ckpt)
     saved = state.get(PhaseData.__qualname__, {}).get("sampler")
+    trained_world = saved.get("world_size") if saved is not None else None  # the processes that trained it
+    _check_trained_with(state.get(TRAINED_WITH), pcfg, phase, ckpt, trained_world, world_size)
+    if trained_world not in (None, world_size):
+        log(f"phase '{phase}': interrupted on {trained_world} process(es), resumed on {world_size} with the same "
+            f"global batch of {pcfg.train.batch_size * world_size} sequences: the same rows, schedule and optimizer "
+            "state" + (f"; the dropout masks (model.dropout={pcfg.model.dropout}) are drawn per process, so they "
+                       "differ from the original run's from here on" if pcfg.model.dropout else ""))
     if saved is None:  # a checkpoint written before the sampler's identity was saved
         return ckpt
     t = pcfg.train
     sampler = make_sampler(corpus, "train", pcfg.data, t.seq_len, t.batch_size, pcfg.run.seed, phase,
-                           rank=saved.get("rank", 0), world_size=saved.get("world_size", 1))  # fmt: skip
+                           world_size=world_size)  # fmt: skip
     try:
-        sampler.load_state_dict(saved)
+        sampler.load_state_dict(PhaseData.as_split_now(saved, sampler))
     except MinilmError as e:
         raise MinilmError(f"--resume: phase '{phase}' ({ckpt}): {e}") from None
     return ckpt
 
 
-def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path) -> None:
+def _phase_steps_of(train: dict) -> int:
+    """``phase_steps`` of a plain ``train`` section (as a checkpoint's TRAINED_WITH holds it)."""
+    if train.get("tokens") is not None:
+        return max(1, -(-train["tokens"] // (train["batch_size"] * train["seq_len"])))
+    return train["steps"]
+
+
+def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, trained_world: Optional[int] = None,
+                        world_size: int = 1) -> None:  # fmt: skip
     """What the interrupted phase's checkpoint trained by (``_what_trains``; None: a checkpoint written before it
     was saved there) must be what the config says now, but for the phase's length. Lightning restores the
     optimizer's lr, betas and weight decay and the schedule's base lr from the checkpoint, and the position settings
     would change under weights trained with the old ones: a changed value was silently ignored (or applied halfway),
-    while config.yaml recorded it for the whole phase."""
+    while config.yaml recorded it for the whole phase.
+
+    ``train.batch_size`` is per process: what decides the rows of a step (the sampler plans the global batch) and
+    what the schedule counts is the global batch, ``batch_size x world size``. The checkpoint's world size
+    (``trained_world``; None: unknown, from before the sampler saved it, compared as this one) against this run's
+    ``world_size``: 2 processes x 2 rows continue exactly as 1 x 4 (tests/training/test_ddp.py), while 1 x 2 would
+    train the rest of the phase on half the rows per step under the schedule and optimizer state of 4."""
     if trained is None:
         return
     now = _what_trains(pcfg)
+    was_t, now_t = trained["train"], now["train"]
+    trained_world = world_size if trained_world is None else trained_world
     diff = next((d for key in trained if (d := _first_difference(trained[key], now.get(key), key))
-                 and d[0] not in PHASE_LENGTH), None)  # fmt: skip
-    was = trained["train"]["micro_batch_size"] or trained["train"]["batch_size"]  # (a plain dict: as micro_batch_size)
-    micro = micro_batch_size(pcfg.train)
-    if diff is None and was != micro:  # a how-not-what elsewhere, but Lightning restores its loop in micro-batches:
-        # at another count per step the restored position falls mid-step, and steps mix rows of two batches
-        diff = ("train.micro_batch_size", was, micro)
+                 and d[0] not in (*PHASE_LENGTH, "train.batch_size")), None)  # fmt: skip
+    redo = f"or retrain the phase with --phase {phase}"
     if diff:
         raise MinilmError(f"--resume: phase '{phase}' was interrupted training with {diff[0]} = {diff[1]!r} "
-                          f"({ckpt}), the config now says {diff[2]!r}; resume with the value it trained with, "
-                          f"or retrain the phase with --phase {phase}")  # fmt: skip
+                          f"({ckpt}), the config now says {diff[2]!r}; resume with the value it trained with, {redo}")
+    was_global, now_global = was_t["batch_size"] * trained_world, now_t["batch_size"] * world_size
+    if was_global != now_global:
+        fits = (f"train.batch_size={was_global // world_size} on {world_size} process(es)"
+                if was_global % world_size == 0 else f"{trained_world} process(es) and train.batch_size="
+                f"{was_t['batch_size']}")  # fmt: skip
+        raise MinilmError(
+            f"--resume: phase '{phase}' was interrupted training with a global batch of {was_global} sequences "
+            f"(train.batch_size {was_t['batch_size']} x {trained_world} process(es)) ({ckpt}); the config now gives "
+            f"{now_global} (train.batch_size {now_t['batch_size']} x {world_size}). train.batch_size is per device: "
+            f"resume with {fits}, {redo}"
+        )
+    # Lightning restores its loop in micro-batches: at another count per step the restored position falls mid-step,
+    # and steps mix rows of two batches (the size of a micro-batch is otherwise a how-not-what)
+    was_micro = was_t["micro_batch_size"] or was_t["batch_size"]
+    micro = micro_batch_size(pcfg.train)
+    if was_t["batch_size"] // was_micro != now_t["batch_size"] // micro:
+        accum = was_t["batch_size"] // was_micro
+        raise MinilmError(
+            f"--resume: phase '{phase}' was interrupted training with train.micro_batch_size = {was_micro!r} "
+            f"({accum} micro-batch(es) per step of train.batch_size {was_t['batch_size']}) ({ckpt}), the config now "
+            f"says {micro!r} ({now_t['batch_size'] // micro} of {now_t['batch_size']}); resume with "
+            f"train.micro_batch_size={now_t['batch_size'] // accum}, {redo}"
+        )
+    # train.tokens is per device too: the same tokens at another batch_size is another number of steps, another lr
+    # schedule (the phase's length may change on --resume, but by a change of the length, not of the device count)
+    if was_t.get("tokens") is not None and was_t["tokens"] == now_t.get("tokens"):
+        was_steps, now_steps = _phase_steps_of(was_t), phase_steps(pcfg)
+        if was_steps != now_steps:
+            raise MinilmError(
+                f"--resume: phase '{phase}' was interrupted training {was_steps} steps (train.tokens {was_t['tokens']} "
+                f"at train.batch_size {was_t['batch_size']}) ({ckpt}); at train.batch_size {now_t['batch_size']} "
+                f"the same train.tokens gives {now_steps} steps, another lr schedule (train.tokens counts one "
+                f"device's tokens); resume with train.tokens={was_steps * now_t['batch_size'] * now_t['seq_len']}, "
+                f"{redo}"
+            )
 
 
 class ChangedPhaseError(MinilmError):
@@ -425,7 +479,7 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
 
 
 def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
-              init: Optional[str] = None) -> tuple[Any, dict[str, Path]]:  # fmt: skip
+              init: Optional[str] = None, log: Callable[[str], None] = print) -> tuple[Any, dict[str, Path]]:  # fmt: skip
     """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
     a model section that differs from the run's on --resume, finished phases the config now trains differently,
     bad data), then create run.dir. ``pcfgs``: each phase's config (``phase_config``), in order. Returns the
@@ -445,7 +499,7 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
         raise MinilmError(f"--phase {start_phase}: the previous phase '{prev}' has not finished in {run_dir}; run it "
                           "first or give starting weights with --init PATH")  # fmt: skip
     check_writable_dir(run_dir)
-    check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
+    world_size = check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
     saved = run_dir / "config.yaml"
     if resume and saved.exists():
         from minilm.runs import load_run_config  # a run config that cannot be read is an error naming it
@@ -465,7 +519,7 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
         if resume and is_complete(run_dir, n):
             check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry)
         elif resume:
-            if (ckpt := _check_interrupted_phase(corpus, pcfgs[n], n, run_dir)) is not None:
+            if (ckpt := _check_interrupted_phase(corpus, pcfgs[n], n, run_dir, world_size, log)) is not None:
                 resume_from[n] = ckpt
         if carry and init is not None and i == start:
             raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
@@ -497,7 +551,7 @@ def run_phases(
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
     if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
         log(f"--resume: {run_dir} holds no run yet; starting one")  # but say that nothing was resumed
-    corpus, resume_from = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init)
+    corpus, resume_from = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
     for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
         if ((start_phase and not resume) or not is_complete(run_dir, n)) and (msg := warmup_warning(cfg, n)):
             log(f"warning: {msg}")

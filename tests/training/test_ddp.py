@@ -72,17 +72,43 @@ def test_ddp_resume_is_exact(ddp_run, tmp_path):
     """Interrupt after the step-3 checkpoint (remove what the end of the phase wrote), --resume under DDP: the
     final weights equal the uninterrupted run's."""
     config, run_dir, _ = ddp_run
-    resumed = tmp_path / "run"
-    shutil.copytree(run_dir, resumed)
-    for name in ("train/complete.json", "train/model.safetensors", "train/optimizer.pt", "train/config.yaml",
-                 "model.safetensors", "final_config.yaml"):  # fmt: skip
-        (resumed / name).unlink(missing_ok=True)
+    resumed = interrupted_copy(run_dir, tmp_path / "run")
     proc = train(config, resumed, 2, 2, "--resume")
     assert "resuming from" in proc.stdout
     a, b = weights(run_dir), weights(resumed)
     assert a.keys() == b.keys()
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-6), k
+
+
+def interrupted_copy(run_dir: Path, to: Path) -> Path:
+    """A copy of a finished run as a kill after its step-3 checkpoint leaves it (what the phase's end wrote gone)."""
+    shutil.copytree(run_dir, to)
+    for name in ("train/complete.json", "train/model.safetensors", "train/optimizer.pt", "train/config.yaml",
+                 "model.safetensors", "final_config.yaml"):  # fmt: skip
+        (to / name).unlink(missing_ok=True)
+    return to
+
+
+@pytest.mark.slow
+def test_ddp_run_resumed_on_one_device_with_the_same_global_batch_is_exact(ddp_run, tmp_path):
+    """2 devices x batch 2, interrupted, resumed on 1 device x batch 4: the same global batch, so the same rows,
+    schedule and optimizer state. It was refused ("train.batch_size = 2 ..., the config now says 4"), while 1 x 2,
+    half the global batch, was only warned of. Now 1 x 4 ends where the uninterrupted run does (within the float
+    rounding of the all-reduce, as 2 x 2 and 1 x 4 from the start), and 1 x 2 is refused before anything changes."""
+    config, run_dir, _ = ddp_run
+    halved = interrupted_copy(run_dir, tmp_path / "halved")
+    proc = train(config, halved, 1, 2, "--resume", check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "global batch of 4 sequences (train.batch_size 2 x 2 process(es))" in proc.stderr
+    assert "resume with train.batch_size=4 on 1 process(es)" in proc.stderr
+    assert not (halved / "train" / "complete.json").exists()
+    resumed = interrupted_copy(run_dir, tmp_path / "resumed")
+    proc = train(config, resumed, 1, 4, "--resume")
+    assert "resuming from" in proc.stdout and "interrupted on 2 process(es), resumed on 1" in proc.stdout
+    assert "differ from the original run" not in proc.stdout + proc.stderr
+    a, b = weights(run_dir), weights(resumed)
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import pytest
 
 from minilm.config import load_config, phase_config
 from minilm.data import load_corpus
+from minilm.errors import MinilmError
 from minilm.training import phases
 from minilm.training.datamodule import PhaseData
 from tests.conftest import local_data_yaml
@@ -52,12 +53,81 @@ def test_every_rank_resumes_from_rank_zeros_checkpoint_without_a_warning(phase, 
     assert "differ" not in caplog.text
 
 
-def test_resuming_on_another_device_count_still_warns(phase, caplog):
-    corpus, pcfg = phase
-    saved = data_on(corpus, pcfg, 0, 2).state_dict()
+def test_resuming_on_another_device_count_with_the_same_global_batch_is_exact(config, caplog):
+    """train.batch_size is per device and the sampler draws the global batch: 2 devices x 2 rows continue as 1 x 4
+    (the same rows), and 1 x 4 as 4 x 1. The restore refused 1 x 4 ("batch_size: checkpoint 2 != now 4") and only
+    warned of 1 x 2, which trains on half the rows of each step from there on."""
+    cfg = load_config(config, [])
+    corpus = load_corpus(cfg.data)
+    per_device = {b: phase_config(load_config(config, [f"train.batch_size={b}"]), "train") for b in (1, 2, 4)}
+    saved = data_on(corpus, per_device[2], 0, 2).state_dict()
     with caplog.at_level(logging.WARNING):
-        data_on(corpus, pcfg, 0, 1).load_state_dict(saved)
-    assert "batches differ from the original run" in caplog.text
+        one = data_on(corpus, per_device[4], 0, 1)
+        one.load_state_dict(saved)
+        data_on(corpus, per_device[1], 3, 4).load_state_dict(saved)
+    assert "differ" not in caplog.text
+    two = [data_on(corpus, per_device[2], r, 2).sampler.batch(5)["input_ids"] for r in (0, 1)]
+    assert one.sampler.batch(5)["input_ids"].tolist() == [*two[0].tolist(), *two[1].tolist()]
+    with pytest.raises(MinilmError, match=r"global batch of 4 sequences \(batch_size 2 x 2 process\(es\)\), this run on 2"):
+        data_on(corpus, per_device[2], 0, 1).load_state_dict(saved)
+
+
+def _interrupted(config, tmp_path, batch_size: int, *over: str):
+    """A one-device run with ``batch_size`` rows per step, as a kill after its checkpoint at step 2 leaves it."""
+    run_dir = tmp_path / "run"
+    phases.run_phases(load_config(config, [f"run.dir={run_dir}", f"train.batch_size={batch_size}", *over]),
+                      log=lambda msg: None)  # fmt: skip
+    for name in ("complete.json", "model.safetensors", "config.yaml", "optimizer.pt"):
+        (run_dir / "train" / name).unlink()
+    for ckpt in (run_dir / "train" / "checkpoints").glob("step-*.ckpt"):
+        if ckpt.name != "step-00000002.ckpt":
+            ckpt.unlink()
+    return run_dir
+
+
+@pytest.mark.parametrize("batch_size, world_size, says", [
+    (2, 2, None),  # 1 x 4 -> 2 x 2: the same global batch
+    (1, 4, None),
+    (4, 2, r"global batch of 4 sequences \(train.batch_size 4 x 1 process\(es\)\).*now gives 8 .*"
+           r"resume with train.batch_size=2 on 2 process"),
+    (2, 1, r"global batch of 4 .*now gives 2 .*resume with train.batch_size=4 on 1 process"),
+    (1, 3, r"now gives 3 .*resume with 1 process\(es\) and train.batch_size=4"),
+])
+def test_resume_compares_the_global_batch_not_the_per_device_one(config, tmp_path, batch_size, world_size, says):
+    """What --resume checks, for the device count it will run on: 1 x 4 may continue as 2 x 2 (exact: the test of
+    it under DDP is in test_ddp.py), not as 2 x 4 or 1 x 2, and the message says which batch_size fits."""
+    run_dir = _interrupted(config, tmp_path, 4, "train.ckpt_every=2")
+    cfg = load_config(config, [f"run.dir={run_dir}", f"train.batch_size={batch_size}"])
+    corpus, said = load_corpus(cfg.data), []
+    check = lambda: phases._check_interrupted_phase(corpus, phase_config(cfg, "train"), "train", run_dir,  # noqa: E731
+                                                    world_size, said.append)  # fmt: skip
+    if says is None:
+        assert check().name == "step-00000002.ckpt"
+        assert said == [] if world_size == 1 else "interrupted on 1 process(es), resumed on" in said[0]
+    else:
+        with pytest.raises(MinilmError, match=says):
+            check()
+
+
+def test_resume_on_another_batch_split_keeps_the_micro_batches_per_step_and_the_steps(config, tmp_path):
+    """Lightning restores its loop in micro-batches, so the count per step must stay (not micro_batch_size itself);
+    and train.tokens counts one device's tokens, so at another batch_size it gives another number of steps."""
+    run_dir = _interrupted(config, tmp_path, 4, "train.ckpt_every=2", "train.micro_batch_size=2")
+    corpus = load_corpus(load_config(config, []).data)
+
+    def check(*over, world_size=2):
+        cfg = load_config(config, [f"run.dir={run_dir}", *over])
+        return phases._check_interrupted_phase(corpus, phase_config(cfg, "train"), "train", run_dir, world_size,
+                                               lambda msg: None)  # fmt: skip
+
+    assert check("train.batch_size=2", "train.micro_batch_size=1") is not None  # 2 micro-batches of 1 per step
+    with pytest.raises(MinilmError, match=r"train.micro_batch_size = 2 \(2 micro-batch\(es\) per step.*now says 2 "
+                                          r"\(1 of 2\); resume with train.micro_batch_size=1"):
+        check("train.batch_size=2", "train.micro_batch_size=2")
+    run_dir = _interrupted(config, tmp_path / "tokens", 4, "train.ckpt_every=2", "train.tokens=512")  # 4 steps
+    with pytest.raises(MinilmError, match=r"training 4 steps .*gives 8 steps.*resume with train.tokens=256"):
+        check("train.batch_size=2", "train.tokens=512")
+    assert check("train.batch_size=2", "train.tokens=256") is not None
 
 
 def test_a_restarted_phase_is_retrained_by_every_rank_whatever_run_dir_still_holds(config, tmp_path, monkeypatch):
