@@ -453,20 +453,36 @@ def carries_optimizer(cfg, phase: str) -> bool:
     return phase in cfg.phases and bool(cfg.phases[phase].carry_optimizer)
 
 
-def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bool) -> None:
+def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bool,
+                         world_size: Optional[int] = None) -> None:  # fmt: skip
     """--resume skips a finished phase, and --phase starts from the finished ones before it: refuse if the config
     now trains such a phase differently (its lr, data, position, whether it carries the optimizer (``carried``),
     ...), since keeping its old weights under the new config would be silently wrong. Evaluation, hardware and
-    bookkeeping settings (HOW_NOT_WHAT) may change."""
+    bookkeeping settings (HOW_NOT_WHAT) may change. ``world_size``: the processes this run trains on (None: not
+    known, as ``train.batch_size`` is compared): a phase whose summary records its own is compared by its global
+    batch (``batch_size x world size``; per device, ``train.batch_size`` may change with the device count), and by
+    its number of steps where ``train.tokens`` (per device too) gives them."""
     from minilm.runs import load_run_config
 
     path = phase_dir(run_dir, phase) / "config.yaml"
     if not path.is_file():
         return
     saved, now = _what_trains(load_run_config(path)), _what_trains(pcfg)
-    summary = phase_dir(run_dir, phase) / COMPLETE
-    was = json.loads(summary.read_text()).get("carried_optimizer") if summary.is_file() else None
-    diffs = [_first_difference(saved[key], now[key], key) for key in saved]
+    summary_path = phase_dir(run_dir, phase) / COMPLETE
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    was, was_world = summary.get("carried_optimizer"), summary.get("world_size")
+    split = was_world is not None and world_size is not None  # both known: compared as a global batch
+    diffs = [d for key in saved if (d := _first_difference(saved[key], now[key], key))
+             and not (split and d[0] == "train.batch_size")]  # fmt: skip
+    if split:
+        was_t, now_t = saved["train"], now["train"]
+        if was_t["batch_size"] * was_world != now_t["batch_size"] * world_size:
+            diffs.append(("the global batch (train.batch_size x processes)", f"{was_t['batch_size']} x {was_world}",
+                          f"{now_t['batch_size']} x {world_size}"))  # fmt: skip
+        elif was_t.get("tokens") is not None and _phase_steps_of(was_t) != phase_steps(pcfg):
+            diffs.append((f"train.tokens (per device: at train.batch_size {was_t['batch_size']}, "
+                          f"{_phase_steps_of(was_t)} steps)", was_t["tokens"],
+                          f"{now_t['tokens']} ({phase_steps(pcfg)} steps at train.batch_size {now_t['batch_size']})"))
     if was is not None:  # None: finished before the summary recorded it
         diffs.append(None if was == carried else (f"phases.{phase}.carry_optimizer", was, carried))
     diff = next((d for d in diffs if d), None)
@@ -511,13 +527,14 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     start = names.index(start_phase) if start_phase else 0
     if init is None:  # --phase: the weights it starts from are the earlier phases' finished ones
         for n in [n for n in names[:start] if is_complete(run_dir, n)]:
-            check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}", carries_optimizer(cfg, n))
+            check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}", carries_optimizer(cfg, n),
+                                 world_size)
     resume_from = {}
     for i, n in enumerate(names[start:], start):
         check_phase_data(corpus, pcfgs[n], n)
         carry = carries_optimizer(cfg, n)
         if resume and is_complete(run_dir, n):
-            check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry)
+            check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry, world_size)
         elif resume:
             if (ckpt := _check_interrupted_phase(corpus, pcfgs[n], n, run_dir, world_size, log)) is not None:
                 resume_from[n] = ckpt
@@ -749,8 +766,9 @@ def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carr
 
         evaluate_phase(model, pcfg, name, pdir, module.step_offset + steps, trainer.logger, log)
     val_loss = getattr(module, "last_val_loss", None)  # None: train.val_batches=0, no validation (null in JSON)
+    # world_size: train.batch_size is per device; --resume on another device count compares the global batch
     summary = {"phase": name, "steps": steps, "seconds": round(seconds, 1), "val_loss": val_loss,
-               "carried_optimizer": carried}
+               "carried_optimizer": carried, "world_size": trainer.world_size}
     atomic_write_text(pdir / COMPLETE, json.dumps(summary, indent=2))  # written last: marks the phase finished
     log(f"phase '{name}' finished in {seconds:.0f}s, {_val_summary(pcfg, val_loss)}")
 

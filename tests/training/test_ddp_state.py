@@ -157,3 +157,28 @@ def test_the_first_process_of_a_second_node_is_not_the_primary_one(monkeypatch, 
     assert not phases.is_primary_process()
     monkeypatch.setenv(var, "0")
     assert phases.is_primary_process()
+
+
+def test_resume_compares_a_finished_phase_by_its_global_batch(config, tmp_path):
+    """--resume skips finished phases whose config still trains them so: a phase finished on 1 device x 4 rows was
+    "changed" to the config of 2 x 2 (train.batch_size 4 -> 2). Its summary now records its world size; a summary
+    from before that is compared per device, as it was."""
+    import json
+
+    run_dir = tmp_path / "run"
+    phases.run_phases(load_config(config, [f"run.dir={run_dir}", "train.batch_size=4"]), log=lambda msg: None)
+    summary = run_dir / "train" / "complete.json"
+    assert json.loads(summary.read_text())["world_size"] == 1
+
+    def check(batch_size: int, world_size: int):
+        pcfg = phase_config(load_config(config, [f"run.dir={run_dir}", f"train.batch_size={batch_size}"]), "train")
+        phases.check_finished_phase(pcfg, "train", run_dir, "--resume", False, world_size)
+
+    check(2, 2)
+    check(1, 4)
+    with pytest.raises(phases.ChangedPhaseError, match=r"the global batch \(train.batch_size x processes\) = "
+                                                       r"'4 x 1' .*now says '2 x 1'"):  # fmt: skip
+        check(2, 1)
+    summary.write_text(json.dumps({k: v for k, v in json.loads(summary.read_text()).items() if k != "world_size"}))
+    with pytest.raises(phases.ChangedPhaseError, match=r"train.batch_size = 4"):
+        check(2, 2)
