@@ -495,11 +495,14 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
 
 
 def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
-              init: Optional[str] = None, log: Callable[[str], None] = print) -> tuple[Any, dict[str, Path]]:  # fmt: skip
+              init: Optional[str] = None,
+              log: Callable[[str], None] = print) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
     """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
     a model section that differs from the run's on --resume, finished phases the config now trains differently,
-    bad data), then create run.dir. ``pcfgs``: each phase's config (``phase_config``), in order. Returns the
-    corpus and, on --resume, the checkpoint each interrupted phase continues from (checked here)."""
+    bad data, a corpus that holds out other documents than those the kept phases trained beside), then create
+    run.dir. ``pcfgs``: each phase's config (``phase_config``), in order. Returns the corpus, on --resume the
+    checkpoint each interrupted phase continues from (checked here), and the HELD_OUT record to write (None: keep
+    the run's)."""
     from minilm.data import check_phase_data, load_corpus
 
     names = list(pcfgs)
@@ -546,11 +549,56 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
             _optimizer_state_path(run_dir, names[i - 1], n)
     if init is not None:  # a missing or unreadable --init fails here, not after run.dir's files are written
         read_weights(Path(init))
+    # phases trained on the split held_out.json records, which the run keeps: finished ones before the phase --phase
+    # restarts, or on --resume every finished one and every checkpoint it continues from
+    kept = [n for n in (names if resume else names[:start]) if is_complete(run_dir, n)] + list(resume_from)
+    trains = not resume or not all(is_complete(run_dir, n) for n in names)
+    flag = "--resume" if resume else f"--phase {start_phase}"
+    record = _check_held_out_record(corpus, run_dir, kept, trains, flag, log)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MinilmError(f"run.dir {run_dir} cannot be created ({e.strerror}); set run.dir to a writable path")
-    return corpus, resume_from
+    return corpus, resume_from, record
+
+
+def _held_out(corpus) -> dict:
+    """What run.dir's HELD_OUT records of the corpus a run trains on: its held-out split's documents and digest."""
+    return {"corpus": corpus.cache_dir.name, "documents": corpus.val.n_docs, "digest": corpus.val.digest()}
+
+
+def _check_held_out_record(corpus, run_dir: Path, kept: list[str], trains: bool, flag: str,
+                           log: Callable[[str], None]) -> Optional[dict]:  # fmt: skip
+    """The HELD_OUT record to write (None: keep the file as it is). It describes the split the run's weights trained
+    beside, which an evaluation checks (minilm.eval.suite._check_held_out): while phases trained on it are ``kept``,
+    it is never rewritten with the corpus as prepared now. A corpus whose held-out documents differ from the record
+    (its source files changed, or another minilm splits or tokenizes them otherwise) is refused where training would
+    go on (``trains``), as the sampler refuses another corpus under an interrupted phase's checkpoint; only said
+    where nothing trains. Where there is no record (a run from before it; a study's run whose first phases were
+    copied from another run of the study), the corpus now is recorded, as the best that is known."""
+    now = _held_out(corpus)
+    path = run_dir / HELD_OUT
+    if not kept or not path.is_file():  # nothing trained on an earlier split is kept: the run (re)starts on this corpus
+        return now
+    try:
+        record = json.loads(path.read_text())
+        same = record["digest"] == now["digest"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MinilmError(f"{path}: cannot be read ({e}); it records the documents the run held out, for its "
+                          "evaluation: restore it, or start a new run (run.name / run.dir)") from None
+    if same:
+        return None
+    what = (f"the corpus prepared now ({corpus.cache_dir}) holds out other documents than the run did when it began "
+            f"({path}: {record.get('documents', '?')} documents, of corpus {record.get('corpus', '?')}; now "
+            f"{now['documents']}): its source files changed since, or this version of minilm splits or tokenizes them "
+            "otherwise (minilm.data.prepare.FORMAT_VERSION)")  # fmt: skip
+    if trains:
+        raise MinilmError(f"{flag}: {what}. Phases {', '.join(kept)} trained beside the recorded split; going on would "
+                          "train on documents it held out, and its evaluation could no longer tell the held-out "
+                          "documents from trained ones. Continue with the source files and minilm the run trained "
+                          "with, or start a new run (run.name / run.dir)")  # fmt: skip
+    log(f"warning: {what}; every phase has finished, nothing trains, and {path} keeps the run's record")
+    return None
 
 
 def run_phases(
@@ -568,7 +616,7 @@ def run_phases(
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
     if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
         log(f"--resume: {run_dir} holds no run yet; starting one")  # but say that nothing was resumed
-    corpus, resume_from = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
+    corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
     for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
         if ((start_phase and not resume) or not is_complete(run_dir, n)) and (msg := warmup_warning(cfg, n)):
             log(f"warning: {msg}")
@@ -586,9 +634,11 @@ def run_phases(
             tokenizer = Path(corpus.tokenizer.model_file).read_bytes()
             atomic_write(run_dir / "tokenizer.model", lambda f: f.write(tokenizer))
             # which documents were held out: an evaluation later, on a corpus prepared again (its files changed, or
-            # another minilm split it otherwise), must not read documents the run trained on (minilm.eval.eval_data)
-            held = {"corpus": corpus.cache_dir.name, "documents": corpus.val.n_docs, "digest": corpus.val.digest()}
-            atomic_write_text(run_dir / HELD_OUT, json.dumps(held, indent=2) + "\n")
+            # another minilm split it otherwise), must not read documents the run trained on (minilm.eval.eval_data).
+            # Written when the run starts on this corpus; a resumed run keeps the record of the split it trained
+            # beside (_check_held_out_record)
+            if held_out is not None:
+                atomic_write_text(run_dir / HELD_OUT, json.dumps(held_out, indent=2) + "\n")
         start = names.index(start_phase) if start_phase else 0
         # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted
         # --phase run). Every rank decides so from the command line, not from run.dir: rank 0 deletes their old

@@ -62,6 +62,41 @@ def test_the_run_records_the_documents_it_held_out_and_its_evaluation_checks_the
         eval_data(cfg, run)
 
 
+def test_resume_keeps_the_record_of_the_documents_the_run_held_out(config, tmp_path):
+    """--resume rewrote held_out.json with the corpus as prepared now, so a run that went on after its source files
+    changed recorded the new split, and its evaluation passed on documents it had trained on. A record that differs
+    from the corpus now (here: as if the files changed) is refused where training goes on, kept as it was where
+    nothing trains, and never overwritten; a restart of every phase records the split it trains beside."""
+    import json
+
+    run = tmp_path / "run"
+    two = [f"run.dir={run}", "phases.a={seq_len: 32, steps: 2}", "phases.b={seq_len: 32, steps: 2}"]
+    run_phases(load_config(config, two), log=lambda m: None)
+    record = run / "held_out.json"
+    then = {**json.loads(record.read_text()), "digest": "0" * 64}  # what the run held out before the files changed
+    record.write_text(json.dumps(then))
+    said = []
+    run_phases(load_config(config, two), resume=True, log=said.append)  # a finished run: nothing trains
+    assert json.loads(record.read_text()) == then
+    assert any("holds out other documents than the run did" in m and "keeps the run's record" in m for m in said)
+    for name in ("complete.json", "model.safetensors"):  # phase b interrupted before its first checkpoint
+        (run / "b" / name).unlink()
+    with pytest.raises(MinilmError, match=r"--resume: the corpus prepared now .* holds out other documents than the "
+                                          r"run did .*Phases a trained beside the recorded split"):  # fmt: skip
+        run_phases(load_config(config, two), resume=True, log=lambda m: None)
+    with pytest.raises(MinilmError, match=r"--phase b: the corpus prepared now"):
+        run_phases(load_config(config, two), start_phase="b", log=lambda m: None)
+    assert json.loads(record.read_text()) == then and not (run / "b" / "complete.json").exists()
+    run_phases(load_config(config, two), start_phase="a", log=lambda m: None)  # every phase retrains: a new record
+    assert json.loads(record.read_text())["digest"] != "0" * 64
+    kept = record.stat().st_mtime_ns
+    run_phases(load_config(config, two), resume=True, log=lambda m: None)  # the same split: left as it is
+    assert record.stat().st_mtime_ns == kept
+    record.unlink()  # a run from before the record (or a study's run with copied phases): the corpus now, recorded
+    run_phases(load_config(config, two), resume=True, log=lambda m: None)
+    assert json.loads(record.read_text())["digest"] != "0" * 64
+
+
 def test_tokens_seen_adds_each_phase_at_its_own_batch_and_length(config, tmp_path):
     """tokens_seen counted every step of the earlier phases at the current phase's batch_size · seq_len."""
     run = tmp_path / "run"
