@@ -25,6 +25,7 @@ import secrets
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
@@ -141,20 +142,88 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
     if not from_cache:
         if tok_cfg.model_file:  # not a sentencepiece model, or one without EOS: say so before reading every source
             Tokenizer(tok_cfg.model_file)
-        tmp = _temporary_dir(out)  # first: an unusable cache_dir should not cost a read and a tokenizer training
-        _remove_leftovers(root)
-        need: Dict[str, int] = {}  # bytes the corpus needs, once known: for the message of a full disk
-        try:
-            _prepare(data_cfg, specs, material, tmp, out, progress, need)
-        except Exception as e:  # a full disk may come wrapped (datasets' DatasetGenerationError of pyarrow's OSError)
-            if isinstance(e, DataError) or (full := disk_full(e)) is None:  # (a DataError has said what it is)
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # first: the free space the message quotes is then true
-            raise _disk_full_error(root, full, need.get("bytes")) from e  # (--debug shows where the write failed)
-        finally:  # an error, Ctrl-C: nothing half-written stays (a SIGKILL's leftover goes at the next preparation)
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        with _preparation_lock(out):
+            from_cache = (out / "meta.json").is_file()  # prepared by the process this one waited for
+            if not from_cache:
+                _prepare_into(data_cfg, specs, material, out, progress)
     return _open(out, from_cache)
+
+
+def _prepare_into(data_cfg: Any, specs: Dict[str, Any], material: dict, out: Path, progress: bool) -> None:
+    """Prepare the corpus in a temporary directory beside ``out`` and rename it into place; nothing half-written
+    stays (an error, Ctrl-C; a SIGKILL's leftover goes at the next preparation)."""
+    root = out.parent
+    tmp = _temporary_dir(out)  # first: an unusable cache_dir should not cost a read and a tokenizer training
+    _remove_leftovers(root)
+    need: Dict[str, int] = {}  # bytes the corpus needs, once known: for the message of a full disk
+    try:
+        _prepare(data_cfg, specs, material, tmp, out, progress, need)
+    except Exception as e:  # a full disk may come wrapped (datasets' DatasetGenerationError of pyarrow's OSError)
+        if isinstance(e, DataError) or (full := disk_full(e)) is None:  # (a DataError has said what it is)
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # first: the free space the message quotes is then true
+        raise _disk_full_error(root, full, need.get("bytes")) from e  # (--debug shows where the write failed)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def _preparation_lock(out: Path):
+    """One preparation of the corpus ``out`` at a time on this machine; the others wait for it and then load it.
+    The ranks of a DDP job launched before the corpus was prepared (torchrun, SLURM: each rank runs train.py from
+    the start, before any process group exists) each prepared it whole at once: N times the memory, the CPU and the
+    temporary disk of one preparation. An advisory ``flock`` on ``<out>.lock``, released by the kernel when its
+    process dies however it dies; removed after the preparation (a waiter that then wakes holding the removed
+    file's lock takes a fresh one). Where flock cannot work (no fcntl; a network file system refusing it),
+    preparations run side by side as before: the one that renames second keeps the first's corpus."""
+    try:
+        import fcntl
+    except ImportError:  # (Windows)
+        yield
+        return
+    path = out.with_name(out.name + ".lock")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _cache_dir_error(out.parent, e) from None
+    fd = None
+    while fd is None:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+        except OSError as e:
+            raise _cache_dir_error(out.parent, e) from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"waiting for another process preparing {out} (it holds {path})", flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:  # ENOLCK and kin: a file system without flock
+            if isinstance(e, BlockingIOError):
+                raise
+            os.close(fd)
+            log.info("data.cache_dir: cannot lock %s (%s); preparing without waiting for other processes", path, e)
+            yield
+            return
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:  # removed by the holder this process waited for
+            current = False
+        if not current:
+            os.close(fd)
+            fd = None
+    try:
+        yield
+    finally:
+        try:
+            path.unlink()  # while locked: a process that opened it meanwhile sees it gone and takes a fresh one
+        except FileNotFoundError:
+            pass
+        os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------------ preparation
@@ -170,11 +239,15 @@ def _temporary_dir(out: Path) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
     except OSError as e:
-        if disk_full(e):
-            raise _disk_full_error(out.parent, e, None) from None
-        raise DataError(f"data.cache_dir: cannot write the prepared corpus under {str(out.parent)!r} "
-                        f"({e.strerror or e}); give a writable directory") from None  # fmt: skip
+        raise _cache_dir_error(out.parent, e) from None
     return tmp
+
+
+def _cache_dir_error(root: Path, e: OSError) -> DataError:
+    if disk_full(e):
+        return _disk_full_error(root, e, None)
+    return DataError(f"data.cache_dir: cannot write the prepared corpus under {str(root)!r} ({e.strerror or e}); "
+                     f"give a writable directory")  # fmt: skip
 
 
 def _host() -> str:

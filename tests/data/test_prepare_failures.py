@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -62,15 +64,16 @@ def test_the_leftover_of_a_killed_preparation_goes_at_the_next_one_but_not_a_liv
     try:
         (live,) = cache.glob("*.tmp-*")
         (live / "train.tokens.npy").write_bytes(b"\0" * 1000)  # as if it were writing
-        corpus = load_corpus(cfg, progress=False)  # the same corpus, at the same time: its directory stays
+        # another corpus, at the same time (the same one would wait for it: _preparation_lock): its directory stays
+        corpus = load_corpus(files_cfg(**{"tokenizer.vocab_size": 300}), progress=False)
         assert live.is_dir() and (live / "train.tokens.npy").is_file()
-        assert _entries(cache) == sorted([corpus.cache_dir.name, live.name])
+        assert _entries(cache) == sorted([corpus.cache_dir.name, live.name, live.name.split(".tmp-")[0] + ".lock"])
     finally:
         proc.kill()
         proc.wait()
-    other = load_corpus(files_cfg(**{"tokenizer.vocab_size": 300}), progress=False)  # any next preparation
+    other = load_corpus(cfg, progress=False)  # the next preparation (the killed one's lock went with it)
     assert _entries(cache) == sorted([corpus.cache_dir.name, other.cache_dir.name])
-    assert load_corpus(cfg, progress=False).from_cache  # the finished corpus is untouched
+    assert load_corpus(files_cfg(**{"tokenizer.vocab_size": 300}), progress=False).from_cache  # untouched
 
 
 def test_only_this_machines_leftovers_of_dead_processes_are_removed(tmp_path, caplog):
@@ -236,10 +239,53 @@ data:
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
-def test_two_preparations_of_one_corpus_at_once_both_end_with_it(files_cfg, monkeypatch):
-    """Two runs (two train.py, the ranks of a DDP job) preparing one corpus at the same time: the one that finishes
-    second finds the first's corpus in place, keeps it and removes its own copy."""
+def test_a_preparation_of_a_corpus_being_prepared_waits_for_it_and_loads_it(files_cfg, tmp_path, monkeypatch):
+    """The ranks of a DDP job launched before the corpus was prepared (each runs train.py from the start) each
+    prepared it whole at the same time: N times the memory, CPU and disk. Now the second waits for the first's
+    preparation and loads its corpus; a killed holder's lock goes with its process."""
     cfg = files_cfg()
+    proc = _hanging_preparation(cfg, tmp_path)  # holds the lock, until killed
+    prepared = []
+    real = prepare_mod._prepare
+    monkeypatch.setattr(prepare_mod, "_prepare", lambda *a, **k: prepared.append(1) or real(*a, **k))
+    killer = threading.Timer(1.0, proc.kill)
+    killer.start()
+    try:
+        t0 = time.time()
+        corpus = load_corpus(cfg, progress=False)
+        assert time.time() - t0 >= 0.9  # it waited for the holder
+    finally:
+        killer.cancel()
+        proc.kill()
+        proc.wait()
+    assert prepared == [1] and not corpus.from_cache
+    # a live preparation's lock: a second one waits, then loads what the first renamed into place
+    other = files_cfg(**{"tokenizer.vocab_size": 300})
+    entered, done = threading.Event(), threading.Event()
+
+    def slow(*a, **k):
+        entered.set()
+        real(*a, **k)
+        done.wait(5)
+
+    monkeypatch.setattr(prepare_mod, "_prepare", slow)
+    first = threading.Thread(target=load_corpus, args=(other,), kwargs={"progress": False})
+    first.start()
+    assert entered.wait(30)
+    threading.Timer(0.5, done.set).start()
+    monkeypatch.setattr(prepare_mod, "_prepare", lambda *a, **k: pytest.fail("prepared twice"))
+    second = load_corpus(other, progress=False)
+    first.join()
+    assert second.from_cache
+    assert _entries(Path(cfg.cache_dir)) == sorted([corpus.cache_dir.name, second.cache_dir.name])
+
+
+def test_two_preparations_of_one_corpus_at_once_both_end_with_it(files_cfg, monkeypatch):
+    """Two runs preparing one corpus at the same time where the preparation lock cannot hold them apart (a network
+    file system without flock; two machines): the one that finishes second finds the first's corpus in place,
+    keeps it and removes its own copy."""
+    cfg = files_cfg()
+    monkeypatch.setattr(prepare_mod, "_preparation_lock", contextlib.nullcontext)
     sync_tree = prepare_mod._sync_tree
     inner = []
 
