@@ -377,6 +377,25 @@ def test_decoding_steps_take_sdpa_with_the_bias_not_flex(monkeypatch):
 
 
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
+def test_document_masked_rope_on_flex_traces_as_one_graph():
+    """As the bias encodings' Flex path above: RoPE's rotation and FlexAttention with the document BlockMask and no
+    score_mod trace as one graph inside a compiled model (dynamo alone, on CPU)."""
+    import lightning  # noqa: F401
+
+    pos = hook("rope")
+    T, S, q_pos, k_pos, mask = CASES["packed"]
+
+    def attend(q, k, v):
+        q, k = pos.rotate(q, k, q_pos, k_pos)
+        return flex_attention_with_score_mod(q, k, v, None, mask, pos.softmax_scale(DH), compiled=True)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(attend)(*qkv(T, S, seed=7))
+    assert explained.graph_break_count == 0, [b.reason for b in explained.break_reasons]
+
+
+@pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # the CPU stand-in, eager
 def test_document_masked_rope_takes_flex_on_cuda(monkeypatch):
     """RoPE with packed documents on CUDA: FlexAttention with the document BlockMask (blocks between documents
