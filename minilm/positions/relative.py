@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from minilm.positions.absolute import sinusoid
 from minilm.positions.base import PositionDims, PositionEncoding
-from minilm.positions.bias import relative_distance
+from minilm.positions.bias import assert_distances_within, relative_distance
 
 
 def expand_heads(k: Tensor, n_heads: int) -> Tensor:
@@ -117,25 +117,33 @@ class TransformerXL(PositionEncoding):
         self.u = nn.Parameter(torch.randn(dims.n_heads, dims.head_dim) * 0.02)  # (H, Dh)
         self.v = nn.Parameter(torch.randn(dims.n_heads, dims.head_dim) * 0.02)
 
-    def tables(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor, int]:
-        lo, hi = int(q_pos.min() - k_pos.max()), int(q_pos.max() - k_pos.min())
-        distances = torch.arange(lo, hi + 1, device=q.device)  # (N,)
+    def tables(self, q: Tensor, k: Tensor, lo, n: int) -> tuple[Tensor, Tensor]:
+        """(b)+(d) for the ``n`` distances lo, lo + 1, …: (B, H, T, n); and (c): (B, H, S)."""
+        distances = torch.arange(n, device=q.device) + lo  # (N,)
         r = self.w_kr(sinusoid(distances, self.d_model, self.base).to(self.w_kr.weight.dtype))
         r = r.view(-1, self.n_heads, self.head_dim).float()  # (N, H, Dh): W_{K,R} R_{d}
         scale = self.softmax_scale(q.shape[-1])
         bd = torch.einsum("bhtd,nhd->bhtn", q.float() + self.v.float()[:, None], r) * scale  # (B, H, T, N)
         c = torch.einsum("bhsd,hd->bhs", expand_heads(k, q.shape[1]).float(), self.u.float()) * scale  # (B, H, S)
-        return bd, c, lo
+        return bd, c
 
     def score(self, q, k, q_pos, k_pos, logits):
-        bd, c, lo = self.tables(q, k, q_pos, k_pos)
+        """Exact for any positions: the table spans the distances present (read on the host)."""
+        lo, hi = int(q_pos.min() - k_pos.max()), int(q_pos.max() - k_pos.min())
+        bd, c = self.tables(q, k, lo, hi - lo + 1)
         return gather_rows(bd, relative_distance(q_pos, k_pos) - lo) + c.unsqueeze(2)  # (B, H, T, S)
 
     def score_mod(self, q, k, q_pos, k_pos):
-        bd, c, lo = self.tables(q, k, q_pos, k_pos)
+        """The table spans −n..n, n = S − 1 (every distance of positions within [0, S): training, the KV cache,
+        restarted documents), fixed by the shapes: reading the distances present, as ``score`` does, was a host
+        sync in every layer and, under train.compile, a graph break. Positions spread further apart fail a
+        device-side assert (``assert_distances_within``) instead of reading a wrong entry."""
+        n = k_pos.shape[-1] - 1
+        assert_distances_within(q_pos, k_pos, n, "Transformer-XL")
+        bd, c = self.tables(q, k, -n, 2 * n + 1)
 
         def transformer_xl(score, b, h, i, j):
-            return score + bd[b, h, i, q_pos[b, i] - k_pos[b, j] - lo] + c[b, h, j]
+            return score + bd[b, h, i, (q_pos[b, i] - k_pos[b, j]).clamp(-n, n) + n] + c[b, h, j]
 
         return transformer_xl
 

@@ -149,7 +149,8 @@ def test_learned_distance_biases_give_flex_one_table_entry_per_distance(name):
 
 def test_positions_spread_beyond_the_keys():
     """The tables cover the distances of positions within [0, S). T5's stays exact for any positions (beyond
-    max_distance the bucket no longer changes); KERPLE's refuses positions further apart instead of clamping."""
+    max_distance the bucket no longer changes); KERPLE's and Transformer-XL's refuse positions further apart
+    instead of clamping."""
     T = S = 16
     q, k, _ = qkv(T, S)
     spread = (torch.arange(S) * 40).expand(B, S)  # distances up to 600, far beyond S − 1 and T5's max_distance
@@ -159,6 +160,8 @@ def test_positions_spread_beyond_the_keys():
         torch.testing.assert_close(dense(t5.score_mod(q, k, spread, spread), T, S), want)
     with pytest.raises(RuntimeError, match="KERPLE on FlexAttention: query and key positions lie more than 15 apart"):
         hook("kerple").score_mod(q, k, spread, spread)
+    with pytest.raises(RuntimeError, match="Transformer-XL on FlexAttention: .* more than 15 apart"):
+        hook("transformer_xl").score_mod(q, k, spread, spread)  # (its table spans −15 … 15, fixed by the shapes)
 
 
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
@@ -319,11 +322,7 @@ def test_compiled_flex_on_cpu_equals_reference(name):
 
 
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="known: host sync per layer (docs/performance.md)"))
-     if n == "transformer_xl" else n for n in BIAS],
-)  # fmt: skip
+@pytest.mark.parametrize("name", BIAS)
 @pytest.mark.parametrize("case", ["plain", "packed"])  # the cached causal BlockMask, and a document BlockMask
 def test_flex_path_traces_as_one_graph_inside_a_compiled_model(name, case):
     """With train.compile on a GPU, dynamo traces the Flex path of every layer inside the compiled loss: the
