@@ -206,22 +206,57 @@ class _RunLogger(TensorBoardLogger):
 
 
 class _StepCheckpoint(L.Callback):
-    """A resumable checkpoint every ``ckpt_every`` optimizer steps, atomically written; keeps the last k."""
+    """A resumable checkpoint every ``ckpt_every`` optimizer steps, atomically written; keeps the last k.
 
-    def __init__(self, ckpt_dir: Path, every: int, keep: int):
-        self.dir, self.every, self.keep = ckpt_dir, every, keep
+    A checkpoint at step s is what --resume continues after, so everything of step s must be on disk before it:
+    TensorBoard drops only the steps after it (purge_step), and nothing is done again for s itself. At a step that
+    is validated (every ``val_every``; 0: none inside fit) it is written after that validation: written before it
+    (Lightning's order: batch end, then validation), a kill during the validation left the checkpoint and no
+    validation point, and Lightning skips the validation of a step it resumes at. The TensorBoard writer is flushed
+    before each checkpoint (its buffer, up to two minutes of events, is lost with a kill), and again at the start of
+    the next step, for the step's training scalars, which LitGPT logs after the callbacks' batch end."""
+
+    def __init__(self, ckpt_dir: Path, every: int, keep: int, val_every: int = 0):
+        self.dir, self.every, self.keep, self.val_every = ckpt_dir, every, keep, val_every
+        self._after_validation: Optional[int] = None  # the step whose checkpoint waits for its validation
+        self._flush = False
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[TRAINED_WITH] = _what_trains(pl_module.cfg)  # compared with the config on --resume
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._flush:
+            self._flush = False
+            _flush_events(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return
         step = trainer.global_step
         if self.every and step % self.every == 0 and step < trainer.max_steps:
-            trainer.save_checkpoint(checkpoint_path(self.dir, step), weights_only=False)  # full: resumable
-            if trainer.is_global_zero:
-                prune_checkpoints(self.dir, self.keep)
+            if self.val_every and step % self.val_every == 0:
+                self._after_validation = step
+            else:
+                self._save(trainer, step)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        fitting = trainer.state.fn == "fit" and not trainer.sanity_checking  # (not the validate() before the phase)
+        if self._after_validation is not None and self._after_validation == trainer.global_step and fitting:
+            self._after_validation = None
+            self._save(trainer, trainer.global_step)
+
+    def _save(self, trainer, step: int) -> None:
+        _flush_events(trainer)
+        trainer.save_checkpoint(checkpoint_path(self.dir, step), weights_only=False)  # full: resumable
+        self._flush = True
+        if trainer.is_global_zero:
+            prune_checkpoints(self.dir, self.keep)
+
+
+def _flush_events(trainer) -> None:
+    """Write what the run's TensorBoard writer holds to its file (rank 0 writes the events)."""
+    if trainer.is_global_zero and trainer.logger is not None:
+        trainer.logger.experiment.flush()
 
 
 def check_writable_dir(path: Path, setting: str = "run.dir") -> None:
@@ -765,7 +800,7 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         num_nodes=pcfg.trainer.num_nodes,
         precision=precision(pcfg),
         logger=tb_logger,
-        callbacks=[_StepCheckpoint(ckpt_dir, t.ckpt_every, t.keep_checkpoints)],
+        callbacks=[_StepCheckpoint(ckpt_dir, t.ckpt_every, t.keep_checkpoints, val_every if t.val_batches else 0)],
         plugins=[AtomicCheckpointIO()],
         enable_checkpointing=False,
         enable_model_summary=False,

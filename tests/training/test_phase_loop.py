@@ -1,7 +1,10 @@
 """The phase loop's bookkeeping, in process: how often it validates, what it logs across phases, and trainer
 settings Lightning refuses."""
 
+from pathlib import Path
+
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minilm.config import load_config
@@ -304,6 +307,62 @@ def test_tensorboard_after_a_resume_or_restart_shows_each_step_once(config, tmp_
     for tag in TAGS:
         assert scalars(run, tag) == scalars(straight, tag), tag
         assert restart_aware_points(run, tag) == restart_aware_points(straight, tag), tag
+
+
+@pytest.mark.parametrize("micro", [4, 2])
+def test_a_kill_during_a_validation_after_a_checkpoint_leaves_no_hole_in_the_curve(config, tmp_path, monkeypatch,
+                                                                                   micro):  # fmt: skip
+    """The checkpoint of a step was written before that step's validation (Lightning runs the callbacks' batch end
+    first): killed during the validation, the run resumed after the checkpoint, and Lightning does not validate a
+    step it resumes at, so val/loss had no point at that step. It is written after the validation now: the kill
+    leaves the previous checkpoint, and the resumed run ends with the curves and weights of an uninterrupted one."""
+    from safetensors.torch import load_file
+
+    from minilm.training.lit_module import LitGPT
+
+    over = ["train.steps=6", "train.ckpt_every=2", "train.val_every=2", "train.keep_checkpoints=9",
+            f"train.micro_batch_size={micro}"]  # fmt: skip
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    run_phases(load_config(config, [f"run.dir={straight}", *over]), log=lambda m: None)
+    validate = LitGPT.on_validation_start
+
+    def killed_at_step_4(self):
+        if self.trainer.state.fn == "fit" and self.global_step == 4:
+            raise KeyboardInterrupt  # as a kill: nothing after it runs
+        validate(self)
+
+    monkeypatch.setattr(LitGPT, "on_validation_start", killed_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        run_phases(load_config(config, [f"run.dir={run}", *over]), log=lambda m: None)
+    monkeypatch.setattr(LitGPT, "on_validation_start", validate)
+    run_phases(load_config(config, [f"run.dir={run}", *over]), resume=True, log=lambda m: None)
+    for tag in TAGS:
+        assert scalars(run, tag) == scalars(straight, tag), tag
+    a, b = load_file(straight / "model.safetensors"), load_file(run / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_checkpoint_is_written_after_what_its_step_logged_is_on_disk(config, tmp_path, monkeypatch):
+    """TensorBoard's writer holds events for up to two minutes: a kill right after a checkpoint lost the points
+    logged before it (the resumed run logs only the steps after it). The events are flushed before each checkpoint;
+    what a kill at that moment leaves is copied aside here."""
+    import shutil
+
+    from minilm.training.checkpoint import AtomicCheckpointIO
+
+    run = tmp_path / "run"
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def save_then_copy(self, checkpoint, path, storage_options=None):
+        save(self, checkpoint, path, storage_options)
+        shutil.copytree(run / "tb", tmp_path / f"at-{Path(path).stem}" / "tb")
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_then_copy)
+    over = [f"run.dir={run}", "train.steps=6", "train.ckpt_every=2", "train.val_every=4", "train.keep_checkpoints=9"]
+    run_phases(load_config(config, over), log=lambda m: None)
+    assert [step for step, _ in scalars(tmp_path / "at-step-00000002", "train/loss")] == [1]
+    assert [step for step, _ in scalars(tmp_path / "at-step-00000004", "train/loss")] == [1, 2, 3, 4]
+    assert [step for step, _ in scalars(tmp_path / "at-step-00000004", "val/loss")] == [0, 4]
 
 
 def test_tensorboard_reads_the_steps_of_a_many_phase_run_in_order(config, tmp_path, monkeypatch):
