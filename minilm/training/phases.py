@@ -60,6 +60,11 @@ from minilm.training.checkpoint import (
 from minilm.training.datamodule import PhaseData
 from minilm.training.lit_module import LitGPT
 
+try:
+    import fcntl
+except ImportError:  # (Windows: the run lock's pid and host alone decide)
+    fcntl = None
+
 COMPLETE = "complete.json"
 
 
@@ -86,32 +91,66 @@ def _pid_alive(pid: int) -> bool:
 
 @contextmanager
 def run_lock(run_dir: Path, log: Callable[[str], None] = print):
-    """One training process per run directory; a stale lock left by a dead process is taken over."""
+    """One training process per run directory; a stale lock left by a dead process is taken over.
+
+    The lock file holds "pid host" and, while its process lives, an exclusive ``flock``: the kernel drops it when the
+    process dies, so two processes that find the same stale lock cannot both take it over (each read the dead pid,
+    each removed the file and created its own in turn: the second removed the first's fresh lock, and both trained
+    into one run.dir). Who holds the flock decides; the pid and host are read for the message, and a lock of a live
+    process without the flock (written by a minilm from before it) or of another host, where the flock may not
+    reach, is respected as before. The file is locked through the descriptor opened on it and checked to still be
+    the file at the path (the holder removes it on exit), so a process that opened it just before cannot lock a
+    file that is gone while another creates the next one."""
     lock = run_dir / ".lock"
-    me = f"{os.getpid()} {socket.gethostname()}"
-    for _ in range(2):
+    host = socket.gethostname()
+    me = f"{os.getpid()} {host}"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            holder = lock.read_text().strip() if lock.exists() else ""
-            pid_s, _, host = holder.partition(" ")
-            alive = pid_s.isdigit() and (host != socket.gethostname() or _pid_alive(int(pid_s)))
-            if alive:
-                raise MinilmError(
-                    f"{run_dir} is in use by process {pid_s} on {host or '?'} (lock file {lock}); wait for it, "
-                    "stop it, or choose another run.dir"
-                ) from None
-            log(f"taking over a stale lock left by process {holder or '?'}")
-            lock.unlink(missing_ok=True)
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            raise _lock_in_use(run_dir, lock, holder) from None
+        except OSError:  # a filesystem without flock (ENOLCK, EOPNOTSUPP): the pid and host alone decide
+            pass
+        try:
+            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:  # removed (or replaced) by its holder since it was opened: try again on the one there now
+            os.close(fd)
             continue
-        with os.fdopen(fd, "w") as f:
-            f.write(me)
+        holder = _lock_holder(fd)
+        if holder and holder != me:
+            pid_s, _, their_host = holder.partition(" ")
+            if pid_s.isdigit() and (their_host != host or _pid_alive(int(pid_s))):
+                os.close(fd)
+                raise _lock_in_use(run_dir, lock, holder)
+            log(f"taking over a stale lock left by process {holder}")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.encode(), 0)
         break
     try:
         yield
     finally:
-        if lock.exists() and lock.read_text().strip() == me:
-            lock.unlink()
+        try:
+            if _lock_holder(fd) == me and os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                lock.unlink()  # while still holding the flock: nobody takes over a file that is being removed
+        except OSError:
+            pass
+        os.close(fd)
+
+
+def _lock_holder(fd: int) -> str:
+    return os.pread(fd, 4096, 0).decode(errors="replace").strip()
+
+
+def _lock_in_use(run_dir: Path, lock: Path, holder: str) -> MinilmError:
+    pid_s, _, host = holder.partition(" ")
+    return MinilmError(f"{run_dir} is in use by process {pid_s or '?'} on {host or '?'} (lock file {lock}); wait for "
+                       "it, stop it, or choose another run.dir")
 
 
 # ----------------------------------------------------------------------------------------- apply a phase
