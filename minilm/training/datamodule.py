@@ -84,11 +84,12 @@ class PhaseData(L.LightningDataModule):
         continue as 1 x 4. Another global batch is refused: ``--resume`` says so before the run changes
         (phases._check_trained_with); this is the check of a checkpoint restored any other way."""
         was = (saved.get("batch_size"), saved.get("world_size", 1))
-        if was[0] is not None and was[0] * was[1] != sampler.batch_size * sampler.world_size:
+        now = sampler.batch_size * sampler.world_size
+        if was[0] is not None and was[0] * was[1] != now:
             raise MinilmError(f"the checkpoint trained on a global batch of {was[0] * was[1]} sequences (batch_size "
-                              f"{was[0]} x {was[1]} process(es)), this run on {sampler.batch_size * sampler.world_size} "
-                              f"({sampler.batch_size} x {sampler.world_size}); train.batch_size is per device: give "
-                              "the global batch it trained with")  # fmt: skip
+                              f"{was[0]} x {was[1]} process(es)), this run on {now} ({sampler.batch_size} x "
+                              f"{sampler.world_size}); train.batch_size is per device: give the global batch it "
+                              "trained with")  # fmt: skip
         split = {"rank": sampler.rank, "world_size": sampler.world_size}
         return {**saved, **split, **({"batch_size": sampler.batch_size} if was[0] is not None else {})}
 

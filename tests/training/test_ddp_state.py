@@ -68,7 +68,8 @@ def test_resuming_on_another_device_count_with_the_same_global_batch_is_exact(co
     assert "differ" not in caplog.text
     two = [data_on(corpus, per_device[2], r, 2).sampler.batch(5)["input_ids"] for r in (0, 1)]
     assert one.sampler.batch(5)["input_ids"].tolist() == [*two[0].tolist(), *two[1].tolist()]
-    with pytest.raises(MinilmError, match=r"global batch of 4 sequences \(batch_size 2 x 2 process\(es\)\), this run on 2"):
+    with pytest.raises(MinilmError, match=r"global batch of 4 sequences \(batch_size 2 x 2 process\(es\)\), this "
+                                          r"run on 2"):  # fmt: skip
         data_on(corpus, per_device[2], 0, 1).load_state_dict(saved)
 
 
