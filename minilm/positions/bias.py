@@ -202,7 +202,7 @@ class Kerple(PositionEncoding):
     """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding for
     Length Extrapolation", arXiv:2205.09921): logits − r1_h · log(1 + r2_h · |i − j|), r1, r2 > 0 learned per
     head. Convention: positivity by r = eps + softplus(raw) (the authors clamp the raw values at eps after each
-    step instead); initialized like the authors' code, r1 ~ U(0, 2), r2 ~ U(0, 1)."""
+    step instead); initialized like the authors' code, r1 ~ U(0, 2), r2 ~ U(0, 1), clamped at eps."""
 
     score_kind = "bias"
     score_reads_qk = False
@@ -218,8 +218,13 @@ class Kerple(PositionEncoding):
     def reset_position_parameters(self) -> None:
         with torch.no_grad():
             H = self.raw_r1.shape[0]
-            self.raw_r1.copy_(_inv_softplus((torch.rand(H) * 2).clamp(min=2 * self.eps) - self.eps))
-            self.raw_r2.copy_(_inv_softplus(torch.rand(H).clamp(min=2 * self.eps) - self.eps))
+            self.raw_r1.copy_(self._raw((torch.rand(H) * 2).clamp(min=self.eps)))
+            self.raw_r2.copy_(self._raw(torch.rand(H).clamp(min=self.eps)))
+
+    def _raw(self, r: Tensor) -> Tensor:
+        """raw with eps + softplus(raw) = r, for r >= eps: the authors' draws, clamped at eps as their code clamps
+        them (softplus never reaches 0, so r = eps itself becomes eps·(1 + 1e-6))."""
+        return _inv_softplus((r - self.eps).clamp(min=1e-6 * self.eps))
 
     def coefficients(self) -> tuple[Tensor, Tensor]:
         return self.eps + F.softplus(self.raw_r1.float()), self.eps + F.softplus(self.raw_r2.float())  # (H,) each

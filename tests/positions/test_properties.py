@@ -214,11 +214,16 @@ def test_fire_normalizes_by_the_threshold_below_it():
 
 
 def test_kerple_initializes_like_the_authors():
-    # r1 ~ U(0, 2), r2 ~ U(0, 1) (kept above 2·eps): over 512 heads each range is filled nearly to its top
+    # r1 ~ U(0, 2), r2 ~ U(0, 1), clamped at eps (chijames/KERPLE): over 4096 heads each range is filled from eps
+    # nearly to its top. A draw in (eps, 2·eps) keeps its value; one below eps sits on eps.
     torch.manual_seed(0)
-    r1, r2 = attention_hook("kerple", n_heads=512).coefficients()
-    assert r1.min() >= 0.02 - 1e-6 and r2.min() >= 0.02 - 1e-6
-    assert 1.9 < r1.max() <= 2.0 + 1e-5 and 0.95 < r2.max() <= 1.0 + 1e-5
+    eps = 0.01
+    r1, r2 = (r.detach() for r in attention_hook("kerple", n_heads=4096, eps=eps).coefficients())
+    for r, top in ((r1, 2.0), (r2, 1.0)):
+        assert r.min().item() == pytest.approx(eps, rel=1e-4) and 0.95 * top < r.max() <= top + 1e-5
+        assert ((r > 1.05 * eps) & (r < 1.95 * eps)).any()
+        on_floor = (r < 1.0001 * eps).float().mean().item()  # P(U(0, top) < eps) = eps / top
+        assert 0.3 * eps / top < on_floor < 3 * eps / top
 
 
 # ------------------------------------------------------------------------------------------- training-free
