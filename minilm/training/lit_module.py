@@ -125,7 +125,8 @@ class LitGPT(L.LightningModule):
                 f"phase '{self.phase}': {what} at step {step}; stopping. The last good checkpoint is intact. Lower "
                 "optim.lr, raise optim.warmup_steps, or allow skipping with train.max_bad_steps."
             )
-        print(f"warning: {what} at step {step}; skipped ({self.bad_steps}/{self.cfg.train.max_bad_steps})")
+        if self.global_rank == 0:  # every DDP rank skips the step alike (the norm is of the all-reduced gradient)
+            print(f"warning: {what} at step {step}; skipped ({self.bad_steps}/{self.cfg.train.max_bad_steps})")
 
     def on_before_optimizer_step(self, optimizer) -> None:
         clip = self.cfg.optim.grad_clip

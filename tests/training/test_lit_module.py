@@ -323,3 +323,15 @@ def test_validation_logs_the_mean_loss_and_its_perplexity_capped_at_e50(losses, 
                         enable_checkpointing=False)  # fmt: skip
     trainer.validate(module, DataLoader(batches, batch_size=None), verbose=False)
     assert logged["val/loss"] == pytest.approx(val_loss) and logged["val/ppl"] == pytest.approx(ppl)
+
+
+def test_a_skipped_step_is_reported_by_rank_0_only(capsys):
+    """Every DDP rank skips a bad step alike (its gradient norm is all-reduced): each printed the warning."""
+    from types import SimpleNamespace
+
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "train.max_bad_steps=5"])
+    for rank in (0, 1):
+        module = LitGPT(GPT(cfg.model, 40), cfg, total_steps=1)
+        module._trainer = SimpleNamespace(global_rank=rank, global_step=3)
+        module._bad_step("the loss became nan")
+    assert capsys.readouterr().out.count("the loss became nan at step 3; skipped (1/5)") == 1
