@@ -67,7 +67,7 @@ REGISTRY: dict[str, PositionEntry] = {
     # relative bias: a score term of (h, i, j) (bias.py)
     "alibi": PositionEntry(AlibiParams, attention=Alibi, family="bias", summary="ALiBi, Press et al. 2022"),
     "t5": PositionEntry(T5Params, attention=T5Bias, family="bias", summary="T5 buckets, Raffel et al. 2020"),
-    "kerple": PositionEntry(KerpleParams, attention=Kerple, family="bias", summary="KERPLE-log, Chi et al. 2022"),
+    "kerple": PositionEntry(KerpleParams, attention=Kerple, family="bias", summary="KERPLE, Chi et al. 2022"),
     "fire": PositionEntry(FireParams, attention=Fire, family="bias", summary="FIRE, Li et al. 2023"),
     # relative with q / k: a score term from per-step q·R tables (relative.py)
     "shaw": PositionEntry(ShawParams, attention=Shaw, family="relative", summary="Shaw et al. 2018"),

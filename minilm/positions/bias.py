@@ -189,20 +189,35 @@ class T5Bias(PositionEncoding):
 # -------------------------------------------------------------------------------------------------- KERPLE
 
 
+KERPLE_KERNELS = ("log", "power")
+KERPLE_POWER_MAX = 2.0  # the power kernel's exponent r2 lies in (0, 2]: |d|^r2 is conditionally positive definite
+
+
 @dataclass
 class KerpleParams:
     eps: float = 1e-2  # lower bound of r1 and r2
+    kernel: str = "log"  # log: −r1·log(1 + r2·|d|) (the paper's best); power: −r1·|d|^r2, r2 <= 2
 
     def __post_init__(self):
         if self.eps <= 0:
             raise ValueError(f"eps: must be > 0, got {self.eps}")
+        if self.kernel not in KERPLE_KERNELS:
+            raise ValueError(f"kernel: must be one of {KERPLE_KERNELS}, got {self.kernel!r}")
+        if self.kernel == "power" and self.eps >= KERPLE_POWER_MAX:
+            raise ValueError(f"eps: must be < {KERPLE_POWER_MAX:g} with kernel power (r2 in [eps, 2]), got {self.eps}")
 
 
 class Kerple(PositionEncoding):
-    """KERPLE, logarithmic variant (Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding for
-    Length Extrapolation", arXiv:2205.09921): logits − r1_h · log(1 + r2_h · |i − j|), r1, r2 > 0 learned per
-    head. Convention: positivity by r = eps + softplus(raw) (the authors clamp the raw values at eps after each
-    step instead); initialized like the authors' code, r1 ~ U(0, 2), r2 ~ U(0, 1), clamped at eps."""
+    """KERPLE (Chi et al. 2022, "KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation",
+    arXiv:2205.09921): logits + k(i − j) with r1, r2 > 0 learned per head and the kernel
+
+        log (default):  k(d) = −r1 · log(1 + r2·|d|)        (the authors' ParallelKerpleLog)
+        power:          k(d) = −r1 · |d|^r2,  r2 <= 2       (ParallelKerplePower, its bias kernel)
+
+    Convention: positivity by r = eps + softplus(raw), and the power kernel's r2 <= 2 by
+    r2 = eps + (2 − eps)·sigmoid(raw) (the authors clamp the raw values into [eps, 2] after each step instead).
+    Initialized like the authors' code, clamped at eps: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 ~ U(0, 1),
+    r2 ~ U(0, 2). Each layer owns its r1, r2 (the authors' code builds one module and hands it to every layer)."""
 
     score_kind = "bias"
     score_reads_qk = False
@@ -210,7 +225,7 @@ class Kerple(PositionEncoding):
 
     def __init__(self, params: KerpleParams, dims: PositionDims):
         super().__init__()
-        self.eps = params.eps
+        self.eps, self.kernel = params.eps, params.kernel
         self.raw_r1 = nn.Parameter(torch.zeros(dims.n_heads))  # (H,)
         self.raw_r2 = nn.Parameter(torch.zeros(dims.n_heads))
         self.reset_position_parameters()
@@ -218,21 +233,32 @@ class Kerple(PositionEncoding):
     def reset_position_parameters(self) -> None:
         with torch.no_grad():
             H = self.raw_r1.shape[0]
-            self.raw_r1.copy_(self._raw((torch.rand(H) * 2).clamp(min=self.eps)))
-            self.raw_r2.copy_(self._raw(torch.rand(H).clamp(min=self.eps)))
+            top1, top2 = (2.0, 1.0) if self.kernel == "log" else (1.0, KERPLE_POWER_MAX)  # the authors' scales
+            self.raw_r1.copy_(self._raw_positive((torch.rand(H) * top1).clamp(min=self.eps)))
+            r2 = (torch.rand(H) * top2).clamp(min=self.eps)
+            self.raw_r2.copy_(self._raw_positive(r2) if self.kernel == "log" else self._raw_exponent(r2))
 
-    def _raw(self, r: Tensor) -> Tensor:
+    def _raw_positive(self, r: Tensor) -> Tensor:
         """raw with eps + softplus(raw) = r, for r >= eps: the authors' draws, clamped at eps as their code clamps
         them (softplus never reaches 0, so r = eps itself becomes eps·(1 + 1e-6))."""
         return _inv_softplus((r - self.eps).clamp(min=1e-6 * self.eps))
 
-    def coefficients(self) -> tuple[Tensor, Tensor]:
-        return self.eps + F.softplus(self.raw_r1.float()), self.eps + F.softplus(self.raw_r2.float())  # (H,) each
+    def _raw_exponent(self, r: Tensor) -> Tensor:
+        """raw with eps + (2 − eps)·sigmoid(raw) = r, for r in [eps, 2]."""
+        return torch.logit((r - self.eps) / (KERPLE_POWER_MAX - self.eps), eps=1e-6)
 
-    @staticmethod
-    def bias(r1: Tensor, r2: Tensor, distance: Tensor) -> Tensor:
-        """−r1 · log(1 + r2 · |d|) for a fp32 distance, broadcast."""
-        return -r1 * torch.log1p(r2 * distance.abs())
+    def coefficients(self) -> tuple[Tensor, Tensor]:
+        """(r1, r2), (H,) each, fp32."""
+        r1 = self.eps + F.softplus(self.raw_r1.float())
+        if self.kernel == "log":
+            return r1, self.eps + F.softplus(self.raw_r2.float())
+        return r1, self.eps + (KERPLE_POWER_MAX - self.eps) * torch.sigmoid(self.raw_r2.float())
+
+    def bias(self, r1: Tensor, r2: Tensor, distance: Tensor) -> Tensor:
+        """k(d) for a fp32 distance, broadcast."""
+        if self.kernel == "log":
+            return -r1 * torch.log1p(r2 * distance.abs())
+        return -r1 * distance.abs().pow(r2)  # 0 at d = 0 (r2 > 0); pow passes r2 a zero gradient there
 
     def score(self, q, k, q_pos, k_pos, logits):
         r1, r2 = (c.view(1, -1, 1, 1) for c in self.coefficients())

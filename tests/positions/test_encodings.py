@@ -265,6 +265,58 @@ def test_kerple_coefficients_stay_positive():
     assert (pos.score(None, None, p, p, None) <= 0).all()
 
 
+
+def kerple_power_reference(a, p, T):
+    """chijames/KERPLE ParallelKerplePower.forward, its bias kernel (learned a and p): −a·diff^p with
+    diff = tril(i − j), a and p (H, 1, 1)."""
+    diff = torch.tril(torch.arange(T).view(T, 1).repeat(1, T) + torch.arange(0, -T, -1)).float()
+    return -diff.pow(p) * a
+
+
+def test_kerple_power_kernel_is_the_authors():
+    pos = hook("kerple", kernel="power", n_heads=4)
+    a, p = pos.coefficients()
+    T = 24
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    got = pos.score(None, None, torch.arange(T)[None], torch.arange(T)[None], None)[0]  # (H, T, T)
+    want = kerple_power_reference(a.view(-1, 1, 1), p.view(-1, 1, 1), T)
+    torch.testing.assert_close(got[:, causal], want[:, causal])
+    with torch.no_grad():  # the exponent stays in [eps, 2] however far training pushes it
+        pos.raw_r2.copy_(torch.tensor([-50.0, 50.0, 0.0, 3.0]))
+    p = pos.coefficients()[1]
+    assert p.min() >= 0.01 and p.max() <= 2.0 and p[1] > 1.99
+
+
+def test_kerple_power_initializes_like_the_authors_and_trains_through_distance_zero():
+    # ParallelKerplePower: a ~ U(0, 1), p ~ U(0, 2), both clamped at eps
+    torch.manual_seed(0)
+    pos = hook("kerple", kernel="power", n_heads=4096)
+    pos.reset_position_parameters()  # (hook() perturbs the parameters)
+    a, p = (c.detach() for c in pos.coefficients())
+    assert a.min().item() == pytest.approx(0.01, rel=1e-4) and 0.95 < a.max() <= 1.0 + 1e-5
+    assert p.min().item() == pytest.approx(0.01, rel=1e-3) and 1.9 < p.max() <= 2.0
+    q_pos = torch.arange(6)[None]
+    pos.score(None, None, q_pos, q_pos, None).sum().backward()  # |0|^p at d = 0: a zero gradient, not NaN
+    assert torch.isfinite(pos.raw_r1.grad).all() and torch.isfinite(pos.raw_r2.grad).all()
+    assert pos.raw_r2.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("table", [True, False])
+def test_kerple_power_score_mod_equals_score(table):
+    pos = hook("kerple", kernel="power")
+    pos.flex_distance_table = table
+    q_pos = k_pos = torch.stack([torch.arange(10), torch.cat([torch.arange(4), torch.arange(6)])])  # (2, 10)
+    want = pos.score(None, None, q_pos, k_pos, None)  # (2, H, 10, 10)
+    b, h = torch.arange(2).view(2, 1, 1, 1), torch.arange(4).view(1, 4, 1, 1)
+    i, j = torch.arange(10).view(1, 1, 10, 1), torch.arange(10).view(1, 1, 1, 10)
+    got = pos.score_mod(None, None, q_pos, k_pos)(torch.zeros(2, 4, 10, 10), b, h, i, j)
+    torch.testing.assert_close(got, want)
+
+
+def test_kerple_refuses_an_unknown_kernel():
+    with pytest.raises(ConfigError, match=r"model\.position\.kernel: must be one of \('log', 'power'\)"):
+        hook("kerple", kernel="cubic")
+
 def test_fire_input_is_normalized_at_every_length():
     """ψ(i − j)/ψ(max(L, i)) lies in [0, 1] for every causal pair, however long the sequence: the MLP never sees
     an input outside its training range, which is what lets FIRE extrapolate (Li et al. 2023, §3)."""
