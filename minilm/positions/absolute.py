@@ -126,9 +126,10 @@ class Floater(PositionEncoding):
     Model", arXiv:2003.09229): positions are samples p(n·Δ) of the solution of dp/dt = h(t, p), p(0) = p0, with
     a small network h, added to the token embeddings.
 
-    The paper integrates with an adaptive solver and also injects p into every block; here a fixed-step RK4
-    integrates from t = 0 once, at the input only, so p(n) is the same for the same parameters whatever the
-    length requested (the trajectory is computed in the same order for every prefix), and any length works.
+    Here a fixed-step RK4 integrates from t = 0 once, at the input only, so p(n) is the same for the same
+    parameters whatever the length requested (the trajectory is computed in the same order for every prefix), and
+    any length works. The authors' code injects p into every block instead (a q, k and v bias per layer), with a
+    ReLU network h, delta 0.01 and RK4 steps of delta/5, on top of sinusoidal input positions (docs/positions.md).
     Without gradients the trajectory is cached until a parameter changes."""
 
     def __init__(self, params: FloaterParams, dims: PositionDims):

@@ -12,6 +12,8 @@ see get g = 0 and never count — as in the authors' code, where the causal mask
 Because positions are clamped at npos_max − 1, any length runs. The term depends on every key of the row
 (a cumulative sum), so there is no per-(b, h, i, j) form: ``score_kind = "full"``, the fp32 reference path.
 Convention: the embeddings E ∈ R^{Dh × npos_max} are shared by the heads and zero-initialized (authors' code).
+The term q_i·e[p_ij] is added unscaled, as in the paper's listing; the authors' repository (facebookresearch/RAM)
+by default adds it before dividing the logits by √Dh, which changes E's effective learning rate only.
 """
 
 from __future__ import annotations

@@ -103,7 +103,8 @@ class TransformerXL(PositionEncoding):
 
         A_ij = q_i·k_j (a) + q_i·W_{K,R}R_{i−j} (b) + u·k_j (c) + v·W_{K,R}R_{i−j} (d),
 
-    all scaled by 1/√Dh; u, v are trainable per head. This hook adds (b) + (c) + (d); there is no value term.
+    all scaled by 1/√Dh; u, v are trainable per head, and each layer owns its pair (``untie_r``; the authors'
+    code shares one pair across layers by default). This hook adds (b) + (c) + (d); there is no value term.
     The (b)+(d) table covers every distance between the current queries and keys, (B, H, T, N) with
     N ≤ T + S − 1 (the paper's "relative shift" matrix)."""
 
@@ -169,7 +170,8 @@ class Deberta(PositionEncoding):
     the distance i − j is clipped to (−k, k], δ = clip(i − j, 1 − k, k) + k − 1 ∈ [0, 2k) (the paper's δ clips
     to [−k, k); for a causal decoder the closed side is better spent on the keys before the query). p2c reads
     δ(j, i) as the paper's Algorithm 1 does; the released code and transformers in effect read δ(i, j) there (a
-    gather with −r_pos, then a transpose). Each layer owns its P (DeBERTa shares one across layers)."""
+    gather with −r_pos, then a transpose). Each layer owns its P (DeBERTa shares one across layers). W_{Q,r} has
+    no bias, as in the paper's equations (the released ``pos_q_proj`` has one: a position-free b·K^c_j term)."""
 
     score_kind = "bias"
 
