@@ -151,6 +151,24 @@ def test_interleaved_is_half_up_to_a_fixed_permutation(fraction):
     assert torch.allclose(rotated_scores(half, q, k, p, p), scores_inter, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rope_rotates_each_pair_as_roformer(layout):
+    """RoFormer (Su et al. 2021, eq. 14): pair i of a vector at position m becomes R(m·θ_i)·(x_a, x_b) with
+    R(φ) = [[cos φ, −sin φ], [sin φ, cos φ]], θ_i = base^(−2i/d); the pair is (2i, 2i + 1) interleaved and
+    (i, i + d/2) half. The direction matters once weights move between implementations (GPT-NeoX / LLaMA
+    rotate this way too); the offset-only test above cannot see it."""
+    pos = hook("rope", layout=layout, base=100.0)
+    x = torch.randn(1, 1, 1, 8)
+    m = 3
+    got = pos.rotate(x, x[:, :1], torch.tensor([[m]]), torch.tensor([[m]]))[0][0, 0, 0]
+    for i in range(4):
+        a, b = (2 * i, 2 * i + 1) if layout == "interleaved" else (i, i + 4)
+        phi = torch.tensor(m * 100.0 ** (-2 * i / 8))
+        xa, xb = x[0, 0, 0, a], x[0, 0, 0, b]
+        assert got[a].item() == pytest.approx((xa * phi.cos() - xb * phi.sin()).item(), abs=1e-5)
+        assert got[b].item() == pytest.approx((xa * phi.sin() + xb * phi.cos()).item(), abs=1e-5)
+
+
 def test_apply_rotary_keeps_the_pass_through_dims():
     x = torch.randn(1, 1, 3, 8)
     cos, sin = torch.zeros(1, 1, 3, 2), torch.ones(1, 1, 3, 2)
@@ -267,10 +285,10 @@ def test_kerple_coefficients_stay_positive():
 
 
 def kerple_power_reference(a, p, T):
-    """chijames/KERPLE ParallelKerplePower.forward, its bias kernel (learned a and p): −a·diff^p with
-    diff = tril(i − j), a and p (H, 1, 1)."""
-    diff = torch.tril(torch.arange(T).view(T, 1).repeat(1, T) + torch.arange(0, -T, -1)).float()
-    return -diff.pow(p) * a
+    """The bias kernel of the authors' ParallelKerplePower (chijames/KERPLE) with learned a and p: −a·(i − j)^p on
+    and below the diagonal (their distance matrix is zero above it); a and p (H, 1, 1)."""
+    i = torch.arange(T, dtype=torch.float32)
+    return -a * (i[:, None] - i[None, :]).clamp(min=0) ** p
 
 
 def test_kerple_power_kernel_is_the_authors():
@@ -326,6 +344,23 @@ def test_fire_input_is_normalized_at_every_length():
         j = torch.tensor([0, n // 3, 0])
         x = pos.normalized(i - j, i)
         assert (x >= 0).all() and (x <= 1 + 1e-5).all()
+
+
+def test_fire_bias_is_the_mlp_of_the_normalized_distance():
+    """b_h(i, j) = f_θ(ψ(i − j) / (ψ(max(L, i)) + eps))_h, ψ(x) = log(|c·x| + 1), f_θ = Linear → ReLU → Linear
+    (Li et al. 2023, eq. 8 and their reference code), element by element, with trained-looking c and L."""
+    pos = hook("fire", init_L=6.0, init_c=0.3, mlp_width=5)
+    with torch.no_grad():
+        pos.L_multiplier.fill_(1.5)  # L = 9
+    c, L = pos.c.item(), 9.0
+    psi = lambda x: math.log(abs(c * x) + 1)  # noqa: E731
+    q_pos, k_pos = torch.arange(4, 20)[None], torch.arange(0, 20)[None]  # queries after 4 cached keys
+    bias = pos.score(None, None, q_pos, k_pos, None)  # (1, H, 16, 20)
+    for i, j in [(0, 0), (3, 1), (10, 2), (15, 19), (15, 0)]:
+        qi, kj = 4 + i, j
+        x = torch.tensor([psi(qi - kj) / (psi(max(L, qi)) + 1e-6)])
+        want = pos.mlp_out(torch.relu(pos.mlp_in(x)))  # (H,)
+        torch.testing.assert_close(bias[0, :, i, j], want, atol=1e-5, rtol=1e-5)
 
 
 def test_transformer_xl_terms():
