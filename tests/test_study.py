@@ -439,6 +439,24 @@ def test_a_failing_run_still_leaves_the_summary_of_the_finished_ones(tmp_path, s
     assert "| yarn |" in (tmp_path / "out" / "study.md").read_text()
 
 
+def test_only_rank_zero_prints_the_studys_lines(tmp_path, study_file, monkeypatch):
+    """Under DDP every rank runs the whole study; its lines ('study …: <run> (overrides)', the summary's path) were
+    printed once per rank."""
+    import minilm.study as study_mod
+    import minilm.training.phases as phases_mod
+
+    def train(study, run, out_dir, cfg, shared, log):
+        log(f"training {run.label}")
+
+    monkeypatch.setattr(study_mod, "_train_run", train)
+    printed = {}
+    for rank in (0, 1):
+        monkeypatch.setattr(phases_mod, "is_primary_process", lambda: rank == 0)
+        lines = printed[rank] = []
+        study_mod.run_study(load_study(study_file), tmp_path / f"out{rank}", log=lines.append)
+    assert any("training" in line for line in printed[0]) and printed[1] == []
+
+
 def test_a_variant_edited_after_it_finished_is_refused_with_the_study_remedy(tmp_path, study_file, capsys):
     """A finished run whose variant now trains a phase differently must not be kept (nor silently retrained):
     the refusal names the key and says what to do in a study (train.py's --phase does not apply)."""

@@ -366,7 +366,8 @@ def _sharded_strategy(strategy) -> Optional[str]:
     parallelism), else None. Lightning builds them on CUDA only, so on CPU they never get here."""
     import lightning.pytorch.strategies as S
 
-    kinds = tuple(getattr(S, n) for n in ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy") if hasattr(S, n))
+    names = ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy")
+    kinds = tuple(getattr(S, n) for n in names if hasattr(S, n))
     return type(strategy).__name__ if isinstance(strategy, kinds) else None
 
 
