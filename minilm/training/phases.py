@@ -448,8 +448,8 @@ def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, t
     now = _what_trains(pcfg)
     was_t, now_t = trained["train"], now["train"]
     trained_world = world_size if trained_world is None else trained_world
-    diff = next((d for key in trained if (d := _first_difference(trained[key], now.get(key), key))
-                 and d[0] not in (*PHASE_LENGTH, "train.batch_size")), None)  # fmt: skip
+    diff = next((d for key in trained if (d := _first_difference(trained[key], now.get(key), key,
+                                                                 (*PHASE_LENGTH, "train.batch_size")))), None)
     redo = f"or retrain the phase with --phase {phase}"
     if diff:
         raise MinilmError(f"--resume: phase '{phase}' was interrupted training with {diff[0]} = {diff[1]!r} "
@@ -505,15 +505,17 @@ HOW_NOT_WHAT = {  # keys of those sections that change how a phase runs or is wa
 }
 
 
-def _first_difference(old, new, key: str) -> Optional[tuple[str, object, object]]:
-    """(dotted key, old value, new value) of the first leaf where two plain containers differ, or None."""
+def _first_difference(old, new, key: str, ignore: tuple[str, ...] = ()) -> Optional[tuple[str, object, object]]:
+    """(dotted key, old value, new value) of the first leaf where two plain containers differ, or None. Leaves named
+    in ``ignore`` are compared by the caller: skipped here, not filtered out of the result, where the first
+    difference (train.batch_size sorts first in its section) hid every later one (train.seq_len, train.steps)."""
     if isinstance(old, dict) and isinstance(new, dict):
         for k in sorted(set(old) | set(new), key=str):
-            diff = _first_difference(old.get(k), new.get(k), f"{key}.{k}")
+            diff = _first_difference(old.get(k), new.get(k), f"{key}.{k}", ignore)
             if diff:
                 return diff
         return None
-    return None if old == new or key in HOW_NOT_WHAT else (key, old, new)
+    return None if old == new or key in HOW_NOT_WHAT or key in ignore else (key, old, new)
 
 
 def _what_trains(pcfg) -> dict:
@@ -547,8 +549,8 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     was, was_world = summary.get("carried_optimizer"), summary.get("world_size")
     split = was_world is not None and world_size is not None  # both known: compared as a global batch
-    diffs = [d for key in saved if (d := _first_difference(saved[key], now[key], key))
-             and not (split and d[0] == "train.batch_size")]  # fmt: skip
+    ignore = ("train.batch_size",) if split else ()
+    diffs = [_first_difference(saved[key], now[key], key, ignore) for key in saved]
     if split:
         was_t, now_t = saved["train"], now["train"]
         if was_t["batch_size"] * was_world != now_t["batch_size"] * world_size:

@@ -190,3 +190,20 @@ def test_resume_compares_a_finished_phase_by_its_global_batch(config, tmp_path):
     summary.write_text(json.dumps({k: v for k, v in json.loads(summary.read_text()).items() if k != "world_size"}))
     with pytest.raises(phases.ChangedPhaseError, match=r"train.batch_size = 4"):
         check(2, 2)
+
+
+def test_another_device_count_hides_no_other_change_of_a_phase(config, tmp_path):
+    """train.batch_size, compared as a global batch on another device count, sorts first in its section: dropping
+    the first difference found there as "the batch split" hid every later one, so a finished phase whose
+    train.steps doubled was skipped on 2 x 2 as if unchanged (it was refused on 1 x 4)."""
+    run_dir = tmp_path / "run"
+    phases.run_phases(load_config(config, [f"run.dir={run_dir}", "train.batch_size=4"]), log=lambda msg: None)
+    for batch_size, world_size in [(4, 1), (2, 2)]:
+        pcfg = phase_config(load_config(config, [f"run.dir={run_dir}", f"train.batch_size={batch_size}",
+                                                 "train.steps=8"]), "train")  # fmt: skip
+        with pytest.raises(phases.ChangedPhaseError, match=r"finished with train.steps = 4 .*now says 8"):
+            phases.check_finished_phase(pcfg, "train", run_dir, "--resume", False, world_size)
+    trained = phases._what_trains(pcfg)  # an interrupted phase, in what its checkpoint records: 1 x 4 rows of 64
+    trained["train"].update(batch_size=4, seq_len=64)
+    with pytest.raises(MinilmError, match=r"interrupted training with train.seq_len = 64 .*now says 32"):
+        phases._check_trained_with(trained, pcfg, "train", run_dir / "step.ckpt", 1, 2)
