@@ -71,6 +71,7 @@ class LitGPT(L.LightningModule):
         self._paused = 0.0  # seconds spent validating since the last measurement: not training throughput
         self._val_losses: list[torch.Tensor] = []  # (summed token loss, targets) of each validation micro-batch
         self.last_val_step: Optional[int] = None  # this phase's step of the last validation
+        self._ended_step: Optional[int] = None  # the last step ``end_step`` logged
 
     # ------------------------------------------------------------------------------------------- steps
 
@@ -157,8 +158,15 @@ class LitGPT(L.LightningModule):
             self._t_val = None
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        if (batch_idx + 1) % self.trainer.accumulate_grad_batches:
+        self.end_step(batch_idx)
+
+    def end_step(self, batch_idx: int) -> None:
+        """At an optimizer step's last micro-batch: log its scalars, once. The run's checkpoint callback calls it
+        before it writes the step's checkpoint (Lightning runs the callbacks' batch end before this module's): a
+        kill between the two left the checkpoint without the step's points, which the resumed run does not log."""
+        if (batch_idx + 1) % self.trainer.accumulate_grad_batches or self._ended_step == self.global_step:
             return
+        self._ended_step = self.global_step
         step_loss = _per_target(self._loss_sum, self._loss_count)  # every micro-batch adds to it: not None
         self._loss_sum, self._loss_count = None, 0  # the next optimizer step starts its own mean
         step = self.global_step  # already incremented by the optimizer step

@@ -251,22 +251,17 @@ class _StepCheckpoint(L.Callback):
     TensorBoard drops only the steps after it (purge_step), and nothing is done again for s itself. At a step that
     is validated (every ``val_every``; 0: none inside fit) it is written after that validation: written before it
     (Lightning's order: batch end, then validation), a kill during the validation left the checkpoint and no
-    validation point, and Lightning skips the validation of a step it resumes at. The TensorBoard writer is flushed
-    before each checkpoint (its buffer, up to two minutes of events, is lost with a kill), and again at the start of
-    the next step, for the step's training scalars, which LitGPT logs after the callbacks' batch end."""
+    validation point, and Lightning skips the validation of a step it resumes at. The step's training scalars are
+    logged first (``LitGPT.end_step``: Lightning runs this batch end before the module's, where they were logged
+    after the checkpoint), and the TensorBoard writer is flushed before each checkpoint (its buffer, up to two
+    minutes of events, is lost with a kill)."""
 
     def __init__(self, ckpt_dir: Path, every: int, keep: int, val_every: int = 0):
         self.dir, self.every, self.keep, self.val_every = ckpt_dir, every, keep, val_every
         self._after_validation: Optional[int] = None  # the step whose checkpoint waits for its validation
-        self._flush = False
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[TRAINED_WITH] = _what_trains(pl_module.cfg)  # compared with the config on --resume
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._flush:
-            self._flush = False
-            _flush_events(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
@@ -276,6 +271,7 @@ class _StepCheckpoint(L.Callback):
             if self.val_every and step % self.val_every == 0:
                 self._after_validation = step
             else:
+                pl_module.end_step(batch_idx)  # the step's scalars, before the checkpoint that ends it
                 self._save(trainer, step)
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -287,7 +283,6 @@ class _StepCheckpoint(L.Callback):
     def _save(self, trainer, step: int) -> None:
         _flush_events(trainer)
         trainer.save_checkpoint(checkpoint_path(self.dir, step), weights_only=False)  # full: resumable
-        self._flush = True
         if trainer.is_global_zero:
             prune_checkpoints(self.dir, self.keep)
 

@@ -345,7 +345,9 @@ def test_a_kill_during_a_validation_after_a_checkpoint_leaves_no_hole_in_the_cur
 def test_a_checkpoint_is_written_after_what_its_step_logged_is_on_disk(config, tmp_path, monkeypatch):
     """TensorBoard's writer holds events for up to two minutes: a kill right after a checkpoint lost the points
     logged before it (the resumed run logs only the steps after it). The events are flushed before each checkpoint;
-    what a kill at that moment leaves is copied aside here."""
+    what a kill at that moment leaves is copied aside here. That includes the step's own training scalars: LitGPT
+    logged them in its batch end, which Lightning runs after the callback's that wrote the checkpoint, so a kill
+    then left a hole at step 2 of train/loss, lr and tokens_seen for good."""
     import shutil
 
     from minilm.training.checkpoint import AtomicCheckpointIO
@@ -360,7 +362,8 @@ def test_a_checkpoint_is_written_after_what_its_step_logged_is_on_disk(config, t
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_then_copy)
     over = [f"run.dir={run}", "train.steps=6", "train.ckpt_every=2", "train.val_every=4", "train.keep_checkpoints=9"]
     run_phases(load_config(config, over), log=lambda m: None)
-    assert [step for step, _ in scalars(tmp_path / "at-step-00000002", "train/loss")] == [1]
+    assert [step for step, _ in scalars(tmp_path / "at-step-00000002", "train/loss")] == [1, 2]
+    assert [step for step, _ in scalars(tmp_path / "at-step-00000002", "tokens_seen")] == [1, 2]
     assert [step for step, _ in scalars(tmp_path / "at-step-00000004", "train/loss")] == [1, 2, 3, 4]
     assert [step for step, _ in scalars(tmp_path / "at-step-00000004", "val/loss")] == [0, 4]
 
