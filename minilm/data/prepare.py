@@ -203,9 +203,9 @@ def _preparation_lock(out: Path):
             if isinstance(e, BlockingIOError):
                 raise
             os.close(fd)
+            fd = None
             log.info("data.cache_dir: cannot lock %s (%s); preparing without waiting for other processes", path, e)
-            yield
-            return
+            break
         except BaseException:
             os.close(fd)
             raise
@@ -219,11 +219,11 @@ def _preparation_lock(out: Path):
     try:
         yield
     finally:
-        try:
-            path.unlink()  # while locked: a process that opened it meanwhile sees it gone and takes a fresh one
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+        # while locked: a process that opened it meanwhile sees it gone and takes a fresh one. Unlocked (no flock
+        # there) too: nothing waits on it, and it stayed in data.cache_dir beside the corpora for good
+        path.unlink(missing_ok=True)
+        if fd is not None:
+            os.close(fd)
 
 
 # ------------------------------------------------------------------------------------------------ preparation

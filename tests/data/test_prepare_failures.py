@@ -316,3 +316,18 @@ def test_an_interrupted_preparation_leaves_nothing_and_the_next_one_succeeds(fil
     monkeypatch.undo()
     corpus = load_corpus(cfg, progress=False)
     assert not corpus.from_cache and _entries(Path(cfg.cache_dir)) == [corpus.cache_dir.name]
+
+
+def test_a_cache_dir_without_flock_prepares_and_keeps_no_lock_file(files_cfg, monkeypatch):
+    """A file system refusing flock (ENOLCK: some network file systems): the preparation runs unlocked, as
+    docs/data.md says, and its corpus-<key>.lock no longer stays beside the corpora for good."""
+    import fcntl
+
+    def no_flock(fd, op):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    cfg = files_cfg()
+    corpus = load_corpus(cfg, progress=False)
+    assert not corpus.from_cache and _entries(Path(cfg.cache_dir)) == [corpus.cache_dir.name]
+    assert load_corpus(cfg, progress=False).from_cache
