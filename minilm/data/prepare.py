@@ -154,7 +154,7 @@ def _prepare_into(data_cfg: Any, specs: Dict[str, Any], material: dict, out: Pat
     stays (an error, Ctrl-C; a SIGKILL's leftover goes at the next preparation)."""
     root = out.parent
     tmp = _temporary_dir(out)  # first: an unusable cache_dir should not cost a read and a tokenizer training
-    _remove_leftovers(root)
+    _remove_leftovers(root, holding=out.name)
     need: Dict[str, int] = {}  # bytes the corpus needs, once known: for the message of a full disk
     try:
         _prepare(data_cfg, specs, material, tmp, out, progress, need)
@@ -281,16 +281,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _remove_leftovers(root: Path) -> None:
+def _remove_leftovers(root: Path, holding: str = "") -> None:
     """Delete the temporary directories that preparations killed on this machine (SIGKILL, a lost session, the
     out-of-memory killer: no ``finally`` ran) left in ``root``, each possibly hundreds of MB. One whose process is
-    alive is being written and stays; so does one made on another machine (a cache shared over the network:
-    its pid means nothing here). A directory named by an older minilm has no host in its name: it is reported,
-    not deleted."""
+    alive is being written and stays; so does one whose corpus's preparation lock someone holds (a process of
+    another pid namespace — containers sharing a host name — looks dead by its pid; ``holding``: the corpus whose
+    lock this process holds itself), and one made on another machine (a cache shared over the network: its pid means
+    nothing here). A directory named by an older minilm has no host in its name: it is reported, not deleted."""
     host = _host()
     for d in sorted(root.glob(f"corpus-*{TMP_MARK}*")):
         owner = _owner(d.name)
         if owner is None or not d.is_dir() or _alive(owner[1]):
+            continue
+        corpus = d.name.split(TMP_MARK, 1)[0]
+        if corpus != holding and _locked(root / f"{corpus}.lock"):
             continue
         if owner[0] is None:
             log.warning("data.cache_dir: %s looks left by a preparation that was killed (an older minilm's, whose "
@@ -303,6 +307,25 @@ def _remove_leftovers(root: Path) -> None:
         if not d.exists():
             log.info("data.cache_dir: removed %s (%.1f MB), left by a preparation (pid %d) that was killed", d,
                      size / 1e6, owner[1])  # fmt: skip
+
+
+def _locked(path: Path) -> bool:
+    """Whether a process holds the preparation lock ``path`` (``_preparation_lock``); False where it cannot be told."""
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY)
+    except (ImportError, OSError):  # no lock file: no preparation holds it (nor one of an older minilm)
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # (releases the shared lock, if taken)
 
 
 def _tree_size(directory: Path) -> int:

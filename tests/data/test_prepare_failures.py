@@ -102,6 +102,34 @@ def test_only_this_machines_leftovers_of_dead_processes_are_removed(tmp_path, ca
     assert "-" not in prepare_mod._host() and "/" not in prepare_mod._host()
 
 
+def test_a_leftover_whose_corpus_lock_is_held_stays_though_its_pid_looks_dead(tmp_path):
+    """Containers that share a host name but not a pid namespace see each other's live preparations as dead pids:
+    the corpus's preparation lock, held by the live one, keeps its directory. Released, the directory goes; the
+    corpus this process is preparing itself (its lock held here) does not protect its own leftovers."""
+    import fcntl
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = prepare_mod._host()
+    leftover = tmp_path / f"corpus-0123456789abcdef.tmp-{host}-{dead.pid}-00c0ffee"
+    mine = tmp_path / f"corpus-fedcba9876543210.tmp-{host}-{dead.pid}-00c0ffee"
+    for d in (leftover, mine):
+        d.mkdir()
+    holders = []
+    for name in ("corpus-0123456789abcdef.lock", "corpus-fedcba9876543210.lock"):  # another namespace's; this one's
+        fd = os.open(tmp_path / name, os.O_CREAT | os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        holders.append(fd)
+    try:
+        prepare_mod._remove_leftovers(tmp_path, holding="corpus-fedcba9876543210")
+        assert leftover.is_dir() and not mine.exists()
+    finally:
+        for fd in holders:
+            os.close(fd)
+    prepare_mod._remove_leftovers(tmp_path)
+    assert not leftover.exists()
+
+
 def _disk_full_at(monkeypatch, target, name: str, code: int = errno.ENOSPC) -> None:
     """``target.name`` writes part of its file, then fails as a full disk does."""
 
