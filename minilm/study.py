@@ -243,7 +243,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     unknown = [n for n in only or [] if n not in names]
     if unknown:
         raise MinilmError(f"--only {unknown[0]}: no such variant in {study.path}; variants are: {', '.join(names)}")
-    from minilm.training.phases import ChangedPhaseError, check_writable_dir, is_primary_process
+    from minilm.training.phases import ChangedPhaseError, _silent, check_writable_dir, is_primary_process
 
     if not is_primary_process():  # under DDP every rank runs the study alike: each line was printed once per rank
         log = _silent  # (what goes wrong on another rank is raised there, and reaches the user from it)
@@ -273,10 +273,6 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
         if is_primary_process() and out_dir.is_dir():
             write_summary(study, out_dir, cfgs, plan, log)
     return out_dir
-
-
-def _silent(msg: str) -> None:
-    pass
 
 
 def _check_layout(study: Study, out_dir: Path, todo: list[StudyRun]) -> None:
