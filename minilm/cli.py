@@ -56,9 +56,9 @@ def flush_denormals() -> None:
 def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argparse.ArgumentParser,
             argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_intermixed_args(argv)  # overrides may follow flags: `--config X --resume key=value`
-    flush_denormals()  # before anything else runs: before torch starts its worker threads
-    quiet_libraries()
-    try:
+    try:  # (torch is first imported here, a second or two: a Ctrl-C then was a KeyboardInterrupt traceback)
+        flush_denormals()  # before anything else runs: before torch starts its worker threads
+        quiet_libraries()
         return main(args) or 0
     except MinilmError as e:
         if getattr(args, "debug", False):

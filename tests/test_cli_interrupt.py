@@ -20,3 +20,13 @@ def test_interrupt_hints_resume_only_where_it_exists(resumable, capsys):
     assert run_cli(interrupted, parser, []) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and ("--resume" in err) == resumable
+
+
+def test_interrupt_while_torch_is_imported_is_the_same_message(monkeypatch, capsys):
+    """The first second of every command imports torch (flush_denormals, before main): a Ctrl-C there printed a
+    KeyboardInterrupt traceback instead of 'interrupted', exit code 130."""
+    import minilm.cli as cli
+
+    monkeypatch.setattr(cli, "flush_denormals", lambda: interrupted(None))
+    assert run_cli(lambda args: 0, argparse.ArgumentParser(), []) == 130
+    assert "interrupted" in capsys.readouterr().err
