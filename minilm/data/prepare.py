@@ -142,7 +142,7 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
     if not from_cache:
         if tok_cfg.model_file:  # not a sentencepiece model, or one without EOS: say so before reading every source
             Tokenizer(tok_cfg.model_file)
-        with _preparation_lock(out):
+        with _preparation_lock(out, progress):
             from_cache = (out / "meta.json").is_file()  # prepared by the process this one waited for
             if not from_cache:
                 _prepare_into(data_cfg, specs, material, out, progress)
@@ -169,7 +169,7 @@ def _prepare_into(data_cfg: Any, specs: Dict[str, Any], material: dict, out: Pat
 
 
 @contextmanager
-def _preparation_lock(out: Path):
+def _preparation_lock(out: Path, say: bool = True):
     """One preparation of the corpus ``out`` at a time on this machine; the others wait for it and then load it.
     The ranks of a DDP job launched before the corpus was prepared (torchrun, SLURM: each rank runs train.py from
     the start, before any process group exists) each prepared it whole at once: N times the memory, the CPU and the
@@ -197,7 +197,8 @@ def _preparation_lock(out: Path):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                print(f"waiting for another process preparing {out} (it holds {path})", flush=True)
+                if say:  # (a rank waiting minutes in silence looks hung)
+                    print(f"waiting for another process preparing {out} (it holds {path})", flush=True)
                 fcntl.flock(fd, fcntl.LOCK_EX)
         except OSError as e:  # ENOLCK and kin: a file system without flock
             if isinstance(e, BlockingIOError):

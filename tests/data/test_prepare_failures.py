@@ -267,7 +267,8 @@ data:
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
-def test_a_preparation_of_a_corpus_being_prepared_waits_for_it_and_loads_it(files_cfg, tmp_path, monkeypatch):
+def test_a_preparation_of_a_corpus_being_prepared_waits_for_it_and_loads_it(files_cfg, tmp_path, monkeypatch,
+                                                                            capsys):  # fmt: skip
     """The ranks of a DDP job launched before the corpus was prepared (each runs train.py from the start) each
     prepared it whole at the same time: N times the memory, CPU and disk. Now the second waits for the first's
     preparation and loads its corpus; a killed holder's lock goes with its process."""
@@ -280,8 +281,9 @@ def test_a_preparation_of_a_corpus_being_prepared_waits_for_it_and_loads_it(file
     killer.start()
     try:
         t0 = time.time()
-        corpus = load_corpus(cfg, progress=False)
-        assert time.time() - t0 >= 0.9  # it waited for the holder
+        corpus = load_corpus(cfg)
+        assert time.time() - t0 >= 0.9  # it waited for the holder, and said so (a waiting rank looks hung)
+        assert "waiting for another process preparing" in capsys.readouterr().out
     finally:
         killer.cancel()
         proc.kill()
@@ -304,7 +306,7 @@ def test_a_preparation_of_a_corpus_being_prepared_waits_for_it_and_loads_it(file
     monkeypatch.setattr(prepare_mod, "_prepare", lambda *a, **k: pytest.fail("prepared twice"))
     second = load_corpus(other, progress=False)
     first.join()
-    assert second.from_cache
+    assert second.from_cache and "waiting" not in capsys.readouterr().out  # (progress=False: prepare_data --quiet)
     assert _entries(Path(cfg.cache_dir)) == sorted([corpus.cache_dir.name, second.cache_dir.name])
 
 
@@ -313,7 +315,7 @@ def test_two_preparations_of_one_corpus_at_once_both_end_with_it(files_cfg, monk
     file system without flock; two machines): the one that finishes second finds the first's corpus in place,
     keeps it and removes its own copy."""
     cfg = files_cfg()
-    monkeypatch.setattr(prepare_mod, "_preparation_lock", contextlib.nullcontext)
+    monkeypatch.setattr(prepare_mod, "_preparation_lock", lambda *a: contextlib.nullcontext())
     sync_tree = prepare_mod._sync_tree
     inner = []
 
