@@ -727,9 +727,12 @@ def run_phases(
             log(f"initial weights from {init}")
         offset = sum(phase_steps(pcfgs[n]) for n in names[:start])
         # --resume / --phase: the events the earlier process logged past the point training restarts from are
-        # dropped by TensorBoard (a SessionLog.START at purge_step), so they are not drawn twice
+        # dropped by TensorBoard (a SessionLog.START at purge_step), so they are not drawn twice. A run that starts
+        # writes one too, at step 0: TensorBoard (its plugin_event_accumulator, what `tensorboard --logdir` serves)
+        # takes a run's first START for its start and only a later one for a restart, so the first resume's was
+        # ignored and the steps logged after the checkpoint were drawn twice
         restarted = resume or start_phase is not None
-        purge = _tensorboard_purge_step(run_dir, names[start:], pcfgs, offset, resume_from) if restarted else None
+        purge = _tensorboard_purge_step(run_dir, names[start:], pcfgs, offset, resume_from) if restarted else 0
         tb_logger = _RunLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False,
                                purge_step=purge)  # fmt: skip
         tokens = sum(_phase_tokens(pcfgs[n]) for n in names[:start])

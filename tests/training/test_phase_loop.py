@@ -264,18 +264,32 @@ TAGS = ("train/loss", "lr", "tokens_seen", "val/loss")
 
 def restart_aware_points(run_dir, tag):
     """(step, value) of ``tag`` as TensorBoard's restart rule gives them: event files read in name order, a
-    SessionLog.START at step s drops the points at steps >= s read before it. (EventAccumulator's own fallback,
-    dropping points when a step goes back, depends on where Lightning happened to start new files.)"""
+    SessionLog.START at step s after the run's first one drops the points at steps >= s read before it (the first
+    is the run's start). (EventAccumulator's own fallback, dropping points when a step goes back, depends on where
+    Lightning happened to start new files; it also takes every START for a restart, where `tensorboard --logdir`
+    does not: served_points.)"""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.compat.proto.event_pb2 import SessionLog
 
-    points = []
+    points, started = [], False
     for path in sorted((run_dir / "tb").glob("events.out.tfevents.*")):
         for event in EventFileLoader(str(path)).Load():
             if event.HasField("session_log") and event.session_log.status == SessionLog.START:
-                points = [(step, value) for step, value in points if step < event.step]
+                if started:
+                    points = [(step, value) for step, value in points if step < event.step]
+                started = True
             points += [(event.step, v.simple_value) for v in event.summary.value if v.tag == tag]
     return points
+
+
+def served_points(run_dir, tag):
+    """(step, value) of ``tag`` as `tensorboard --logdir` serves them (its plugin_event_accumulator)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as Served
+    from tensorboard.util import tensor_util
+
+    acc = Served(str(run_dir / "tb"), size_guidance={"tensors": 0})
+    acc.Reload()
+    return [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
 
 
 @pytest.mark.parametrize("how", ["resume", "phase"])
@@ -307,6 +321,34 @@ def test_tensorboard_after_a_resume_or_restart_shows_each_step_once(config, tmp_
     for tag in TAGS:
         assert scalars(run, tag) == scalars(straight, tag), tag
         assert restart_aware_points(run, tag) == restart_aware_points(straight, tag), tag
+        assert served_points(run, tag) == served_points(straight, tag), tag
+
+
+def test_tensorboard_as_served_drops_the_steps_the_killed_process_logged_after_its_checkpoint(config, tmp_path):
+    """`tensorboard --logdir` takes a run's first SessionLog.START for its start and only a later one for a restart:
+    the run wrote none when it started, so the one a first --resume writes at its purge step was ignored, and the
+    steps the killed process had logged after its checkpoint were served twice (EventAccumulator, which takes every
+    START for a restart, hid it). A run writes one at step 0 when it starts."""
+    from minilm.training.lit_module import LitGPT
+
+    over = ["train.steps=5", "train.ckpt_every=2", "train.val_every=0", "train.keep_checkpoints=9"]
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    run_phases(load_config(config, [f"run.dir={straight}", *over]), log=lambda m: None)
+    start = LitGPT.on_train_batch_start
+
+    def killed_at_step_3(self, batch, batch_idx):
+        if self.global_step == 3:  # steps 1 to 3 logged, the checkpoint at 2 written
+            raise KeyboardInterrupt  # as a kill: nothing after it runs
+        start(self, batch, batch_idx)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LitGPT, "on_train_batch_start", killed_at_step_3)
+        with pytest.raises(KeyboardInterrupt):
+            run_phases(load_config(config, [f"run.dir={run}", *over]), log=lambda m: None)
+    run_phases(load_config(config, [f"run.dir={run}", *over]), resume=True, log=lambda m: None)
+    for tag in TAGS:
+        assert [s for s, _ in served_points(run, tag)] == [s for s, _ in served_points(straight, tag)], tag
+        assert served_points(run, tag) == served_points(straight, tag), tag
 
 
 @pytest.mark.parametrize("micro", [4, 2])
