@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -37,6 +38,35 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
         if tmp.exists():
             tmp.unlink()
     fsync_path(path.parent)
+
+
+TEMPORARY = re.compile(r"^\..+\.(\d+)\.tmp$")  # atomic_write's temporary file: .<name>.<pid>.tmp
+
+
+def remove_stale_temporaries(directory: Path) -> None:
+    """Delete the temporary files that ``atomic_write`` left in ``directory`` when a kill cut its write short (the
+    ``finally`` that removes them never ran): nothing reads them, and a run's weights or report stayed beside its
+    outputs for good. Only those of processes that no longer exist on this machine: another process may be writing
+    its file there now (an evaluation of a finished phase)."""
+    for path in directory.iterdir() if directory.is_dir() else []:
+        if (m := TEMPORARY.match(path.name)) and not _alive(int(m.group(1))):
+            path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine exists; True where that cannot be told (a leftover too many is kept,
+    never a live write removed)."""
+    if pid == os.getpid():
+        return True
+    if os.name != "posix" or pid <= 0:  # (on Windows os.kill(pid, 0) would end the process)
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's live process
+        return True
+    return True
 
 
 def atomic_write_text(path: Path, text: str) -> None:

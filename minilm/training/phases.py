@@ -39,7 +39,7 @@ from minilm.config import (
     warmup_warning,
 )
 from minilm.errors import MinilmError
-from minilm.files import atomic_write, atomic_write_text
+from minilm.files import atomic_write, atomic_write_text, remove_stale_temporaries
 from minilm.model import GPT
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
@@ -702,6 +702,9 @@ def run_phases(
     saved = run_dir / "config.yaml"
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
+            # what writes a kill cut short left beside the run's outputs (a step checkpoint's: prune_checkpoints)
+            for d in [run_dir, *(p for n in names for p in (phase_dir(run_dir, n), phase_dir(run_dir, n) / "eval"))]:
+                remove_stale_temporaries(d)
             save_config(cfg, saved)
             # atomically: an evaluation of the finished phases may be reading it, and a copy cut short (disk full,
             # a kill) left a truncated tokenizer that made the whole run unreadable until the next resume

@@ -500,3 +500,33 @@ def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
     said.clear()
     run_phases(load_config(config, [f"run.dir={run}"]), log=said.append, resume=True)  # now there is one
     assert not any("holds no run yet" in m for m in said)
+
+
+def test_a_resume_removes_what_writes_a_kill_cut_short_left_beside_the_outputs(config, tmp_path):
+    """A kill in the middle of an atomic write (the phase's weights, its evaluation's results.json, the run's
+    weights) leaves the temporary file, whose removal never ran: the resumed run rewrote the file and left the
+    temporary one beside it for good. It is removed when the run resumes; a live process's (an evaluation writing
+    into the phase's eval/ now) is kept."""
+    import os
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    over = [f"run.dir={run}", "train.steps=4", "train.ckpt_every=2", "train.keep_checkpoints=9"]
+    run_phases(load_config(config, over), log=lambda m: None)
+    _killed_after_checkpoint(run, "train", 2)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # the killed process: its pid exists no more
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        left = [run / f".model.safetensors.{dead.pid}.tmp", run / "train" / f".model.safetensors.{dead.pid}.tmp",
+                run / "train" / "eval" / f".results.json.{dead.pid}.tmp"]  # fmt: skip
+        writing = run / "train" / "eval" / f".report.md.{live.pid}.tmp"
+        for path in [*left, writing]:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"half")
+        run_phases(load_config(config, over), resume=True, log=lambda m: None)
+    finally:
+        live.kill()
+        live.wait()
+    assert [p for p in left if p.exists()] == [] and writing.exists()
