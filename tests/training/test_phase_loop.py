@@ -507,7 +507,6 @@ def test_a_resume_removes_what_writes_a_kill_cut_short_left_beside_the_outputs(c
     weights) leaves the temporary file, whose removal never ran: the resumed run rewrote the file and left the
     temporary one beside it for good. It is removed when the run resumes; a live process's (an evaluation writing
     into the phase's eval/ now) is kept."""
-    import os
     import subprocess
     import sys
 
