@@ -79,16 +79,21 @@ def test_twenty_steps_write_events_weights_and_config(tmp_path, tiny_text_dir):
           "phases.b.data.long_min_tokens=1000000"], "phase 'b': data.long_fraction=0.5"),
     ],
 )
-def test_bad_input_exits_2_with_a_clear_message(tmp_path, tiny_text_dir, args, message):
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, tiny_text_dir, args, message, capsys):
+    """In process, through train.py's own main and run_cli (a subprocess per case cost ~13 s of imports; the
+    subprocess's exit code 2 is checked by the tests above and below)."""
+    from minilm.cli import run_cli
+
+    script = load_script("train.py")
     cfg = write_config(tmp_path, tiny_text_dir)
     (tmp_path / "a_file").write_text("not a directory")
-    args = [a.format(tmp=tmp_path) for a in args]
-    proc = train("--config", cfg, *args, check=False)
-    assert proc.returncode == 2, proc.stderr
+    argv = ["--config", str(cfg), *[a.format(tmp=tmp_path) for a in args]]
+    assert run_cli(script.main, script.parser(), argv) == 2
+    err = capsys.readouterr().err
     assert not list(tmp_path.glob("**/config.yaml")), "bad input left a half-made run behind"
-    assert message in proc.stderr and "Traceback" not in proc.stderr
-    debug = train("--config", cfg, *args, "--debug", check=False)
-    assert debug.returncode == 2 and "Traceback" in debug.stderr
+    assert message in err and "Traceback" not in err
+    assert run_cli(script.main, script.parser(), [*argv, "--debug"]) == 2
+    assert "Traceback" in capsys.readouterr().err
 
 
 def test_missing_config_and_print_config(tmp_path, tiny_text_dir):
