@@ -49,13 +49,14 @@ def remove_stale_temporaries(directory: Path) -> None:
     outputs for good. Only those of processes that no longer exist on this machine: another process may be writing
     its file there now (an evaluation of a finished phase)."""
     for path in directory.iterdir() if directory.is_dir() else []:
-        if (m := TEMPORARY.match(path.name)) and not _alive(int(m.group(1))):
+        if (m := TEMPORARY.match(path.name)) and not pid_alive(int(m.group(1))):
             path.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` of this machine exists; True where that cannot be told (a leftover too many is kept,
-    never a live write removed)."""
+    never a live write removed; a stale lock respected, never a live one taken over). One test for the temporary
+    files here, the corpus builds of minilm.data.prepare and the run lock of minilm.training.phases."""
     if pid == os.getpid():
         return True
     if os.name != "posix" or pid <= 0:  # (on Windows os.kill(pid, 0) would end the process)

@@ -35,7 +35,7 @@ import numpy as np
 from minilm.data.sources import SourceDocs, _plain, parse_sources, read_source, source_fingerprint
 from minilm.data.tokenizer import Tokenizer, file_digest, sample_chunks, train_tokenizer
 from minilm.errors import DataError
-from minilm.files import disk_full, fsync_path
+from minilm.files import disk_full, fsync_path, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -268,20 +268,6 @@ def _owner(name: str) -> Tuple[str | None, int] | None:
     return (parts[0] if len(parts) == 3 else None), int(parts[-2])
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` of this machine exists; True whenever that cannot be told (a pid that was reused
-    keeps a leftover until that process ends: a directory too many, never one too few)."""
-    if os.name != "posix" or pid <= 0:  # (on Windows os.kill(pid, 0) would end the process)
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: another user's live process
-        return True
-    return True
-
-
 def _remove_leftovers(root: Path, holding: str = "") -> None:
     """Delete the temporary directories that preparations killed on this machine (SIGKILL, a lost session, the
     out-of-memory killer: no ``finally`` ran) left in ``root``, each possibly hundreds of MB. One whose process is
@@ -292,7 +278,7 @@ def _remove_leftovers(root: Path, holding: str = "") -> None:
     host = _host()
     for d in sorted(root.glob(f"corpus-*{TMP_MARK}*")):
         owner = _owner(d.name)
-        if owner is None or not d.is_dir() or _alive(owner[1]):
+        if owner is None or not d.is_dir() or pid_alive(owner[1]):
             continue
         corpus = d.name.split(TMP_MARK, 1)[0]
         if corpus != holding and _locked(root / f"{corpus}.lock"):

@@ -39,7 +39,7 @@ from minilm.config import (
     warmup_warning,
 )
 from minilm.errors import MinilmError
-from minilm.files import atomic_write, atomic_write_text, remove_stale_temporaries
+from minilm.files import atomic_write, atomic_write_text, pid_alive, remove_stale_temporaries
 from minilm.model import GPT
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
@@ -79,16 +79,6 @@ def is_complete(run_dir: Path, phase: str) -> bool:
 # ------------------------------------------------------------------------------------------------ run lock
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextmanager
 def run_lock(run_dir: Path, log: Callable[[str], None] = print):
     """One training process per run directory; a stale lock left by a dead process is taken over.
@@ -125,7 +115,7 @@ def run_lock(run_dir: Path, log: Callable[[str], None] = print):
         holder = _lock_holder(fd)
         if holder and holder != me:
             pid_s, _, their_host = holder.partition(" ")
-            if pid_s.isdigit() and (their_host != host or _pid_alive(int(pid_s))):
+            if pid_s.isdigit() and (their_host != host or pid_alive(int(pid_s))):
                 os.close(fd)
                 raise _lock_in_use(run_dir, lock, holder)
             log(f"taking over a stale lock left by process {holder}")

@@ -25,7 +25,7 @@ def _contender(run_dir, index, barrier, results):
         time.sleep(0.2 * index)
         return False
 
-    phases._pid_alive = dead
+    phases.pid_alive = dead
     try:
         with phases.run_lock(run_dir, log=lambda msg: None):
             results.put(("held", index, time.monotonic()))
