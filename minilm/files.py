@@ -1,6 +1,7 @@
 """Files written whole: a temporary file beside the target, fsynced, renamed over it, the directory synced. A
-crash leaves the old file or the new one, never half of one. (No torch or Lightning here: the evaluation report
-and studies write through it without importing the trainer.)"""
+crash leaves the old file or the new one, never half of one. Lock files that die with their process (``lock_file``:
+the run lock, the corpus preparation lock). (No torch or Lightning here: the evaluation report and studies write
+through it without importing the trainer.)"""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import errno
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
+
+try:
+    import fcntl
+except ImportError:  # (Windows: no flock; lock_file says so and the callers decide by other means)
+    fcntl = None
 
 
 def fsync_path(path: Path) -> None:
@@ -87,3 +93,88 @@ def disk_full(e: Optional[BaseException]) -> Optional[OSError]:
             return e
         e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)  # (``raise ... from None``: not)
     return None
+
+
+# ------------------------------------------------------------------------------------------------ lock files
+
+
+class LockHeld(Exception):
+    """``lock_file`` found the lock held by another process; ``text`` is what its file says (the holder, where it
+    wrote itself there)."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+
+def lock_file(path: Path, wait: bool = False, on_wait: Optional[Callable[[], None]] = None,
+              mode: int = 0o666) -> Tuple[int, bool]:
+    """Open ``path`` (created if absent) and take an exclusive ``flock`` on it: returns (fd, True). The kernel drops
+    the lock when its process dies, however it dies, so a lock of a killed process is never stale.
+
+    Held by another process: raises ``LockHeld`` with the file's text or, with ``wait``, calls ``on_wait`` and
+    blocks until it is released. The lock is taken through the descriptor and then checked to be still the file at
+    ``path``: its holder removes the file when done, while holding it, and a process that opened the file just
+    before would otherwise lock one that is gone while a third creates the next. Then the next one is tried.
+    Where flock cannot work (no fcntl; ENOLCK or EOPNOTSUPP from a network file system): (fd, False), the file open
+    and unlocked, for the caller to decide by other means. The caller closes fd (and removes the file when done).
+    An ``OSError`` opening the file propagates."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
+        try:
+            locked = fcntl is not None and _flock(fd, wait, on_wait)
+        except BaseException:
+            os.close(fd)
+            raise
+        if is_file_at(fd, path):
+            return fd, locked
+        os.close(fd)  # removed (or replaced) by its holder since it was opened: the one there now
+
+
+def _flock(fd: int, wait: bool, on_wait: Optional[Callable[[], None]]) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if not wait:
+            raise LockHeld(lock_text(fd)) from None
+        if on_wait is not None:
+            on_wait()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:  # ENOLCK and kin: a file system without flock
+        return False
+    return True
+
+
+def is_file_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is still the file at ``path`` (not removed, nor replaced by another)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    here = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (here.st_dev, here.st_ino)
+
+
+def lock_text(fd: int) -> str:
+    """What the lock file ``fd`` says (``lock_file``'s callers write their holder there), stripped."""
+    return os.pread(fd, 4096, 0).decode(errors="replace").strip()
+
+
+def is_locked(path: Path) -> bool:
+    """Whether a process holds a ``flock`` on the file ``path``; False where there is no such file or it cannot be
+    told. (A shared lock, taken and dropped at once: it never keeps a waiting ``lock_file`` out for long.)"""
+    if fcntl is None:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # (releases the shared lock, if taken)

@@ -35,7 +35,7 @@ import numpy as np
 from minilm.data.sources import SourceDocs, _plain, parse_sources, read_source, source_fingerprint
 from minilm.data.tokenizer import Tokenizer, file_digest, sample_chunks, train_tokenizer
 from minilm.errors import DataError
-from minilm.files import disk_full, fsync_path, pid_alive
+from minilm.files import disk_full, fsync_path, is_locked, lock_file, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -177,46 +177,21 @@ def _preparation_lock(out: Path, say: bool = True):
     process dies however it dies; removed after the preparation (a waiter that then wakes holding the removed
     file's lock takes a fresh one). Where flock cannot work (no fcntl; a network file system refusing it),
     preparations run side by side as before: the one that renames second keeps the first's corpus."""
-    try:
-        import fcntl
-    except ImportError:  # (Windows)
-        yield
-        return
     path = out.with_name(out.name + ".lock")
+
+    def say_waiting():  # (a rank waiting minutes in silence looks hung)
+        print(f"waiting for another process preparing {out} (it holds {path})", flush=True)
+
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        fd, locked = lock_file(path, wait=True, on_wait=say_waiting if say else None)
     except OSError as e:
         raise _cache_dir_error(out.parent, e) from None
-    fd = None
-    while fd is None:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
-        except OSError as e:
-            raise _cache_dir_error(out.parent, e) from None
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if say:  # (a rank waiting minutes in silence looks hung)
-                    print(f"waiting for another process preparing {out} (it holds {path})", flush=True)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as e:  # ENOLCK and kin: a file system without flock
-            if isinstance(e, BlockingIOError):
-                raise
-            os.close(fd)
-            fd = None
-            log.info("data.cache_dir: cannot lock %s (%s); preparing without waiting for other processes", path, e)
-            break
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            current = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:  # removed by the holder this process waited for
-            current = False
-        if not current:
-            os.close(fd)
-            fd = None
+    if not locked:
+        os.close(fd)
+        fd = None
+        log.info("data.cache_dir: cannot lock %s (no flock there); preparing without waiting for other processes",
+                 path)  # fmt: skip
     try:
         yield
     finally:
@@ -281,7 +256,7 @@ def _remove_leftovers(root: Path, holding: str = "") -> None:
         if owner is None or not d.is_dir() or pid_alive(owner[1]):
             continue
         corpus = d.name.split(TMP_MARK, 1)[0]
-        if corpus != holding and _locked(root / f"{corpus}.lock"):
+        if corpus != holding and is_locked(root / f"{corpus}.lock"):
             continue
         if owner[0] is None:
             log.warning("data.cache_dir: %s looks left by a preparation that was killed (an older minilm's, whose "
@@ -294,25 +269,6 @@ def _remove_leftovers(root: Path, holding: str = "") -> None:
         if not d.exists():
             log.info("data.cache_dir: removed %s (%.1f MB), left by a preparation (pid %d) that was killed", d,
                      size / 1e6, owner[1])  # fmt: skip
-
-
-def _locked(path: Path) -> bool:
-    """Whether a process holds the preparation lock ``path`` (``_preparation_lock``); False where it cannot be told."""
-    try:
-        import fcntl
-
-        fd = os.open(path, os.O_RDONLY)
-    except (ImportError, OSError):  # no lock file: no preparation holds it (nor one of an older minilm)
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)  # (releases the shared lock, if taken)
 
 
 def _tree_size(directory: Path) -> int:

@@ -39,7 +39,16 @@ from minilm.config import (
     warmup_warning,
 )
 from minilm.errors import MinilmError
-from minilm.files import atomic_write, atomic_write_text, pid_alive, remove_stale_temporaries
+from minilm.files import (
+    LockHeld,
+    atomic_write,
+    atomic_write_text,
+    is_file_at,
+    lock_file,
+    lock_text,
+    pid_alive,
+    remove_stale_temporaries,
+)
 from minilm.model import GPT
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
@@ -59,11 +68,6 @@ from minilm.training.checkpoint import (
 )
 from minilm.training.datamodule import PhaseData
 from minilm.training.lit_module import LitGPT
-
-try:
-    import fcntl
-except ImportError:  # (Windows: the run lock's pid and host alone decide)
-    fcntl = None
 
 COMPLETE = "complete.json"
 
@@ -94,47 +98,28 @@ def run_lock(run_dir: Path, log: Callable[[str], None] = print):
     lock = run_dir / ".lock"
     host = socket.gethostname()
     me = f"{os.getpid()} {host}"
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _lock_holder(fd)
+    try:
+        fd, _ = lock_file(lock, mode=0o644)  # (no flock there: the pid and host alone decide)
+    except LockHeld as e:
+        raise _lock_in_use(run_dir, lock, e.text) from None
+    holder = lock_text(fd)
+    if holder and holder != me:
+        pid_s, _, their_host = holder.partition(" ")
+        if pid_s.isdigit() and (their_host != host or pid_alive(int(pid_s))):
             os.close(fd)
-            raise _lock_in_use(run_dir, lock, holder) from None
-        except OSError:  # a filesystem without flock (ENOLCK, EOPNOTSUPP): the pid and host alone decide
-            pass
-        try:
-            same = os.stat(lock).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if not same:  # removed (or replaced) by its holder since it was opened: try again on the one there now
-            os.close(fd)
-            continue
-        holder = _lock_holder(fd)
-        if holder and holder != me:
-            pid_s, _, their_host = holder.partition(" ")
-            if pid_s.isdigit() and (their_host != host or pid_alive(int(pid_s))):
-                os.close(fd)
-                raise _lock_in_use(run_dir, lock, holder)
-            log(f"taking over a stale lock left by process {holder}")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, me.encode(), 0)
-        break
+            raise _lock_in_use(run_dir, lock, holder)
+        log(f"taking over a stale lock left by process {holder}")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, me.encode(), 0)
     try:
         yield
     finally:
         try:
-            if _lock_holder(fd) == me and os.stat(lock).st_ino == os.fstat(fd).st_ino:
+            if lock_text(fd) == me and is_file_at(fd, lock):
                 lock.unlink()  # while still holding the flock: nobody takes over a file that is being removed
         except OSError:
             pass
         os.close(fd)
-
-
-def _lock_holder(fd: int) -> str:
-    return os.pread(fd, 4096, 0).decode(errors="replace").strip()
 
 
 def _lock_in_use(run_dir: Path, lock: Path, holder: str) -> MinilmError:
