@@ -674,23 +674,9 @@ def run_phases(
     log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {corpus.tokenizer.vocab_size}")
     for n in names:  # every phase is checked before any trains, and before run.dir is written
         check_phase_fits(model, pcfgs[n], n)
-    saved = run_dir / "config.yaml"
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
-            # what writes a kill cut short left beside the run's outputs (a step checkpoint's: prune_checkpoints)
-            for d in [run_dir, *(p for n in names for p in (phase_dir(run_dir, n), phase_dir(run_dir, n) / "eval"))]:
-                remove_stale_temporaries(d)
-            save_config(cfg, saved)
-            # atomically: an evaluation of the finished phases may be reading it, and a copy cut short (disk full,
-            # a kill) left a truncated tokenizer that made the whole run unreadable until the next resume
-            tokenizer = Path(corpus.tokenizer.model_file).read_bytes()
-            atomic_write(run_dir / "tokenizer.model", lambda f: f.write(tokenizer))
-            # which documents were held out: an evaluation later, on a corpus prepared again (its files changed, or
-            # another minilm split it otherwise), must not read documents the run trained on (minilm.eval.eval_data).
-            # Written when the run starts on this corpus; a resumed run keeps the record of the split it trained
-            # beside (_check_held_out_record)
-            if held_out is not None:
-                atomic_write_text(run_dir / HELD_OUT, json.dumps(held_out, indent=2) + "\n")
+            _write_run_files(cfg, corpus, run_dir, names, held_out)
         start = names.index(start_phase) if start_phase else 0
         # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted
         # --phase run). Every rank decides so from the command line, not from run.dir: rank 0 deletes their old
@@ -704,15 +690,8 @@ def run_phases(
             load_weights(model, Path(init))
             log(f"initial weights from {init}")
         offset = sum(phase_steps(pcfgs[n]) for n in names[:start])
-        # --resume / --phase: the events the earlier process logged past the point training restarts from are
-        # dropped by TensorBoard (a SessionLog.START at purge_step), so they are not drawn twice. A run that starts
-        # writes one too, at step 0: TensorBoard (its plugin_event_accumulator, what `tensorboard --logdir` serves)
-        # takes a run's first START for its start and only a later one for a restart, so the first resume's was
-        # ignored and the steps logged after the checkpoint were drawn twice
-        restarted = resume or start_phase is not None
-        purge = _tensorboard_purge_step(run_dir, names[start:], pcfgs, offset, resume_from) if restarted else 0
-        tb_logger = _RunLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False,
-                               purge_step=purge)  # fmt: skip
+        tb_logger = _run_logger(run_dir, names[start:], pcfgs, offset, resume_from,
+                                restarted=resume or start_phase is not None)  # fmt: skip
         tokens = sum(_phase_tokens(pcfgs[n]) for n in names[:start])
         prev = names[start - 1] if start > 0 else None
         if prev is not None and init is None:
@@ -737,6 +716,35 @@ def run_phases(
             tb_logger.close()
     log(f"done: {run_dir / 'model.safetensors'}")
     return run_dir
+
+
+def _write_run_files(cfg, corpus, run_dir: Path, names: list, held_out) -> None:
+    """Rank 0's files of the run, under its lock and before any phase trains."""
+    # what writes a kill cut short left beside the run's outputs (a step checkpoint's: prune_checkpoints)
+    for d in [run_dir, *(p for n in names for p in (phase_dir(run_dir, n), phase_dir(run_dir, n) / "eval"))]:
+        remove_stale_temporaries(d)
+    save_config(cfg, run_dir / "config.yaml")
+    # atomically: an evaluation of the finished phases may be reading it, and a copy cut short (disk full,
+    # a kill) left a truncated tokenizer that made the whole run unreadable until the next resume
+    tokenizer = Path(corpus.tokenizer.model_file).read_bytes()
+    atomic_write(run_dir / "tokenizer.model", lambda f: f.write(tokenizer))
+    # which documents were held out: an evaluation later, on a corpus prepared again (its files changed, or
+    # another minilm split it otherwise), must not read documents the run trained on (minilm.eval.eval_data).
+    # Written when the run starts on this corpus; a resumed run keeps the record of the split it trained
+    # beside (_check_held_out_record)
+    if held_out is not None:
+        atomic_write_text(run_dir / HELD_OUT, json.dumps(held_out, indent=2) + "\n")
+
+
+def _run_logger(run_dir: Path, names: list, pcfgs: dict, offset: int, resume_from, restarted: bool):
+    """The run's TensorBoard logger (``tb/``), from the first phase of ``names`` that trains, at step ``offset``."""
+    # --resume / --phase: the events the earlier process logged past the point training restarts from are
+    # dropped by TensorBoard (a SessionLog.START at purge_step), so they are not drawn twice. A run that starts
+    # writes one too, at step 0: TensorBoard (its plugin_event_accumulator, what `tensorboard --logdir` serves)
+    # takes a run's first START for its start and only a later one for a restart, so the first resume's was
+    # ignored and the steps logged after the checkpoint were drawn twice
+    purge = _tensorboard_purge_step(run_dir, names, pcfgs, offset, resume_from) if restarted else 0
+    return _RunLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False, purge_step=purge)
 
 
 def _silent(msg: str) -> None:
