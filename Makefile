@@ -8,6 +8,8 @@ CONFIG ?= configs/tiny.yaml
 
 setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install "torch==$(TORCH_VERSION)"
+	@# (the editable install builds with the installed setuptools: a fresh venv's older one lacks bdist_wheel)
+	@$(PYTHON) -m pip install -q "setuptools>=70.1"
 	@$(PYTHON) -m pip install -q --no-build-isolation -e ".[dev]"
 
 train: setup

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Overlay the evaluations of several runs in one figure and one table: which encoding / method reaches furthest.
 
-    python scripts/compare_runs.py runs/rope runs/alibi runs/learned --out /tmp/cmp
-    python scripts/compare_runs.py runs/base/extend/eval-dynamic runs/base/extend/eval-yarn runs/base/extend/eval
+    python scripts/compare_runs.py runs/pos_rope runs/pos_alibi runs/pos_learned --out /tmp/cmp
+    python scripts/compare_runs.py runs/tiny/train/eval-dynamic runs/tiny/train/eval-yarn runs/tiny/train/eval
 
 Each argument is a run directory (its final phase's ``eval/``), a phase directory (its ``eval/``), an
 evaluation directory holding results.json, or a results.json file; run scripts/evaluate.py first (with the same

@@ -2,7 +2,7 @@
 """Evaluate a trained run: perplexity vs length, passkey / needle / key-value retrieval, figures and a report.
 
     python scripts/evaluate.py --run runs/tiny                                   # eval.lengths, or L/2 .. 8L
-    python scripts/evaluate.py --run runs/tiny --phase pretrain --lengths 128,256,512,1024
+    python scripts/evaluate.py --run runs/rope_yarn_tiny --phase pretrain --lengths 128,256,512,1024
     python scripts/evaluate.py --run runs/tiny --lengths 256,512,1024 --extension dynamic factor=4
     python scripts/evaluate.py --run runs/tiny --extension self_extend group_size=4 window=64 --tasks ppl,passkey
     python scripts/evaluate.py --run runs/tiny --tasks ppl,passkey,needle,kv --samples 16 --out /tmp/eval

@@ -1,7 +1,7 @@
 """The position hooks every encoding implements, and the helpers that build their typed parameter objects.
 
 An encoding acts at one or more of three places; the attention block and the model call all of them without
-asking which encoding they have (DESIGN.md, "Position handling"):
+asking which encoding they have (docs/architecture.md, "Positions: three hooks"):
 
 - ``embed(x, positions, doc_ids)``   token embeddings (absolute encodings); identity by default;
 - ``rotate(q, k, q_pos, k_pos)``     queries and keys (the rotary family); identity by default;

@@ -1,0 +1,63 @@
+"""The commands in README.md, docs/ and the scripts' own help name run directories, phases, configs and scripts
+that exist: a newcomer copying one gets a result, not "not a phase of runs/tiny"."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from minilm.config import load_config
+from minilm.training.phases import phase_names
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "scripts").glob("*.py"))]
+RUN_FILES = {"model.safetensors", "tb", "eval", "config.yaml", "final_config.yaml", "tokenizer.model"}
+
+
+def _lines():
+    for doc in DOCS:
+        for i, line in enumerate(doc.read_text().splitlines(), 1):
+            yield f"{doc.relative_to(REPO)}:{i}", line
+
+
+def _configs() -> dict:
+    """run.name -> the phases of the config that trains it."""
+    out = {}
+    for path in sorted((REPO / "configs").rglob("*.yaml")):
+        if path.parent.name == "studies" or path.name == "base.yaml":
+            continue
+        cfg = load_config(path)
+        out[cfg.run.name] = phase_names(cfg)
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return _configs()
+
+
+def test_every_run_directory_and_phase_the_docs_name_is_one_a_shipped_config_makes(runs):
+    wrong = []
+    for where, line in _lines():
+        for m in re.finditer(r"\bruns/([A-Za-z0-9_.-]+)(?:/([A-Za-z0-9_.-]+))?", line):
+            name, sub = m.groups()
+            if name == "studies":  # scripts/study.py's directory: runs/studies/<study>/<variant>
+                continue
+            if name not in runs:
+                wrong.append(f"{where}: {m.group(0)} (no config has run.name {name!r})")
+            elif sub and sub not in RUN_FILES and sub not in runs[name]:
+                wrong.append(f"{where}: {m.group(0)} (not a phase of {name}: {runs[name]})")
+        for m in re.finditer(r"--run runs/([A-Za-z0-9_.-]+)\S*(?: \S+)*? --phase ([a-z0-9_]+)", line):
+            name, phase = m.groups()
+            if name in runs and phase not in runs[name]:
+                wrong.append(f"{where}: --phase {phase} is not a phase of runs/{name} ({runs[name]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_config_and_script_the_docs_name_exists():
+    missing = []
+    for where, line in _lines():
+        for m in re.finditer(r"(?<![\w/.])((?:configs|scripts)/[A-Za-z0-9_./-]+\.(?:yaml|py|sh))\b", line):
+            if not (REPO / m.group(1)).is_file():
+                missing.append(f"{where}: {m.group(1)}")
+    assert not missing, "\n".join(missing)
