@@ -439,6 +439,35 @@ def test_a_failing_run_still_leaves_the_summary_of_the_finished_ones(tmp_path, s
     assert "| yarn |" in (tmp_path / "out" / "study.md").read_text()
 
 
+def test_a_resumed_study_removes_the_temporary_files_a_kill_left_while_writing_its_summary(tmp_path, study_file,
+                                                                                           monkeypatch):  # fmt: skip
+    """A kill while the summary was written (compare.png's figure, study.json) left its atomic write's temporary file
+    in <out>/, and the --resume that finished the study wrote the summary beside it, for good. A live process's (a
+    study writing there now) is kept."""
+    import subprocess
+    import sys
+
+    import minilm.study as study_mod
+
+    monkeypatch.setattr(study_mod, "_train_run", lambda study, run, out_dir, *a: (out_dir / run.label).mkdir())
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # the killed process: its pid exists no more
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        left = [out / f".compare.png.{dead.pid}.tmp", out / f".study.json.{dead.pid}.tmp"]
+        writing = out / f".study.md.{live.pid}.tmp"
+        for path in [*left, writing]:
+            path.write_bytes(b"half")
+        study_mod.run_study(load_study(study_file), out, resume=True, log=lambda msg: None)
+    finally:
+        live.kill()
+        live.wait()
+    assert [p.name for p in left if p.exists()] == [] and writing.exists()
+    assert (out / "study.md").is_file()
+
+
 def test_only_rank_zero_prints_the_studys_lines(tmp_path, study_file, monkeypatch):
     """Under DDP every rank runs the whole study; its lines ('study …: <run> (overrides)', the summary's path) were
     printed once per rank."""
