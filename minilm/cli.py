@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 import traceback
 import warnings
+from contextlib import contextmanager
 from typing import Callable, Optional, Sequence
 
 from minilm.errors import MinilmError
@@ -53,13 +56,49 @@ def flush_denormals() -> None:
     torch.set_flush_denormal(True)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (``stop_on_sigterm``). A KeyboardInterrupt, so that everything that
+    handles Ctrl-C — Lightning's graceful shutdown, the ``finally`` blocks that remove temporary files and
+    directories — handles it alike."""
+
+
+_sigterm = threading.Event()  # set once a SIGTERM arrived: Lightning re-raises a plain KeyboardInterrupt
+
+
+def _on_sigterm(signum, frame):
+    _sigterm.set()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once, as before
+    raise Terminated
+
+
+@contextmanager
+def stop_on_sigterm():
+    """SIGTERM (a scheduler preempting or cancelling a job, ``kill``, ``timeout``) ends the command as Ctrl-C does:
+    the work in hand stops, ``finally`` blocks run, and the message says how to continue (exit 143, 128 + 15).
+    Its default action ended the process at once without a word, outside Lightning's training loop (which turns it
+    into a stop at the next step): during data preparation, an evaluation, a study's summary; a corpus
+    preparation's temporary directory then stayed until the next one. The previous handler is restored after (an
+    entry point run in process, as the tests do)."""
+    if threading.current_thread() is not threading.main_thread():  # (signal handlers live in the main thread)
+        yield
+        return
+    _sigterm.clear()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        if previous is not None:  # (None: a handler set from C, which Python cannot put back)
+            signal.signal(signal.SIGTERM, previous)
+
+
 def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argparse.ArgumentParser,
             argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_intermixed_args(argv)  # overrides may follow flags: `--config X --resume key=value`
     try:  # (torch is first imported here, a second or two: a Ctrl-C then was a KeyboardInterrupt traceback)
-        flush_denormals()  # before anything else runs: before torch starts its worker threads
-        quiet_libraries()
-        return main(args) or 0
+        with stop_on_sigterm():
+            flush_denormals()  # before anything else runs: before torch starts its worker threads
+            quiet_libraries()
+            return main(args) or 0
     except MinilmError as e:
         if getattr(args, "debug", False):
             traceback.print_exc()
@@ -67,5 +106,6 @@ def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argpars
         return 2
     except KeyboardInterrupt:  # the --resume hint only where there is one (train.py, study.py; not generate.py)
         resumable = any("--resume" in a.option_strings for a in parser._actions)
-        print("\ninterrupted" + ("; continue with --resume" if resumable else ""), file=sys.stderr)
-        return 130
+        what = "terminated (SIGTERM)" if _sigterm.is_set() else "interrupted"
+        print(f"\n{what}" + ("; continue with --resume" if resumable else ""), file=sys.stderr)
+        return 143 if _sigterm.is_set() else 130

@@ -1,6 +1,10 @@
-"""Ctrl-C in an entry point: exit code 130, and the '--resume' hint only from commands that have --resume."""
+"""Ctrl-C in an entry point: exit code 130, and the '--resume' hint only from commands that have --resume. SIGTERM:
+the same, exit code 143."""
 
 import argparse
+import os
+import signal
+import time
 
 import pytest
 
@@ -30,3 +34,28 @@ def test_interrupt_while_torch_is_imported_is_the_same_message(monkeypatch, caps
     monkeypatch.setattr(cli, "flush_denormals", lambda: interrupted(None))
     assert run_cli(lambda args: 0, argparse.ArgumentParser(), []) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_sigterm_stops_like_ctrl_c_runs_the_finally_blocks_and_is_put_back(capsys):
+    """SIGTERM (a scheduler preempting the job) ended the process at once without a word outside Lightning's loop:
+    during data preparation or an evaluation, and a preparation's temporary directory stayed behind."""
+    before = signal.getsignal(signal.SIGTERM)
+    cleaned = []
+
+    def preempted(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # (the handler runs at the next bytecode: this sleep is cut short)
+            return 0
+        finally:
+            cleaned.append(True)
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--resume", action="store_true")
+    t0 = time.monotonic()
+    assert run_cli(preempted, parser, []) == 143
+    assert time.monotonic() - t0 < 4 and cleaned == [True]
+    assert "terminated (SIGTERM); continue with --resume" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert run_cli(interrupted, parser, []) == 130  # a Ctrl-C after it is still "interrupted"
+    assert "interrupted; continue" in capsys.readouterr().err
