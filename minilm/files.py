@@ -9,7 +9,7 @@ import errno
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Collection, Optional, Tuple
 
 try:
     import fcntl
@@ -46,17 +46,19 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
     fsync_path(path.parent)
 
 
-TEMPORARY = re.compile(r"^\..+\.(\d+)\.tmp$")  # atomic_write's temporary file: .<name>.<pid>.tmp
+TEMPORARY = re.compile(r"^\.(.+)\.(\d+)\.tmp$")  # atomic_write's temporary file: .<name>.<pid>.tmp
 
 
-def remove_stale_temporaries(directory: Path) -> None:
+def remove_stale_temporaries(directory: Path, names: Optional[Collection[str]] = None) -> None:
     """Delete the temporary files that ``atomic_write`` left in ``directory`` when a kill cut its write short (the
     ``finally`` that removes them never ran): nothing reads them, and a run's weights or report stayed beside its
     outputs for good. Only those of processes that no longer exist on this machine: another process may be writing
-    its file there now (an evaluation of a finished phase)."""
+    its file there now (an evaluation of a finished phase). With ``names``, only those written for these file names
+    (a folder that holds other things too: ``evaluate.py --out`` may name any folder)."""
     for path in directory.iterdir() if directory.is_dir() else []:
-        if (m := TEMPORARY.match(path.name)) and not pid_alive(int(m.group(1))):
-            path.unlink(missing_ok=True)
+        if (m := TEMPORARY.match(path.name)) and (names is None or m.group(1) in names):
+            if not pid_alive(int(m.group(2))):
+                path.unlink(missing_ok=True)
 
 
 def pid_alive(pid: int) -> bool:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from minilm.errors import MinilmError
-from minilm.files import TEMPORARY, atomic_write, atomic_write_text, pid_alive
+from minilm.files import atomic_write, atomic_write_text, remove_stale_temporaries
 
 
 class _Pyplot:
@@ -114,17 +114,6 @@ def make_output_dir(out_dir: Path) -> None:
     except OSError as e:
         raise MinilmError(f"{out_dir}: cannot write the evaluation output there ({e.strerror}); choose another "
                           "output directory (--out)") from None  # fmt: skip
-
-
-def remove_stale_temporaries_of(out_dir: Path, names: Sequence[str]) -> None:
-    """Delete the temporary files (``.<name>.<pid>.tmp``) that a kill left in ``out_dir`` while one of ``names``
-    was written, where their process no longer exists: the rerun that wrote the evaluation again left them beside it
-    for good (``--out`` is not a run directory, whose resume removes them). Only those of ``names``: ``--out`` may
-    be any folder (compare_runs.py's default is the current one), and its other files are not the evaluation's."""
-    for path in Path(out_dir).glob(".*.tmp") if Path(out_dir).is_dir() else []:
-        m = TEMPORARY.match(path.name)
-        if m and path.name[1 : -len(f".{m.group(1)}.tmp")] in names and not pid_alive(int(m.group(1))):
-            path.unlink(missing_ok=True)
 
 
 def write_json(results: dict, path: Path) -> None:
@@ -389,7 +378,8 @@ def write_report(results: dict, out_dir: Path) -> Dict[str, Path]:
     figures agree, and the temporary files a killed evaluation left while writing them; other files are left
     alone."""
     out_dir = Path(out_dir)
-    remove_stale_temporaries_of(out_dir, ["results.json", "report.md", *(f"{name}.png" for name in FIGURES)])
+    # (only the evaluation's own: --out may be any folder, compare_runs.py's default the current one)
+    remove_stale_temporaries(out_dir, {"results.json", "report.md", *(f"{name}.png" for name in FIGURES)})
     evaluated_before = (out_dir / "results.json").is_file()
     write_json(results, out_dir / "results.json")
     figures = write_figures(results, out_dir)
@@ -425,7 +415,7 @@ def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple
     vs length, one line per run) and one markdown table. Returns (figure, table) paths."""
     out_dir = Path(out_dir)
     make_output_dir(out_dir)
-    remove_stale_temporaries_of(out_dir, ["compare.png", "compare.md"])
+    remove_stale_temporaries(out_dir, {"compare.png", "compare.md"})
     panels = [k for k in ("ppl", "ppl_sliding", *RETRIEVAL) if any(_lengths(r, k) for r in runs)]
     if not panels:
         panels = ["ppl"]
