@@ -56,19 +56,16 @@ def flush_denormals() -> None:
     torch.set_flush_denormal(True)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the process is (``stop_on_sigterm``). A KeyboardInterrupt, so that everything that
-    handles Ctrl-C — Lightning's graceful shutdown, the ``finally`` blocks that remove temporary files and
-    directories — handles it alike."""
-
-
-_sigterm = threading.Event()  # set once a SIGTERM arrived: Lightning re-raises a plain KeyboardInterrupt
+_sigterm = threading.Event()  # set once a SIGTERM arrived: what the KeyboardInterrupt that reaches run_cli was
 
 
 def _on_sigterm(signum, frame):
+    """SIGTERM raised as a KeyboardInterrupt where the process is, so that everything that handles Ctrl-C —
+    Lightning's graceful shutdown, the ``finally`` blocks that remove temporary files and directories — handles it
+    alike (Lightning re-raises a plain one: the flag, not the exception's type, tells run_cli which it was)."""
     _sigterm.set()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once, as before
-    raise Terminated
+    raise KeyboardInterrupt
 
 
 @contextmanager

@@ -244,10 +244,10 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     if unknown:
         raise MinilmError(f"--only {unknown[0]}: no such variant in {study.path}; variants are: {', '.join(names)}")
     from minilm.files import remove_stale_temporaries
-    from minilm.training.phases import ChangedPhaseError, _silent, check_writable_dir, is_primary_process
+    from minilm.training.phases import ChangedPhaseError, check_writable_dir, is_primary_process, silent
 
     if not is_primary_process():  # under DDP every rank runs the study alike: each line was printed once per rank
-        log = _silent  # (what goes wrong on another rank is raised there, and reaches the user from it)
+        log = silent  # (what goes wrong on another rank is raised there, and reaches the user from it)
     check_writable_dir(out_dir, "--out")  # else each run's run.dir check advises setting run.dir, refused here
     if is_primary_process():  # a kill while the summary was written left its temporary file (.study.json.<pid>.tmp,
         remove_stale_temporaries(out_dir)  # compare.png's): never read, and beside the outputs for good otherwise

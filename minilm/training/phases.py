@@ -662,7 +662,7 @@ def run_phases(
     pcfgs = {n: phase_config(cfg, n) for n in names}
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
     if not primary:  # every rank runs the phases alike, and each line was printed once per process; what goes wrong
-        log = _silent  # on another rank is raised there, and reaches the user from it
+        log = silent  # on another rank is raised there, and reaches the user from it
     if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
         log(f"--resume: {run_dir} holds no run yet; starting one")  # but say that nothing was resumed
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
@@ -747,7 +747,7 @@ def _run_logger(run_dir: Path, names: list, pcfgs: dict, offset: int, resume_fro
     return _RunLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False, purge_step=purge)
 
 
-def _silent(msg: str) -> None:
+def silent(msg: str) -> None:
     """The log of the DDP ranks other than rank 0."""
 
 
