@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,41 @@ def run_train(*args, check: bool = True, timeout: int = 600, env: dict | None = 
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+@dataclass
+class Finished:
+    """What ``train_here`` returns: the fields of ``subprocess.CompletedProcess`` the tests read."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def train_here(capsys):
+    """``train.py ARGS`` in this process, through the script's own ``main`` and ``run_cli``: what ``run_train``'s
+    child would return and print, without its ~7 s of torch and Lightning imports. One intra-op thread, as the child
+    has. What needs a process of its own (a signal, a second process, the exit status a shell sees, Python warnings,
+    which pytest captures) stays with ``run_train``. Reads (and so empties) ``capsys`` at each call."""
+    from minilm.cli import run_cli
+
+    script = load_script("train.py")
+
+    def call(*args, check: bool = True) -> Finished:
+        capsys.readouterr()
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            code = run_cli(script.main, script.parser(), [str(a) for a in args])
+        finally:
+            torch.set_num_threads(before)
+        out, err = capsys.readouterr()
+        if check and code != 0:
+            raise AssertionError(f"train.py failed ({code}):\n{out[-3000:]}\n{err[-3000:]}")
+        return Finished(code, out, err)
+
+    return call
 
 
 @pytest.fixture

@@ -123,10 +123,11 @@ def _train_until_a_long_checkpoint(cfg: Path, run: Path, stderr) -> subprocess.P
     return proc
 
 
-def test_sigkill_mid_phase_then_resume_equals_uninterrupted(tmp_path, tiny_text_dir):
+def test_sigkill_mid_phase_then_resume_equals_uninterrupted(tmp_path, tiny_text_dir, train_here):
+    """Killed and resumed as a user's processes are; the uninterrupted run, in this process, is the reference."""
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=60)
     straight = tmp_path / "straight"
-    train("--config", cfg, f"run.dir={straight}")
+    train_here("--config", cfg, f"run.dir={straight}")
 
     killed = tmp_path / "killed"
     proc = _train_until_a_long_checkpoint(cfg, killed, stderr=subprocess.STDOUT)
@@ -144,7 +145,7 @@ def test_sigkill_mid_phase_then_resume_equals_uninterrupted(tmp_path, tiny_text_
         assert (a[k] == b[k]).all(), f"{k} differs after resume"
 
 
-def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir):
+def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir, train_here):
     """Lightning turns Ctrl-C inside fit into a silent sys.exit(1); the run must instead stop with the CLI's
     message and exit code 130, and continue with --resume."""
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=400)
@@ -154,11 +155,12 @@ def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted; continue with --resume" in err, (proc.returncode, err[-2000:])
     assert not (run / "long" / "complete.json").exists()
-    again = train("--config", cfg, f"run.dir={run}", "--resume", "phases.long.steps=6")
+    again = train_here("--config", cfg, f"run.dir={run}", "--resume", "phases.long.steps=6")
     assert "resuming from" in again.stdout and (run / "long" / "complete.json").is_file()
 
 
-def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir):
+def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir, train_here):
+    train = train_here
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=4)
     base = tmp_path / "base"
     out = train("--config", cfg, f"run.dir={base}", "phases.long.steps=1").stdout
@@ -177,7 +179,8 @@ def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir):
     assert proc.returncode == 2 and "--init" in proc.stderr
 
 
-def test_a_second_process_is_refused_by_the_lock(tmp_path, tiny_text_dir):
+def test_a_second_process_is_refused_by_the_lock(tmp_path, tiny_text_dir, train_here):
+    train = train_here  # the lock's holder is a process of its own; the refused run need not be
     cfg = write_config(tmp_path, tiny_text_dir)
     run = tmp_path / "run"
     run.mkdir()
@@ -196,13 +199,14 @@ def test_a_second_process_is_refused_by_the_lock(tmp_path, tiny_text_dir):
 
 @pytest.mark.parametrize("keep_step", [6, pytest.param(None, marks=pytest.mark.slow)],
                          ids=["mid_phase", "before_first_checkpoint"])  # fmt: skip
-def test_resume_with_dropout_equals_uninterrupted(tmp_path, tiny_text_dir, keep_step):
+def test_resume_with_dropout_equals_uninterrupted(tmp_path, tiny_text_dir, keep_step, train_here):
     """Dropout draws from torch's global generator, which Lightning's data loaders also draw from (one number per
     loader iterator: the validation loader every val_every steps, the training loader at the start of a fit): a
     resumed run must still train with the dropout masks of the uninterrupted one, and so must a phase started in a
     fresh process (killed before its first checkpoint). Simulated by deleting what a kill would not have written."""
     import shutil
 
+    train = train_here
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=12)
     args = ["model.dropout=0.2", "train.keep_checkpoints=100", "train.val_every=4"]
     straight = tmp_path / "straight"
@@ -225,11 +229,12 @@ def test_resume_with_dropout_equals_uninterrupted(tmp_path, tiny_text_dir, keep_
         assert (a[k] == b[k]).all(), f"{k} differs after resume"
 
 
-def test_resume_with_other_sampling_settings_is_refused_before_the_run_changes(tmp_path, tiny_text_dir):
+def test_resume_with_other_sampling_settings_is_refused_before_the_run_changes(tmp_path, tiny_text_dir, train_here):
     """The sampler's identity is saved in each checkpoint: a --resume whose seed or data settings differ would
     otherwise continue silently on other batches (and record the new settings in the run's config.yaml)."""
     import shutil
 
+    train = train_here
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=6)
     straight = tmp_path / "straight"
     train("--config", cfg, f"run.dir={straight}", "train.keep_checkpoints=100")
@@ -250,20 +255,18 @@ def test_resume_with_other_sampling_settings_is_refused_before_the_run_changes(t
     assert "resuming from" in again
 
 
-def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_path, tiny_text_dir, capsys):
+def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_path, tiny_text_dir, train_here):
     """--resume skips finished phases: had their lr, data or position changed since, the run would silently keep
-    weights the config no longer describes. Evaluation and bookkeeping settings may change. (The refusals come
-    before anything trains, so they run in this process: a subprocess each would cost seconds of start-up.)"""
-    from minilm.cli import run_cli
-
-    train_py = load_script("train.py")
+    weights the config no longer describes. Evaluation and bookkeeping settings may change."""
+    train = train_here
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=2)
     run = tmp_path / "run"
     train("--config", cfg, f"run.dir={run}")
 
     def refused(*args) -> str:
-        assert run_cli(train_py.main, train_py.parser(), ["--config", str(cfg), f"run.dir={run}", *args]) == 2
-        return capsys.readouterr().err
+        proc = train("--config", cfg, f"run.dir={run}", *args, check=False)
+        assert proc.returncode == 2, proc.stdout[-2000:]
+        return proc.stderr
 
     for override, key in (("phases.long.lr=0.002", "optim.lr"), ("phases.short.seq_len=16", "train.seq_len"),
                           ("phases.long.position.base=20000.0", "model.position.base"),
