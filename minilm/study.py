@@ -252,8 +252,11 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     if is_primary_process():  # a kill while the summary was written left its temporary file (.study.json.<pid>.tmp,
         remove_stale_temporaries(out_dir)  # compare.png's): never read, and beside the outputs for good otherwise
     runs = study_runs(study)
-    cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
     todo = [r for r in runs if not only or r.variant in only]
+    seeds = f" × {len(study.seeds)} seeds" if study.seeds else ""
+    log(f"study {study.name}: {len(todo)} runs ({len({r.variant for r in todo})} variants{seeds}) into {out_dir}; "
+        "first every run's config and data are checked")  # (seconds of silence otherwise)
+    cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
 
     # (under DDP the other ranks start this study anew once rank 0 has begun the first run: not their refusal)
     if not resume and is_primary_process() and any((out_dir / r.label).exists() for r in todo):

@@ -81,7 +81,10 @@ def test_a_study_trains_every_variant_shares_pretraining_exactly_and_compares(tm
     assert _study([study_file, "--out", out]) == 2
     assert "--resume" in capsys.readouterr().err
     assert _study([study_file, "--out", out, "--resume"]) == 0
-    assert "'pi' starts from 'yarn' after short" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "'pi' starts from 'yarn' after short" in printed
+    # said before the seconds of checking every run's config and data: how many runs, and where
+    assert printed.startswith(f"study {study_file.stem}: 3 runs (3 variants) into {out}; first every run's"), printed
     assert (out / "alibi" / "short" / "checkpoints").is_dir()  # a different model: nothing shared
     report = json.loads((out / "study.json").read_text())
     rows = {r["variant"]: r for r in report["variants"]}
