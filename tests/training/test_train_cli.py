@@ -1,4 +1,6 @@
-"""train.py end to end, as a user runs it: outputs, bad input, phases, exact resume after SIGKILL."""
+"""train.py end to end: outputs, bad input, phases, exact resume after SIGKILL. A subprocess as a user runs it
+where a process of its own matters (signals, the lock, exit codes, warnings), else train.py's main in process
+(the train_here fixture)."""
 
 import os
 import signal
