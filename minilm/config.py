@@ -352,21 +352,9 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
         raise ConfigError(f"{label}: bad config key '{key}': {msg}") from None
 
 
-_SCHEMA: Optional[DictConfig] = None
-
-
-def schema() -> DictConfig:
-    """A fresh, writable ``OmegaConf.structured(Config)``: copied from one built once (building it from the
-    dataclasses took ~5× the copy, and a config with phases needs one per phase)."""
-    global _SCHEMA
-    if _SCHEMA is None:
-        _SCHEMA = OmegaConf.structured(Config)
-    return copy.deepcopy(_SCHEMA)
-
-
 def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> DictConfig:
     """Defaults < YAML chain < CLI dotlist (``key.sub=value``); validated and read-only."""
-    cfg = schema()
+    cfg = OmegaConf.structured(Config)
     layers: List[tuple[str, DictConfig]] = []  # (label, layer), for naming the file that set a bad value
     if path is not None and not str(path).strip():  # Path("") is the working directory
         raise ConfigError("config: the path of a YAML file is expected, got an empty string")
@@ -478,7 +466,7 @@ def on_schema(resolved: Any) -> DictConfig:
     (``data.sources``, ``model.position``) are taken as given, not merged onto their defaults: a merge would
     re-add the default ``embedded`` source to a config that removed it."""
     given = OmegaConf.create(resolved)
-    cfg = OmegaConf.merge(schema(), given)
+    cfg = OmegaConf.merge(OmegaConf.structured(Config), given)
     cfg.data.sources = given.data.sources
     _drop_null_sources(cfg.data)  # a default source the config removed is saved as NAME: null (to_yaml)
     cfg.model.position = given.model.position
