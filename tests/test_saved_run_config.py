@@ -4,7 +4,7 @@ read: minilm.runs.load_run_config (evaluate, generate, export, the finished-phas
 import pytest
 
 from minilm.errors import MinilmError
-from tests.conftest import REPO, load_script
+from tests.conftest import REPO
 
 BROKEN = {
     "not_yaml": "model:\n  n_layers: [\n",
@@ -23,16 +23,13 @@ def test_an_unreadable_run_config_is_named(tmp_path, text):
         load_run_config(tmp_path / "config.yaml")
 
 
-def test_resume_on_a_run_whose_config_is_unreadable_exits_2(tmp_path, capsys):
+def test_resume_on_a_run_whose_config_is_unreadable_exits_2(tmp_path, train_here):
     """It was a YAML / OmegaConf traceback from the --resume model-section check."""
-    from minilm.cli import run_cli
-
-    train_py = load_script("train.py")
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(BROKEN["duplicate_key"])
-    argv = ["--config", str(REPO / "configs" / "tiny.yaml"), f"run.dir={run}", "--resume"]
-    assert run_cli(train_py.main, train_py.parser(), argv) == 2
-    err = capsys.readouterr().err
+    proc = train_here("--config", REPO / "configs" / "tiny.yaml", f"run.dir={run}", "--resume", check=False)
+    err = proc.stderr
+    assert proc.returncode == 2
     assert f"{run / 'config.yaml'}: not a readable run config" in err and "duplicate key" in err, err
     assert "Traceback" not in err and (run / "config.yaml").read_text() == BROKEN["duplicate_key"]

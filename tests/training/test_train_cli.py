@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tests.conftest import local_data_yaml, load_script
+from tests.conftest import local_data_yaml
 from tests.conftest import run_train as train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,21 +81,19 @@ def test_twenty_steps_write_events_weights_and_config(tmp_path, tiny_text_dir):
           "phases.b.data.long_min_tokens=1000000"], "phase 'b': data.long_fraction=0.5"),
     ],
 )
-def test_bad_input_exits_2_with_a_clear_message(tmp_path, tiny_text_dir, args, message, capsys):
-    """In process, through train.py's own main and run_cli (a subprocess per case cost ~13 s of imports; the
-    subprocess's exit code 2 is checked by the tests above and below)."""
-    from minilm.cli import run_cli
-
-    script = load_script("train.py")
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, tiny_text_dir, args, message, train_here):
+    """In process (a subprocess per case cost ~13 s of imports; the subprocess's exit code 2 is checked by the tests
+    above and below)."""
     cfg = write_config(tmp_path, tiny_text_dir)
     (tmp_path / "a_file").write_text("not a directory")
     argv = ["--config", str(cfg), *[a.format(tmp=tmp_path) for a in args]]
-    assert run_cli(script.main, script.parser(), argv) == 2
-    err = capsys.readouterr().err
+    proc = train_here(*argv, check=False)
+    err = proc.stderr
+    assert proc.returncode == 2
     assert not list(tmp_path.glob("**/config.yaml")), "bad input left a half-made run behind"
     assert message in err and "Traceback" not in err
-    assert run_cli(script.main, script.parser(), [*argv, "--debug"]) == 2
-    assert "Traceback" in capsys.readouterr().err
+    debug = train_here(*argv, "--debug", check=False)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
 
 
 def test_missing_config_and_print_config(tmp_path, tiny_text_dir):
@@ -310,7 +308,8 @@ def test_val_batches_0_trains_without_validation_and_says_so(tmp_path, tiny_text
     assert "train/loss" in tags and not any(t.startswith("val/") for t in tags), tags
 
 
-def test_an_interrupted_phase_init_run_continues_with_the_same_command_plus_resume(tmp_path, tiny_text_dir, capsys):
+def test_an_interrupted_phase_init_run_continues_with_the_same_command_plus_resume(tmp_path, tiny_text_dir,
+                                                                                  train_here):
     """README: a stopped run continues "with the same command plus --resume". For `--phase long --init W` that
     deleted the phase's checkpoints and retrained it from step 0 (and a plain --resume trained the phases before
     it, which this run never had, from random weights). Simulated kill: what a kill after the step-3 checkpoint
@@ -319,13 +318,11 @@ def test_an_interrupted_phase_init_run_continues_with_the_same_command_plus_resu
 
     import torch
 
-    from minilm.cli import run_cli
     from minilm.config import load_config
     from minilm.data import load_corpus
     from minilm.model import GPT
     from minilm.training.checkpoint import save_weights
 
-    train_py = load_script("train.py")
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=6)
     torch.manual_seed(0)
     init = tmp_path / "init.safetensors"
@@ -334,48 +331,41 @@ def test_an_interrupted_phase_init_run_continues_with_the_same_command_plus_resu
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     command = ["--config", str(cfg), "--phase", "long", "--init", str(init), "phases.long.carry_optimizer=false",
                "train.keep_checkpoints=100"]  # fmt: skip
-    assert run_cli(train_py.main, train_py.parser(), [*command, f"run.dir={straight}"]) == 0
+    train_here(*command, f"run.dir={straight}")
     shutil.copytree(straight, killed)
     for path in [killed / "model.safetensors", killed / "final_config.yaml", *(killed / "long").glob("*.*"),
                  killed / "long" / "checkpoints" / "step-00000006.ckpt"]:  # fmt: skip
         path.unlink(missing_ok=True)
     assert [p.name for p in (killed / "long" / "checkpoints").iterdir()] == ["step-00000003.ckpt"]
-    capsys.readouterr()
-    assert run_cli(train_py.main, train_py.parser(), [*command, f"run.dir={killed}", "--resume"]) == 0
-    out = capsys.readouterr().out
+    out = train_here(*command, f"run.dir={killed}", "--resume").stdout
     assert "phase 'long': resuming from" in out and not (killed / "short").exists(), out
     a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
     for k in a:
         assert (a[k] == b[k]).all(), f"{k} differs after resume"
 
 
-def test_an_accelerator_whose_package_is_missing_is_named(tmp_path, tiny_text_dir, capsys):
+def test_an_accelerator_whose_package_is_missing_is_named(tmp_path, tiny_text_dir, train_here):
     """trainer.accelerator=tpu without torch_xla: Lightning raises ModuleNotFoundError, which was a traceback."""
     import importlib.util
-
-    from minilm.cli import run_cli
 
     if importlib.util.find_spec("torch_xla") is not None:
         pytest.skip("torch_xla is installed")
 
-    train_py = load_script("train.py")
     cfg = write_config(tmp_path, tiny_text_dir)
-    argv = ["--config", str(cfg), f"run.dir={tmp_path / 'run'}", "trainer.accelerator=tpu"]
-    assert run_cli(train_py.main, train_py.parser(), argv) == 2
-    err = capsys.readouterr().err
+    proc = train_here("--config", cfg, f"run.dir={tmp_path / 'run'}", "trainer.accelerator=tpu", check=False)
+    err = proc.stderr
+    assert proc.returncode == 2
     assert "trainer: Lightning cannot run with trainer.accelerator=tpu" in err and "torch_xla" in err, err
     assert not (tmp_path / "run").exists()
 
 
-def test_phase_without_its_previous_phase_is_refused_before_the_run_is_written(tmp_path, tiny_text_dir, capsys):
+def test_phase_without_its_previous_phase_is_refused_before_the_run_is_written(tmp_path, tiny_text_dir, train_here):
     """`--phase long` where 'short' has not finished (and no --init) was refused only after run.dir's config.yaml
     had been overwritten with the refused command's config and the phases from 'long' on deleted."""
-    from minilm.cli import run_cli
-
-    train_py = load_script("train.py")
     cfg = write_config(tmp_path, tiny_text_dir, phases=True)
     run = tmp_path / "run"
-    assert run_cli(train_py.main, train_py.parser(), ["--config", str(cfg), f"run.dir={run}", "--phase", "long"]) == 2
-    err = capsys.readouterr().err
+    proc = train_here("--config", cfg, f"run.dir={run}", "--phase", "long", check=False)
+    err = proc.stderr
+    assert proc.returncode == 2
     assert "--phase long: the previous phase 'short' has not finished" in err and "--init" in err, err
     assert not run.exists()
