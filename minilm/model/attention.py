@@ -3,7 +3,9 @@
 The block never asks which encoding it has. It calls ``rotate`` on q and k, then picks a kernel from what the
 encoding declared (``score_kind``, ``has_value_term``; see minilm/positions/base.py):
 
-1. no score term                    -> ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN on GPU);
+1. no score term                    -> ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN on GPU;
+                                       training in bf16 on CPU at short lengths, its backward in fp32:
+                                       ``cpu_sdpa_fp32_backward``);
                                        with a document mask, FlexAttention on CUDA instead (rung 2, no score_mod):
                                        SDPA would take the dense (B, 1, T, S) mask, which rules out the flash
                                        kernel and grows as T², where Flex skips the blocks between documents;
@@ -86,11 +88,69 @@ def _reference_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Ten
 def sdpa_attention(q, k, v, pos, mask: AttentionMask) -> Tensor:
     Dh, T, S = q.shape[-1], q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
+    if _cpu_backward_in_fp32(q, k, v):
+        return cpu_sdpa_fp32_backward(q, k, v, pos, mask)
     if mask.is_plain_causal and mask.offset == 0 and T == S:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=pos.softmax_scale(Dh), enable_gqa=gqa)
     return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask.dense(T, S, q.device), scale=pos.softmax_scale(Dh), enable_gqa=gqa
     )
+
+
+# On CPU the backward of torch's flash-attention kernel runs several times slower in bf16 than in fp32 at short
+# sequences, while its forward and the model's matmuls run faster in bf16 (AMX). Measured on the 2-core development
+# machine (Xeon with AMX, torch 2.13, SDPA forward + backward, 4096 tokens; docs/performance.md): head width 32 at
+# 128 tokens, bf16 27.3 ms, fp32 7.5 ms; the two even out near T · head width = 16K, past which bf16 is the faster.
+CPU_FP32_BACKWARD_BELOW = 16384  # T · head width under which a bf16 SDPA on CPU takes its backward in fp32
+
+
+def _cpu_backward_in_fp32(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether SDPA on these inputs is a CPU training call in bf16 (theirs, or autocast's) short enough that its
+    backward is faster in fp32 (``cpu_sdpa_fp32_backward``). fp16 is left to torch: not measured."""
+    if q.device.type != "cpu" or q.shape[2] * q.shape[3] >= CPU_FP32_BACKWARD_BELOW:
+        return False
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return training and _sdpa_dtype(q) == torch.bfloat16
+
+
+def _sdpa_dtype(q: Tensor) -> torch.dtype:
+    """The dtype SDPA computes in: autocast's where it is on (SDPA is on its lower-precision list), else q's."""
+    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else q.dtype
+
+
+def cpu_sdpa_fp32_backward(q, k, v, pos, mask: AttentionMask) -> Tensor:
+    """SDPA on CPU with the forward in bf16 and the backward in fp32 (``_CpuSdpaFp32Backward``); the same attention
+    as ``sdpa_attention``, within bf16 rounding (tests/model/test_attention_ladder.py)."""
+    T, S, n_rep = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    q, k, v = q.bfloat16(), repeat_kv(k, n_rep).bfloat16(), repeat_kv(v, n_rep).bfloat16()  # the kernel has no GQA
+    causal = mask.is_plain_causal and mask.offset == 0 and T == S
+    bias = None if causal else torch.zeros(1, dtype=q.dtype).masked_fill(~mask.dense(T, S, q.device), float("-inf"))
+    with torch.autocast("cpu", enabled=False):
+        return _CpuSdpaFp32Backward.apply(q, k, v, bias, causal, pos.softmax_scale(q.shape[-1]))
+
+
+class _CpuSdpaFp32Backward(torch.autograd.Function):
+    """torch's CPU flash-attention kernel: forward in bf16, backward on fp32 copies of its inputs and output (the
+    saved log-sum-exp is fp32 already); gradients returned in bf16."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, causal: bool, scale):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=bias, scale=scale
+        )
+        ctx.save_for_backward(q, k, v, out, lse, bias)
+        ctx.causal, ctx.scale = causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, bias = ctx.saved_tensors
+        g, q32, k32, v32, out32 = (t.float() for t in (grad, q, k, v, out))
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            g, q32, k32, v32, out32, lse, 0.0, ctx.causal, attn_mask=None if bias is None else bias.float(),
+            scale=ctx.scale,
+        )  # fmt: skip
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 
 def sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tensor:

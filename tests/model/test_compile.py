@@ -43,6 +43,18 @@ def test_loss_has_no_graph_breaks(case):
     assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
 
 
+def test_loss_under_cpu_bf16_autocast_has_no_graph_breaks():
+    """bf16-mixed on CPU (train.precision auto on a CPU with AMX): attention's fp32-backward SDPA, an autograd
+    Function over torch's CPU flash-attention ops (minilm/model/attention.py), traces into the one graph."""
+    model = _model([])
+    x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        explained = torch._dynamo.explain(model.loss)(x, y)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, [b.reason for b in explained.break_reasons]
+    assert str(explained.graphs[0].code).count("autograd_function_apply(") == 2  # one per layer
+
+
 def _step_positions(step: int) -> torch.Tensor:
     """(2, 16) positions whose largest value changes per step, across the length-dependent cases' original length
     8: one sequence (max 15), documents restarting at 10 (max 9), documents of 6 (max 5, under 8)."""
