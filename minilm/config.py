@@ -129,7 +129,7 @@ class TrainConfig:
     micro_batch_size: Optional[int] = None
     steps: int = 1000
     tokens: Optional[int] = None  # when set, wins over steps: steps = ceil(tokens / (batch_size · seq_len))
-    precision: str = "auto"  # auto (bf16-mixed on GPU, 32 on CPU) | 32 | bf16-mixed | 16-mixed
+    precision: str = "auto"  # auto (bf16-mixed on GPU and on CPUs with AMX, else 32) | 32 | bf16-mixed | 16-mixed
     compile: bool = False
     val_every: int = 100  # steps between validations (0: only at the end)
     val_batches: int = 8  # validation batches of batch_size rows (per device)

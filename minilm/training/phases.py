@@ -68,6 +68,7 @@ from minilm.training.checkpoint import (
 )
 from minilm.training.datamodule import PhaseData
 from minilm.training.lit_module import LitGPT
+from minilm.training.precision import resolve_precision
 
 COMPLETE = "complete.json"
 
@@ -196,9 +197,11 @@ def check_phase_fits(model: GPT, pcfg, phase: str) -> None:
 
 
 def precision(pcfg) -> str:
-    p = pcfg.train.precision
-    if p == "auto":
-        return "bf16-mixed" if torch.cuda.is_available() else "32-true"
+    """Lightning's name for the phase's ``train.precision``, "auto" resolved for the device Lightning will pick
+    (minilm/training/precision.py)."""
+    accelerator = pcfg.trainer.accelerator
+    gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
+    p = resolve_precision(pcfg.train.precision, "cuda" if gpu else "cpu" if accelerator in ("auto", "cpu") else "")
     return "32-true" if p == "32" else p
 
 
@@ -671,7 +674,9 @@ def run_phases(
             log(f"warning: {msg}")
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model, corpus.tokenizer.vocab_size)
-    log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {corpus.tokenizer.vocab_size}")
+    given, used = cfg.train.precision, precision(next(iter(pcfgs.values())))
+    log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {corpus.tokenizer.vocab_size}, "
+        f"precision {used}" + (" (train.precision auto)" if given == "auto" else ""))
     for n in names:  # every phase is checked before any trains, and before run.dir is written
         check_phase_fits(model, pcfgs[n], n)
     with run_lock(run_dir, log) if primary else nullcontext():

@@ -12,9 +12,11 @@ from safetensors.torch import load_file
 
 from tests.conftest import local_data_yaml, run_train
 
+# precision 32: the tests compare 2 processes with 1 within fp32 rounding (auto is bf16-mixed on a CPU with AMX)
 CONFIG = """
 model: {{n_layers: 2, d_model: 32, n_heads: 2}}
-{data}train: {{seq_len: 32, steps: 6, val_every: 0, val_batches: 2, log_every: 1, ckpt_every: 3, keep_checkpoints: 5}}
+{data}train: {{seq_len: 32, steps: 6, val_every: 0, val_batches: 2, log_every: 1, ckpt_every: 3, keep_checkpoints: 5,
+        precision: "32"}}
 optim: {{lr: 0.003, warmup_steps: 2}}
 trainer: {{accelerator: cpu}}
 """
