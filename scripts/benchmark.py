@@ -3,7 +3,8 @@
 
     python scripts/benchmark.py --config configs/gpt2_small.yaml --lengths 1024,8192 \\
         [--encodings rope,alibi,t5,kerple,fire] [--steps 10] [--warmup 3] [--repeats 1] [--batch-size B] \\
-        [--peer] [--peak-tflops 989] [--threads 2] [--precision auto|32|bf16-mixed] [--compile|--no-compile] \\
+        [--peer [--peer-precision 32|bf16-mixed]] [--peak-tflops 989] [--threads 2] [--precision auto|32|bf16-mixed] \\
+        [--compile|--no-compile] \\
         [--out benchmarks/results] [--update-docs] [key.sub=value ...]
 
 One step = forward + backward + gradient clipping + AdamW step on random tokens (B, T) — the work of one
@@ -19,6 +20,8 @@ reports minilm's tokens/s over the peer's. Only for the ``rope`` encoding (the p
 ``hf`` extra (transformers). With ``--repeats R`` the two alternate R times, so a shared machine's load falls on
 both alike; tokens/s always come from the median step time over all timed steps of all repeats. A second
 ratio comes from ``paired_ratio``: both models side by side, one step each in turn, median of the per-pair ratios.
+``--peer-precision`` trains the peer in another precision than minilm: on a CPU, say, minilm at ``auto`` (bf16-mixed
+where the CPU has AMX) against the peer in fp32, its faster precision there.
 
 MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per token = 6·N + 12·L·d·T, where
 N = the parameters that take part in a matmul — every parameter except the input embedding table, the LM head
@@ -69,6 +72,7 @@ import torch  # noqa: E402
 from minilm.config import load_config, micro_batch_size  # noqa: E402
 from minilm.export import llama_rope_kwargs, llama_shape  # noqa: E402
 from minilm.training.optim import make_adamw  # noqa: E402  (the trainer's optimizer, fused where torch has it)
+from minilm.training.precision import resolve_precision  # noqa: E402
 from minilm.cli import flush_denormals  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 from minilm.files import atomic_write_text  # noqa: E402
@@ -144,6 +148,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="device peak for MFU (default: known GPUs, bf16)")  # fmt: skip
     ap.add_argument("--threads", type=whole_number(1), default=None, help="torch.set_num_threads (CPU)")
     ap.add_argument("--precision", default=None, choices=["auto", "32", "bf16-mixed"], help="default: train.precision")
+    ap.add_argument("--peer-precision", default=None, choices=["auto", "32", "bf16-mixed"],
+                    help="the peer's precision (default: minilm's)")  # fmt: skip
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="default: train.compile")
     ap.add_argument("--device", type=device_name, default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for the JSON and markdown")
@@ -151,7 +157,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--tag", default="", help="appended to the result files' names and the docs table's key")
     ap.add_argument("--note", default="", help="free text stored with the results (e.g. 'machine shared')")
     ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.peer_precision and not args.peer:
+        ap.error("--peer-precision needs --peer")
+    return args
 
 
 # ------------------------------------------------------------------------------------------------- memory
@@ -366,15 +375,15 @@ def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak
     return row
 
 
-def paired_ratio(cfg, T, B, args, device, amp_dtype, do_compile) -> dict:
+def paired_ratio(cfg, T, B, args, device, amps: dict, do_compile) -> dict:
     """minilm's speed over the peer's from *interleaved* steps: both models live side by side and take one step
     each in turn, ``steps · repeats`` times after the warm-up, so a load change hits both within milliseconds.
     The ratio is the median over pairs of peer_time / minilm_time — steadier on a shared or noisy machine than
     the ratio of two separately measured medians."""
     ours = peer = None
     try:
-        ours, _ = build_step("minilm", cfg, T, B, device, amp_dtype, do_compile)
-        peer, _ = build_step("hf_llama", cfg, T, B, device, amp_dtype, do_compile)
+        ours, _ = build_step("minilm", cfg, T, B, device, amps["minilm"], do_compile)
+        peer, _ = build_step("hf_llama", cfg, T, B, device, amps["hf_llama"], do_compile)
         for i in range(args.warmup):
             ours(i)
             peer(i)
@@ -439,12 +448,18 @@ def device_info(device) -> tuple[str, str]:
     return name, slug
 
 
+def _peer_precision(report: dict) -> str:
+    """The table head's " (peer: P)" where the peer trained in another precision than minilm."""
+    peer = report.get("peer_precision")
+    return f" (peer: {peer})" if peer and peer != report["precision"] else ""
+
+
 def markdown_table(report: dict) -> str:
     head = (
         f"Device: {report['device_name']} · torch {report['torch']} · threads {report['threads']} · "
-        f"precision {report['precision']} · compile {report['compile']} · {report['date']} · "
-        f"config `{report['config']}` {' '.join(report['overrides'])} · {report['steps']} steps after "
-        f"{report['warmup']} warm-up, × {report['repeats']} alternating repeats, median step · "
+        f"precision {report['precision']}{_peer_precision(report)} · compile {report['compile']} · "
+        f"{report['date']} · config `{report['config']}` {' '.join(report['overrides'])} · {report['steps']} steps "
+        f"after {report['warmup']} warm-up, × {report['repeats']} alternating repeats, median step · "
         f"memory: {report['memory_kind']}"
     )
     if report.get("note"):
@@ -503,28 +518,27 @@ def update_docs(report: dict, md: str, path: Path) -> None:
 
 def device_and_precision(args, base) -> tuple[torch.device, str]:
     """The device (--device, else CUDA when available), with --threads applied, and the precision: --precision,
-    else train.precision, "auto" resolved as the trainer does (bf16-mixed on CUDA, 32 elsewhere)."""
+    else train.precision, "auto" resolved as the trainer does (minilm/training/precision.py)."""
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise MinilmError(f"--device {args.device}: CUDA is not available here (torch {torch.__version__})")
     if args.threads:
         torch.set_num_threads(args.threads)
-    precision = args.precision or base.train.precision
-    if precision == "auto":
-        precision = "bf16-mixed" if device.type == "cuda" else "32"
-    return device, precision
+    return device, resolve_precision(args.precision or base.train.precision, device.type)
 
 
 def _setup(args, base):
-    """(device, precision, amp dtype, compile, peak TFLOP/s or None) for a run."""
+    """(device, precision, autocast dtype per impl, compile, peak TFLOP/s or None) for a run."""
     device, precision = device_and_precision(args, base)
     amp_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
+    peer_precision = resolve_precision(args.peer_precision, device.type) if args.peer_precision else precision
+    amps = {"minilm": amp_dtype, "hf_llama": torch.bfloat16 if peer_precision == "bf16-mixed" else None}
     do_compile = base.train.compile if args.compile is None else args.compile
     peak = args.peak_tflops
     if peak is None and device.type == "cuda" and amp_dtype is torch.bfloat16:
         name, _ = device_info(device)
         peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    return device, precision, amp_dtype, do_compile, peak
+    return device, precision, amps, do_compile, peak
 
 
 def _print_row(impl: str, enc: str, T: int, B: int, r: dict) -> None:
@@ -555,7 +569,7 @@ def encoding_configs(args, base) -> dict:
             for enc in dict.fromkeys(args.encodings.split(","))}  # fmt: skip
 
 
-def measure_all(args, base, device, amp_dtype, do_compile, peak_flops, report: dict, done) -> None:
+def measure_all(args, base, device, amps: dict, do_compile, peak_flops, report: dict, done) -> None:
     """Every planned (encoding, length): minilm and, for RoPE with --peer, the peer, alternating per repeat. Appends
     the median rows and the minilm / peer ratios (separate and interleaved) to ``report`` and calls ``done()``
     after each pair (``run_measurements``)."""
@@ -568,14 +582,14 @@ def measure_all(args, base, device, amp_dtype, do_compile, peak_flops, report: d
         runs = {i: [] for i in impls}
         for _ in range(args.repeats):  # alternate, so load on a shared machine falls on both
             for impl in impls:
-                runs[impl].append(measure(impl, cfg, enc, T, B, args, device, amp_dtype, do_compile, peak_flops))
+                runs[impl].append(measure(impl, cfg, enc, T, B, args, device, amps[impl], do_compile, peak_flops))
         rows = {i: median_row(r, peak_flops) for i, r in runs.items()}
         for i in impls:
             report["results"].append(rows[i])
             _print_row(i, enc, T, B, rows[i])
         if "hf_llama" in rows and rows["minilm"]["status"] == rows["hf_llama"]["status"] == "ok":
             ratio = rows["minilm"]["tokens_per_s"] / rows["hf_llama"]["tokens_per_s"]
-            paired = paired_ratio(cfg, T, B, args, device, amp_dtype, do_compile)
+            paired = paired_ratio(cfg, T, B, args, device, amps, do_compile)
             report["ratios"].append({"encoding": enc, "seq_len": T, "ratio": round(ratio, 3), "paired": paired})
             print(f"minilm / peer at T={T}: {ratio:.2f}x (separate runs); "
                   f"{paired.get('ratio', 0):.2f}x (interleaved steps, median of {paired.get('pairs')})",
@@ -586,7 +600,7 @@ def measure_all(args, base, device, amp_dtype, do_compile, peak_flops, report: d
 def run(args) -> dict:
     """Measure, writing the report after every (encoding, length); ``report["complete"]`` is True at the end."""
     base = load_config(args.config, args.overrides)
-    device, precision, amp_dtype, do_compile, peak = _setup(args, base)
+    device, precision, amps, do_compile, peak = _setup(args, base)
     try:  # the version without importing transformers (slow)
         tf_version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
@@ -600,9 +614,11 @@ def run(args) -> dict:
         flops_per_token="6*N + 12*L*d*T; N = all parameters but the input embedding (LM head counted once)",
         ratios=[],
     )
+    if args.peer:
+        report["peer_precision"] = "bf16-mixed" if amps["hf_llama"] is torch.bfloat16 else "32"
     peak_flops = peak * 1e12 if peak else None
     return run_measurements(
-        report, lambda done: measure_all(args, base, device, amp_dtype, do_compile, peak_flops, report, done),
+        report, lambda done: measure_all(args, base, device, amps, do_compile, peak_flops, report, done),
         Path(args.out), now, args.update_docs,
     )  # fmt: skip
 

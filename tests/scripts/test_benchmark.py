@@ -90,6 +90,27 @@ def test_benchmark_peer_ratio(bench, tmp_path):
     assert f"| {paired['ratio']:.2f}× |" in md  # the interleaved ratio's column
 
 
+def test_the_peer_trains_in_its_own_precision_when_given_one(bench, tmp_path, monkeypatch):
+    """--peer-precision 32 beside minilm in bf16-mixed: each model's steps, timed alone and interleaved, run in
+    its own precision, and the table says which."""
+    pytest.importorskip("transformers")
+    built, real = [], bench.build_step
+
+    def recording(impl, cfg, T, B, device, amp_dtype, do_compile):
+        built.append((impl, amp_dtype))
+        return real(impl, cfg, T, B, device, amp_dtype, do_compile)
+
+    monkeypatch.setattr(bench, "build_step", recording)
+    args = bench.parse_args(
+        ["--lengths", "16", "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu", "--peer",
+         "--precision", "bf16-mixed", "--peer-precision", "32", "--batch-size", "2", "--out", str(tmp_path), *TINY]
+    )  # fmt: skip
+    report = bench.run(args)
+    assert set(built) == {("minilm", torch.bfloat16), ("hf_llama", None)} and len(built) == 4  # alone, interleaved
+    assert report["precision"] == "bf16-mixed" and report["peer_precision"] == "32"
+    assert "precision bf16-mixed (peer: 32) ·" in next(tmp_path.glob("*.md")).read_text()
+
+
 def test_compiled_measurements_compile_afresh_and_static(bench, tmp_path, monkeypatch):
     """With --compile, each (encoding, length) is a fresh static compilation, as a training phase at one length:
     without a reset the second length recompiled into a dynamic-shape graph, and graphs piled up towards dynamo's
@@ -205,6 +226,7 @@ def test_mfu_peak_follows_the_gpu_model(bench, monkeypatch, name, peak):
     (["--warmup", "-1"], "argument --warmup: must be at least 0"),
     (["--peak-tflops", "0"], "argument --peak-tflops: must be > 0"),
     (["--device", "gpu"], "argument --device: must be cpu, cuda or cuda:N, got 'gpu'"),  # was a RuntimeError
+    (["--peer-precision", "32"], "--peer-precision needs --peer"),
 ])  # fmt: skip
 def test_bad_arguments_are_usage_errors(bench, capsys, bad, says):
     """A bad option value stops at once with exit 2 and a message naming the option, never a traceback part-way
