@@ -697,6 +697,25 @@ def _validate_data(d: DictConfig, where: str = "data") -> None:
 
 
 def validate(cfg: DictConfig) -> None:
+    """Every key's value checked against what it allows (raises ConfigError naming the key): the run's paths, the
+    model, data, training, position and evaluation sections, then each phase."""
+    _validate_paths(cfg)
+    _validate_model(cfg.model)
+    d = cfg.data
+    _check(d.tokenizer.vocab_size >= 64, "data.tokenizer.vocab_size", f"must be >= 64, got {d.tokenizer.vocab_size}")
+    _check(0 <= d.long_fraction <= 1, "data.long_fraction", f"must be in [0, 1], got {d.long_fraction}")
+    _check(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
+    _validate_data(d, where="data")
+    _validate_train(cfg)
+    from minilm.eval import validate_eval
+    from minilm.positions import validate_position
+
+    validate_position(cfg.model.position, where="model.position", head_dim=head_dim(cfg.model))
+    validate_eval(cfg.eval)
+    _validate_phases(cfg)
+
+
+def _validate_paths(cfg: DictConfig) -> None:
     r = cfg.run
     for key in ("name", "dir"):  # an empty run.dir trained into the working directory, run.name into runs/ itself
         _check(r[key].strip() != "", f"run.{key}", "must not be empty")
@@ -706,7 +725,9 @@ def validate(cfg: DictConfig) -> None:
         _check(value is None or not value.startswith("~"), key,
                f"{value!r}: '~' is not expanded (nor by a shell after '='): it names a directory called '~'; write "
                f"the full path, e.g. {key}=$HOME/...")  # fmt: skip
-    m = cfg.model
+
+
+def _validate_model(m: DictConfig) -> None:
     _check(m.n_layers >= 1, "model.n_layers", f"must be >= 1, got {m.n_layers}")
     _check(m.d_model >= 1, "model.d_model", f"must be >= 1, got {m.d_model}")
     _check(m.n_heads >= 1, "model.n_heads", f"must be >= 1, got {m.n_heads}")
@@ -716,41 +737,19 @@ def validate(cfg: DictConfig) -> None:
     _check(m.d_ff is None or m.d_ff >= 1, "model.d_ff", f"must be >= 1 or null (from d_model and mlp), got {m.d_ff}")
     for key in ("norm_eps", "init_std"):
         _check(0 <= m[key] < math.inf, f"model.{key}", f"must be >= 0 and finite, got {m[key]}")
-    _check(
-        m.d_model % m.n_heads == 0,
-        "model.d_model",
-        f"must be divisible by model.n_heads ({m.n_heads}), got {m.d_model}",
-    )
+    _check(m.d_model % m.n_heads == 0, "model.d_model",
+           f"must be divisible by model.n_heads ({m.n_heads}), got {m.d_model}")  # fmt: skip
     _check(head_dim(m) % 2 == 0, "model.d_model", f"d_model / n_heads must be even, got {head_dim(m)}")
     kv = m.n_kv_heads or m.n_heads
-    _check(
-        kv >= 1 and m.n_heads % kv == 0,
-        "model.n_kv_heads",
-        f"must divide model.n_heads ({m.n_heads}), got {m.n_kv_heads}",
-    )
+    _check(kv >= 1 and m.n_heads % kv == 0, "model.n_kv_heads",
+           f"must divide model.n_heads ({m.n_heads}), got {m.n_kv_heads}")  # fmt: skip
     _check(m.mlp in MLPS, "model.mlp", f"must be one of {MLPS}, got {m.mlp!r}")
     _check(0 <= m.dropout < 1, "model.dropout", f"must be in [0, 1), got {m.dropout}")
-    _check(
-        m.loss_chunk_size is None or m.loss_chunk_size >= 1,
-        "model.loss_chunk_size",
-        f"must be >= 1 (rows per chunk) or null for the plain loss, got {m.loss_chunk_size}",
-    )
-    _check(
-        cfg.data.tokenizer.vocab_size >= 64,
-        "data.tokenizer.vocab_size",
-        f"must be >= 64, got {cfg.data.tokenizer.vocab_size}",
-    )
-    _check(
-        0 <= cfg.data.long_fraction <= 1, "data.long_fraction", f"must be in [0, 1], got {cfg.data.long_fraction}"
-    )
-    _check(0 < cfg.data.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {cfg.data.val_fraction}")
-    _validate_data(cfg.data, where="data")
-    _validate_train(cfg)
-    from minilm.eval import validate_eval
-    from minilm.positions import validate_position
+    _check(m.loss_chunk_size is None or m.loss_chunk_size >= 1, "model.loss_chunk_size",
+           f"must be >= 1 (rows per chunk) or null for the plain loss, got {m.loss_chunk_size}")  # fmt: skip
 
-    validate_position(m.position, where="model.position", head_dim=head_dim(m))
-    validate_eval(cfg.eval)
+
+def _validate_phases(cfg: DictConfig) -> None:
     for name in cfg.phases:  # raises with the phase's name on a bad name or any bad override
         _check(PHASE_NAME.fullmatch(name) is not None and name not in RESERVED_PHASE_NAMES, "phases",
                f"bad phase name {name!r}: a phase trains in the directory run.dir/<name>, so a name has letters, "
