@@ -306,6 +306,8 @@ def write_figures(results: dict, out_dir: Path) -> Dict[str, Path]:
 
 
 def markdown(results: dict, figures: Dict[str, Path]) -> str:
+    """report.md: the run and its settings, the summary table by length, the retrieval grids, what was not
+    measured, greedy continuations, the figures."""
     ext = results.get("extension")
     lines = [
         f"# Evaluation: {results.get('label') or results.get('run', '')}",
@@ -316,12 +318,17 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
         f"- tasks: {', '.join(results.get('tasks', []))}; depths: {results.get('depths')}; "
         f"{results.get('samples')} samples per retrieval cell",
         "",
-        "## Summary",
-        "",
     ]
+    lines += _summary_lines(results) + _grid_lines(results) + _not_measured_lines(results)
+    lines += _example_lines(results)
+    if figures:
+        lines += ["## Figures", ""] + [f"![{n}]({p.name})" for n, p in figures.items()] + [""]
+    return "\n".join(lines)
+
+
+def _summary_lines(results: dict) -> list[str]:
     cols = [c for c in SCALARS if c in results]
-    lines.append("| length | " + " | ".join(cols) + " |")
-    lines.append("|---:|" + "---:|" * len(cols))
+    lines = ["## Summary", "", "| length | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
     unsupported = results.get("unsupported", {})
     for L in results.get("lengths", []):
         if str(L) in unsupported:
@@ -331,10 +338,15 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
                  for c in cols]  # fmt: skip
         lines.append(f"| {L} | " + " | ".join(cells) + " |")
     counts = _prompt_counts(results, [c for c in cols if c in RETRIEVAL])
-    lines += ["", "ppl: non-overlapping windows; ppl_sliding: sliding windows (after a document's first window, "
-              "every scored token has at least L − stride tokens of context); retrieval: exact-match accuracy of "
-              "greedy decoding" + (f" over n prompts per length ({counts}), in brackets its 95 % Wilson interval"
-                                   if counts else "") + ".", ""]  # fmt: skip
+    return lines + ["", "ppl: non-overlapping windows; ppl_sliding: sliding windows (after a document's first "
+                    "window, every scored token has at least L − stride tokens of context); retrieval: exact-match "
+                    "accuracy of greedy decoding" + (f" over n prompts per length ({counts}), in brackets its 95 % "
+                                                     "Wilson interval" if counts else "") + ".", ""]  # fmt: skip
+
+
+def _grid_lines(results: dict) -> list[str]:
+    """The passkey and needle grids, length × depth."""
+    lines = []
     for task in ("passkey", "needle"):
         grid = results.get(f"{task}_grid")
         if not grid:
@@ -349,27 +361,31 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
             row = grid.get(str(L)) or {}
             lines.append(f"| {L} | " + " | ".join(_fmt(row.get(d), "acc") for d in depths) + " |")
         lines.append("")
-    if unsupported or any(results.get("skipped", {}).values()):
-        lines += ["## Not measured", ""]
-        for L, why in unsupported.items():
-            lines.append(f"- length {L}: unsupported — {why}")
-        for task, per in results.get("skipped", {}).items():
-            for L, why in per.items():
-                lines.append(f"- {task} at {L}: skipped — {why}")
-        lines.append("")
+    return lines
+
+
+def _not_measured_lines(results: dict) -> list[str]:
+    unsupported, skipped = results.get("unsupported", {}), results.get("skipped", {})
+    if not unsupported and not any(skipped.values()):
+        return []
+    lines = ["## Not measured", ""]
+    lines += [f"- length {L}: unsupported — {why}" for L, why in unsupported.items()]
+    lines += [f"- {task} at {L}: skipped — {why}" for task, per in skipped.items() for L, why in per.items()]
+    return lines + [""]
+
+
+def _example_lines(results: dict) -> list[str]:
     examples = results.get("examples", {})
-    if any(examples.values()):
-        lines += ["## Greedy continuations (one sample per length)", "", "| task | length | depth | answer | greedy |",
-                  "|---|---:|---:|---|---|"]  # fmt: skip
-        for task, rows in examples.items():
-            for r in rows:
-                d = "" if r.get("depth") is None else f"{r['depth']:.0%}"
-                cells = [task, str(r["length"]), d, _code_cell(r["answer"]), _code_cell(r["greedy"])]
-                lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-    if figures:
-        lines += ["## Figures", ""] + [f"![{n}]({p.name})" for n, p in figures.items()] + [""]
-    return "\n".join(lines)
+    if not any(examples.values()):
+        return []
+    lines = ["## Greedy continuations (one sample per length)", "", "| task | length | depth | answer | greedy |",
+             "|---|---:|---:|---|---|"]  # fmt: skip
+    for task, rows in examples.items():
+        for r in rows:
+            d = "" if r.get("depth") is None else f"{r['depth']:.0%}"
+            cells = [task, str(r["length"]), d, _code_cell(r["answer"]), _code_cell(r["greedy"])]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def write_report(results: dict, out_dir: Path) -> Dict[str, Path]:
