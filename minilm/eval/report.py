@@ -432,9 +432,15 @@ def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple
     out_dir = Path(out_dir)
     make_output_dir(out_dir)
     remove_stale_temporaries(out_dir, {"compare.png", "compare.md"})
-    panels = [k for k in ("ppl", "ppl_sliding", *RETRIEVAL) if any(_lengths(r, k) for r in runs)]
-    if not panels:
-        panels = ["ppl"]
+    panels = [k for k in ("ppl", "ppl_sliding", *RETRIEVAL) if any(_lengths(r, k) for r in runs)] or ["ppl"]
+    fig_path, table_path = out_dir / "compare.png", out_dir / "compare.md"
+    _compare_figure(runs, labels, panels, fig_path)
+    atomic_write_text(table_path, _compare_table(runs, labels, panels, fig_path.name))
+    return fig_path, table_path
+
+
+def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[str], path: Path) -> None:
+    """One panel per metric, one line per run, a vertical line at each training length."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
     train_lens = sorted({r.get("train_seq_len") for r in runs if r.get("train_seq_len")})
     for ax, key in zip(axes[0], panels):
@@ -458,10 +464,12 @@ def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple
         ax.grid(alpha=0.3, which="both")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    fig_path = out_dir / "compare.png"
-    atomic_write(fig_path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     plt.close(fig)
 
+
+def _compare_table(runs: Sequence[dict], labels: Sequence[str], panels: list[str], figure: str) -> str:
+    """compare.md: each run's settings, then per metric a table of runs × lengths."""
     lengths = sorted({int(L) for r in runs for L in r.get("lengths", [])})
     lines = ["# Comparison", ""]
     for r, label in zip(runs, labels):
@@ -478,17 +486,12 @@ def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple
                       + "; ".join(f"{label} {c.split(' ', 1)[1]}" for label, c in counts if c) + ".", ""]  # fmt: skip
         lines += ["| run | " + " | ".join(str(L) for L in lengths) + " |", "|---|" + "---:|" * len(lengths)]
         for r, label in zip(runs, labels):
-            cells = []
-            for L in lengths:
-                if str(L) in r.get("unsupported", {}):
-                    cells.append("unsupp.")
-                elif key.startswith("ppl"):
-                    cells.append(_fmt(r.get(key, {}).get(str(L)), "ppl"))
-                else:
-                    cells.append(_acc_cell(r, key, L))
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            lines.append(f"| {label} | " + " | ".join(_compare_cell(r, key, L) for L in lengths) + " |")
         lines.append("")
-    lines += [f"![compare]({fig_path.name})", ""]
-    table_path = out_dir / "compare.md"
-    atomic_write_text(table_path, "\n".join(lines))
-    return fig_path, table_path
+    return "\n".join(lines + [f"![compare]({figure})", ""])
+
+
+def _compare_cell(r: dict, key: str, L: int) -> str:
+    if str(L) in r.get("unsupported", {}):
+        return "unsupp."
+    return _fmt(r.get(key, {}).get(str(L)), "ppl") if key.startswith("ppl") else _acc_cell(r, key, L)
