@@ -672,13 +672,7 @@ def run_phases(
     for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
         if ((start_phase and not resume) or not is_complete(run_dir, n)) and (msg := warmup_warning(cfg, n)):
             log(f"warning: {msg}")
-    torch.manual_seed(cfg.run.seed)
-    model = GPT(cfg.model, corpus.tokenizer.vocab_size)
-    given, used = cfg.train.precision, precision(next(iter(pcfgs.values())))
-    log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {corpus.tokenizer.vocab_size}, "
-        f"precision {used}" + (" (train.precision auto)" if given == "auto" else ""))
-    for n in names:  # every phase is checked before any trains, and before run.dir is written
-        check_phase_fits(model, pcfgs[n], n)
+    model = _new_model(cfg, pcfgs, corpus.tokenizer.vocab_size, log)
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
             _write_run_files(cfg, corpus, run_dir, names, held_out)
@@ -721,6 +715,19 @@ def run_phases(
             tb_logger.close()
     log(f"done: {run_dir / 'model.safetensors'}")
     return run_dir
+
+
+def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
+    """The run's model, initialized from run.seed, said in the log with the precision it trains in, and checked
+    against every phase (before any trains, and before run.dir is written)."""
+    torch.manual_seed(cfg.run.seed)
+    model = GPT(cfg.model, vocab_size)
+    used = precision(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
+    log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {vocab_size}, precision {used}"
+        + (" (train.precision auto)" if cfg.train.precision == "auto" else ""))  # fmt: skip
+    for n, pcfg in pcfgs.items():
+        check_phase_fits(model, pcfg, n)
+    return model
 
 
 def _write_run_files(cfg, corpus, run_dir: Path, names: list, held_out) -> None:
