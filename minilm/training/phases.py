@@ -544,18 +544,10 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
         )
 
 
-def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
-              init: Optional[str] = None,
-              log: Callable[[str], None] = print) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
-    """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
-    a model section that differs from the run's on --resume, finished phases the config now trains differently,
-    bad data, a corpus that holds out other documents than those the kept phases trained beside), then create
-    run.dir. ``pcfgs``: each phase's config (``phase_config``), in order. Returns the corpus, on --resume the
-    checkpoint each interrupted phase continues from (checked here), and the HELD_OUT record to write (None: keep
-    the run's)."""
-    from minilm.data import check_phase_data, load_corpus
-
-    names = list(pcfgs)
+def _check_command(names: list[str], run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
+                   init: Optional[str]) -> None:  # fmt: skip
+    """Refuse an unknown --phase, a run.dir that holds a run without --resume or --phase, and --phase without
+    --init after an unfinished phase."""
     if start_phase is not None and start_phase not in names:
         raise MinilmError(f"--phase {start_phase}: no such phase; phases are: {', '.join(names)}")
     if primary and not resume and start_phase is None and _has_outputs(run_dir, names):
@@ -567,6 +559,46 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     if prev is not None and init is None and not is_complete(run_dir, prev):  # refused before run.dir is written
         raise MinilmError(f"--phase {start_phase}: the previous phase '{prev}' has not finished in {run_dir}; run it "
                           "first or give starting weights with --init PATH")  # fmt: skip
+
+
+def _check_phases_from(start: int, cfg, pcfgs: dict, corpus, run_dir: Path, resume: bool, start_phase, init,
+                       world_size: int, log) -> dict[str, Path]:  # fmt: skip
+    """Check the phases from index ``start`` on against the data and what run.dir holds: a finished one the config
+    now trains differently (--resume), an interrupted one's checkpoint, the optimizer moments a carrying phase
+    needs. Returns the checkpoint each interrupted phase continues from (--resume)."""
+    from minilm.data import check_phase_data
+
+    names, resume_from = list(pcfgs), {}
+    for i, n in enumerate(names[start:], start):
+        check_phase_data(corpus, pcfgs[n], n)
+        carry = carries_optimizer(cfg, n)
+        if resume and is_complete(run_dir, n):
+            check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry, world_size)
+        elif resume:
+            if (ckpt := _check_interrupted_phase(corpus, pcfgs[n], n, run_dir, world_size, log)) is not None:
+                resume_from[n] = ckpt
+        if carry and init is not None and i == start:
+            raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
+                              f"previous phase's optimizer moments; add phases.{n}.carry_optimizer=false")
+        retrains = i == start if start_phase is not None and not resume else not is_complete(run_dir, n)
+        if carry and retrains and is_complete(run_dir, names[i - 1]):
+            _optimizer_state_path(run_dir, names[i - 1], n)
+    return resume_from
+
+
+def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
+              init: Optional[str] = None,
+              log: Callable[[str], None] = print) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
+    """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
+    a model section that differs from the run's on --resume, finished phases the config now trains differently,
+    bad data, a corpus that holds out other documents than those the kept phases trained beside), then create
+    run.dir. ``pcfgs``: each phase's config (``phase_config``), in order. Returns the corpus, on --resume the
+    checkpoint each interrupted phase continues from (checked here), and the HELD_OUT record to write (None: keep
+    the run's)."""
+    from minilm.data import load_corpus
+
+    names = list(pcfgs)
+    _check_command(names, run_dir, resume, start_phase, primary, init)
     check_writable_dir(run_dir)
     world_size = check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
     saved = run_dir / "config.yaml"
@@ -582,21 +614,7 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
         for n in [n for n in names[:start] if is_complete(run_dir, n)]:
             check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}", carries_optimizer(cfg, n),
                                  world_size)
-    resume_from = {}
-    for i, n in enumerate(names[start:], start):
-        check_phase_data(corpus, pcfgs[n], n)
-        carry = carries_optimizer(cfg, n)
-        if resume and is_complete(run_dir, n):
-            check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry, world_size)
-        elif resume:
-            if (ckpt := _check_interrupted_phase(corpus, pcfgs[n], n, run_dir, world_size, log)) is not None:
-                resume_from[n] = ckpt
-        if carry and init is not None and i == start:
-            raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
-                              f"previous phase's optimizer moments; add phases.{n}.carry_optimizer=false")
-        retrains = i == start if start_phase is not None and not resume else not is_complete(run_dir, n)
-        if carry and retrains and is_complete(run_dir, names[i - 1]):
-            _optimizer_state_path(run_dir, names[i - 1], n)
+    resume_from = _check_phases_from(start, cfg, pcfgs, corpus, run_dir, resume, start_phase, init, world_size, log)
     if init is not None:  # a missing or unreadable --init fails here, not after run.dir's files are written
         read_weights(Path(init))
     # phases trained on the split held_out.json records, which the run keeps: finished ones before the phase --phase
