@@ -250,41 +250,15 @@ def hf_tokenizer(model_file: str | Path):
     from sentencepiece import sentencepiece_model_pb2 as pb
     from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as HfTokenizer
-    from tokenizers.models import BPE, Unigram
     from transformers import PreTrainedTokenizerFast
 
     proto = pb.ModelProto()
     proto.ParseFromString(Path(model_file).read_bytes())
     t, n = proto.trainer_spec, proto.normalizer_spec
-    unsupported = []
-    if n.add_dummy_prefix:
-        unsupported.append("add_dummy_prefix")
-    if n.precompiled_charsmap or n.name not in ("identity", ""):
-        unsupported.append(f"normalization {n.name!r}")
-    if t.treat_whitespace_as_suffix:
-        unsupported.append("treat_whitespace_as_suffix")
-    if unsupported:  # minilm trains none of these (minilm/data/tokenizer.py); a foreign .model may
-        raise MinilmError(
-            f"{model_file}: sentencepiece settings without an exact tokenizers form: {', '.join(unsupported)}"
-        )
+    _check_exact_form(proto, model_file)
     CONTROL, USER = 3, 4  # sentencepiece piece types
-    pieces = [(p.piece, p.score) for p in proto.pieces]
     unk = proto.pieces[t.unk_id].piece
-    if t.model_type == pb.TrainerSpec.BPE:
-        try:  # transformers 5
-            from transformers.tokenization_utils_sentencepiece import SentencePieceExtractor
-        except ImportError:  # 4.x (the hf extra allows >= 4.45): the same extractor, in another module
-            from transformers.convert_slow_tokenizer import SentencePieceExtractor
-
-        # merges ranked by piece score, as sentencepiece applies them (5.x ranks so by itself; 4.x when given them).
-        # 5.x returns (vocab, scores, merges), 4.x (vocab, merges).
-        extracted = SentencePieceExtractor(str(model_file)).extract({p.piece: p.score for p in proto.pieces})
-        vocab, merges = extracted[0], extracted[-1]
-        tok = HfTokenizer(BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=t.byte_fallback, dropout=None))
-    elif t.model_type == pb.TrainerSpec.UNIGRAM:
-        tok = HfTokenizer(Unigram(pieces, unk_id=t.unk_id, byte_fallback=t.byte_fallback))
-    else:
-        raise MinilmError(f"{model_file}: sentencepiece model type {t.model_type} is not exportable (bpe, unigram)")
+    tok = HfTokenizer(_hf_tokenizer_model(proto, model_file))
     if n.escape_whitespaces:
         tok.normalizer = normalizers.Replace(" ", "▁")
     # sentencepiece's SplitIntoWords (allow_whitespace_only_pieces): a word starts at the first ▁ of a run, so a
@@ -307,6 +281,45 @@ def hf_tokenizer(model_file: str | Path):
         clean_up_tokenization_spaces=False,
         model_max_length=int(1e30),
     )  # fmt: skip
+
+
+def _check_exact_form(proto, model_file) -> None:
+    """Refuse sentencepiece settings that tokenizers cannot reproduce exactly."""
+    t, n = proto.trainer_spec, proto.normalizer_spec
+    unsupported = []
+    if n.add_dummy_prefix:
+        unsupported.append("add_dummy_prefix")
+    if n.precompiled_charsmap or n.name not in ("identity", ""):
+        unsupported.append(f"normalization {n.name!r}")
+    if t.treat_whitespace_as_suffix:
+        unsupported.append("treat_whitespace_as_suffix")
+    if unsupported:  # minilm trains none of these (minilm/data/tokenizer.py); a foreign .model may
+        raise MinilmError(
+            f"{model_file}: sentencepiece settings without an exact tokenizers form: {', '.join(unsupported)}"
+        )
+
+
+def _hf_tokenizer_model(proto, model_file):
+    """The tokenizers model (BPE or Unigram) of a sentencepiece model's pieces."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    from tokenizers.models import BPE, Unigram
+
+    t = proto.trainer_spec
+    unk = proto.pieces[t.unk_id].piece
+    if t.model_type == pb.TrainerSpec.BPE:
+        try:  # transformers 5
+            from transformers.tokenization_utils_sentencepiece import SentencePieceExtractor
+        except ImportError:  # 4.x (the hf extra allows >= 4.45): the same extractor, in another module
+            from transformers.convert_slow_tokenizer import SentencePieceExtractor
+
+        # merges ranked by piece score, as sentencepiece applies them (5.x ranks so by itself; 4.x when given them).
+        # 5.x returns (vocab, scores, merges), 4.x (vocab, merges).
+        extracted = SentencePieceExtractor(str(model_file)).extract({p.piece: p.score for p in proto.pieces})
+        vocab, merges = extracted[0], extracted[-1]
+        return BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=t.byte_fallback, dropout=None)
+    if t.model_type == pb.TrainerSpec.UNIGRAM:
+        return Unigram([(p.piece, p.score) for p in proto.pieces], unk_id=t.unk_id, byte_fallback=t.byte_fallback)
+    raise MinilmError(f"{model_file}: sentencepiece model type {t.model_type} is not exportable (bpe, unigram)")
 
 
 # ------------------------------------------------------------------------------------------------ export
