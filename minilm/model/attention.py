@@ -87,14 +87,13 @@ def _reference_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Ten
 
 def sdpa_attention(q, k, v, pos, mask: AttentionMask) -> Tensor:
     Dh, T, S = q.shape[-1], q.shape[2], k.shape[2]
-    gqa = q.shape[1] != k.shape[1]
+    scale, gqa = pos.softmax_scale(Dh), q.shape[1] != k.shape[1]
+    allowed = None if mask.is_plain_causal and mask.offset == 0 and T == S else mask.dense(T, S, q.device)
     if _cpu_backward_in_fp32(q, k, v):
-        return cpu_sdpa_fp32_backward(q, k, v, pos, mask)
-    if mask.is_plain_causal and mask.offset == 0 and T == S:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=pos.softmax_scale(Dh), enable_gqa=gqa)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask.dense(T, S, q.device), scale=pos.softmax_scale(Dh), enable_gqa=gqa
-    )
+        return cpu_sdpa_fp32_backward(q, k, v, scale, allowed)
+    if allowed is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
 
 
 # On CPU the backward of torch's flash-attention kernel runs several times slower in bf16 than in fp32 at short
@@ -118,15 +117,15 @@ def _sdpa_dtype(q: Tensor) -> torch.dtype:
     return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else q.dtype
 
 
-def cpu_sdpa_fp32_backward(q, k, v, pos, mask: AttentionMask) -> Tensor:
+def cpu_sdpa_fp32_backward(q, k, v, scale: float, allowed: Optional[Tensor]) -> Tensor:
     """SDPA on CPU with the forward in bf16 and the backward in fp32 (``_CpuSdpaFp32Backward``); the same attention
-    as ``sdpa_attention``, within bf16 rounding (tests/model/test_attention_ladder.py)."""
-    T, S, n_rep = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    as ``sdpa_attention``, within bf16 rounding (tests/model/test_attention_ladder.py). ``allowed``: the dense mask
+    of ``AttentionMask.dense``, None for plain causal attention."""
+    n_rep = q.shape[1] // k.shape[1]
     q, k, v = q.bfloat16(), repeat_kv(k, n_rep).bfloat16(), repeat_kv(v, n_rep).bfloat16()  # the kernel has no GQA
-    causal = mask.is_plain_causal and mask.offset == 0 and T == S
-    bias = None if causal else torch.zeros(1, dtype=q.dtype).masked_fill(~mask.dense(T, S, q.device), float("-inf"))
+    bias = None if allowed is None else torch.zeros(1, dtype=q.dtype).masked_fill(~allowed, float("-inf"))
     with torch.autocast("cpu", enabled=False):
-        return _CpuSdpaFp32Backward.apply(q, k, v, bias, causal, pos.softmax_scale(q.shape[-1]))
+        return _CpuSdpaFp32Backward.apply(q, k, v, bias, allowed is None, scale)
 
 
 class _CpuSdpaFp32Backward(torch.autograd.Function):
