@@ -528,17 +528,17 @@ def device_and_precision(args, base) -> tuple[torch.device, str]:
 
 
 def _setup(args, base):
-    """(device, precision, autocast dtype per impl, compile, peak TFLOP/s or None) for a run."""
+    """(device, precision per impl, autocast dtype per impl, compile, peak TFLOP/s or None) for a run."""
     device, precision = device_and_precision(args, base)
-    amp_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
     peer_precision = resolve_precision(args.peer_precision, device.type) if args.peer_precision else precision
-    amps = {"minilm": amp_dtype, "hf_llama": torch.bfloat16 if peer_precision == "bf16-mixed" else None}
+    precisions = {"minilm": precision, "hf_llama": peer_precision}
+    amps = {impl: torch.bfloat16 if p == "bf16-mixed" else None for impl, p in precisions.items()}
     do_compile = base.train.compile if args.compile is None else args.compile
     peak = args.peak_tflops
-    if peak is None and device.type == "cuda" and amp_dtype is torch.bfloat16:
+    if peak is None and device.type == "cuda" and precision == "bf16-mixed":
         name, _ = device_info(device)
         peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
-    return device, precision, amps, do_compile, peak
+    return device, precisions, amps, do_compile, peak
 
 
 def _print_row(impl: str, enc: str, T: int, B: int, r: dict) -> None:
@@ -600,13 +600,13 @@ def measure_all(args, base, device, amps: dict, do_compile, peak_flops, report: 
 def run(args) -> dict:
     """Measure, writing the report after every (encoding, length); ``report["complete"]`` is True at the end."""
     base = load_config(args.config, args.overrides)
-    device, precision, amps, do_compile, peak = _setup(args, base)
+    device, precisions, amps, do_compile, peak = _setup(args, base)
     try:  # the version without importing transformers (slow)
         tf_version = importlib.metadata.version("transformers")
     except importlib.metadata.PackageNotFoundError:
         tf_version = None
     now = datetime.datetime.now(datetime.timezone.utc)
-    report = new_report(args, base, device, precision, do_compile, now, len(plan(args, base)))
+    report = new_report(args, base, device, precisions["minilm"], do_compile, now, len(plan(args, base)))
     report.update(
         transformers=tf_version,
         repeats=args.repeats,
@@ -615,7 +615,7 @@ def run(args) -> dict:
         ratios=[],
     )
     if args.peer:
-        report["peer_precision"] = "bf16-mixed" if amps["hf_llama"] is torch.bfloat16 else "32"
+        report["peer_precision"] = precisions["hf_llama"]
     peak_flops = peak * 1e12 if peak else None
     return run_measurements(
         report, lambda done: measure_all(args, base, device, amps, do_compile, peak_flops, report, done),
