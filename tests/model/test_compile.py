@@ -43,6 +43,21 @@ def test_loss_has_no_graph_breaks(case):
     assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
 
 
+@pytest.mark.parametrize("name", ["t5", "cope"])
+def test_attention_in_blocks_of_queries_has_no_graph_breaks(name, monkeypatch):
+    """On CPU the bias rung (T5) and the reference rung (CoPE) run in blocks of queries (``in_query_blocks``): a
+    loop over blocks fixed by the shapes, unrolled into the one graph."""
+    import minilm.model.attention as attention
+
+    monkeypatch.setattr(attention, "CPU_QUERY_BLOCK", 4)
+    model = _model([f"model.position.name={name}"])
+    x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model.loss)(x, y)
+    reasons = [b.reason for b in explained.break_reasons]
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
+
+
 def test_loss_under_cpu_bf16_autocast_has_no_graph_breaks():
     """bf16-mixed on CPU (train.precision auto on a CPU with AMX): attention's fp32-backward SDPA, an autograd
     Function over torch's CPU flash-attention ops (minilm/model/attention.py), traces into the one graph."""

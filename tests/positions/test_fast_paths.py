@@ -31,6 +31,7 @@ from .helpers import ATTENTION_SIDE, hook
 B, H, HKV, DH = 2, 4, 2, 8
 BIAS = [n for n in ATTENTION_SIDE if hook(n).score_kind == "bias"]
 NO_SCORE = [n for n in ATTENTION_SIDE if hook(n).score_kind == "none" and not hook(n).has_value_term]
+REFERENCE = [n for n in ATTENTION_SIDE if hook(n).score_kind == "full" or hook(n).has_value_term]
 PARAMS = {"shaw": {"max_distance": 3}, "deberta": {"max_distance": 3}, "t5": {"num_buckets": 8, "max_distance": 12},
           "fire": {"init_L": 6.0, "mlp_width": 4}}  # fmt: skip
 
@@ -215,6 +216,56 @@ def test_sdpa_bias_path_equals_reference(name, case):
     got = sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", BIAS)
+def test_sdpa_bias_path_in_blocks_of_queries_equals_reference(name, case, monkeypatch):
+    """On CPU the bias path runs in blocks of queries (``CPU_QUERY_BLOCK``), each against only the keys up to its
+    last query: blocks of 3 (the last one short) give the reference's output and gradients, with cached keys before
+    the queries and with documents too; and no block builds its bias over keys it cannot see."""
+    import minilm.model.attention as attention
+
+    monkeypatch.setattr(attention, "CPU_QUERY_BLOCK", 3)
+    pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, case, seed=7)
+    seen = []
+    score = pos.score
+    monkeypatch.setattr(pos, "score", lambda q, k, qp, kp, logits: seen.append((q.shape[2], k.shape[2]))
+                        or score(q, k, qp, kp, logits))  # fmt: skip
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
+    got = sdpa_bias_attention(q, k, v, pos, q_pos, k_pos, mask)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-5, rtol=1e-4)
+    T, S = q.shape[2], k.shape[2]
+    blocks = [(min(3, T - i0), min(S, mask.offset + i0 + 3)) for i0 in range(0, T, 3)]
+    assert seen[1:] == blocks  # (seen[0]: the reference's one call)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", REFERENCE)
+def test_reference_rung_in_blocks_of_queries_equals_reference(name, case, monkeypatch):
+    """The encodings the ladder sends to the reference (CoPE reads each row's logits; Shaw's value term its
+    probabilities) run it in blocks of queries on CPU, each against the keys up to its last query: the same output
+    and gradients as one call of ``reference_attention``."""
+    import minilm.model.attention as attention
+
+    monkeypatch.setattr(attention, "CPU_QUERY_BLOCK", 3)
+    pos = hook(name, **PARAMS.get(name, {}))
+    T, S, q_pos, k_pos, mask = CASES[case]
+    dims = PositionDims(d_model=H * DH, n_heads=H, n_kv_heads=HKV, head_dim=DH, n_layers=1)
+    layer = Attention(H * DH, H, HKV, {"name": name, **PARAMS.get(name, {})}, dims)
+    layer.pos = pos
+    assert layer.kernel(torch.device("cpu")) == "reference"
+    seen = []
+    monkeypatch.setattr(attention, "reference_attention", lambda q, k, *a: seen.append((q.shape[2], k.shape[2]))
+                        or reference_attention(q, k, *a))  # fmt: skip
+    q, k, v = (t.requires_grad_() for t in qkv(T, S, seed=8))
+    want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
+    got = layer.attend(q, k, v, q_pos, k_pos, mask)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-5, rtol=1e-4)
+    assert seen == [(min(3, T - i0), min(S, mask.offset + i0 + 3)) for i0 in range(0, T, 3)]
 
 
 @pytest.mark.parametrize("case", list(CASES))
