@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from minilm.errors import ConfigError
+from minilm.model.attention import in_query_blocks
 from minilm.positions.base import make_params
 from minilm.positions.rope_scaling import parse_scaling, scaled_frequencies, validate_scaling
 from minilm.positions.rotary import Rope, apply_rotary, cos_sin_tables
@@ -136,6 +137,25 @@ class Extension:
         return f"{type(self).__name__}({self.params})"
 
 
+class _Merged(Extension):
+    """A method that picks each logit from one of a few region matrices (``logits``), then takes one masked softmax:
+    on CPU in blocks of queries, each against the keys up to its last query (``in_query_blocks``), so no
+    (B, H, T, S) matrix is whole at once (four of them at 8K tokens and 4 heads would be 4 GB). Each row is a
+    function of its own query, and the current length is read from all the keys before the blocks."""
+
+    def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
+        n = _length(k_pos)
+
+        def block(q, k, v, rotary, q_pos, k_pos, mask):
+            return _softmax_attend(self.logits(q, k, rotary, q_pos, k_pos, n), v, mask, q.dtype)
+
+        return in_query_blocks(block, q, k, v, rotary, q_pos, k_pos, mask)
+
+    def logits(self, q, k, rotary, q_pos, k_pos, n: Tensor) -> Tensor:
+        """fp32 (B, H, T, S) logits for q (B, H, T, Dh) and k (B, Hkv, S, Dh), unrotated, at the length ``n``."""
+        raise NotImplementedError
+
+
 # --------------------------------------------------------------------------------------------------------------
 # log-n scaling
 
@@ -178,7 +198,7 @@ class ReRopeParams:
         _required("window", self.window, 1)
 
 
-class ReRope(Extension):
+class ReRope(_Merged):
     """ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", kexue.fm/archives/9708): relative position
     r = m − n if r < w, else w. Two logit matrices — q at m with k at n, and q at w with k at 0 — merged by the
     mask r < w (as Su's reference implementation does). With w >= the length this is plain RoPE."""
@@ -186,14 +206,13 @@ class ReRope(Extension):
     name = "rerope"
     Params = ReRopeParams
 
-    def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
-        n, w, scale = _length(k_pos), self.params.window, rotary.softmax_scale(q.shape[-1])
+    def logits(self, q, k, rotary, q_pos, k_pos, n: Tensor) -> Tensor:
+        w, scale = self.params.window, rotary.softmax_scale(q.shape[-1])
         near = _logits(_rot(q, rotary, q_pos, n), _rot(k, rotary, k_pos, n), scale)  # relative m − n
         far = _logits(
             _rot(q, rotary, torch.full_like(q_pos, w), n), _rot(k, rotary, torch.zeros_like(k_pos), n), scale
         )  # relative w
-        logits = torch.where(_relative(q_pos, k_pos) < w, near, far)  # (B, H, T, S)
-        return _softmax_attend(logits, v, mask, q.dtype)
+        return torch.where(_relative(q_pos, k_pos) < w, near, far)  # (B, H, T, S)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -210,7 +229,7 @@ class SelfExtendParams:
         _required("window", self.window, 1)
 
 
-class SelfExtend(Extension):
+class SelfExtend(_Merged):
     """Self-Extend (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without Tuning"):
     neighbour attention with exact relative positions r = m − n where r < w_n, grouped attention beyond it with
     query position ⌊m/G⌋ + (w_n − ⌊w_n/G⌋) and key position ⌊n/G⌋, so the grouped relative position
@@ -221,15 +240,14 @@ class SelfExtend(Extension):
     name = "self_extend"
     Params = SelfExtendParams
 
-    def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
-        n, G, w = _length(k_pos), self.params.group_size, self.params.window
+    def logits(self, q, k, rotary, q_pos, k_pos, n: Tensor) -> Tensor:
+        G, w = self.params.group_size, self.params.window
         scale = rotary.softmax_scale(q.shape[-1])
         neighbour = _logits(_rot(q, rotary, q_pos, n), _rot(k, rotary, k_pos, n), scale)
         gq = torch.div(q_pos, G, rounding_mode="floor") + (w - w // G)
         gk = torch.div(k_pos, G, rounding_mode="floor")
         grouped = _logits(_rot(q, rotary, gq, n), _rot(k, rotary, gk, n), scale)
-        logits = torch.where(_relative(q_pos, k_pos) < w, neighbour, grouped)
-        return _softmax_attend(logits, v, mask, q.dtype)
+        return torch.where(_relative(q_pos, k_pos) < w, neighbour, grouped)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -248,7 +266,7 @@ class DcaParams:
             raise ValueError(f"chunk_size: must be > local_window ({self.local_window}), got {self.chunk_size}")
 
 
-class DualChunk(Extension):
+class DualChunk(_Merged):
     """Dual Chunk Attention (An et al. 2024, "Training-Free Long-Context Scaling of Large Language Models";
     ChunkLlama's reference code). Positions are cut into chunks of length s = chunk_size − local_window; every key
     sits at n mod s. The query's position depends on how far back the key's chunk is:
@@ -263,8 +281,8 @@ class DualChunk(Extension):
     name = "dca"
     Params = DcaParams
 
-    def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
-        n, c = _length(k_pos), self.params.chunk_size
+    def logits(self, q, k, rotary, q_pos, k_pos, n: Tensor) -> Tensor:
+        c = self.params.chunk_size
         s = c - self.params.local_window
         scale = rotary.softmax_scale(q.shape[-1])
         inner_q = torch.remainder(q_pos, s)  # (B|1, T)
@@ -274,8 +292,7 @@ class DualChunk(Extension):
         inter = _logits(_rot(q, rotary, torch.full_like(q_pos, min(2 * s - 1, c)), n), k_rot, scale)
         q_chunk, k_chunk = torch.div(q_pos, s, rounding_mode="floor"), torch.div(k_pos, s, rounding_mode="floor")
         back = (q_chunk.unsqueeze(-1) - k_chunk.unsqueeze(-2)).unsqueeze(1)  # (B|1, 1, T, S): chunks back
-        logits = torch.where(back == 0, intra, torch.where(back == 1, successive, inter))
-        return _softmax_attend(logits, v, mask, q.dtype)
+        return torch.where(back == 0, intra, torch.where(back == 1, successive, inter))
 
 
 # --------------------------------------------------------------------------------------------------------------

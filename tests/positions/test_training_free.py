@@ -10,6 +10,7 @@ import torch
 from minilm.config import load_config
 from minilm.errors import ConfigError
 from minilm.model import GPT
+import minilm.model.attention as attention
 from minilm.model.attention import AttentionMask
 from minilm.positions import compute_rope
 from minilm.positions.base import PositionDims
@@ -119,11 +120,23 @@ ROPES = {
 }
 
 
+@pytest.fixture(params=[None, 4], ids=["one_call", "blocks_of_4"])
+def query_block(request, monkeypatch):
+    """The merged methods run on CPU in blocks of ``CPU_QUERY_BLOCK`` queries: as one call, and in blocks of 4."""
+    if request.param:
+        monkeypatch.setattr(attention, "CPU_QUERY_BLOCK", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("rope_kind", list(ROPES))
 @pytest.mark.parametrize("case", list(CASES))
-def test_remapping_methods_equal_the_reference(case, rope_kind):
+def test_remapping_methods_equal_the_reference(case, rope_kind, query_block, monkeypatch):
+    """In blocks too, where each block's logits are computed at the length of all the keys (``dynamic`` reads
+    it), and against only the keys up to the block's last query."""
     params, rel = CASES[case]
     method = build_extension(method_name(case), params)
+    seen, logits = [], method.logits
+    monkeypatch.setattr(method, "logits", lambda q, k, *a: seen.append((q.shape[2], k.shape[2])) or logits(q, k, *a))
     rot = rope(**ROPES[rope_kind])
     T = 23
     q, k, v = qkv(T, T)
@@ -132,14 +145,16 @@ def test_remapping_methods_equal_the_reference(case, rope_kind):
     allowed = torch.tril(torch.ones(T, T, dtype=torch.bool))
     ref = reference(q, k, v, pos, pos, allowed, rel, rot.rot_dim, ROPES[rope_kind].get("scaling"))
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    block = query_block or T
+    assert seen == [(min(block, T - i0), min(T, i0 + block)) for i0 in range(0, T, block)]
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_remapping_methods_with_a_kv_cache_offset(case):
+def test_remapping_methods_with_a_kv_cache_offset(case, query_block):
     """Decoding: T new queries after S − T cached keys; positions continue, the mask is causal by index."""
     params, rel = CASES[case]
     method = build_extension(method_name(case), params)
-    S, T = 21, 3
+    S, T = 21, 9
     q, k, v = qkv(T, S, seed=1)
     q_pos, k_pos = torch.arange(S - T, S), torch.arange(S)
     out = method.attend(q, k, v, rope(), q_pos[None], k_pos[None], AttentionMask(offset=S - T))
@@ -148,7 +163,7 @@ def test_remapping_methods_with_a_kv_cache_offset(case):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_remapping_methods_with_restarted_document_positions(case):
+def test_remapping_methods_with_restarted_document_positions(case, query_block):
     params, rel = CASES[case]
     method = build_extension(method_name(case), params)
     T = 20
