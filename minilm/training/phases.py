@@ -68,7 +68,7 @@ from minilm.training.checkpoint import (
 )
 from minilm.training.datamodule import PhaseData
 from minilm.training.lit_module import LitGPT
-from minilm.training.precision import resolve_precision
+from minilm.training.precision import cpu_precision_note, resolve_precision
 
 COMPLETE = "complete.json"
 
@@ -199,10 +199,15 @@ def check_phase_fits(model: GPT, pcfg, phase: str) -> None:
 def precision(pcfg) -> str:
     """Lightning's name for the phase's ``train.precision``, "auto" resolved for the device Lightning will pick
     (minilm/training/precision.py)."""
+    p = resolve_precision(pcfg.train.precision, _device_type(pcfg))
+    return "32-true" if p == "32" else p
+
+
+def _device_type(pcfg) -> str:
+    """"cuda" or "cpu": the device Lightning will train on; "" for another accelerator (no rule of ours)."""
     accelerator = pcfg.trainer.accelerator
     gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
-    p = resolve_precision(pcfg.train.precision, "cuda" if gpu else "cpu" if accelerator in ("auto", "cpu") else "")
-    return "32-true" if p == "32" else p
+    return "cuda" if gpu else "cpu" if accelerator in ("auto", "cpu") else ""
 
 
 class _RunLogger(TensorBoardLogger):
@@ -740,9 +745,11 @@ def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
     against every phase (before any trains, and before run.dir is written)."""
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model, vocab_size)
-    used = precision(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
+    first = next(iter(pcfgs.values()))  # phases share the run's trainer section and precision
+    used = precision(first)
     log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {vocab_size}, precision {used}"
-        + (" (train.precision auto)" if cfg.train.precision == "auto" else ""))  # fmt: skip
+        + (" (train.precision auto)" if cfg.train.precision == "auto" else "")
+        + cpu_precision_note(used, _device_type(first)))  # fmt: skip
     for n, pcfg in pcfgs.items():
         check_phase_fits(model, pcfg, n)
     return model
