@@ -363,6 +363,29 @@ def test_fire_bias_is_the_mlp_of_the_normalized_distance():
         torch.testing.assert_close(bias[0, :, i, j], want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fire_mlp_by_its_pieces_equals_the_layers(seed):
+    """``mlp_pieces`` (A·x + C of the piece x falls in, the CPU path's form) equals Linear → ReLU → Linear in value
+    and in the gradients of x and of every MLP parameter: at inputs on both sides of every kink, beyond all of
+    them, and at a unit whose w1 is 0 (no kink; on or off by its bias alone)."""
+    torch.manual_seed(seed)
+    pos = hook("fire", mlp_width=7)
+    with torch.no_grad():
+        pos.mlp_in.weight[3] = 0.0  # a unit that never turns on or off
+        pos.mlp_in.bias[3] = 0.4 if seed % 2 else -0.4
+    w1, b1 = pos.mlp_in.weight[:, 0].detach(), pos.mlp_in.bias.detach()
+    kinks = (-b1 / w1)[w1 != 0]
+    x = torch.cat([kinks - 1e-3, kinks + 1e-3, torch.linspace(-3, 3, 60), torch.rand(40)]).view(4, -1)
+    x = x.clone().requires_grad_()
+    params = list(pos.mlp_in.parameters()) + list(pos.mlp_out.parameters())
+    want, got = pos.mlp(x).movedim(-1, 0), pos.mlp_pieces(x)  # (H, 4, N)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    out_grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(seed))
+    got_grads, want_grads = (torch.autograd.grad(y, [x, *params], out_grad) for y in (got, want))
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
 def test_transformer_xl_terms():
     """(b) + (c) + (d) = ((q_i + v)·W_{K,R}R_{i−j} + u·k_j) / √Dh, R the sinusoids of width d_model."""
     pos = hook("transformer_xl", n_kv_heads=4)
