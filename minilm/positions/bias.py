@@ -345,10 +345,6 @@ class Fire(PositionEncoding):
         x = self.normalized(relative_distance(q_pos, k_pos), q_pos.unsqueeze(1).unsqueeze(-1))  # (B, 1, T, S)
         return self.mlp_pieces(x.squeeze(1)).transpose(0, 1)  # (B, H, T, S)
 
-    def mlp(self, x: Tensor) -> Tensor:
-        """f_θ(x) as the two layers compute it: x (...) fp32 -> (..., H). The definition ``mlp_pieces`` equals."""
-        return self.mlp_out(torch.relu(self.mlp_in(x.unsqueeze(-1)))).float()
-
     def mlp_pieces(self, x: Tensor) -> Tensor:
         """f_θ(x) for every element of a fp32 x (...) -> (H, ...), by its pieces: a ReLU MLP of one input is
         piecewise linear in it, with a kink where a hidden unit turns on or off (x = −b1/w1), so between kinks
