@@ -45,6 +45,15 @@ def assert_distances_within(q_pos: Tensor, k_pos: Tensor, n: int, name: str) -> 
                         f"its per-distance table covers 0..{n} (positions within [0, {n + 1}) always fit)")
 
 
+def assert_positions_within(q_pos: Tensor, k_pos: Tensor, n: int, name: str) -> None:
+    """Fail unless every position lies in [0, ``n``]: true for training, the KV cache and restarted documents
+    (positions within [0, S)). Asynchronous on the GPU, as ``assert_distances_within``."""
+    lo = torch.minimum(q_pos.min(), k_pos.min())
+    hi = torch.maximum(q_pos.max(), k_pos.max())
+    torch._assert_async((lo >= 0) & (hi <= n), f"{name} on FlexAttention: a position lies outside [0, {n}]; its "
+                        f"per-position tables cover 0..{n} (positions within [0, {n + 1}) always fit)")
+
+
 def _inv_softplus(y: Tensor) -> Tensor:
     return y + torch.log(-torch.expm1(-y))
 
@@ -334,48 +343,69 @@ class Fire(PositionEncoding):
             self.c.fill_(self.params.init_c)
             self.L_multiplier.fill_(1.0)
 
-    def normalized(self, distance: Tensor, query: Tensor) -> Tensor:
-        """ψ(i − j) / ψ(max(L, i)) elementwise (fp32)."""
+    def log_terms(self, distance: Tensor, query: Tensor) -> tuple[Tensor, Tensor]:
+        """(ψ(i − j), ψ(max(L, i)) + eps) elementwise (fp32): the numerator and denominator of ``normalized``."""
         threshold = (self.L_multiplier * self.init_L).abs()
         num = torch.log(torch.abs(self.c * distance.float()) + 1)
         den = torch.log(torch.abs(self.c * torch.maximum(query.float(), threshold)) + 1) + self.params.eps
+        return num, den
+
+    def normalized(self, distance: Tensor, query: Tensor) -> Tensor:
+        """ψ(i − j) / ψ(max(L, i)) elementwise (fp32)."""
+        num, den = self.log_terms(distance, query)
         return num / den
 
     def score(self, q, k, q_pos, k_pos, logits):
         x = self.normalized(relative_distance(q_pos, k_pos), q_pos.unsqueeze(1).unsqueeze(-1))  # (B, 1, T, S)
         return self.mlp_pieces(x.squeeze(1)).transpose(0, 1)  # (B, H, T, S)
 
-    def mlp_pieces(self, x: Tensor) -> Tensor:
-        """f_θ(x) for every element of a fp32 x (...) -> (H, ...), by its pieces: a ReLU MLP of one input is
-        piecewise linear in it, with a kink where a hidden unit turns on or off (x = −b1/w1), so between kinks
-        f_θ(x) = A·x + C with A = Σ over the units on of w2·w1 and C = b2 + Σ w2·b1. The (W + 1, H) tables of A
-        and C are built from the parameters (differentiably), and each x gathers its piece's row: one search
-        among W kinks and 2H values per element, where the layers made (..., W) activations (FIRE at 2048
-        tokens: 4 GB without query blocks). The gradient is the MLP's: of A and C by a scatter_add, of x by A."""
+    def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
+        """f_θ's linear pieces, built from the parameters (differentiably): a ReLU MLP of one input is piecewise
+        linear in it, with a kink where a hidden unit turns on or off (x = −b1/w1), so between kinks
+        f_θ(x) = A·x + C with A = Σ over the units on of w2·w1 and C = b2 + Σ w2·b1. Returns (kinks (W,) ascending,
+        without gradient; slopes A (H, W + 1); intercepts C (H, W + 1)): piece p, the number of kinks below x, is
+        f_θ(x) = A[:, p]·x + C[:, p]."""
         w1, b1 = self.mlp_in.weight[:, 0].float(), self.mlp_in.bias.float()  # (W,)
         w2, b2 = self.mlp_out.weight.float(), self.mlp_out.bias.float()  # (H, W), (H,)
-        W, H = w1.shape[0], w2.shape[0]
+        W = w1.shape[0]
         with torch.no_grad():  # which units are on in which piece: piece p lies between the p-th and (p+1)-th kink
             kinks = torch.where(w1 != 0, -b1 / w1, torch.full_like(w1, float("inf")))
             edges, order = kinks.sort()
             rank = torch.empty_like(order).scatter_(0, order, torch.arange(W, device=w1.device))
             piece = torch.arange(W + 1, device=w1.device).unsqueeze(1)  # (W + 1, 1)
             on = torch.where(w1 > 0, rank < piece, torch.where(w1 < 0, rank >= piece, b1 > 0)).float()  # (W + 1, W)
-            index = torch.searchsorted(edges, x.detach().reshape(-1).contiguous())  # (N,): kinks below x
-        slope_intercept = torch.cat([(on * w1) @ w2.t(), (on * b1) @ w2.t() + b2], dim=1).t()  # (2H, W + 1)
-        rows = slope_intercept.gather(1, index.unsqueeze(0).expand(2 * H, -1))  # (2H, N)
+        return edges, w2 @ (on * w1).t(), w2 @ (on * b1).t() + b2.unsqueeze(1)
+
+    def mlp_pieces(self, x: Tensor) -> Tensor:
+        """f_θ(x) for every element of a fp32 x (...) -> (H, ...), by its pieces (``pieces``): each x gathers its
+        piece's slope and intercept — one search among W kinks and 2H values per element, where the layers made
+        (..., W) activations (FIRE at 2048 tokens: 4 GB without query blocks). The gradient is the MLP's: of the
+        slopes and intercepts by a scatter_add, of x by the slope."""
+        edges, slopes, intercepts = self.pieces()
+        H = slopes.shape[0]
+        index = torch.searchsorted(edges, x.detach().reshape(-1).contiguous())  # (N,): kinks below x
+        rows = torch.cat([slopes, intercepts]).gather(1, index.unsqueeze(0).expand(2 * H, -1))  # (2H, N)
         return (rows[:H] * x.reshape(1, -1) + rows[H:]).view(H, *x.shape)
 
     def score_mod(self, q, k, q_pos, k_pos):
-        w1, b1 = self.mlp_in.weight[:, 0].float(), self.mlp_in.bias.float()  # (W,), (W,)
-        w2, b2 = self.mlp_out.weight.float(), self.mlp_out.bias.float()  # (H, W), (H,)
-        width = w1.shape[0]
+        """The bias from tables the kernel indexes, each captured tensor that requires gradients read once (what
+        FlexAttention's backward supports, and one atomic add per element into it): ψ(|d|) per distance and
+        ψ(max(L, i)) + eps per query position, for 0..S − 1 (positions within [0, S) always fit), then the kinks
+        (no gradient) pick x's piece and its slope and intercept. Equal to ``score``: the same ψ values, and f_θ
+        by its pieces as ``mlp_pieces``."""
+        n = k_pos.shape[-1] - 1
+        assert_positions_within(q_pos, k_pos, n, "FIRE")
+        steps = torch.arange(n + 1, device=q_pos.device, dtype=torch.float32)
+        log_distance, log_query = self.log_terms(steps, steps)  # ψ(d) for d = 0..n; ψ(max(L, i)) + eps for i = 0..n
+        edges, slopes, intercepts = self.pieces()
+        width = edges.shape[0]
 
         def fire(score, b, h, i, j):
-            x = self.normalized(q_pos[b, i] - k_pos[b, j], q_pos[b, i])
-            acc = b2[h]
-            for u in range(width):  # the MLP unrolled into pointwise ops, so it runs inside the kernel
-                acc = acc + w2[h, u] * torch.relu(w1[u] * x + b1[u])
-            return score + acc
+            query = q_pos[b, i]
+            x = log_distance[(query - k_pos[b, j]).abs().clamp(max=n)] / log_query[query.clamp(0, n)]
+            piece = (edges[0] < x).to(torch.int64)
+            for u in range(1, width):  # the kinks below x, unrolled into pointwise compares
+                piece = piece + (edges[u] < x).to(torch.int64)
+            return score + slopes[h, piece] * x + intercepts[h, piece]
 
         return fire

@@ -148,6 +148,30 @@ def test_learned_distance_biases_give_flex_one_table_entry_per_distance(name):
         assert t.shape[0] == H and t.shape[-1] >= S, f"a captured learned tensor of shape {tuple(t.shape)}"
 
 
+@pytest.mark.parametrize("name", BIAS)
+def test_score_mods_read_each_learned_tensor_once_by_one_index(name):
+    """FlexAttention's CUDA backward takes a captured tensor's gradient from one indexing of it: inductor refuses a
+    score_mod that indexes a tensor requiring gradients twice ("multiple indexing operations on the same tensor",
+    torch 2.11 on an H100, where FIRE's MLP unrolled into the kernel read each weight 32 times). Checked on the
+    score_mod traced as FlexAttention traces it (make_fx, with tensor indices turned into aten.index): every
+    learned tensor is read by exactly one aten.index and nothing else."""
+    from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    pos, (q, k, _), (q_pos, k_pos, _) = key_term_case(name, "packed", seed=0)
+    score_mod = pos.score_mod(q, k, q_pos, k_pos)
+    args = (torch.tensor(0.5), *(torch.tensor(x) for x in (1, 2, 3, 1)))  # score, b, h, i, j
+    with TransformGetItemToIndex():
+        graph = make_fx(score_mod)(*args)
+    reads = {}  # a learned tensor's name in the graph -> the ops that read it
+    for node in graph.graph.nodes:
+        if node.op == "get_attr" and getattr(graph, node.target).requires_grad:
+            reads.setdefault(node.target, []).extend(user.target for user in node.users)
+    assert reads or name == "alibi", "no learned tensor in the score_mod"
+    for target, ops in reads.items():
+        assert ops == [torch.ops.aten.index.Tensor], f"{target} {tuple(getattr(graph, target).shape)}: read by {ops}"
+
+
 def test_positions_spread_beyond_the_keys():
     """The tables cover the distances of positions within [0, S). T5's stays exact for any positions (beyond
     max_distance the bucket no longer changes); KERPLE's and Transformer-XL's refuse positions further apart
@@ -163,6 +187,8 @@ def test_positions_spread_beyond_the_keys():
         hook("kerple").score_mod(q, k, spread, spread)
     with pytest.raises(RuntimeError, match="Transformer-XL on FlexAttention: .* more than 15 apart"):
         hook("transformer_xl").score_mod(q, k, spread, spread)  # (its table spans −15 … 15, fixed by the shapes)
+    with pytest.raises(RuntimeError, match=r"FIRE on FlexAttention: a position lies outside \[0, 15\]"):
+        hook("fire").score_mod(q, k, spread, spread)  # (its per-position table too)
 
 
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
