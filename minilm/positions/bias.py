@@ -389,20 +389,22 @@ class Fire(PositionEncoding):
 
     def score_mod(self, q, k, q_pos, k_pos):
         """The bias from tables the kernel indexes, each captured tensor that requires gradients read once (what
-        FlexAttention's backward supports, and one atomic add per element into it): ψ(|d|) per distance and
-        ψ(max(L, i)) + eps per query position, for 0..S − 1 (positions within [0, S) always fit), then the kinks
+        FlexAttention's backward supports, and one atomic add per element into it): ψ(|d|) per head and distance
+        and ψ(max(L, i)) + eps per head and query position, for 0..S − 1 (positions within [0, S) always fit), then the kinks
         (no gradient) pick x's piece and its slope and intercept. Equal to ``score``: the same ψ values, and f_θ
         by its pieces as ``mlp_pieces``."""
         n = k_pos.shape[-1] - 1
         assert_positions_within(q_pos, k_pos, n, "FIRE")
         steps = torch.arange(n + 1, device=q_pos.device, dtype=torch.float32)
-        log_distance, log_query = self.log_terms(steps, steps)  # ψ(d) for d = 0..n; ψ(max(L, i)) + eps for i = 0..n
         edges, slopes, intercepts = self.pieces()
+        # ψ(d) for d = 0..n and ψ(max(L, i)) + eps for i = 0..n, a row per head: inductor (torch 2.11, H100) fails
+        # to compile the backward's atomic add into a one-dimensional table indexed per element
+        log_distance, log_query = (t.expand(slopes.shape[0], -1).contiguous() for t in self.log_terms(steps, steps))
         width = edges.shape[0]
 
         def fire(score, b, h, i, j):
             query = q_pos[b, i]
-            x = log_distance[(query - k_pos[b, j]).abs().clamp(max=n)] / log_query[query.clamp(0, n)]
+            x = log_distance[h, (query - k_pos[b, j]).abs().clamp(max=n)] / log_query[h, query.clamp(0, n)]
             piece = (edges[0] < x).to(torch.int64)
             for u in range(1, width):  # the kinks below x, unrolled into pointwise compares
                 piece = piece + (edges[u] < x).to(torch.int64)

@@ -154,7 +154,7 @@ def test_score_mods_read_each_learned_tensor_once_by_one_index(name):
     score_mod that indexes a tensor requiring gradients twice ("multiple indexing operations on the same tensor",
     torch 2.11 on an H100, where FIRE's MLP unrolled into the kernel read each weight 32 times). Checked on the
     score_mod traced as FlexAttention traces it (make_fx, with tensor indices turned into aten.index): every
-    learned tensor is read by exactly one aten.index and nothing else."""
+    learned tensor is read by exactly one aten.index, with the head among its indices, and nothing else."""
     from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -163,13 +163,18 @@ def test_score_mods_read_each_learned_tensor_once_by_one_index(name):
     args = (torch.tensor(0.5), *(torch.tensor(x) for x in (1, 2, 3, 1)))  # score, b, h, i, j
     with TransformGetItemToIndex():
         graph = make_fx(score_mod)(*args)
-    reads = {}  # a learned tensor's name in the graph -> the ops that read it
+    head = next(node for node in graph.graph.nodes if node.op == "placeholder" and node.target.startswith("h"))
+    reads = {}  # a learned tensor's name in the graph -> (op, indices) of every read
     for node in graph.graph.nodes:
         if node.op == "get_attr" and getattr(graph, node.target).requires_grad:
-            reads.setdefault(node.target, []).extend(user.target for user in node.users)
+            reads.setdefault(node.target, []).extend((user.target, user.args[1:]) for user in node.users)
     assert reads or name == "alibi", "no learned tensor in the score_mod"
     for target, ops in reads.items():
-        assert ops == [torch.ops.aten.index.Tensor], f"{target} {tuple(getattr(graph, target).shape)}: read by {ops}"
+        where = f"{target} {tuple(getattr(graph, target).shape)}"
+        assert [op for op, _ in ops] == [torch.ops.aten.index.Tensor], f"{where}: read by {ops}"
+        # and by the head among its indices: the backward's atomic add into a one-dimensional table indexed per
+        # element fails to compile (torch 2.11, H100: "can only unsplat single-element tensors"; FIRE's ψ tables)
+        assert head in ops[0][1][0], f"{where}: indexed without the head, by {ops[0][1][0]}"
 
 
 def test_positions_spread_beyond_the_keys():
