@@ -35,15 +35,22 @@ def _chunk_loss_and_dlogits(h: Tensor, weight: Tensor, t: Tensor, want_grad: boo
     # one fused log-softmax pass, then exp in place for the softmax: about half the time of logsumexp + sub + exp
     logp = torch.log_softmax((h @ weight.T).float(), dim=-1)  # (n, V)
     valid = t != IGNORE_INDEX
-    # the target's column by comparison, not gather/scatter_add: compiled at 128K rows × 32K classes, inductor's
-    # scatter into the chunk faulted on an H100 ("illegal memory access") from the chunk at row 65536 on, where
-    # row · V passes 2^31; compares and a row sum index nothing
-    hit = torch.arange(logp.shape[1], device=logp.device) == t.unsqueeze(1)  # (n, V); an ignored row hits none
-    target_logp = torch.where(hit, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(1)
+    if torch.compiler.is_compiling():
+        # the target's column by comparison: compiled at 128K rows × 32K classes, inductor's kernel for the
+        # scatter_add below faulted on an H100 ("illegal memory access"; 64K ran), where rows · V passes 2^31
+        hit = torch.arange(logp.shape[1], device=logp.device) == t.unsqueeze(1)  # (n, V); ignored rows hit none
+        target_logp = torch.where(hit, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).sum(1)
+    else:  # eager: gather and scatter touch n entries where the compares pass over n·V (the loss ~25 % faster on CPU)
+        safe_t = t.clamp(min=0).unsqueeze(1)  # ignored rows read class 0 and are zeroed below
+        target_logp = logp.gather(1, safe_t).squeeze(1)
     loss = torch.where(valid, -target_logp, torch.zeros_like(target_logp))
     if not want_grad:
         return loss, None
-    dlogits = logp.exp_().sub_(hit.to(logp.dtype))  # softmax − one_hot, in the log-probabilities' own storage
+    dlogits = logp.exp_()  # softmax − one_hot, in the log-probabilities' own storage (n, V)
+    if torch.compiler.is_compiling():
+        dlogits.sub_(hit.to(dlogits.dtype))
+    else:
+        dlogits.scatter_add_(1, safe_t, torch.full_like(target_logp, -1.0).unsqueeze(1))
     keep = valid.float() if row_scale is None else valid.float() * row_scale
     return loss, dlogits.mul_(keep.unsqueeze(1))
 

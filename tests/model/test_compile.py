@@ -43,6 +43,19 @@ def test_loss_has_no_graph_breaks(case):
     assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
 
 
+def test_compiled_chunked_loss_indexes_no_target_column():
+    """Compiled, the chunked loss finds each row's target column by comparison: inductor's scatter_add kernel into a
+    chunk faulted at 128K tokens × 32K classes on an H100 (minilm/model/loss.py). No gather or scatter in the
+    traced graphs, the forward bodies of the autograd Function included."""
+    model = _model(["model.loss_chunk_size=8"])
+    x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model.loss)(x, y)
+    code = "\n".join(m.code for g in explained.graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule))
+    assert "autograd_function_apply(" in code and "arange" in code
+    assert "scatter" not in code and "gather" not in code
+
+
 @pytest.mark.parametrize("name", ["t5", "cope"])
 def test_attention_in_blocks_of_queries_has_no_graph_breaks(name, monkeypatch):
     """On CPU the bias rung (T5) and the reference rung (CoPE) run in blocks of queries (``in_query_blocks``): a

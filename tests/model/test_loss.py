@@ -29,9 +29,12 @@ def _grads(fn, h, w, t, **kw):
     return loss.detach(), h.grad, w.grad
 
 
+@pytest.mark.parametrize("compiled_form", [False, True])  # gather/scatter_add eagerly, compares in a compiled graph
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("chunk", [1, 4, 7, 23, 64])  # 7 does not divide 23: a ragged last chunk
-def test_chunked_equals_plain(reduction, chunk):
+def test_chunked_equals_plain(reduction, chunk, compiled_form, monkeypatch):
+    if compiled_form:  # the form torch.compile traces, run eagerly
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     h, w, t = _inputs()
     ref = _grads(plain_cross_entropy, h, w, t, reduction=reduction)
     got = _grads(chunked_cross_entropy, h, w, t, chunk_size=chunk, reduction=reduction)
