@@ -118,7 +118,9 @@ def measure(cfg, enc: str, T: int, B: int, args, device, dtype) -> dict:
         except torch.OutOfMemoryError:
             return {**row, "status": "oom", "tokens_per_s": None, "peak_mem_mb": None}
         except Exception as e:  # one encoding's kernel or compiler failure must not lose the others
-            return {**row, "status": "error", "error": bench._error_text(e), "tokens_per_s": None, "peak_mem_mb": None}
+            row.update(status="error", error=bench._error_text(e), tokens_per_s=None, peak_mem_mb=None)
+            bench.raise_if_device_lost(device, row["error"], f"{enc} T={T}", row)
+            return row
         finally:
             step = None  # noqa: F841
             bench._free(device)

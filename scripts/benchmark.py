@@ -42,7 +42,9 @@ Writes ``<out>/<date>-<device>-<run.name>[-<tag>].json`` and ``.md``; ``--update
 config's table in docs/performance.md (between ``<!-- benchmark:KEY -->`` markers; added at the end if absent).
 All three are rewritten after every (encoding, length), so a run stopped by SIGINT keeps what it measured
 (``"complete": false``, the table marked partial; exit 130). A measurement that raises (a compiler or kernel
-failure) becomes a row with status "error" and the message, and the run goes on (exit 1 at the end).
+failure) becomes a row with status "error" and the message, and the run goes on (exit 1 at the end) — unless the
+failure took the CUDA context with it (an illegal memory access): then its row is written, the results are marked
+partial and the run stops (exit 1), since every later CUDA call of the process would fail too.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -338,7 +340,30 @@ def _error_text(e: Exception) -> str:
 def _free(device) -> None:
     gc.collect()
     if device.type == "cuda":
-        torch.cuda.empty_cache()
+        with contextlib.suppress(RuntimeError):  # a lost CUDA context (DeviceLost) fails this too
+            torch.cuda.empty_cache()
+
+
+class DeviceLost(Exception):
+    """A measurement's failure took the CUDA context with it (an illegal memory access, a device-side assert):
+    every later CUDA call in the process fails, so the run stops. ``row``: that measurement's error row for the
+    results, or None (the interleaved peer ratio, which has none); ``where``: which measurement, in words."""
+
+    def __init__(self, error: str, where: str, row: Optional[dict] = None):
+        super().__init__(error)
+        self.error, self.where, self.row = error, where, row
+
+
+def raise_if_device_lost(device, error: str, where: str, row: Optional[dict] = None) -> None:
+    """After a measurement failed: raise DeviceLost when the CUDA context no longer answers. (On the H100 an illegal
+    memory access at 128K tokens left the freeing after it failing with the same error, which ended the run
+    without its error row.)"""
+    if device.type != "cuda":
+        return
+    try:
+        torch.cuda.synchronize(device)
+    except RuntimeError:
+        raise DeviceLost(error, where, row) from None
 
 
 def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak_flops) -> dict:
@@ -358,6 +383,7 @@ def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak
         except Exception as e:  # a kernel or compiler failure for one encoding must not lose the other rows
             row.update(status="error", error=_error_text(e), tokens_per_s=None, mfu=None, peak_mem_mb=None,
                        memory_kind=mem.kind)  # fmt: skip
+            raise_if_device_lost(device, row["error"], f"{impl} {encoding} T={T}", row)
             return row
         finally:
             step = None  # noqa: F841 (free the model before the next measurement)
@@ -400,7 +426,9 @@ def paired_ratio(cfg, T, B, args, device, amps: dict, do_compile) -> dict:
     except torch.OutOfMemoryError:
         return {"status": "oom"}
     except Exception as e:
-        return {"status": "error", "error": _error_text(e)}
+        row = {"status": "error", "error": _error_text(e)}
+        raise_if_device_lost(device, row["error"], f"the interleaved peer ratio at T={T}")
+        return row
     finally:
         ours = peer = None  # noqa: F841
         _free(device)
@@ -670,6 +698,15 @@ def run_measurements(report: dict, measure_loop, out: Path, now, update: bool, t
         where = f"in {result_stem(report, out, now)}.json" if report["measured"] else "none written"
         raise Interrupted(f"interrupted after {report['measured']} of {report['planned']} measurements; "
                           f"results {where}") from None  # fmt: skip
+    except DeviceLost as e:  # the failed measurement's row, then stop: nothing later can run in this process
+        if e.row is not None:
+            report["results"].append(e.row)
+            report["measured"] += 1
+        write_report(report, out, now, update, table, title)
+        raise Interrupted(f"{e.where} failed and took the CUDA context with it ({e.error}); stopped after "
+                          f"{report['measured']} of {report['planned']} measurements, results in "
+                          f"{result_stem(report, out, now)}.json: measure the rest in a new process",
+                          exit_code=1) from None  # fmt: skip
     report["complete"] = True
     write_report(report, out, now, update, table, title)
     updated = f"; updated {DOCS}" if update else ""
@@ -719,13 +756,19 @@ def sigint_flag():
 
 
 class Interrupted(Exception):
-    """The run was stopped part-way (SIGINT); its message says how far it got and where the results are."""
+    """The run was stopped part-way (SIGINT: exit 130; a lost device: 1); its message says how far it got and where
+    the results are."""
+
+    def __init__(self, message: str, exit_code: int = 130):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def exit_code(run_fn, args) -> int:
     """Run ``run_fn(args)`` (this script's ``run`` or bench_attention's) as a command: exit 0; 1 when a
-    measurement failed (its row says "error" and why; the traceback is in the output above); 2 on bad input;
-    130 when interrupted, with the measurements finished so far written."""
+    measurement failed (its row says "error" and why; the traceback is in the output above), or failed and took
+    the CUDA context with it (the run stops there); 2 on bad input; 130 when interrupted, with the measurements
+    finished so far written."""
     flush_denormals()  # as train.py does (run_cli), before torch starts its worker threads
     try:
         with sigint_flag():
@@ -735,7 +778,7 @@ def exit_code(run_fn, args) -> int:
         return 2
     except Interrupted as e:
         print(str(e), file=sys.stderr)
-        return 130
+        return e.exit_code
     failed = [r for r in report["results"] if r["status"] == "error"]
     failed += [r["paired"] for r in report.get("ratios", []) if r["paired"].get("status") == "error"]
     if failed:

@@ -61,6 +61,30 @@ def test_a_backward_that_fails_is_an_error_row(attn_bench, tmp_path, monkeypatch
     assert kerple["kernel"] == "sdpa_bias"
 
 
+def test_a_lost_device_stops_the_run_after_writing_the_failed_row(attn_bench, tmp_path, monkeypatch, capsys):
+    """As scripts/benchmark.py: a failure that took the CUDA context with it (simulated on CPU) is written as its row
+    and ends the run, partial, exit 1; the encodings after it are not tried."""
+    real = attn_bench.build_core
+
+    def failing(cfg, *a, **kw):
+        if cfg.model.position.name == "alibi":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(cfg, *a, **kw)
+
+    def synchronize_fails(device, error, where, row=None):
+        raise attn_bench.bench.DeviceLost(error, where, row)
+
+    monkeypatch.setattr(attn_bench, "build_core", failing)
+    monkeypatch.setattr(attn_bench.bench, "raise_if_device_lost", synchronize_fails)
+    argv = ["--lengths", "8", "--encodings", "rope,alibi,t5", "--tokens", "16", "--steps", "1", "--warmup", "1",
+            "--threads", "1", "--device", "cpu", "--out", str(tmp_path), *TINY]  # fmt: skip
+    assert attn_bench.main(argv) == 1
+    saved = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert not saved["complete"] and (saved["measured"], saved["planned"]) == (2, 3)
+    assert [(r["encoding"], r["status"]) for r in saved["results"]] == [("rope", "ok"), ("alibi", "error")]
+    assert "alibi T=8 failed and took the CUDA context with it" in capsys.readouterr().err
+
+
 def test_no_flex_table_gives_t5_and_kerple_their_direct_score_mods(attn_bench, tmp_path, monkeypatch):
     """``--no-flex-table``, the A/B of the per-distance tables FlexAttention reads (minilm/positions/bias.py): the
     encodings measured have ``flex_distance_table`` off, and the report and its table say so."""

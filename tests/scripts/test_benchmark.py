@@ -179,6 +179,32 @@ def test_an_interrupted_run_keeps_what_it_measured(bench, tmp_path, monkeypatch,
     assert "interrupted after 1 of 2 measurements; results in" in capsys.readouterr().err
 
 
+def test_a_lost_device_ends_the_run_with_the_failed_row_written(bench, tmp_path, monkeypatch, capsys):
+    """A failure that takes the CUDA context with it (an illegal memory access at 128K tokens on the H100) leaves
+    every later CUDA call failing: the run writes the failed row, marks the results partial and stops, exit 1,
+    rather than dying in the freeing after it with nothing written. (The lost context is simulated on CPU.)"""
+    docs = tmp_path / "performance.md"
+    monkeypatch.setattr(bench, "DOCS", docs)
+    _fail_for(bench, monkeypatch, "rope", RuntimeError("CUDA error: an illegal memory access was encountered"))
+    lost = []
+
+    def synchronize_fails(device, error, where, row=None):
+        lost.append(where)
+        raise bench.DeviceLost(error, where, row)
+
+    monkeypatch.setattr(bench, "raise_if_device_lost", synchronize_fails)
+    assert bench.main(_two_encodings(tmp_path)) == 1
+    assert lost == ["minilm rope T=8"]  # alibi never ran
+    saved = json.loads(next((tmp_path / "out").glob("*.json")).read_text())
+    assert not saved["complete"] and (saved["measured"], saved["planned"]) == (1, 2)
+    [rope] = saved["results"]
+    assert rope["status"] == "error" and "illegal memory access" in rope["error"]
+    assert "**partial: stopped after 1 of 2 measurements**" in docs.read_text()
+    assert "- minilm rope T=8: `RuntimeError: CUDA error: an illegal memory access" in docs.read_text()
+    err = capsys.readouterr().err
+    assert "minilm rope T=8 failed and took the CUDA context with it" in err and "measure the rest in a new" in err
+
+
 def test_uncompiled_measurements_do_not_share_compiled_kernels(bench, tmp_path, monkeypatch):
     """An eager model's FlexAttention kernel (CUDA) is one process-wide torch.compile(flex_attention), static per
     shape (minilm/model/flex.py): without a reset per measurement, --no-compile runs over several encodings and
