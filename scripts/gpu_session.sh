@@ -29,7 +29,10 @@
 #
 # Packages the GPU image lacks travel as wheels in .whl/ (`make gpu-wheels` downloads them; pass .whl in the
 # device tool's carry); they are installed into /tmp/site first (WHEELS names another folder). GPU_CONFIG picks
-# another config (default configs/gpt2_small.yaml); PYTHON another interpreter.
+# another config (default configs/gpt2_small.yaml); PYTHON another interpreter. To re-measure part of a part:
+# ENCODINGS for attn and enc-* (default rope,alibi,t5,kerple,fire; keep rope for the "vs RoPE" column),
+# LONG_LENGTHS for long* (default 16384,32768,65536,131072), PYTEST_ARGS added to tests (say "-k fire").
+# DRY_RUN=1 prints each part's command instead of running it.
 set -uo pipefail
 
 parts_known="check attn attn-direct peer peer-chunked enc-1k enc-8k long long-ckpt tests"
@@ -58,9 +61,13 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} # pytest imports minilm from the checkout, uninstalled
 
 # what is left of the budget, less 15 s for the tarball; SIGINT lets the benchmark and pytest write what they have
-limited() { timeout -s INT -k 30 $((deadline - SECONDS - 15)) "$@"; }
+limited() {
+    if [ -n "${DRY_RUN:-}" ]; then echo "would run: $*"; return 0; fi
+    timeout -s INT -k 30 $((deadline - SECONDS - 15)) "$@"
+}
 bench() { limited $py scripts/benchmark.py --config "$cfg" "$@"; }
-long_lengths=16384,32768,65536,131072
+encodings=${ENCODINGS:-rope,alibi,t5,kerple,fire}
+long_lengths=${LONG_LENGTHS:-16384,32768,65536,131072}
 
 run_part() {
     case $part in
@@ -72,7 +79,8 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
         bench --steps 2 --warmup 1 --no-compile --batch-size 1 --out "${TMPDIR:-/tmp}/minilm-check"
         ;;
     attn)
-        limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192,32768 --update-docs
+        limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192,32768 --encodings "$encodings" \
+            --update-docs
         ;;
     attn-direct)
         limited $py scripts/bench_attention.py --config "$cfg" --lengths 8192 --encodings rope,t5,kerple \
@@ -88,7 +96,7 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
     enc-1k | enc-8k)
         local T=1024
         [ "$part" = enc-8k ] && T=8192
-        bench --lengths $T --encodings rope,alibi,t5,kerple,fire --steps 10 --warmup 3 --tag "$part" \
+        bench --lengths $T --encodings "$encodings" --steps 10 --warmup 3 --tag "$part" \
             --update-docs model.loss_chunk_size=4096
         ;;
     long)
@@ -100,7 +108,9 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
             model.loss_chunk_size=4096 model.activation_checkpointing=true
         ;;
     tests)
-        limited $py -m pytest -m gpu -q
+        # torch's DEBUG trace logging, which pytest would capture and print with every failure, stays out
+        # shellcheck disable=SC2086 # PYTEST_ARGS is split into arguments on purpose
+        limited $py -m pytest -m gpu -q --log-level=WARNING ${PYTEST_ARGS:-}
         ;;
     esac
 }

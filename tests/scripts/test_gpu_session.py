@@ -64,3 +64,20 @@ def test_parts_past_the_time_budget_are_skipped_and_say_so(tmp_path):
     assert not (tmp_path / "out").exists()
     bad = _run("check", tmp_path, BUDGET="ten minutes")
     assert bad.returncode == 2 and "BUDGET must be a whole number of seconds" in bad.stderr
+
+
+def test_parts_can_be_narrowed_to_what_is_left_to_measure(tmp_path):
+    """ENCODINGS, LONG_LENGTHS and PYTEST_ARGS narrow the parts to what a session still needs (on the H100, FIRE
+    alone after a fix): the commands, printed by DRY_RUN, carry them; by default every encoding and length."""
+    env = {"DRY_RUN": "1", "ENCODINGS": "rope,fire", "LONG_LENGTHS": "131072", "PYTEST_ARGS": "-k fire -x"}
+    proc = _run("enc-8k long attn tests", tmp_path, **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("would run: ")]
+    assert len(lines) == 4, proc.stdout
+    enc, long, attn, tests = lines
+    assert "scripts/benchmark.py" in enc and "--lengths 8192 --encodings rope,fire" in enc
+    assert "--lengths 131072 --batch-size 1" in long
+    assert "scripts/bench_attention.py" in attn and "--encodings rope,fire" in attn
+    assert tests.endswith("-m pytest -m gpu -q --log-level=WARNING -k fire -x")
+    default = _run("enc-1k long", tmp_path, DRY_RUN="1").stdout
+    assert "--encodings rope,alibi,t5,kerple,fire" in default and "--lengths 16384,32768,65536,131072" in default
