@@ -362,9 +362,9 @@ class Fire(PositionEncoding):
     def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
         """f_θ's linear pieces, built from the parameters (differentiably): a ReLU MLP of one input is piecewise
         linear in it, with a kink where a hidden unit turns on or off (x = −b1/w1), so between kinks
-        f_θ(x) = A·x + C with A = Σ over the units on of w2·w1 and C = b2 + Σ w2·b1. Returns (kinks (W,) ascending,
-        without gradient; slopes A (H, W + 1); intercepts C (H, W + 1)): piece p, the number of kinks below x, is
-        f_θ(x) = A[:, p]·x + C[:, p]."""
+        f_θ(x) = A·x + C with A = Σ over the units on of w2·w1 and C = b2 + Σ w2·b1. Returns (kinks (W,)
+        ascending, without gradient; slopes A (H, W + 1); intercepts C (H, W + 1)): piece p, the number of kinks
+        below x, is f_θ(x) = A[:, p]·x + C[:, p]."""
         w1, b1 = self.mlp_in.weight[:, 0].float(), self.mlp_in.bias.float()  # (W,)
         w2, b2 = self.mlp_out.weight.float(), self.mlp_out.bias.float()  # (H, W), (H,)
         W = w1.shape[0]
@@ -390,9 +390,9 @@ class Fire(PositionEncoding):
     def score_mod(self, q, k, q_pos, k_pos):
         """The bias from tables the kernel indexes, each captured tensor that requires gradients read once (what
         FlexAttention's backward supports, and one atomic add per element into it): ψ(|d|) per head and distance
-        and ψ(max(L, i)) + eps per head and query position, for 0..S − 1 (positions within [0, S) always fit), then the kinks
-        (no gradient) pick x's piece and its slope and intercept. Equal to ``score``: the same ψ values, and f_θ
-        by its pieces as ``mlp_pieces``."""
+        and ψ(max(L, i)) + eps per head and query position, for 0..S − 1 (positions within [0, S) always fit);
+        then the kinks (no gradient) pick x's piece and its slope and intercept. Equal to ``score``: the same ψ
+        values, and f_θ by its pieces as ``mlp_pieces``."""
         n = k_pos.shape[-1] - 1
         assert_positions_within(q_pos, k_pos, n, "FIRE")
         steps = torch.arange(n + 1, device=q_pos.device, dtype=torch.float32)
