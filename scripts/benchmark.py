@@ -683,7 +683,7 @@ def run_measurements(report: dict, measure_loop, out: Path, now, update: bool, t
     """Run ``measure_loop(done)``, which appends to ``report["results"]`` and calls ``done()`` after each
     measurement: the report (JSON, markdown, with ``update`` the docs table) is written then, so a run stopped
     part-way leaves what it measured, and once more at the end with ``complete`` True. SIGINT becomes
-    ``Interrupted``, saying how far the run got and where its results are."""
+    ``StoppedEarly``, saying how far the run got and where its results are."""
     table = table or markdown_table
 
     def done():
@@ -696,14 +696,14 @@ def run_measurements(report: dict, measure_loop, out: Path, now, update: bool, t
         measure_loop(done)
     except KeyboardInterrupt:  # SIGINT (Ctrl-C, `timeout -s INT`): what was measured is already written
         where = f"in {result_stem(report, out, now)}.json" if report["measured"] else "none written"
-        raise Interrupted(f"interrupted after {report['measured']} of {report['planned']} measurements; "
+        raise StoppedEarly(f"interrupted after {report['measured']} of {report['planned']} measurements; "
                           f"results {where}") from None  # fmt: skip
     except DeviceLost as e:  # the failed measurement's row, then stop: nothing later can run in this process
         if e.row is not None:
             report["results"].append(e.row)
             report["measured"] += 1
         write_report(report, out, now, update, table, title)
-        raise Interrupted(f"{e.where} failed and took the CUDA context with it ({e.error}); stopped after "
+        raise StoppedEarly(f"{e.where} failed and took the CUDA context with it ({e.error}); stopped after "
                           f"{report['measured']} of {report['planned']} measurements, results in "
                           f"{result_stem(report, out, now)}.json: measure the rest in a new process",
                           exit_code=1) from None  # fmt: skip
@@ -755,7 +755,7 @@ def sigint_flag():
         signal.signal(signal.SIGINT, previous)
 
 
-class Interrupted(Exception):
+class StoppedEarly(Exception):
     """The run was stopped part-way (SIGINT: exit 130; a lost device: 1); its message says how far it got and where
     the results are."""
 
@@ -776,7 +776,7 @@ def exit_code(run_fn, args) -> int:
     except MinilmError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Interrupted as e:
+    except StoppedEarly as e:
         print(str(e), file=sys.stderr)
         return e.exit_code
     failed = [r for r in report["results"] if r["status"] == "error"]

@@ -35,7 +35,8 @@ def _chunk_loss_and_dlogits(h: Tensor, weight: Tensor, t: Tensor, want_grad: boo
     # one fused log-softmax pass, then exp in place for the softmax: about half the time of logsumexp + sub + exp
     logp = torch.log_softmax((h @ weight.T).float(), dim=-1)  # (n, V)
     valid = t != IGNORE_INDEX
-    if torch.compiler.is_compiling():
+    compiled = torch.compiler.is_compiling()
+    if compiled:
         # the target's column by comparison: compiled at 128K rows × 32K classes, inductor's kernel for the
         # scatter_add below faulted on an H100 ("illegal memory access"; 64K ran), where rows · V passes 2^31
         hit = torch.arange(logp.shape[1], device=logp.device) == t.unsqueeze(1)  # (n, V); ignored rows hit none
@@ -47,7 +48,7 @@ def _chunk_loss_and_dlogits(h: Tensor, weight: Tensor, t: Tensor, want_grad: boo
     if not want_grad:
         return loss, None
     dlogits = logp.exp_()  # softmax − one_hot, in the log-probabilities' own storage (n, V)
-    if torch.compiler.is_compiling():
+    if compiled:
         dlogits.sub_(hit.to(dlogits.dtype))
     else:
         dlogits.scatter_add_(1, safe_t, torch.full_like(target_logp, -1.0).unsqueeze(1))

@@ -35,12 +35,16 @@ def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
     return (q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)).unsqueeze(1)
 
 
+def _position_span(q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+    """(lowest, highest) of the query and key positions, as 0-dim tensors (no host sync)."""
+    return torch.minimum(q_pos.min(), k_pos.min()), torch.maximum(q_pos.max(), k_pos.max())
+
+
 def assert_distances_within(q_pos: Tensor, k_pos: Tensor, n: int, name: str) -> None:
     """Fail unless every |q_pos − k_pos| is at most ``n``: true whenever positions lie in [0, S) (training, the KV
     cache, restarted documents), false only for positions a caller spread further apart. Asynchronous on the GPU
     (no host sync; a device-side assert when it fails) and traced into a compiled graph."""
-    lo = torch.minimum(q_pos.min(), k_pos.min())
-    hi = torch.maximum(q_pos.max(), k_pos.max())
+    lo, hi = _position_span(q_pos, k_pos)
     torch._assert_async(hi - lo <= n, f"{name} on FlexAttention: query and key positions lie more than {n} apart; "
                         f"its per-distance table covers 0..{n} (positions within [0, {n + 1}) always fit)")
 
@@ -48,8 +52,7 @@ def assert_distances_within(q_pos: Tensor, k_pos: Tensor, n: int, name: str) -> 
 def assert_positions_within(q_pos: Tensor, k_pos: Tensor, n: int, name: str) -> None:
     """Fail unless every position lies in [0, ``n``]: true for training, the KV cache and restarted documents
     (positions within [0, S)). Asynchronous on the GPU, as ``assert_distances_within``."""
-    lo = torch.minimum(q_pos.min(), k_pos.min())
-    hi = torch.maximum(q_pos.max(), k_pos.max())
+    lo, hi = _position_span(q_pos, k_pos)
     torch._assert_async((lo >= 0) & (hi <= n), f"{name} on FlexAttention: a position lies outside [0, {n}]; its "
                         f"per-position tables cover 0..{n} (positions within [0, {n + 1}) always fit)")
 
