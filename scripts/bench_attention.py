@@ -3,8 +3,8 @@
 
     python scripts/bench_attention.py --config configs/gpt2_small.yaml --lengths 1024,8192 \\
         [--encodings rope,alibi,t5,kerple,fire] [--tokens 16384] [--steps 10] [--warmup 3] [--device cuda|cpu] \\
-        [--precision auto|32|bf16-mixed] [--compile|--no-compile] [--no-flex-table] [--no-cpu-fp32-backward] \\
-        [--threads N] \\
+        [--precision auto|32|bf16-mixed] [--compile|--no-compile] [--no-flex-table] [--flex-table-copies R] \\
+        [--no-cpu-fp32-backward] [--threads N] \\
         [--out benchmarks/results] [--tag TAG] [--update-docs] [key.sub=value ...]
 
 What differs between encodings is this part of a layer: the projections, the MLP and the loss are the same for
@@ -18,9 +18,11 @@ or the fp32 reference. B = ``--tokens`` // T (at least 1); by default the
 config's tokens per micro-batch. ``--compile`` wraps the core in ``torch.compile(dynamic=False)`` (default: off;
 FlexAttention's kernel is compiled either way on CUDA). ``--no-flex-table`` gives T5 and KERPLE their direct
 score_mods instead of the per-distance tables (``flex_distance_table`` in minilm/positions/bias.py), to measure
-what the tables change in FlexAttention's backward. ``--no-cpu-fp32-backward`` gives SDPA on CPU in bf16 torch's
-own bf16 backward at every length (``CPU_FP32_BACKWARD_BELOW`` in minilm/model/attention.py set to 0), to measure
-where the fp32 one pays.
+what the tables change in FlexAttention's backward; ``--flex-table-copies R`` gives each learned table (T5's,
+KERPLE's, FIRE's) R copies that the score elements' atomic adds spread over (``FLEX_TABLE_COPIES``, the same
+module; CUDA only: the CPU rungs read no tables). ``--no-cpu-fp32-backward`` gives SDPA on CPU in bf16 torch's own
+bf16 backward at every length (``CPU_FP32_BACKWARD_BELOW`` in minilm/model/attention.py set to 0), to measure where
+the fp32 one pays.
 
 Reports ms per forward + backward (median), tokens/s, the ratio to RoPE's tokens/s at the same length (when
 ``rope`` is among the encodings) and peak memory (as scripts/benchmark.py measures it). Writes
@@ -43,6 +45,7 @@ import torch  # noqa: E402
 
 from minilm.config import load_config, micro_batch_size  # noqa: E402
 import minilm.model.attention as attention  # noqa: E402
+import minilm.positions.bias as biases  # noqa: E402
 from minilm.model.attention import AttentionMask  # noqa: E402
 from minilm.model.transformer import Block  # noqa: E402
 
@@ -62,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="compile the core")
     ap.add_argument("--flex-table", action=argparse.BooleanOptionalAction, default=True,
                     help="T5 and KERPLE read per-distance tables in FlexAttention (default) or their direct form")
+    ap.add_argument("--flex-table-copies", type=bench.whole_number(1), default=1,
+                    help="copies of each learned Flex table, spreading the backward's atomic adds (default 1)")
     ap.add_argument("--cpu-fp32-backward", action=argparse.BooleanOptionalAction, default=True,
                     help="SDPA on CPU in bf16 takes its backward in fp32 at short lengths (default) or never")
     ap.add_argument("--threads", type=bench.whole_number(1), default=None, help="torch.set_num_threads (CPU)")
@@ -133,6 +138,7 @@ def markdown_table(report: dict) -> str:
     head = (
         f"Device: {report['device_name']} · torch {report['torch']} · threads {report['threads']} · precision "
         f"{report['precision']} · compile {report['compile']}{'' if report['flex_table'] else ' · no Flex tables'}"
+        f"{_copies_note(report.get('flex_table_copies', 1))}"
         f"{'' if report.get('cpu_fp32_backward', True) else ' · no fp32 backward on CPU'} · "
         f"{report['date']} · config `{report['config']}` "
         f"{' '.join(report['overrides'])} · attention core (rotate + kernel), forward + backward, median of "
@@ -154,6 +160,10 @@ def markdown_table(report: dict) -> str:
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     errors = [f"- {r['encoding']} T={r['seq_len']}: `{r['error']}`" for r in report["results"] if r.get("error")]
     return "\n".join(lines + (["", "Failed:", *errors] if errors else [])) + "\n"
+
+
+def _copies_note(copies: int) -> str:
+    return f" · Flex tables in {copies} copies" if copies > 1 else ""
 
 
 def _print_row(r: dict) -> None:
@@ -178,6 +188,7 @@ def run(args) -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
     report = bench.new_report(args, base, device, precision, args.compile, now, len(planned), kind="attention")
     report["flex_table"] = args.flex_table
+    report["flex_table_copies"] = biases.FLEX_TABLE_COPIES = args.flex_table_copies
     report["cpu_fp32_backward"] = args.cpu_fp32_backward
     if not args.cpu_fp32_backward:
         attention.CPU_FP32_BACKWARD_BELOW = 0

@@ -4,7 +4,7 @@
     python scripts/benchmark.py --config configs/gpt2_small.yaml --lengths 1024,8192 \\
         [--encodings rope,alibi,t5,kerple,fire] [--steps 10] [--warmup 3] [--repeats 1] [--batch-size B] \\
         [--peer [--peer-precision 32|bf16-mixed]] [--peak-tflops 989] [--threads 2] [--precision auto|32|bf16-mixed] \\
-        [--compile|--no-compile] \\
+        [--compile|--no-compile] [--profile] \\
         [--out benchmarks/results] [--update-docs] [key.sub=value ...]
 
 One step = forward + backward + gradient clipping + AdamW step on random tokens (B, T) — the work of one
@@ -37,6 +37,11 @@ steps (weights, gradients, AdamW state, activations). On CPU the peak resident s
 the resident size before it (Linux ``VmHWM`` reset through /proc/self/clear_refs; malloc_trim first so memory
 freed by an earlier measurement does not hide the growth); it includes allocator slack, so read it as an
 estimate. The JSON names which (``memory_kind``).
+
+``--profile`` runs 3 more steps of each measurement under ``torch.profiler`` and writes its table of the operators
+and kernels that took the most time (self time on the device: CUDA kernels on a GPU, operators on CPU) to
+``<out>/<date>-<device>-<run.name>[-<tag>]-profiles/<impl>-<encoding>-<T>.txt``: where a step's time goes, which
+the tokens/s alone do not say. The timed steps are not profiled.
 
 Writes ``<out>/<date>-<device>-<run.name>[-<tag>].json`` and ``.md``; ``--update-docs`` also replaces this device and
 config's table in docs/performance.md (between ``<!-- benchmark:KEY -->`` markers; added at the end if absent).
@@ -153,6 +158,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--peer-precision", default=None, choices=["auto", "32", "bf16-mixed"],
                     help="the peer's precision (default: minilm's)")  # fmt: skip
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="default: train.compile")
+    ap.add_argument("--profile", action="store_true", help="profile 3 more steps per measurement (module docstring)")
     ap.add_argument("--device", type=device_name, default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for the JSON and markdown")
     ap.add_argument("--update-docs", action="store_true", help="write the table into docs/performance.md")
@@ -330,6 +336,41 @@ def time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], Any]
     return times, out
 
 
+PROFILE_STEPS = 3
+PROFILE_ROWS = 30
+
+
+def profile_steps(step, device, title: str) -> str:
+    """``PROFILE_STEPS`` more calls of ``step`` under torch.profiler (after the timed ones: warm, compiled): the
+    ``PROFILE_ROWS`` operators and kernels with the most self time on the device (CPU operators on CPU), as
+    torch prints them, under ``title``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        for i in range(PROFILE_STEPS):
+            step(i)
+        _sync(device)
+    table = prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                      row_limit=PROFILE_ROWS, max_name_column_width=90)  # fmt: skip
+    return f"{title}: {PROFILE_STEPS} steps, by self {'CUDA' if cuda else 'CPU'} time\n\n{table}"
+
+
+def write_profile(step, device, args, impl: str, encoding: str, T: int, B: int) -> str:
+    """``profile_steps`` of a measured step into ``args.profile_dir``: its path relative to ``args.out`` (beside the
+    JSON, wherever that is read), or "failed: ..." — a profiler that fails (no CUPTI, say) loses no measurement."""
+    try:
+        text = profile_steps(step, device, f"{impl} {encoding} T={T} B={B}")
+    except Exception as e:
+        return f"failed: {_error_text(e)}"
+    path = Path(args.profile_dir) / f"{impl}-{encoding}-{T}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    return str(path.relative_to(args.out))
+
+
 def _error_text(e: Exception) -> str:
     """Print the traceback (the log keeps it) and return the exception's one-line summary for the report."""
     traceback.print_exc()
@@ -377,6 +418,8 @@ def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak
             row["peak_mem_mb"] = round(mem.peak_bytes() / 2**20, 1)
             row["memory_kind"] = mem.kind
             row["loss"] = round(float(loss.detach()), 4)
+            if args.profile_dir:
+                row["profile"] = write_profile(step, device, args, impl, encoding, T, B)
         except torch.OutOfMemoryError:
             row.update(status="oom", tokens_per_s=None, mfu=None, peak_mem_mb=None, memory_kind=mem.kind)
             return row
@@ -644,6 +687,7 @@ def run(args) -> dict:
     )
     if args.peer:
         report["peer_precision"] = precisions["hf_llama"]
+    args.profile_dir = f"{result_stem(report, Path(args.out), now)}-profiles" if args.profile else None
     peak_flops = peak * 1e12 if peak else None
     return run_measurements(
         report, lambda done: measure_all(args, base, device, amps, do_compile, peak_flops, report, done),

@@ -7,6 +7,12 @@
 #   attn       the attention core alone (scripts/bench_attention.py), five encodings at 1K, then 8K, then 32K tokens
 #   attn-direct  RoPE, T5, KERPLE at 8K with T5's and KERPLE's direct score_mods (--no-flex-table): the A/B of
 #              the per-distance tables their FlexAttention backward scatters into (minilm/positions/bias.py)
+#   attn-copies  RoPE, T5, KERPLE, FIRE at 1K and 8K with each learned table in COPIES copies (default 8;
+#              --flex-table-copies): does spreading the backward's atomic adds help? (against attn's rows)
+#   batch      RoPE at 1024 tokens with other micro-batches, BATCH_SIZES (default 32,64; the config's is 16):
+#              does MFU at 1K grow with the batch? (results files only, no docs table)
+#   profile    where a step's time goes: torch.profiler tables (scripts/benchmark.py --profile) of RoPE at 1K
+#              (the peer's setting), then RoPE, ALiBi and T5 at 8K (chunked loss); no docs table
 #   peer       the config at 1024 tokens against the Hugging Face peer (MFU, ratio)
 #   peer-chunked  the same with the chunked loss (model.loss_chunk_size=4096)
 #   enc-1k     RoPE, ALiBi, T5, KERPLE, FIRE at 1024 tokens (chunked loss)
@@ -30,12 +36,13 @@
 # Packages the GPU image lacks travel as wheels in .whl/ (`make gpu-wheels` downloads them; pass .whl in the
 # device tool's carry); they are installed into /tmp/site first (WHEELS names another folder). GPU_CONFIG picks
 # another config (default configs/gpt2_small.yaml); PYTHON another interpreter. To re-measure part of a part:
-# ENCODINGS for attn and enc-* (default rope,alibi,t5,kerple,fire; keep rope for the "vs RoPE" column),
-# LONG_LENGTHS for long* (default 16384,32768,65536,131072), PYTEST_ARGS added to tests (say "-k fire").
+# ENCODINGS for attn, attn-copies, enc-* and profile's 8K (defaults above; keep rope for the "vs RoPE" column),
+# LONG_LENGTHS for long* (default 16384,32768,65536,131072), COPIES for attn-copies, BATCH_SIZES for batch,
+# PYTEST_ARGS added to tests (say "-k fire").
 # DRY_RUN=1 prints each part's command instead of running it.
 set -uo pipefail
 
-parts_known="check attn attn-direct peer peer-chunked enc-1k enc-8k long long-ckpt tests"
+parts_known="check attn attn-direct attn-copies peer peer-chunked batch enc-1k enc-8k long long-ckpt profile tests"
 usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
 [ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
 for part in "$@"; do
@@ -67,6 +74,11 @@ limited() {
 }
 bench() { limited $py scripts/benchmark.py --config "$cfg" "$@"; }
 encodings=${ENCODINGS:-rope,alibi,t5,kerple,fire}
+copies=${COPIES:-8}
+BATCH_SIZES=${BATCH_SIZES:-32,64}
+[[ $BATCH_SIZES =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
+    { echo "BATCH_SIZES must be whole numbers >= 1 separated by commas, got '$BATCH_SIZES'" >&2; exit 2; }
+[[ $copies =~ ^[1-9][0-9]*$ ]] || { echo "COPIES must be a whole number >= 1, got '$copies'" >&2; exit 2; }
 long_lengths=${LONG_LENGTHS:-16384,32768,65536,131072}
 
 run_part() {
@@ -85,6 +97,23 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
     attn-direct)
         limited $py scripts/bench_attention.py --config "$cfg" --lengths 8192 --encodings rope,t5,kerple \
             --no-flex-table --tag direct --update-docs
+        ;;
+    attn-copies)
+        limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192 \
+            --encodings "${ENCODINGS:-rope,t5,kerple,fire}" --flex-table-copies "$copies" --tag "copies$copies" \
+            --update-docs
+        ;;
+    batch)
+        local b rc=0
+        for b in ${BATCH_SIZES//,/ }; do
+            bench --lengths 1024 --batch-size "$b" --steps 20 --warmup 5 --tag "batch$b" || rc=$?
+        done
+        return $rc
+        ;;
+    profile)
+        bench --lengths 1024 --steps 5 --warmup 3 --profile --tag profile-1k &&
+            bench --lengths 8192 --encodings "${ENCODINGS:-rope,alibi,t5}" --steps 5 --warmup 3 --profile \
+                --tag profile-8k model.loss_chunk_size=4096
         ;;
     peer) # each repeat builds and compiles both models again, and the interleaved ratio once more
         bench --lengths 1024 --peer --steps 20 --warmup 5 --repeats 2 --update-docs

@@ -14,6 +14,15 @@ head; through the table, neighbouring elements add into neighbouring entries, an
 gradient to the parameters outside the kernel. ``flex_distance_table = False`` restores the direct form, for
 scripts/bench_attention.py to compare the two (``--no-flex-table``).
 
+Adds into one entry still meet: a block's elements on one diagonal all add into that distance's entry, and FIRE's
+per-query and per-piece entries take a whole row's or block's adds. ``FLEX_TABLE_COPIES`` = R > 1 gives every
+learned table the kernel reads (T5's, KERPLE's, FIRE's four) R copies, (H, n) -> (H, R, n), and each score element
+reads the copy its indices pick, so the adds that met at one entry spread over R of them; autograd sums the copies'
+gradients outside the kernel. The copy is i mod R for tables of the distance (the elements of one diagonal have
+distinct i), j mod R for FIRE's per-query table (a row's elements have distinct j) and (i + j) mod R for FIRE's
+pieces (any elements). Exact for every R; whether it is faster is the GPU's to say (scripts/bench_attention.py
+``--flex-table-copies``), so the default stays 1: the tables as measured.
+
 Convention: the relative distance is d = i − j = q_pos − k_pos (≥ 0 for the keys a causal query sees).
 """
 
@@ -28,6 +37,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minilm.positions.base import PositionDims, PositionEncoding
+
+
+FLEX_TABLE_COPIES = 1  # copies of each learned table a score_mod reads (the module docstring)
+
+
+def flex_copies(table: Tensor) -> Tensor:
+    """(H, n) -> (H, R, n), R = ``FLEX_TABLE_COPIES``, each copy its own memory (the backward's atomic adds land in
+    them); the table itself when R is 1."""
+    R = FLEX_TABLE_COPIES
+    return table if R == 1 else table.unsqueeze(1).expand(-1, R, -1).contiguous()
+
+
+def copy_index(table: Tensor, spread: Tensor) -> tuple:
+    """The index of the copy a score element reads in a ``flex_copies`` table, as a tuple to splice between the head
+    and the entry: (spread mod R,), or () for a table without copies."""
+    return (spread % table.shape[1],) if table.dim() == 3 else ()
 
 
 def relative_distance(q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -190,10 +215,10 @@ class T5Bias(PositionEncoding):
     def score_mod(self, q, k, q_pos, k_pos):
         m = self.params.max_distance
         n = max(m, k_pos.shape[-1] - 1) if self.flex_distance_table else m  # exact for any positions (clamped)
-        by_distance = self.by_distance(n)  # (H, 2n+1): the per-step table
+        by_distance = flex_copies(self.by_distance(n))  # (H, [R,] 2n+1): the per-step table
 
         def t5(score, b, h, i, j):
-            return score + by_distance[h, (q_pos[b, i] - k_pos[b, j]).clamp(-n, n) + n]
+            return score + by_distance[(h, *copy_index(by_distance, i), (q_pos[b, i] - k_pos[b, j]).clamp(-n, n) + n)]
 
         return t5
 
@@ -291,10 +316,10 @@ class Kerple(PositionEncoding):
             return kerple_direct
         n = k_pos.shape[-1] - 1
         assert_distances_within(q_pos, k_pos, n, "KERPLE")
-        by_distance = self.by_distance(n)  # (H, S)
+        by_distance = flex_copies(self.by_distance(n))  # (H, [R,] S)
 
         def kerple(score, b, h, i, j):
-            return score + by_distance[h, (q_pos[b, i] - k_pos[b, j]).abs().clamp(max=n)]
+            return score + by_distance[(h, *copy_index(by_distance, i), (q_pos[b, i] - k_pos[b, j]).abs().clamp(max=n))]
 
         return kerple
 
@@ -403,14 +428,17 @@ class Fire(PositionEncoding):
         # ψ(d) for d = 0..n and ψ(max(L, i)) + eps for i = 0..n, a row per head: inductor (torch 2.11, H100) fails
         # to compile the backward's atomic add into a one-dimensional table indexed per element
         log_distance, log_query = (t.expand(slopes.shape[0], -1).contiguous() for t in self.log_terms(steps, steps))
+        log_distance, log_query, slopes, intercepts = map(flex_copies, (log_distance, log_query, slopes, intercepts))
         width = edges.shape[0]
 
         def fire(score, b, h, i, j):
             query = q_pos[b, i]
-            x = log_distance[h, (query - k_pos[b, j]).abs().clamp(max=n)] / log_query[h, query.clamp(0, n)]
+            x = (log_distance[(h, *copy_index(log_distance, i), (query - k_pos[b, j]).abs().clamp(max=n))]
+                 / log_query[(h, *copy_index(log_query, j), query.clamp(0, n))])  # fmt: skip
             piece = (edges[0] < x).to(torch.int64)
             for u in range(1, width):  # the kinks below x, unrolled into pointwise compares
                 piece = piece + (edges[u] < x).to(torch.int64)
-            return score + slopes[h, piece] * x + intercepts[h, piece]
+            at = copy_index(slopes, i + j)
+            return score + slopes[(h, *at, piece)] * x + intercepts[(h, *at, piece)]
 
         return fire

@@ -24,6 +24,7 @@ from minilm.model.attention import (
     sdpa_bias_attention,
 )
 from minilm.model.flex import flex_attention_available, flex_attention_with_score_mod
+import minilm.positions.bias as biases
 from minilm.positions import PositionDims
 
 from .helpers import ATTENTION_SIDE, hook
@@ -90,17 +91,36 @@ def dense(score_mod, T, S):
 
 
 DISTANCE_TABLES = ["t5", "kerple"]  # the learned biases of i − j alone (FIRE's also reads the query position)
+LEARNED_TABLES = DISTANCE_TABLES + ["fire"]  # the score_mods that read learned tables (FLEX_TABLE_COPIES applies)
+COPIES = 3  # copies of each learned table in the "/copies" cases: odd, fewer than a row's keys
+
+
+def strip_copies(name: str, monkeypatch) -> str:
+    """The encoding of a "/copies" case name, with ``FLEX_TABLE_COPIES`` = COPIES for the test; others as given."""
+    name, copies, _ = name.partition("/copies")
+    if copies:
+        monkeypatch.setattr(biases, "FLEX_TABLE_COPIES", COPIES)
+    return name
+
+
+def variant(name: str, monkeypatch):
+    """The encoding of a test case name: "t5", or "t5/direct" (``flex_distance_table = False``,
+    scripts/bench_attention.py --no-flex-table), or "t5/copies" (``FLEX_TABLE_COPIES`` = COPIES,
+    --flex-table-copies)."""
+    name, _, form = strip_copies(name, monkeypatch).partition("/")
+    pos = hook(name, **PARAMS.get(name, {}))
+    if form == "direct":
+        pos.flex_distance_table = False
+    return pos
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("name", BIAS + [f"{n}/direct" for n in DISTANCE_TABLES])
-def test_score_mod_equals_score(name, case):
-    """Every bias score_mod, and T5's and KERPLE's direct forms (``flex_distance_table = False``,
-    scripts/bench_attention.py --no-flex-table) besides their per-distance tables."""
-    name, _, direct = name.partition("/")
-    pos = hook(name, **PARAMS.get(name, {}))
-    if direct:
-        pos.flex_distance_table = False
+@pytest.mark.parametrize("name", BIAS + [f"{n}/{form}" for form, names in (("direct", DISTANCE_TABLES),
+                                                                          ("copies", LEARNED_TABLES)) for n in names])
+def test_score_mod_equals_score(name, case, monkeypatch):
+    """Every bias score_mod; T5's and KERPLE's direct forms besides their per-distance tables; the learned
+    tables in copies (``variant``)."""
+    pos = variant(name, monkeypatch)
     T, S, q_pos, k_pos, mask = CASES[case]
     q, k, _ = qkv(T, S)
     with torch.no_grad():
@@ -110,12 +130,13 @@ def test_score_mod_equals_score(name, case):
     assert want.abs().max() > 1e-3  # the term is really there
 
 
-@pytest.mark.parametrize("name", BIAS)
-def test_score_mod_gradients_equal_score_gradients(name):
+@pytest.mark.parametrize("name", BIAS + [f"{n}/copies" for n in LEARNED_TABLES])
+def test_score_mod_gradients_equal_score_gradients(name, monkeypatch):
     """Training through FlexAttention needs the gradients of the tables a score_mod captures: evaluated densely,
     the score_mod must pass the reference score's gradients to q, k and the encoding's parameters (a table
-    built under no_grad or detached would give none). The kernel's own backward is the CUDA test's."""
-    pos = hook(name, **PARAMS.get(name, {}))
+    built under no_grad or detached would give none; a table's copies must sum theirs). The kernel's own backward
+    is the CUDA test's."""
+    pos = variant(name, monkeypatch)
     T, S, q_pos, k_pos, _ = CASES["packed"]
     q, k, _ = (t.requires_grad_() for t in qkv(T, S, seed=2))
     inputs = [q, k, *pos.parameters()]
@@ -148,8 +169,31 @@ def test_learned_distance_biases_give_flex_one_table_entry_per_distance(name):
         assert t.shape[0] == H and t.shape[-1] >= S, f"a captured learned tensor of shape {tuple(t.shape)}"
 
 
-@pytest.mark.parametrize("name", BIAS)
-def test_score_mods_read_each_learned_tensor_once_by_one_index(name):
+@pytest.mark.parametrize("name", LEARNED_TABLES)
+def test_table_copies_share_out_the_adds_and_sum_to_the_table(name, monkeypatch):
+    """With ``FLEX_TABLE_COPIES`` = R, every learned table a score_mod captures is (H, R, n), and the score
+    elements' gradients spread over the copies: each copy takes some (else the adds still meet at one copy), and
+    the copies' gradients sum to the gradient of the table without copies (so the parameters' are unchanged)."""
+    T, S, q_pos, k_pos, _ = CASES["plain"]
+    q, k, _ = qkv(T, S)
+    out_grad = torch.randn(B, H, T, S, generator=torch.Generator().manual_seed(1))
+    grads = {}
+    for copies in (1, COPIES):
+        monkeypatch.setattr(biases, "FLEX_TABLE_COPIES", copies)
+        torch.manual_seed(0)  # the same parameters both times
+        pos = hook(name, **PARAMS.get(name, {}))
+        score_mod = pos.score_mod(q, k, q_pos, k_pos)
+        tables = [t for t in captured_tensors(score_mod) if t.requires_grad]
+        assert tables and all(t.dim() == (2 if copies == 1 else 3) for t in tables), [t.shape for t in tables]
+        grads[copies] = torch.autograd.grad(dense(score_mod, T, S), tables, out_grad)
+    for one, spread in zip(grads[1], grads[COPIES]):
+        assert spread.shape == (one.shape[0], COPIES, one.shape[1])
+        assert all(spread[:, r].abs().sum() > 0 for r in range(COPIES)), "a copy that takes no adds"
+        torch.testing.assert_close(spread.sum(1), one, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", BIAS + [f"{n}/copies" for n in LEARNED_TABLES])
+def test_score_mods_read_each_learned_tensor_once_by_one_index(name, monkeypatch):
     """FlexAttention's CUDA backward takes a captured tensor's gradient from one indexing of it: inductor refuses a
     score_mod that indexes a tensor requiring gradients twice ("multiple indexing operations on the same tensor",
     torch 2.11 on an H100, where FIRE's MLP unrolled into the kernel read each weight 32 times). Checked on the
@@ -158,6 +202,7 @@ def test_score_mods_read_each_learned_tensor_once_by_one_index(name):
     from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    name = strip_copies(name, monkeypatch)
     pos, (q, k, _), (q_pos, k_pos, _) = key_term_case(name, "packed", seed=0)
     score_mod = pos.score_mod(q, k, q_pos, k_pos)
     args = (torch.tensor(0.5), *(torch.tensor(x) for x in (1, 2, 3, 1)))  # score, b, h, i, j
@@ -389,12 +434,14 @@ def test_encodings_declare_the_kernel_they_need():
 
 @pytest.mark.slow  # ~4 s of inductor compile per encoding
 @pytest.mark.skipif(not flex_attention_available(), reason="torch without FlexAttention")
-@pytest.mark.parametrize("name", BIAS)
-def test_compiled_flex_on_cpu_equals_reference(name):
-    """The compiled FlexAttention path — dynamo tracing each score_mod with its captured tables, inductor lowering
-    it, the compiled document BlockMask — on CPU, forward only: FlexAttention has no CPU backward (inductor fails
-    with "IndexError: tuple index out of range" when a captured table requires grad; pytorch/pytorch#148752,
-    #169646), so this runs under no_grad. The CUDA kernel and its backward are ``-m gpu``'s (below)."""
+@pytest.mark.parametrize("name", BIAS + [f"{n}/copies" for n in LEARNED_TABLES])
+def test_compiled_flex_on_cpu_equals_reference(name, monkeypatch):
+    """The compiled FlexAttention path — dynamo tracing each score_mod with its captured tables (or their copies),
+    inductor lowering it, the compiled document BlockMask — on CPU, forward only: FlexAttention has no CPU backward
+    (inductor fails with "IndexError: tuple index out of range" when a captured table requires grad;
+    pytorch/pytorch#148752, #169646), so this runs under no_grad. The CUDA kernel and its backward are ``-m gpu``'s
+    (below)."""
+    name = strip_copies(name, monkeypatch)
     pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, "packed", seed=3)
     with torch.no_grad():
         want = reference_attention(q, k, v, pos, q_pos, k_pos, mask)
@@ -589,13 +636,14 @@ def odd_length_case(name, seed, S=300, head_dim=16):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", BIAS)
-def test_compiled_flex_on_cuda_equals_reference(name):
+@pytest.mark.parametrize("name", BIAS + [f"{n}/copies" for n in LEARNED_TABLES])
+def test_compiled_flex_on_cuda_equals_reference(name, monkeypatch):
     """The CUDA kernel, forward and backward: the gradients of q, k, v and of the encoding's own parameters
-    (reached through the tables the score_mod captures) equal the reference path's — with partial blocks and
-    document boundaries inside blocks (``odd_length_case``)."""
+    (reached through the tables the score_mod captures, or their copies) equal the reference path's — with
+    partial blocks and document boundaries inside blocks (``odd_length_case``)."""
     from minilm.model.flex import FLEX_MIN_HEAD_DIM
 
+    name = strip_copies(name, monkeypatch)
     torch._dynamo.reset()  # this encoding's kernel compiled, not an eager fallback past the recompile limit
     pos, (q, k, v), (q_pos, k_pos, mask) = odd_length_case(name, seed=3, head_dim=FLEX_MIN_HEAD_DIM)
     pos, q_pos, k_pos = pos.cuda(), q_pos.cuda(), k_pos.cuda()

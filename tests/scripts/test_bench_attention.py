@@ -104,6 +104,27 @@ def test_no_flex_table_gives_t5_and_kerple_their_direct_score_mods(attn_bench, t
     assert "no Flex tables" in next(tmp_path.glob("*.md")).read_text()
 
 
+def test_flex_table_copies_are_set_while_measuring_and_reported(attn_bench, tmp_path, monkeypatch):
+    """``--flex-table-copies R``, the A/B of spreading the backward's atomic adds over R copies of each learned
+    table: every measurement runs with ``FLEX_TABLE_COPIES`` = R, and the report and its table say so."""
+    import minilm.positions.bias as biases
+
+    monkeypatch.setattr(biases, "FLEX_TABLE_COPIES", 1)  # restored after the test: the script sets it for good
+    seen, real_measure = [], attn_bench.measure
+
+    def recording_measure(*a, **kw):
+        seen.append(biases.FLEX_TABLE_COPIES)
+        return real_measure(*a, **kw)
+
+    monkeypatch.setattr(attn_bench, "measure", recording_measure)
+    argv = ["--lengths", "8", "--encodings", "rope,t5", "--tokens", "16", "--steps", "1", "--warmup", "1",
+            "--threads", "1", "--device", "cpu", "--out", str(tmp_path), "--flex-table-copies", "8", *TINY]  # fmt: skip
+    assert attn_bench.main(argv) == 0
+    assert seen == [8, 8]
+    assert json.loads(next(tmp_path.glob("*.json")).read_text())["flex_table_copies"] == 8
+    assert "Flex tables in 8 copies" in next(tmp_path.glob("*.md")).read_text()
+
+
 def test_uncompiled_measurements_do_not_share_compiled_kernels(attn_bench, tmp_path, monkeypatch):
     """Without --compile the core is eager, but on CUDA its FlexAttention kernel is one process-wide
     torch.compile(flex_attention), static per shape (minilm/model/flex.py). Shared by every (encoding, length) of a

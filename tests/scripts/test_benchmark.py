@@ -53,6 +53,38 @@ def test_benchmark_writes_results(bench, tmp_path, monkeypatch):
     assert text.count("benchmark:cpu-run:begin") == 1 and "| new table |" in text and "| minilm |" not in text
 
 
+def test_profile_writes_where_each_measurements_time_goes(bench, tmp_path, monkeypatch):
+    """--profile: after the timed steps, PROFILE_STEPS more under torch.profiler; one table per measurement (the
+    peer's too), in a folder beside the results, named in its row; the timed steps are not profiled."""
+    calls = []
+    real = bench.profile_steps
+    monkeypatch.setattr(bench, "profile_steps", lambda *a: calls.append(a[2]) or real(*a))
+    out = tmp_path / "out"
+    args = bench.parse_args(["--lengths", "8", "--encodings", "rope,alibi", "--steps", "2", "--warmup", "1",
+                             "--threads", "1", "--batch-size", "2", "--device", "cpu", "--out", str(out),
+                             "--profile", *TINY])  # fmt: skip
+    report = bench.run(args)
+    assert calls == ["minilm rope T=8 B=2", "minilm alibi T=8 B=2"]
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    assert folder.name == next(out.glob("*.json")).stem + "-profiles"
+    assert sorted(p.name for p in folder.iterdir()) == ["minilm-alibi-8.txt", "minilm-rope-8.txt"]
+    text = (folder / "minilm-rope-8.txt").read_text()
+    assert text.startswith("minilm rope T=8 B=2: 3 steps, by self CPU time") and "aten::mm" in text
+    assert [r["profile"] for r in report["results"]] == [f"{folder.name}/minilm-{e}-8.txt" for e in ("rope", "alibi")]
+    assert all(len(r["step_ms"]) == 2 for r in report["results"])
+    plain = bench.run(bench.parse_args(["--lengths", "8", "--steps", "1", "--warmup", "0", "--threads", "1",
+                                        "--device", "cpu", "--out", str(tmp_path / "plain"), *TINY]))  # fmt: skip
+    assert "profile" not in plain["results"][0] and len(calls) == 2
+
+    def broken(*a):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")
+
+    monkeypatch.setattr(bench, "profile_steps", broken)  # a failing profiler loses no measurement
+    args.out = str(tmp_path / "broken")
+    (row,) = bench.run(args)["results"][:1]
+    assert row["status"] == "ok" and row["profile"] == "failed: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
+
+
 def test_the_table_gives_each_encoding_against_rope_at_its_length_and_batch(bench):
     """Issue #8's bias-encoding target (>= 0.9x RoPE's tokens/s at 1K and 8K) is read off the table."""
     def row(enc, T, B, tps, impl="minilm"):

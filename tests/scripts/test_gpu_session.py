@@ -79,5 +79,13 @@ def test_parts_can_be_narrowed_to_what_is_left_to_measure(tmp_path):
     assert "--lengths 131072 --batch-size 1" in long
     assert "scripts/bench_attention.py" in attn and "--encodings rope,fire" in attn
     assert tests.endswith("-m pytest -m gpu -q --log-level=WARNING -k fire -x")
+    copies, profile = (_run(part, tmp_path, DRY_RUN="1", COPIES="16").stdout for part in ("attn-copies", "profile"))
+    assert "--encodings rope,t5,kerple,fire --flex-table-copies 16 --tag copies16" in copies
+    assert [line.count("--profile") for line in profile.splitlines()] == [1, 1], profile
+    assert "--lengths 8192 --encodings rope,alibi,t5" in profile and "--update-docs" not in profile
+    batch = _run("batch", tmp_path, DRY_RUN="1", BATCH_SIZES="8,48").stdout.splitlines()
+    assert [line.split("--batch-size ")[1].split()[0] for line in batch] == ["8", "48"], batch
+    bad = _run("attn-copies", tmp_path, DRY_RUN="1", COPIES="0")
+    assert bad.returncode == 2 and "COPIES must be a whole number >= 1, got '0'" in bad.stderr
     default = _run("enc-1k long", tmp_path, DRY_RUN="1").stdout
     assert "--encodings rope,alibi,t5,kerple,fire" in default and "--lengths 16384,32768,65536,131072" in default
