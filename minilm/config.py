@@ -131,6 +131,9 @@ class TrainConfig:
     tokens: Optional[int] = None  # when set, wins over steps: steps = ceil(tokens / (batch_size · seq_len))
     precision: str = "auto"  # auto (bf16-mixed on GPU and on CPUs with AMX, else 32) | 32 | bf16-mixed | 16-mixed
     compile: bool = False
+    # torch.compile's mode when compile is on: default | max-autotune-no-cudagraphs (inductor times its GEMM and
+    # kernel configurations on the device at the first step: longer compiles). The CUDA-graph modes are not offered.
+    compile_mode: str = "default"
     val_every: int = 100  # steps between validations (0: only at the end)
     val_batches: int = 8  # validation batches of batch_size rows (per device)
     log_every: int = 10
@@ -204,6 +207,7 @@ DEFAULT_PHASE = "train"
 PHASE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 RESERVED_PHASE_NAMES = ("tb",)  # run.dir/tb holds the TensorBoard events of every phase
 PRECISIONS = ("auto", "32", "bf16-mixed", "16-mixed")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # train.compile_mode
 DECAYS = ("cosine", "linear", "constant")
 MLPS = ("swiglu", "gelu")
 
@@ -651,6 +655,8 @@ def _validate_train(cfg: DictConfig, where: Optional[str] = None) -> None:
     for key in ("val_every", "val_batches", "ckpt_every", "keep_checkpoints", "max_bad_steps"):
         _check(t[key] >= 0, f"{where}.{key}", f"must be >= 0, got {t[key]}")
     _check(t.precision in PRECISIONS, f"{where}.precision", f"must be one of {PRECISIONS}, got {t.precision!r}")
+    _check(t.compile_mode in COMPILE_MODES, "train.compile_mode",
+           f"must be one of {COMPILE_MODES}, got {t.compile_mode!r}")  # fmt: skip
     _check(o.decay in DECAYS, f"{w_opt}.decay", f"must be one of {DECAYS}, got {o.decay!r}")
     _check(0 < o.lr < math.inf, f"{w_opt}.lr", f"must be > 0 and finite, got {o.lr}")
     _check(0 <= o.min_lr_ratio <= 1, f"{w_opt}.min_lr_ratio", f"must be in [0, 1], got {o.min_lr_ratio}")

@@ -14,8 +14,8 @@ every encoding at the first length, then the next — this builds layer 0's ``At
 under bf16-mixed, as the projections give them), positions 0..T−1 and a plain causal mask, and times
 ``pos.rotate`` + ``Attention.attend`` forward and backward (gradients of q, k, v and of the encoding's own
 parameters) — on the rung ``Attention.kernel`` names: SDPA, FlexAttention (CUDA), SDPA with the bias as its mask,
-or the fp32 reference. B = ``--tokens`` // T (at least 1); by default the
-config's tokens per micro-batch. ``--compile`` wraps the core in ``torch.compile(dynamic=False)`` (default: off;
+or the fp32 reference. B = ``--tokens`` // T (at least 1); by default the config's tokens per micro-batch.
+``--compile`` wraps the core in ``torch.compile(dynamic=False)`` in ``train.compile_mode`` (default: off;
 FlexAttention's kernel is compiled either way on CUDA). ``--no-flex-table`` gives T5 and KERPLE their direct
 score_mods instead of the per-distance tables (``flex_distance_table`` in minilm/positions/bias.py), to measure
 what the tables change in FlexAttention's backward; ``--flex-table-copies R`` gives each learned table (T5's,
@@ -48,6 +48,7 @@ import minilm.model.attention as attention  # noqa: E402
 import minilm.positions.bias as biases  # noqa: E402
 from minilm.model.attention import AttentionMask  # noqa: E402
 from minilm.model.transformer import Block  # noqa: E402
+from minilm.training.compile import compiled  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -101,7 +102,7 @@ def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool, flex_table:
     # flex_attention eagerly (the whole score matrix materialized: another kernel measured, or an OOM at 32K).
     torch._dynamo.reset()
     if do_compile:
-        core = torch.compile(core, dynamic=False)
+        core = compiled(core, cfg.train, dynamic=False)
     leaves = [q, k, v, *attn.parameters()]
 
     def step(_i):
@@ -137,7 +138,8 @@ def measure(cfg, enc: str, T: int, B: int, args, device, dtype) -> dict:
 def markdown_table(report: dict) -> str:
     head = (
         f"Device: {report['device_name']} · torch {report['torch']} · threads {report['threads']} · precision "
-        f"{report['precision']} · compile {report['compile']}{'' if report['flex_table'] else ' · no Flex tables'}"
+        f"{report['precision']} · compile {bench.compile_text(report)}"
+        f"{'' if report['flex_table'] else ' · no Flex tables'}"
         f"{_copies_note(report.get('flex_table_copies', 1))}"
         f"{'' if report.get('cpu_fp32_backward', True) else ' · no fp32 backward on CPU'} · "
         f"{report['date']} · config `{report['config']}` "

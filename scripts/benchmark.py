@@ -78,6 +78,7 @@ import torch  # noqa: E402
 
 from minilm.config import load_config, micro_batch_size  # noqa: E402
 from minilm.export import llama_rope_kwargs, llama_shape  # noqa: E402
+from minilm.training.compile import compiled  # noqa: E402  (the trainer's torch.compile, train.compile_mode)
 from minilm.training.optim import make_adamw  # noqa: E402  (the trainer's optimizer, fused where torch has it)
 from minilm.training.precision import resolve_precision  # noqa: E402
 from minilm.cli import flush_denormals  # noqa: E402
@@ -301,7 +302,7 @@ def build_step(impl, cfg, T, B, device, amp_dtype, do_compile):
     # one process-wide torch.compile(flex_attention) (minilm/model/flex.py) with the same limit.
     torch._dynamo.reset()
     if do_compile:
-        loss_fn = torch.compile(loss_fn, dynamic=False)
+        loss_fn = compiled(loss_fn, cfg.train, dynamic=False)
     g = torch.Generator(device="cpu").manual_seed(0)
     batches = [torch.randint(0, vocab, (B, T + 1), generator=g).to(device) for _ in range(2)]
     clip = cfg.optim.grad_clip
@@ -525,10 +526,16 @@ def _peer_precision(report: dict) -> str:
     return f" (peer: {peer})" if peer and peer != report["precision"] else ""
 
 
+def compile_text(report: dict) -> str:
+    """The table's compile setting: True or False, and the mode when compiled in another than the default."""
+    mode = report.get("compile_mode", "default")
+    return f"{report['compile']}{f' ({mode})' if report['compile'] and mode != 'default' else ''}"
+
+
 def markdown_table(report: dict) -> str:
     head = (
         f"Device: {report['device_name']} · torch {report['torch']} · threads {report['threads']} · "
-        f"precision {report['precision']}{_peer_precision(report)} · compile {report['compile']} · "
+        f"precision {report['precision']}{_peer_precision(report)} · compile {compile_text(report)} · "
         f"{report['date']} · config `{report['config']}` {' '.join(report['overrides'])} · {report['steps']} steps "
         f"after {report['warmup']} warm-up, × {report['repeats']} alternating repeats, median step · "
         f"memory: {report['memory_kind']}"
@@ -712,6 +719,7 @@ def new_report(args, base, device, precision: str, do_compile: bool, now, planne
         "overrides": list(args.overrides),
         "precision": precision,
         "compile": do_compile,
+        "compile_mode": base.train.compile_mode,
         "steps": args.steps,
         "warmup": args.warmup,
         "memory_kind": PeakMemory(device).kind,

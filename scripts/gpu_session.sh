@@ -9,6 +9,8 @@
 #              the per-distance tables their FlexAttention backward scatters into (minilm/positions/bias.py)
 #   attn-copies  RoPE, T5, KERPLE, FIRE at 1K and 8K with each learned table in COPIES copies (default 8;
 #              --flex-table-copies): does spreading the backward's atomic adds help? (against attn's rows)
+#   autotune   RoPE at 1024 tokens compiled with train.compile_mode=max-autotune-no-cudagraphs (inductor times
+#              its GEMM configurations: minutes of compiling): MFU at 1K against peer's minilm row (results files only)
 #   batch      RoPE at 1024 tokens with other micro-batches, BATCH_SIZES (default 32,64; the config's is 16):
 #              does MFU at 1K grow with the batch? (results files only, no docs table)
 #   profile    where a step's time goes: torch.profiler tables (scripts/benchmark.py --profile) of RoPE at 1K
@@ -42,7 +44,7 @@
 # DRY_RUN=1 prints each part's command instead of running it.
 set -uo pipefail
 
-parts_known="check attn attn-direct attn-copies peer peer-chunked batch enc-1k enc-8k long long-ckpt profile tests"
+parts_known="check attn attn-direct attn-copies peer peer-chunked autotune batch enc-1k enc-8k long long-ckpt profile tests"
 usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
 [ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
 for part in "$@"; do
@@ -102,6 +104,9 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
         limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192 \
             --encodings "${ENCODINGS:-rope,t5,kerple,fire}" --flex-table-copies "$copies" --tag "copies$copies" \
             --update-docs
+        ;;
+    autotune)
+        bench --lengths 1024 --steps 20 --warmup 5 --tag autotune train.compile_mode=max-autotune-no-cudagraphs
         ;;
     batch)
         local b rc=0

@@ -320,6 +320,7 @@ def test_a_warmup_longer_than_the_phase_is_warned_of():
     ("run.dir=''", "run.dir: must not be empty"),  # trained into the working directory
     ("run.name=''", "run.name: must not be empty"),  # trained into runs/ itself
     ("data.cache_dir=''", "data.cache_dir: must not be empty"),
+    ("train.compile_mode=reduce-overhead", r"train.compile_mode: must be one of \('default', 'max-autotune-no"),
 ])  # fmt: skip
 def test_model_and_optimizer_values_are_checked_at_load(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -18,10 +18,11 @@ Adds into one entry still meet: a block's elements on one diagonal all add into 
 per-query and per-piece entries take a whole row's or block's adds. ``FLEX_TABLE_COPIES`` = R > 1 gives every
 learned table the kernel reads (T5's, KERPLE's, FIRE's four) R copies, (H, n) -> (H, R, n), and each score element
 reads the copy its indices pick, so the adds that met at one entry spread over R of them; autograd sums the copies'
-gradients outside the kernel. The copy is i mod R for tables of the distance (the elements of one diagonal have
-distinct i), j mod R for FIRE's per-query table (a row's elements have distinct j) and (i + j) mod R for FIRE's
-pieces (any elements). Exact for every R; whether it is faster is the GPU's to say (scripts/bench_attention.py
-``--flex-table-copies``), so the default stays 1: the tables as measured.
+gradients outside the kernel. The copy is (i + b) mod R for tables of the distance (the elements of one diagonal
+have distinct i), (j + b) mod R for FIRE's per-query table (a row's elements have distinct j) and (i + j + b) mod R
+for FIRE's pieces (any elements); b, the batch row, also sends the rows of a batch, which the kernel runs side by
+side and which read the same entries, to different copies. Exact for every R; whether it is faster is the GPU's to
+say (scripts/bench_attention.py ``--flex-table-copies``), so the default stays 1: the tables as measured.
 
 Convention: the relative distance is d = i − j = q_pos − k_pos (≥ 0 for the keys a causal query sees).
 """
@@ -218,7 +219,8 @@ class T5Bias(PositionEncoding):
         by_distance = flex_copies(self.by_distance(n))  # (H, [R,] 2n+1): the per-step table
 
         def t5(score, b, h, i, j):
-            return score + by_distance[(h, *copy_index(by_distance, i), (q_pos[b, i] - k_pos[b, j]).clamp(-n, n) + n)]
+            d = (q_pos[b, i] - k_pos[b, j]).clamp(-n, n) + n
+            return score + by_distance[(h, *copy_index(by_distance, i + b), d)]
 
         return t5
 
@@ -319,7 +321,8 @@ class Kerple(PositionEncoding):
         by_distance = flex_copies(self.by_distance(n))  # (H, [R,] S)
 
         def kerple(score, b, h, i, j):
-            return score + by_distance[(h, *copy_index(by_distance, i), (q_pos[b, i] - k_pos[b, j]).abs().clamp(max=n))]
+            d = (q_pos[b, i] - k_pos[b, j]).abs().clamp(max=n)
+            return score + by_distance[(h, *copy_index(by_distance, i + b), d)]
 
         return kerple
 
@@ -433,12 +436,12 @@ class Fire(PositionEncoding):
 
         def fire(score, b, h, i, j):
             query = q_pos[b, i]
-            x = (log_distance[(h, *copy_index(log_distance, i), (query - k_pos[b, j]).abs().clamp(max=n))]
-                 / log_query[(h, *copy_index(log_query, j), query.clamp(0, n))])  # fmt: skip
+            x = (log_distance[(h, *copy_index(log_distance, i + b), (query - k_pos[b, j]).abs().clamp(max=n))]
+                 / log_query[(h, *copy_index(log_query, j + b), query.clamp(0, n))])  # fmt: skip
             piece = (edges[0] < x).to(torch.int64)
             for u in range(1, width):  # the kinks below x, unrolled into pointwise compares
                 piece = piece + (edges[u] < x).to(torch.int64)
-            at = copy_index(slopes, i + j)
+            at = copy_index(slopes, i + j + b)
             return score + slopes[(h, *at, piece)] * x + intercepts[(h, *at, piece)]
 
         return fire

@@ -18,6 +18,7 @@ from torch import nn
 
 from minilm.data import IGNORE
 from minilm.errors import MinilmError
+from minilm.training.compile import compiled
 from minilm.training.datamodule import STEP_TARGETS
 from minilm.training.optim import make_adamw
 
@@ -56,7 +57,7 @@ class LitGPT(L.LightningModule):
             # graphs (other lengths and batch sizes; train and eval), and past its recompile limit (8) it runs the
             # loss eagerly without an error: the third phase of configs/rope_yarn_tiny.yaml did.
             torch._dynamo.reset()
-        self.loss_fn = torch.compile(model.loss) if cfg.train.compile else model.loss
+        self.loss_fn = compiled(model.loss, cfg.train) if cfg.train.compile else model.loss
         self.initial_optimizer_state: Optional[dict] = None  # carried from the previous phase (carry_optimizer)
         self.bad_steps = 0
         self.last_grad_norm = float("nan")

@@ -740,6 +740,13 @@ def run_phases(
     return run_dir
 
 
+def _compile_note(train) -> str:
+    """The model line's word on compilation: none when off, the mode when not torch's default."""
+    if not train.compile:
+        return ""
+    return ", compiled" + ("" if train.compile_mode == "default" else f" ({train.compile_mode})")
+
+
 def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
     """The run's model, initialized from run.seed, said in the log with the precision it trains in, and checked
     against every phase (before any trains, and before run.dir is written)."""
@@ -749,7 +756,7 @@ def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
     used = precision(first)
     log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {vocab_size}, precision {used}"
         + (" (train.precision auto)" if cfg.train.precision == "auto" else "")
-        + cpu_precision_note(used, _device_type(first)))  # fmt: skip
+        + cpu_precision_note(used, _device_type(first)) + _compile_note(cfg.train))  # fmt: skip
     for n, pcfg in pcfgs.items():
         check_phase_fits(model, pcfg, n)
     return model

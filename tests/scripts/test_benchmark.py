@@ -149,8 +149,8 @@ def test_compiled_measurements_compile_afresh_and_static(bench, tmp_path, monkey
     recompile limit. error_on_recompile turns any recompilation into a failure; the eager backend skips inductor."""
     real_compile, seen = torch.compile, []
 
-    def eager_compile(fn, **kw):
-        seen.append(kw)
+    def eager_compile(fn, mode=None, **kw):
+        seen.append({**kw, "mode": mode})
         return real_compile(fn, **{**kw, "backend": "eager"})
 
     monkeypatch.setattr(torch, "compile", eager_compile)
@@ -161,7 +161,14 @@ def test_compiled_measurements_compile_afresh_and_static(bench, tmp_path, monkey
     with torch._dynamo.config.patch(error_on_recompile=True):
         report = bench.run(args)
     assert [r["status"] for r in report["results"]] == ["ok"] * 6
-    assert len(seen) == 6 and all(kw.get("dynamic") is False for kw in seen)
+    assert len(seen) == 6 and all(kw.get("dynamic") is False and kw["mode"] is None for kw in seen)
+    # train.compile_mode, the trainer's, is the benchmark's too, and the table says it
+    args = bench.parse_args(["--lengths", "8", "--steps", "1", "--warmup", "1", "--threads", "1", "--device", "cpu",
+                             "--compile", "--out", str(tmp_path / "mode"), *TINY,
+                             "train.compile_mode=max-autotune-no-cudagraphs"])  # fmt: skip
+    assert bench.run(args)["compile_mode"] == "max-autotune-no-cudagraphs"
+    assert seen[-1]["mode"] == "max-autotune-no-cudagraphs"
+    assert "compile True (max-autotune-no-cudagraphs) ·" in next((tmp_path / "mode").glob("*.md")).read_text()
 
 
 def _two_encodings(tmp_path):

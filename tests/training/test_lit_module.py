@@ -20,6 +20,30 @@ def test_train_compile_compiles_the_loss_a_step_calls():
     assert hasattr(compiled.loss_fn, "_torchdynamo_orig_callable"), "train.compile did not wrap the step's loss"
 
 
+def test_train_compile_mode_reaches_torch_compile(monkeypatch):
+    """train.compile_mode is the mode LitGPT compiles the loss in; "default" passes none (torch's own default)."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
+    for mode in ("default", "max-autotune-no-cudagraphs"):
+        LitGPT(_model(), load_config(overrides=["train.compile=true", f"train.compile_mode={mode}"]), total_steps=1)
+    assert [kw["mode"] for kw in calls] == [None, "max-autotune-no-cudagraphs"]
+
+
+@pytest.mark.parametrize("overrides, says", [([], None), (["train.compile=true"], ", compiled"),
+                                              (["train.compile=true", "train.compile_mode=max-autotune-no-cudagraphs"],
+                                               ", compiled (max-autotune-no-cudagraphs)")])  # fmt: skip
+def test_the_training_log_says_how_the_model_compiles(overrides, says):
+    from minilm.training import phases
+
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2", *overrides])
+    lines = []
+    phases._new_model(cfg, {"train": phases.phase_config(cfg, "train")}, 40, lines.append)
+    (line,) = lines
+    assert line.startswith("model: ") and ("compiled" not in line if says is None else line.endswith(says)), line
+
+
 def test_weight_decay_on_matrices_only():
     model = _model()
     decay, no_decay = param_groups(model, 0.1)
