@@ -4,7 +4,7 @@
     python scripts/bench_attention.py --config configs/gpt2_small.yaml --lengths 1024,8192 \\
         [--encodings rope,alibi,t5,kerple,fire] [--tokens 16384] [--steps 10] [--warmup 3] [--device cuda|cpu] \\
         [--precision auto|32|bf16-mixed] [--compile|--no-compile] [--no-flex-table] [--flex-table-copies R] \\
-        [--no-cpu-fp32-backward] [--threads N] \\
+        [--flex-split] [--no-cpu-fp32-backward] [--threads N] \\
         [--out benchmarks/results] [--tag TAG] [--update-docs] [key.sub=value ...]
 
 What differs between encodings is this part of a layer: the projections, the MLP and the loss are the same for
@@ -20,7 +20,9 @@ FlexAttention's kernel is compiled either way on CUDA). ``--no-flex-table`` give
 score_mods instead of the per-distance tables (``flex_distance_table`` in minilm/positions/bias.py), to measure
 what the tables change in FlexAttention's backward; ``--flex-table-copies R`` gives each learned table (T5's,
 KERPLE's, FIRE's) R copies that the score elements' atomic adds spread over (``FLEX_TABLE_COPIES``, the same
-module; CUDA only: the CPU rungs read no tables). ``--no-cpu-fp32-backward`` gives SDPA on CPU in bf16 torch's own
+module; CUDA only: the CPU rungs read no tables). ``--flex-split`` has T5 attend to its near and far keys in two
+FlexAttention calls merged by their log-sum-exp (``T5Bias.flex_parts``: atomic adds for the near keys alone; CUDA
+only). ``--no-cpu-fp32-backward`` gives SDPA on CPU in bf16 torch's own
 bf16 backward at every length (``CPU_FP32_BACKWARD_BELOW`` in minilm/model/attention.py set to 0), to measure where
 the fp32 one pays.
 
@@ -68,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="T5 and KERPLE read per-distance tables in FlexAttention (default) or their direct form")
     ap.add_argument("--flex-table-copies", type=bench.whole_number(1), default=1,
                     help="copies of each learned Flex table, spreading the backward's atomic adds (default 1)")
+    ap.add_argument("--flex-split", action="store_true",
+                    help="T5 in two FlexAttention parts, near and far keys (T5Bias.flex_parts; CUDA)")
     ap.add_argument("--cpu-fp32-backward", action=argparse.BooleanOptionalAction, default=True,
                     help="SDPA on CPU in bf16 takes its backward in fp32 at short lengths (default) or never")
     ap.add_argument("--threads", type=bench.whole_number(1), default=None, help="torch.set_num_threads (CPU)")
@@ -80,12 +84,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool, flex_table: bool = True):
+def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool, flex_table: bool = True, split: bool = False):
     """(step, kernel name): ``step(i)`` runs the core forward and backward once on fixed random inputs."""
     torch.manual_seed(cfg.run.seed)
     attn = Block(cfg.model, 0).attn.to(device)
     if hasattr(attn.pos, "flex_distance_table"):
         attn.pos.flex_distance_table = flex_table
+    if hasattr(attn.pos, "flex_split"):
+        attn.pos.flex_split = split
     H, Hkv, Dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(B, h, T, Dh, generator=g).to(device, dtype).requires_grad_() for h in (H, Hkv, Hkv))
@@ -118,7 +124,7 @@ def measure(cfg, enc: str, T: int, B: int, args, device, dtype) -> dict:
     with bench.PeakMemory(device) as mem:
         step = None
         try:
-            step, row["kernel"] = build_core(cfg, T, B, device, dtype, args.compile, args.flex_table)
+            step, row["kernel"] = build_core(cfg, T, B, device, dtype, args.compile, args.flex_table, args.flex_split)
             times, _ = bench.time_steps(step, args.warmup, args.steps, device)
             row["peak_mem_mb"] = round(mem.peak_bytes() / 2**20, 1)
         except torch.OutOfMemoryError:
@@ -141,6 +147,7 @@ def markdown_table(report: dict) -> str:
         f"{report['precision']} · compile {bench.compile_text(report)}"
         f"{'' if report['flex_table'] else ' · no Flex tables'}"
         f"{_copies_note(report.get('flex_table_copies', 1))}"
+        f"{' · T5 in near/far parts' if report.get('flex_split') else ''}"
         f"{'' if report.get('cpu_fp32_backward', True) else ' · no fp32 backward on CPU'} · "
         f"{report['date']} · config `{report['config']}` "
         f"{' '.join(report['overrides'])} · attention core (rotate + kernel), forward + backward, median of "
@@ -191,6 +198,7 @@ def run(args) -> dict:
     report = bench.new_report(args, base, device, precision, args.compile, now, len(planned), kind="attention")
     report["flex_table"] = args.flex_table
     report["flex_table_copies"] = biases.FLEX_TABLE_COPIES = args.flex_table_copies
+    report["flex_split"] = args.flex_split
     report["cpu_fp32_backward"] = args.cpu_fp32_backward
     if not args.cpu_fp32_backward:
         attention.CPU_FP32_BACKWARD_BELOW = 0

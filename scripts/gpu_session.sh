@@ -13,6 +13,8 @@
 #              its GEMM configurations: minutes of compiling): MFU at 1K against peer's minilm row (results files only)
 #   batch      RoPE at 1024 tokens with other micro-batches, BATCH_SIZES (default 32,64; the config's is 16):
 #              does MFU at 1K grow with the batch? (results files only, no docs table)
+#   attn-split RoPE and T5 at 1K and 8K with T5 in near and far FlexAttention parts (--flex-split): its atomic
+#              adds for the near keys alone (against attn's rows)
 #   profile    where a step's time goes: torch.profiler tables (scripts/benchmark.py --profile) of RoPE at 1K
 #              (the peer's setting), then RoPE, ALiBi and T5 at 8K (chunked loss); no docs table
 #   peer       the config at 1024 tokens against the Hugging Face peer (MFU, ratio)
@@ -44,7 +46,7 @@
 # DRY_RUN=1 prints each part's command instead of running it.
 set -uo pipefail
 
-parts_known="check attn attn-direct attn-copies peer peer-chunked autotune batch enc-1k enc-8k long long-ckpt profile tests"
+parts_known="check attn attn-direct attn-copies attn-split peer peer-chunked autotune batch enc-1k enc-8k long long-ckpt profile tests"
 usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
 [ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
 for part in "$@"; do
@@ -114,6 +116,10 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
             bench --lengths 1024 --batch-size "$b" --steps 20 --warmup 5 --tag "batch$b" || rc=$?
         done
         return $rc
+        ;;
+    attn-split)
+        limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192 --encodings rope,t5 --flex-split \
+            --tag split --update-docs
         ;;
     profile)
         bench --lengths 1024 --steps 5 --warmup 3 --profile --tag profile-1k &&

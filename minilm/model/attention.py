@@ -281,10 +281,14 @@ class Attention(nn.Module):
             return sdpa_attention(q, k, v, pos, mask)
         rows = q_pos.expand(B, -1), k_pos.expand(B, -1)
         if kernel == "flex":  # (a score term here has a score_mod: ``kernel``)
-            from minilm.model.flex import flex_attention_with_score_mod
+            from minilm.model.flex import flex_attention_in_parts, flex_attention_with_score_mod
 
+            scale = pos.softmax_scale(q.shape[-1])
+            parts = pos.flex_parts(q, k, *rows) if pos.score_kind == "bias" else None
+            if parts is not None:
+                return flex_attention_in_parts(q, k, v, parts, mask, scale)
             score_mod = pos.score_mod(q, k, *rows) if pos.score_kind == "bias" else None
-            return flex_attention_with_score_mod(q, k, v, score_mod, mask, pos.softmax_scale(q.shape[-1]))
+            return flex_attention_with_score_mod(q, k, v, score_mod, mask, scale)
         if kernel == "sdpa_bias":
             shared = rows if pos.score_reads_qk else (q_pos, k_pos)
             return sdpa_bias_attention(q, k, v, pos, *shared, mask)

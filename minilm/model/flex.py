@@ -22,6 +22,8 @@ import functools
 
 import torch
 
+from minilm.positions.base import FlexPart
+
 
 # The CUDA kernel's smallest head dimension: inductor's Triton lowering refuses a smaller one ("NYI: embedding
 # dimension of the query, key, and value must be at least 16"; tl.dot needs 16), at the first compiled call.
@@ -114,6 +116,68 @@ def block_mask(mask, B: int, T: int, S: int, device: torch.device):
     return memo[key]
 
 
+def parts_block_mask(mask, keep, B: int, T: int, S: int, device):
+    """The BlockMask of ``mask`` (as ``block_mask``) and ``keep(b, h, i, j)``, a rule of one part of the keys
+    (``minilm.positions.base.FlexPart``). Built per call (``keep`` reads the positions, which are data, so nothing
+    is cached): in the graph when compiling, else by the compiled builder on CUDA."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset, q_doc, k_doc = mask.offset, mask.q_doc, mask.k_doc
+
+    def allowed(b, h, i, j):
+        rule = (j <= i + offset) & keep(b, h, i, j)
+        return rule if q_doc is None else rule & (q_doc[b, i] == k_doc[b, j])
+
+    compile = torch.device(device).type == "cuda" and not torch.compiler.is_compiling()
+    return (_compiled_create_block_mask() if compile else create_block_mask)(allowed, B, None, T, S, device=device)
+
+
+def attend_part(q, k, v, part: FlexPart, mask, scale, compiled: bool):
+    """(out (B, H, T, Dh), lse (B, H, T) fp32, natural log) of one part: FlexAttention over its keys; a row with
+    no key in the part gives out 0 and lse −inf."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    attend = _compiled_flex if compiled and not torch.compiler.is_compiling() else flex_attention
+    B, H, T, _ = q.shape
+    S = k.shape[2]
+    bm = parts_block_mask(mask, part.keep, B, T, S, q.device)
+    kwargs = dict(score_mod=_in_score_dtype(part.score_mod), block_mask=bm, scale=scale, enable_gqa=H != k.shape[1])
+    try:  # torch >= 2.9 asks for the lse this way (return_lse is deprecated there)
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:
+        return attend(q, k, v, **kwargs, return_lse=True)
+    out, aux = attend(q, k, v, **kwargs, return_aux=AuxRequest(lse=True))
+    return out, aux.lse
+
+
+def flex_attention_in_parts(q, k, v, parts: list, mask, scale, compiled=None):
+    """Attention split over parts of the keys (``FlexPart``s, whose ``keep`` rules must partition every query's
+    allowed keys), each part's FlexAttention merged exactly by its log-sum-exp: lse = log Σ_p exp(lse_p + shift_p),
+    out = Σ_p exp(lse_p + shift_p − lse) · out_p, in fp32. Gradients reach each part through its output and its lse
+    (FlexAttention differentiates its lse). ``compiled`` as ``flex_attention_with_score_mod``."""
+    compiled = q.is_cuda if compiled is None else compiled
+    outs, lses = [], []
+    for part in parts:
+        out, lse = attend_part(q, k, v, part, mask, scale, compiled)
+        outs.append(out)
+        lses.append(lse if part.shift is None else lse + part.shift.view(1, -1, 1).to(lse.dtype))
+    lse = torch.logsumexp(torch.stack(lses), dim=0)  # (B, H, T); every query has an allowed key in some part
+    merged = sum(torch.exp(part_lse - lse).unsqueeze(-1) * out.float() for part_lse, out in zip(lses, outs))
+    return merged.to(q.dtype)
+
+
+def _in_score_dtype(score_mod):
+    """The score_mod with its result in the score's dtype (the encodings' tables are fp32; the kernel keeps the
+    score's), or None."""
+    if score_mod is None:
+        return None
+
+    def mod(score, b, h, i, j):
+        return score_mod(score, b, h, i, j).to(score.dtype)
+
+    return mod
+
+
 def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None):
     """q (B, H, T, Dh), k and v (B, Hkv, S, Dh) -> (B, H, T, Dh); ``score_mod`` None for the mask alone.
     ``compiled`` defaults to q.is_cuda."""
@@ -125,13 +189,8 @@ def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None
     # the cache), and Lightning replaces torch.compile with a wrapper dynamo cannot trace.
     attend = _compiled_flex if compiled and not torch.compiler.is_compiling() else flex_attention
 
-    def mod(score, b, h, i, j):  # the encodings' tables are fp32; the kernel keeps the score's dtype
-        return score_mod(score, b, h, i, j).to(score.dtype)
-
-    mod = None if score_mod is None else mod  # None: the mask alone (document masking of a RoPE-family encoding)
-
     B, H, T, _ = q.shape
     S = k.shape[2]
-    return attend(
-        q, k, v, score_mod=mod, block_mask=block_mask(mask, B, T, S, q.device), scale=scale, enable_gqa=H != k.shape[1]
-    )
+    # score_mod None: the mask alone (document masking of a RoPE-family encoding)
+    return attend(q, k, v, score_mod=_in_score_dtype(score_mod), block_mask=block_mask(mask, B, T, S, q.device),
+                  scale=scale, enable_gqa=H != k.shape[1])  # fmt: skip

@@ -50,6 +50,19 @@ class PositionDims:
     layer: int = 0  # which block this instance serves (-1 for the embedding-side instance)
 
 
+@dataclass
+class FlexPart:
+    """One part of the keys a score term's FlexAttention may be split into (``PositionEncoding.flex_parts``;
+    ``minilm.model.flex.flex_attention_in_parts`` runs and merges them): the keys ``keep(b, h, i, j)`` allows among
+    those the mask allows, the ``score_mod`` there (None: the plain score), and ``shift``, None or (H,): a bias
+    constant over the part, added to its log-sum-exp outside the kernel rather than to each score inside it (exact:
+    a constant within a part does not change its softmax), so its gradient takes no atomic add."""
+
+    keep: Callable
+    score_mod: Optional[Callable] = None
+    shift: Optional[Tensor] = None
+
+
 class PositionEncoding(nn.Module):
     """Base class: every hook is the identity / absent. Subclasses override what they need."""
 
@@ -77,6 +90,11 @@ class PositionEncoding(nn.Module):
     def score_mod(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Callable]:
         """A FlexAttention ``score_mod(score, b, h, i, j)`` equal to ``score``. None here, the base: an encoding
         that has one overrides this and always returns it (``Attention.kernel`` routes by the override)."""
+        return None
+
+    def flex_parts(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[list]:
+        """The keys split into ``FlexPart``s whose ``keep`` rules partition them, for FlexAttention to attend to
+        each and merge, equal to ``score_mod`` over all keys; None (here, the base): one call with ``score_mod``."""
         return None
 
     def value(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Tensor]:

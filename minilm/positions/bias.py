@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minilm.positions.base import PositionDims, PositionEncoding
+from minilm.positions.base import FlexPart, PositionDims, PositionEncoding
 
 
 FLEX_TABLE_COPIES = 1  # copies of each learned table a score_mod reads (the module docstring)
@@ -183,6 +183,7 @@ class T5Bias(PositionEncoding):
     score_kind = "bias"
     score_reads_qk = False
     flex_distance_table = True  # one table entry per distance in [−(S − 1), S − 1] (the module docstring)
+    flex_split = False  # FlexAttention over near and far keys (``flex_parts``); scripts/bench_attention.py --t5-split
 
     def __init__(self, params: T5Params, dims: PositionDims):
         super().__init__()
@@ -223,6 +224,30 @@ class T5Bias(PositionEncoding):
             return score + by_distance[(h, *copy_index(by_distance, i + b), d)]
 
         return t5
+
+    def flex_parts(self, q, k, q_pos, k_pos):
+        """With ``flex_split`` (causal bucketing only; None otherwise): the keys within max_distance m of the query
+        (d < m), with the bias of each distance from a (H, 2m + 1) table, and the far keys (d >= m), whose bias is
+        one value per head — the last bucket's — given to their part as a ``shift`` of its log-sum-exp. Exact; and
+        the backward's atomic adds fall to the near keys alone (about m + 128 per query, against all T), the far
+        bucket's gradient coming through the merge instead. Not measured yet, so off by default."""
+        if not self.flex_split or self.params.bidirectional:
+            return None
+        m = self.params.max_distance
+        table = self.by_distance(m)  # (H, 2m + 1): distances −m..m; every d >= m has the bias of d = m
+        near = flex_copies(table)
+
+        def near_bias(score, b, h, i, j):
+            d = (q_pos[b, i] - k_pos[b, j]).clamp(-m, m) + m
+            return score + near[(h, *copy_index(near, i + b), d)]
+
+        def is_near(b, h, i, j):
+            return q_pos[b, i] - k_pos[b, j] < m
+
+        def is_far(b, h, i, j):
+            return q_pos[b, i] - k_pos[b, j] >= m
+
+        return [FlexPart(is_near, near_bias), FlexPart(is_far, None, table[:, 2 * m])]
 
 
 # -------------------------------------------------------------------------------------------------- KERPLE

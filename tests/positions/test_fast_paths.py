@@ -199,12 +199,19 @@ def test_score_mods_read_each_learned_tensor_once_by_one_index(name, monkeypatch
     torch 2.11 on an H100, where FIRE's MLP unrolled into the kernel read each weight 32 times). Checked on the
     score_mod traced as FlexAttention traces it (make_fx, with tensor indices turned into aten.index): every
     learned tensor is read by exactly one aten.index, with the head among its indices, and nothing else."""
+    name = strip_copies(name, monkeypatch)
+    pos, (q, k, _), (q_pos, k_pos, _) = key_term_case(name, "packed", seed=0)
+    reads = learned_tensor_reads(pos.score_mod(q, k, q_pos, k_pos))
+    assert reads or name == "alibi", "no learned tensor in the score_mod"
+
+
+def learned_tensor_reads(score_mod) -> dict:
+    """Trace ``score_mod`` as FlexAttention does (make_fx, tensor indices as aten.index) and check that every
+    captured tensor requiring gradients is read by exactly one aten.index with the head among its indices (the
+    rules of ``test_score_mods_read_each_learned_tensor_once_by_one_index``). Returns {name: [(op, args)]}."""
     from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    name = strip_copies(name, monkeypatch)
-    pos, (q, k, _), (q_pos, k_pos, _) = key_term_case(name, "packed", seed=0)
-    score_mod = pos.score_mod(q, k, q_pos, k_pos)
     args = (torch.tensor(0.5), *(torch.tensor(x) for x in (1, 2, 3, 1)))  # score, b, h, i, j
     with TransformGetItemToIndex():
         graph = make_fx(score_mod)(*args)
@@ -213,13 +220,13 @@ def test_score_mods_read_each_learned_tensor_once_by_one_index(name, monkeypatch
     for node in graph.graph.nodes:
         if node.op == "get_attr" and getattr(graph, node.target).requires_grad:
             reads.setdefault(node.target, []).extend((user.target, user.args[1:]) for user in node.users)
-    assert reads or name == "alibi", "no learned tensor in the score_mod"
     for target, ops in reads.items():
         where = f"{target} {tuple(getattr(graph, target).shape)}"
         assert [op for op, _ in ops] == [torch.ops.aten.index.Tensor], f"{where}: read by {ops}"
         # and by the head among its indices: the backward's atomic add into a one-dimensional table indexed per
         # element fails to compile (torch 2.11, H100: "can only unsplat single-element tensors"; FIRE's ψ tables)
         assert head in ops[0][1][0], f"{where}: indexed without the head, by {ops[0][1][0]}"
+    return reads
 
 
 def test_positions_spread_beyond_the_keys():

@@ -85,9 +85,10 @@ def test_a_lost_device_stops_the_run_after_writing_the_failed_row(attn_bench, tm
     assert "alibi T=8 failed and took the CUDA context with it" in capsys.readouterr().err
 
 
-def test_no_flex_table_gives_t5_and_kerple_their_direct_score_mods(attn_bench, tmp_path, monkeypatch):
+def test_no_flex_table_and_flex_split_reach_the_encodings_and_the_report(attn_bench, tmp_path, monkeypatch):
     """``--no-flex-table``, the A/B of the per-distance tables FlexAttention reads (minilm/positions/bias.py): the
-    encodings measured have ``flex_distance_table`` off, and the report and its table say so."""
+    encodings measured have ``flex_distance_table`` off; ``--flex-split``, T5's near and far parts: T5 has
+    ``flex_split`` on. The report and its table say which."""
     built = []
     real_block = attn_bench.Block
 
@@ -102,6 +103,15 @@ def test_no_flex_table_gives_t5_and_kerple_their_direct_score_mods(attn_bench, t
     assert [b.attn.pos.flex_distance_table for b in built] == [False, False]
     assert json.loads(next(tmp_path.glob("*.json")).read_text())["flex_table"] is False
     assert "no Flex tables" in next(tmp_path.glob("*.md")).read_text()
+    # --flex-split: T5 attends in near and far parts (the encodings without the switch are left alone)
+    built.clear()
+    out = tmp_path / "split"
+    argv = [*argv[:-len(TINY) - 1], "--flex-split", *TINY]
+    argv[argv.index("--out") + 1] = str(out)
+    assert attn_bench.main(argv) == 0
+    assert [getattr(b.attn.pos, "flex_split", None) for b in built] == [True, None]
+    assert json.loads(next(out.glob("*.json")).read_text())["flex_split"] is True
+    assert "T5 in near/far parts" in next(out.glob("*.md")).read_text()
 
 
 def test_flex_table_copies_are_set_while_measuring_and_reported(attn_bench, tmp_path, monkeypatch):
