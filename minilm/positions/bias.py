@@ -183,7 +183,7 @@ class T5Bias(PositionEncoding):
     score_kind = "bias"
     score_reads_qk = False
     flex_distance_table = True  # one table entry per distance in [−(S − 1), S − 1] (the module docstring)
-    flex_split = False  # FlexAttention over near and far keys (``flex_parts``); scripts/bench_attention.py --t5-split
+    flex_split = False  # FlexAttention over near and far keys (``flex_parts``); scripts/bench_attention.py --flex-split
 
     def __init__(self, params: T5Params, dims: PositionDims):
         super().__init__()

@@ -1,5 +1,5 @@
-"""How the trainer and scripts/benchmark.py compile the loss (``train.compile``, ``train.compile_mode``). No
-Lightning import, so scripts load it in milliseconds."""
+"""How the trainer and the benchmark scripts compile (``train.compile``, ``train.compile_mode``). No Lightning
+import, so scripts load it in milliseconds."""
 
 from __future__ import annotations
 

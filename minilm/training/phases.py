@@ -755,8 +755,8 @@ def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
     first = next(iter(pcfgs.values()))  # phases share the run's trainer section and precision
     used = precision(first)
     log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {vocab_size}, precision {used}"
-        + (" (train.precision auto)" if cfg.train.precision == "auto" else "")
-        + cpu_precision_note(used, _device_type(first)) + _compile_note(cfg.train))  # fmt: skip
+        + (" (train.precision auto)" if cfg.train.precision == "auto" else "") + _compile_note(cfg.train)
+        + cpu_precision_note(used, _device_type(first)))  # fmt: skip
     for n, pcfg in pcfgs.items():
         check_phase_fits(model, pcfg, n)
     return model
