@@ -575,6 +575,11 @@ def markdown_table(report: dict) -> str:
                if r["paired"].get("error")]  # fmt: skip
     if errors:
         lines += ["", "Failed:", *errors]
+    profiles = [f"- {r['impl']} {r['encoding']} T={r['seq_len']}: `{r['profile']}`" for r in report["results"]
+                if r.get("profile")]  # fmt: skip
+    if profiles:
+        lines += ["", f"Profiles (--profile: torch.profiler, {PROFILE_STEPS} steps after the timed ones; beside this "
+                      "file):", *profiles]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

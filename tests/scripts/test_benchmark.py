@@ -72,6 +72,7 @@ def test_profile_writes_where_each_measurements_time_goes(bench, tmp_path, monke
     assert text.startswith("minilm rope T=8 B=2: 3 steps, by self CPU time") and "aten::mm" in text
     assert [r["profile"] for r in report["results"]] == [f"{folder.name}/minilm-{e}-8.txt" for e in ("rope", "alibi")]
     assert all(len(r["step_ms"]) == 2 for r in report["results"])
+    assert f"- minilm alibi T=8: `{folder.name}/minilm-alibi-8.txt`" in next(out.glob("*.md")).read_text()
     plain = bench.run(bench.parse_args(["--lengths", "8", "--steps", "1", "--warmup", "0", "--threads", "1",
                                         "--device", "cpu", "--out", str(tmp_path / "plain"), *TINY]))  # fmt: skip
     assert "profile" not in plain["results"][0] and len(calls) == 2
