@@ -16,15 +16,15 @@ under bf16-mixed, as the projections give them), positions 0..T−1 and a plain 
 parameters) — on the rung ``Attention.kernel`` names: SDPA, FlexAttention (CUDA), SDPA with the bias as its mask,
 or the fp32 reference. B = ``--tokens`` // T (at least 1); by default the config's tokens per micro-batch.
 ``--compile`` wraps the core in ``torch.compile(dynamic=False)`` in ``train.compile_mode`` (default: off;
-FlexAttention's kernel is compiled either way on CUDA). ``--no-flex-table`` gives T5 and KERPLE their direct
-score_mods instead of the per-distance tables (``flex_distance_table`` in minilm/positions/bias.py), to measure
-what the tables change in FlexAttention's backward; ``--flex-table-copies R`` gives each learned table (T5's,
-KERPLE's, FIRE's) R copies that the score elements' atomic adds spread over (``FLEX_TABLE_COPIES``, the same
-module; CUDA only: the CPU rungs read no tables). ``--flex-split`` has T5 attend to its near and far keys in two
-FlexAttention calls merged by their log-sum-exp (``T5Bias.flex_parts``: atomic adds for the near keys alone; CUDA
-only). ``--no-cpu-fp32-backward`` gives SDPA on CPU in bf16 torch's own
-bf16 backward at every length (``CPU_FP32_BACKWARD_BELOW`` in minilm/model/attention.py set to 0), to measure where
-the fp32 one pays.
+FlexAttention's kernel is compiled either way on CUDA). The FlexAttention forms of the learned biases, to measure
+what each changes in FlexAttention's backward (CUDA only: the CPU rungs read no tables; scripts/benchmark.py takes
+the same flags): ``--no-flex-table`` gives T5 and KERPLE their direct score_mods instead of the per-distance
+tables (``flex_distance_table`` in minilm/positions/bias.py); ``--flex-table-copies R`` gives each learned table
+(T5's, KERPLE's, FIRE's) R copies that the score elements' atomic adds spread over (``FLEX_TABLE_COPIES``, the same
+module); ``--flex-split`` has T5 attend to its near and far keys in two FlexAttention calls merged by their
+log-sum-exp (``T5Bias.flex_parts``: atomic adds for the near keys alone). ``--no-cpu-fp32-backward`` gives SDPA
+on CPU in bf16 torch's own bf16 backward at every length (``CPU_FP32_BACKWARD_BELOW`` in
+minilm/model/attention.py set to 0), to measure where the fp32 one pays.
 
 Reports ms per forward + backward (median), tokens/s, the ratio to RoPE's tokens/s at the same length (when
 ``rope`` is among the encodings) and peak memory (as scripts/benchmark.py measures it). Writes
@@ -47,7 +47,6 @@ import torch  # noqa: E402
 
 from minilm.config import load_config, micro_batch_size  # noqa: E402
 import minilm.model.attention as attention  # noqa: E402
-import minilm.positions.bias as biases  # noqa: E402
 from minilm.model.attention import AttentionMask  # noqa: E402
 from minilm.model.transformer import Block  # noqa: E402
 from minilm.training.compile import compiled  # noqa: E402
@@ -66,12 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="untimed steps first (compilation happens here)")  # fmt: skip
     ap.add_argument("--precision", default=None, choices=["auto", "32", "bf16-mixed"], help="default: train.precision")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False, help="compile the core")
-    ap.add_argument("--flex-table", action=argparse.BooleanOptionalAction, default=True,
-                    help="T5 and KERPLE read per-distance tables in FlexAttention (default) or their direct form")
-    ap.add_argument("--flex-table-copies", type=bench.whole_number(1), default=1,
-                    help="copies of each learned Flex table, spreading the backward's atomic adds (default 1)")
-    ap.add_argument("--flex-split", action="store_true",
-                    help="T5 in two FlexAttention parts, near and far keys (T5Bias.flex_parts; CUDA)")
+    bench.add_flex_form_args(ap)
     ap.add_argument("--cpu-fp32-backward", action=argparse.BooleanOptionalAction, default=True,
                     help="SDPA on CPU in bf16 takes its backward in fp32 at short lengths (default) or never")
     ap.add_argument("--threads", type=bench.whole_number(1), default=None, help="torch.set_num_threads (CPU)")
@@ -84,14 +78,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool, flex_table: bool = True, split: bool = False):
+def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool):
     """(step, kernel name): ``step(i)`` runs the core forward and backward once on fixed random inputs."""
     torch.manual_seed(cfg.run.seed)
     attn = Block(cfg.model, 0).attn.to(device)
-    if hasattr(attn.pos, "flex_distance_table"):
-        attn.pos.flex_distance_table = flex_table
-    if hasattr(attn.pos, "flex_split"):
-        attn.pos.flex_split = split
     H, Hkv, Dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
     g = torch.Generator(device="cpu").manual_seed(0)
     q, k, v = (torch.randn(B, h, T, Dh, generator=g).to(device, dtype).requires_grad_() for h in (H, Hkv, Hkv))
@@ -124,7 +114,7 @@ def measure(cfg, enc: str, T: int, B: int, args, device, dtype) -> dict:
     with bench.PeakMemory(device) as mem:
         step = None
         try:
-            step, row["kernel"] = build_core(cfg, T, B, device, dtype, args.compile, args.flex_table, args.flex_split)
+            step, row["kernel"] = build_core(cfg, T, B, device, dtype, args.compile)
             times, _ = bench.time_steps(step, args.warmup, args.steps, device)
             row["peak_mem_mb"] = round(mem.peak_bytes() / 2**20, 1)
         except torch.OutOfMemoryError:
@@ -145,9 +135,7 @@ def markdown_table(report: dict) -> str:
     head = (
         f"Device: {report['device_name']} · torch {report['torch']} · threads {report['threads']} · precision "
         f"{report['precision']} · compile {bench.compile_text(report)}"
-        f"{'' if report['flex_table'] else ' · no Flex tables'}"
-        f"{_copies_note(report.get('flex_table_copies', 1))}"
-        f"{' · T5 in near/far parts' if report.get('flex_split') else ''}"
+        f"{bench.flex_forms_text(report)}"
         f"{'' if report.get('cpu_fp32_backward', True) else ' · no fp32 backward on CPU'} · "
         f"{report['date']} · config `{report['config']}` "
         f"{' '.join(report['overrides'])} · attention core (rotate + kernel), forward + backward, median of "
@@ -171,10 +159,6 @@ def markdown_table(report: dict) -> str:
     return "\n".join(lines + (["", "Failed:", *errors] if errors else [])) + "\n"
 
 
-def _copies_note(copies: int) -> str:
-    return f" · Flex tables in {copies} copies" if copies > 1 else ""
-
-
 def _print_row(r: dict) -> None:
     if r["status"] == "ok":
         result = f"{r['ms']:10.2f} ms {r['tokens_per_s']:>14,.0f} tok/s  peak {r['peak_mem_mb']:,.0f} MB"
@@ -196,9 +180,6 @@ def run(args) -> dict:
     planned.sort(key=lambda p: lengths.index(p[1]))  # stable: encodings keep their order
     now = datetime.datetime.now(datetime.timezone.utc)
     report = bench.new_report(args, base, device, precision, args.compile, now, len(planned), kind="attention")
-    report["flex_table"] = args.flex_table
-    report["flex_table_copies"] = biases.FLEX_TABLE_COPIES = args.flex_table_copies
-    report["flex_split"] = args.flex_split
     report["cpu_fp32_backward"] = args.cpu_fp32_backward
     if not args.cpu_fp32_backward:
         attention.CPU_FP32_BACKWARD_BELOW = 0
@@ -211,8 +192,9 @@ def run(args) -> dict:
             _print_row(row)
             done()
 
-    return bench.run_measurements(report, measure_loop, Path(args.out), now, args.update_docs, markdown_table,
-                                  title="Attention core")  # fmt: skip
+    with bench.flex_forms(args, report):
+        return bench.run_measurements(report, measure_loop, Path(args.out), now, args.update_docs, markdown_table,
+                                      title="Attention core")  # fmt: skip
 
 
 def main(argv=None) -> int:

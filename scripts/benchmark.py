@@ -4,7 +4,7 @@
     python scripts/benchmark.py --config configs/gpt2_small.yaml --lengths 1024,8192 \\
         [--encodings rope,alibi,t5,kerple,fire] [--steps 10] [--warmup 3] [--repeats 1] [--batch-size B] \\
         [--peer [--peer-precision 32|bf16-mixed]] [--peak-tflops 989] [--threads 2] [--precision auto|32|bf16-mixed] \\
-        [--compile|--no-compile] [--profile] \\
+        [--compile|--no-compile] [--profile] [--no-flex-table] [--flex-table-copies R] [--flex-split] \\
         [--out benchmarks/results] [--update-docs] [key.sub=value ...]
 
 One step = forward + backward + gradient clipping + AdamW step on random tokens (B, T) — the work of one
@@ -37,6 +37,11 @@ steps (weights, gradients, AdamW state, activations). On CPU the peak resident s
 the resident size before it (Linux ``VmHWM`` reset through /proc/self/clear_refs; malloc_trim first so memory
 freed by an earlier measurement does not hide the growth); it includes allocator slack, so read it as an
 estimate. The JSON names which (``memory_kind``).
+
+``--no-flex-table``, ``--flex-table-copies R`` and ``--flex-split`` choose the FlexAttention forms of the learned
+biases (CUDA only: T5's and KERPLE's direct score_mods, R copies of every learned table, T5 in near and far parts;
+minilm/positions/bias.py, docs/performance.md "Learned biases in FlexAttention's backward") for every model of the
+run, to measure on the whole step what scripts/bench_attention.py measures on the attention core.
 
 ``--profile`` runs 3 more steps of each measurement under ``torch.profiler`` and writes its table of the operators
 and kernels that took the most time (self time on the device: CUDA kernels on a GPU, operators on CPU) to
@@ -139,6 +144,43 @@ def device_name(text: str) -> str:
     return text
 
 
+def add_flex_form_args(ap: argparse.ArgumentParser) -> None:
+    """The FlexAttention forms of the learned biases (``flex_forms``), for both benchmark scripts."""
+    ap.add_argument("--flex-table", action=argparse.BooleanOptionalAction, default=True,
+                    help="T5 and KERPLE read per-distance tables in FlexAttention (default) or their direct form")
+    ap.add_argument("--flex-table-copies", type=whole_number(1), default=1,
+                    help="copies of each learned Flex table, spreading the backward's atomic adds (default 1)")
+    ap.add_argument("--flex-split", action="store_true",
+                    help="T5 in two FlexAttention parts, near and far keys (T5Bias.flex_parts)")  # fmt: skip
+
+
+@contextlib.contextmanager
+def flex_forms(args, report: dict):
+    """The learned biases' FlexAttention forms ``args`` ask for, set for the run and restored after it (class and
+    module attributes of minilm/positions/bias.py, which every model the run builds reads), and recorded in
+    ``report``."""
+    from minilm.positions import bias
+
+    saved = (bias.T5Bias.flex_distance_table, bias.Kerple.flex_distance_table, bias.T5Bias.flex_split,
+             bias.FLEX_TABLE_COPIES)  # fmt: skip
+    bias.T5Bias.flex_distance_table = bias.Kerple.flex_distance_table = args.flex_table
+    bias.T5Bias.flex_split, bias.FLEX_TABLE_COPIES = args.flex_split, args.flex_table_copies
+    report.update(flex_table=args.flex_table, flex_table_copies=args.flex_table_copies, flex_split=args.flex_split)
+    try:
+        yield
+    finally:
+        (bias.T5Bias.flex_distance_table, bias.Kerple.flex_distance_table, bias.T5Bias.flex_split,
+         bias.FLEX_TABLE_COPIES) = saved  # fmt: skip
+
+
+def flex_forms_text(report: dict) -> str:
+    """The table head's word on the FlexAttention forms, when not the defaults."""
+    copies = report.get("flex_table_copies", 1)
+    return (("" if report.get("flex_table", True) else " · no Flex tables")
+            + (f" · Flex tables in {copies} copies" if copies > 1 else "")
+            + (" · T5 in near/far parts" if report.get("flex_split") else ""))  # fmt: skip
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", help="YAML experiment config (default: the schema defaults)")
@@ -160,6 +202,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the peer's precision (default: minilm's)")  # fmt: skip
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="default: train.compile")
     ap.add_argument("--profile", action="store_true", help="profile 3 more steps per measurement (module docstring)")
+    add_flex_form_args(ap)
     ap.add_argument("--device", type=device_name, default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for the JSON and markdown")
     ap.add_argument("--update-docs", action="store_true", help="write the table into docs/performance.md")
@@ -535,7 +578,8 @@ def compile_text(report: dict) -> str:
 def markdown_table(report: dict) -> str:
     head = (
         f"Device: {report['device_name']} · torch {report['torch']} · threads {report['threads']} · "
-        f"precision {report['precision']}{_peer_precision(report)} · compile {compile_text(report)} · "
+        f"precision {report['precision']}{_peer_precision(report)} · compile {compile_text(report)}"
+        f"{flex_forms_text(report)} · "
         f"{report['date']} · config `{report['config']}` {' '.join(report['overrides'])} · {report['steps']} steps "
         f"after {report['warmup']} warm-up, × {report['repeats']} alternating repeats, median step · "
         f"memory: {report['memory_kind']}"
@@ -701,10 +745,11 @@ def run(args) -> dict:
         report["peer_precision"] = precisions["hf_llama"]
     args.profile_dir = f"{result_stem(report, Path(args.out), now)}-profiles" if args.profile else None
     peak_flops = peak * 1e12 if peak else None
-    return run_measurements(
-        report, lambda done: measure_all(args, base, device, amps, do_compile, peak_flops, report, done),
-        Path(args.out), now, args.update_docs,
-    )  # fmt: skip
+    with flex_forms(args, report):
+        return run_measurements(
+            report, lambda done: measure_all(args, base, device, amps, do_compile, peak_flops, report, done),
+            Path(args.out), now, args.update_docs,
+        )  # fmt: skip
 
 
 def new_report(args, base, device, precision: str, do_compile: bool, now, planned: int, kind: str = "") -> dict:

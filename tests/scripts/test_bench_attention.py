@@ -85,54 +85,33 @@ def test_a_lost_device_stops_the_run_after_writing_the_failed_row(attn_bench, tm
     assert "alibi T=8 failed and took the CUDA context with it" in capsys.readouterr().err
 
 
-def test_no_flex_table_and_flex_split_reach_the_encodings_and_the_report(attn_bench, tmp_path, monkeypatch):
-    """``--no-flex-table``, the A/B of the per-distance tables FlexAttention reads (minilm/positions/bias.py): the
-    encodings measured have ``flex_distance_table`` off; ``--flex-split``, T5's near and far parts: T5 has
-    ``flex_split`` on. The report and its table say which."""
-    built = []
-    real_block = attn_bench.Block
+@pytest.mark.parametrize("flags, forms, says", [
+    ([], (True, 1, False), None),
+    (["--no-flex-table"], (False, 1, False), "no Flex tables"),
+    (["--flex-table-copies", "8"], (True, 8, False), "Flex tables in 8 copies"),
+    (["--flex-split"], (True, 1, True), "T5 in near/far parts"),
+])  # fmt: skip
+def test_the_flex_forms_hold_while_measuring_and_are_reported(attn_bench, tmp_path, monkeypatch, flags, forms, says):
+    """``--no-flex-table`` (T5's and KERPLE's direct score_mods), ``--flex-table-copies R`` and ``--flex-split`` (T5
+    in near and far parts): the A/Bs of the learned biases' FlexAttention forms (minilm/positions/bias.py). Every
+    measurement runs in the forms asked for, as every model built then reads them; the report and its table say
+    which; and they are restored after the run (the defaults for the next)."""
+    from minilm.positions import bias
 
-    def recording_block(*a, **kw):
-        built.append(real_block(*a, **kw))
-        return built[-1]
+    def current():
+        assert bias.T5Bias.flex_distance_table == bias.Kerple.flex_distance_table
+        return bias.T5Bias.flex_distance_table, bias.FLEX_TABLE_COPIES, bias.T5Bias.flex_split
 
-    monkeypatch.setattr(attn_bench, "Block", recording_block)
-    argv = ["--lengths", "8", "--encodings", "t5,kerple", "--tokens", "16", "--steps", "1", "--warmup", "1",
-            "--threads", "1", "--device", "cpu", "--out", str(tmp_path), "--no-flex-table", *TINY]  # fmt: skip
-    assert attn_bench.main(argv) == 0
-    assert [b.attn.pos.flex_distance_table for b in built] == [False, False]
-    assert json.loads(next(tmp_path.glob("*.json")).read_text())["flex_table"] is False
-    assert "no Flex tables" in next(tmp_path.glob("*.md")).read_text()
-    # --flex-split: T5 attends in near and far parts (the encodings without the switch are left alone)
-    built.clear()
-    out = tmp_path / "split"
-    argv = [*argv[:-len(TINY) - 1], "--flex-split", *TINY]
-    argv[argv.index("--out") + 1] = str(out)
-    assert attn_bench.main(argv) == 0
-    assert [getattr(b.attn.pos, "flex_split", None) for b in built] == [True, None]
-    assert json.loads(next(out.glob("*.json")).read_text())["flex_split"] is True
-    assert "T5 in near/far parts" in next(out.glob("*.md")).read_text()
-
-
-def test_flex_table_copies_are_set_while_measuring_and_reported(attn_bench, tmp_path, monkeypatch):
-    """``--flex-table-copies R``, the A/B of spreading the backward's atomic adds over R copies of each learned
-    table: every measurement runs with ``FLEX_TABLE_COPIES`` = R, and the report and its table say so."""
-    import minilm.positions.bias as biases
-
-    monkeypatch.setattr(biases, "FLEX_TABLE_COPIES", 1)  # restored after the test: the script sets it for good
     seen, real_measure = [], attn_bench.measure
-
-    def recording_measure(*a, **kw):
-        seen.append(biases.FLEX_TABLE_COPIES)
-        return real_measure(*a, **kw)
-
-    monkeypatch.setattr(attn_bench, "measure", recording_measure)
-    argv = ["--lengths", "8", "--encodings", "rope,t5", "--tokens", "16", "--steps", "1", "--warmup", "1",
-            "--threads", "1", "--device", "cpu", "--out", str(tmp_path), "--flex-table-copies", "8", *TINY]  # fmt: skip
+    monkeypatch.setattr(attn_bench, "measure", lambda *a, **kw: seen.append(current()) or real_measure(*a, **kw))
+    argv = ["--lengths", "8", "--encodings", "t5,kerple", "--tokens", "16", "--steps", "1", "--warmup", "1",
+            "--threads", "1", "--device", "cpu", "--out", str(tmp_path), *flags, *TINY]  # fmt: skip
     assert attn_bench.main(argv) == 0
-    assert seen == [8, 8]
-    assert json.loads(next(tmp_path.glob("*.json")).read_text())["flex_table_copies"] == 8
-    assert "Flex tables in 8 copies" in next(tmp_path.glob("*.md")).read_text()
+    assert seen == [forms, forms] and current() == (True, 1, False)
+    saved = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert (saved["flex_table"], saved["flex_table_copies"], saved["flex_split"]) == forms
+    head = next(tmp_path.glob("*.md")).read_text().splitlines()[2]
+    assert says in head if says else not any(w in head for w in ("Flex tables", "near/far"))
 
 
 def test_uncompiled_measurements_do_not_share_compiled_kernels(attn_bench, tmp_path, monkeypatch):

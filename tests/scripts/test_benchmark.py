@@ -86,6 +86,24 @@ def test_profile_writes_where_each_measurements_time_goes(bench, tmp_path, monke
     assert row["status"] == "ok" and row["profile"] == "failed: RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
 
 
+def test_the_flex_forms_reach_every_model_of_the_run_and_the_table(bench, tmp_path, monkeypatch):
+    """--no-flex-table / --flex-table-copies / --flex-split, as scripts/bench_attention.py's (its test checks each):
+    on the whole step, the forms hold while measuring, the table says so, and they are restored after."""
+    from minilm.positions import bias
+
+    seen, real = [], bench.build_step
+    monkeypatch.setattr(bench, "build_step", lambda *a, **kw: seen.append(
+        (bias.Kerple.flex_distance_table, bias.FLEX_TABLE_COPIES, bias.T5Bias.flex_split)) or real(*a, **kw))
+    args = bench.parse_args(["--lengths", "8", "--encodings", "t5", "--steps", "1", "--warmup", "0", "--threads",
+                             "1", "--device", "cpu", "--out", str(tmp_path), "--no-flex-table", "--flex-table-copies",
+                             "4", "--flex-split", *TINY])  # fmt: skip
+    bench.run(args)
+    assert seen == [(False, 4, True)]
+    assert (bias.Kerple.flex_distance_table, bias.FLEX_TABLE_COPIES, bias.T5Bias.flex_split) == (True, 1, False)
+    head = next(tmp_path.glob("*.md")).read_text()
+    assert "· no Flex tables · Flex tables in 4 copies · T5 in near/far parts ·" in head
+
+
 def test_the_table_gives_each_encoding_against_rope_at_its_length_and_batch(bench):
     """Issue #8's bias-encoding target (>= 0.9x RoPE's tokens/s at 1K and 8K) is read off the table."""
     def row(enc, T, B, tps, impl="minilm"):
