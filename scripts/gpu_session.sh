@@ -42,7 +42,8 @@
 # another config (default configs/gpt2_small.yaml); PYTHON another interpreter. To re-measure part of a part:
 # ENCODINGS for attn, attn-copies, enc-* and profile's 8K (defaults above; keep rope for the "vs RoPE" column),
 # LONG_LENGTHS for long* (default 16384,32768,65536,131072), COPIES for attn-copies, BATCH_SIZES for batch,
-# PYTEST_ARGS added to tests (say "-k fire").
+# PYTEST_ARGS added to tests (say "-x"; split at spaces), PYTEST_K its -k expression (one argument, spaces and all:
+# "fire or copies or parts").
 # DRY_RUN=1 prints each part's command instead of running it.
 set -uo pipefail
 
@@ -73,7 +74,12 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} # pytest imports minilm from t
 
 # what is left of the budget, less 15 s for the tarball; SIGINT lets the benchmark and pytest write what they have
 limited() {
-    if [ -n "${DRY_RUN:-}" ]; then echo "would run: $*"; return 0; fi
+    if [ -n "${DRY_RUN:-}" ]; then # each argument as the command receives it: one with spaces in quotes
+        local arg line="would run:"
+        for arg in "$@"; do [[ $arg == *" "* ]] && line+=" '$arg'" || line+=" $arg"; done
+        echo "$line"
+        return 0
+    fi
     timeout -s INT -k 30 $((deadline - SECONDS - 15)) "$@"
 }
 bench() { limited $py scripts/benchmark.py --config "$cfg" "$@"; }
@@ -149,8 +155,10 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
         ;;
     tests)
         # torch's DEBUG trace logging, which pytest would capture and print with every failure, stays out
+        local select=()
+        [ -n "${PYTEST_K:-}" ] && select=(-k "$PYTEST_K")
         # shellcheck disable=SC2086 # PYTEST_ARGS is split into arguments on purpose
-        limited $py -m pytest -m gpu -q --log-level=WARNING ${PYTEST_ARGS:-}
+        limited $py -m pytest -m gpu -q --log-level=WARNING "${select[@]}" ${PYTEST_ARGS:-}
         ;;
     esac
 }

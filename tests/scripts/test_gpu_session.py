@@ -79,6 +79,9 @@ def test_parts_can_be_narrowed_to_what_is_left_to_measure(tmp_path):
     assert "--lengths 131072 --batch-size 1" in long
     assert "scripts/bench_attention.py" in attn and "--encodings rope,fire" in attn
     assert tests.endswith("-m pytest -m gpu -q --log-level=WARNING -k fire -x")
+    # a -k expression with spaces stays one argument (PYTEST_ARGS would split it at the spaces)
+    tests = _run("tests", tmp_path, DRY_RUN="1", PYTEST_K="fire or copies", PYTEST_ARGS="-x").stdout
+    assert tests.strip().endswith("--log-level=WARNING -k 'fire or copies' -x"), tests
     copies, profile = (_run(part, tmp_path, DRY_RUN="1", COPIES="16").stdout for part in ("attn-copies", "profile"))
     assert "--encodings rope,t5,kerple,fire --flex-table-copies 16 --tag copies16" in copies
     assert [line.count("--profile") for line in profile.splitlines()] == [1, 1], profile
