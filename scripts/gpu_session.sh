@@ -9,12 +9,13 @@
 #              the per-distance tables their FlexAttention backward scatters into (minilm/positions/bias.py)
 #   attn-copies  RoPE, T5, KERPLE, FIRE at 1K and 8K with each learned table in COPIES copies (default 8;
 #              --flex-table-copies): does spreading the backward's atomic adds help? (against attn's rows)
-#   autotune   RoPE at 1024 tokens compiled with train.compile_mode=max-autotune-no-cudagraphs (inductor times
-#              its GEMM configurations: minutes of compiling): MFU at 1K against peer's minilm row (results files only)
-#   batch      RoPE at 1024 tokens with other micro-batches, BATCH_SIZES (default 32,64; the config's is 16):
-#              does MFU at 1K grow with the batch? (results files only, no docs table)
 #   attn-split RoPE and T5 at 1K and 8K with T5 in near and far FlexAttention parts (--flex-split): its atomic
 #              adds for the near keys alone (against attn's rows)
+#   autotune   RoPE at 1024 tokens compiled with train.compile_mode=max-autotune-no-cudagraphs (inductor times
+#              its GEMM configurations: minutes of compiling): MFU at 1K against peer's minilm row (results
+#              files only)
+#   batch      RoPE at 1024 tokens with other micro-batches, BATCH_SIZES (default 32,64; the config's is 16):
+#              does MFU at 1K grow with the batch? (results files only, no docs table)
 #   profile    where a step's time goes: torch.profiler tables (scripts/benchmark.py --profile) of RoPE at 1K
 #              (the peer's setting), then RoPE, ALiBi and T5 at 8K (chunked loss); no docs table
 #   peer       the config at 1024 tokens against the Hugging Face peer (MFU, ratio)
@@ -47,7 +48,9 @@
 # DRY_RUN=1 prints each part's command instead of running it.
 set -uo pipefail
 
-parts_known="check attn attn-direct attn-copies attn-split peer peer-chunked autotune batch enc-1k enc-8k long long-ckpt profile tests"
+parts_known="check attn attn-direct attn-copies attn-split peer peer-chunked autotune batch enc-1k enc-8k long long-ckpt
+profile tests"
+parts_known=${parts_known//$'\n'/ }
 usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
 [ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
 for part in "$@"; do
