@@ -76,11 +76,16 @@ def test_t5_in_parts_equals_the_reference(case):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("copies", [1, 3])
 @pytest.mark.parametrize("case", list(CASES))
-def test_t5_in_parts_gradients_equal_the_reference(case, monkeypatch):
+def test_t5_in_parts_gradients_equal_the_reference(case, copies, monkeypatch):
     """The merge's gradients, each part's kernel by ``dense_part``: q, k, v and T5's table (its near buckets through
-    the near part's score_mod, its far bucket through the far part's lse shift) equal the reference's."""
+    the near part's score_mod, its far bucket through the far part's lse shift) equal the reference's; with the near
+    table in copies too (``FLEX_TABLE_COPIES``)."""
+    import minilm.positions.bias as biases
+
     monkeypatch.setattr(flex, "attend_part", dense_part)
+    monkeypatch.setattr(biases, "FLEX_TABLE_COPIES", copies)
     pos = t5_split()
     T, S, q_pos, k_pos, mask = CASES[case]
     q, k, v = (t.requires_grad_() for t in qkv(T, S, seed=5))
