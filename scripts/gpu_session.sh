@@ -88,9 +88,9 @@ limited() {
 bench() { limited $py scripts/benchmark.py --config "$cfg" "$@"; }
 encodings=${ENCODINGS:-rope,alibi,t5,kerple,fire}
 copies=${COPIES:-8}
-BATCH_SIZES=${BATCH_SIZES:-32,64}
-[[ $BATCH_SIZES =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
-    { echo "BATCH_SIZES must be whole numbers >= 1 separated by commas, got '$BATCH_SIZES'" >&2; exit 2; }
+batch_sizes=${BATCH_SIZES:-32,64}
+[[ $batch_sizes =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
+    { echo "BATCH_SIZES must be whole numbers >= 1 separated by commas, got '$batch_sizes'" >&2; exit 2; }
 [[ $copies =~ ^[1-9][0-9]*$ ]] || { echo "COPIES must be a whole number >= 1, got '$copies'" >&2; exit 2; }
 long_lengths=${LONG_LENGTHS:-16384,32768,65536,131072}
 
@@ -121,7 +121,7 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
         ;;
     batch)
         local b rc=0
-        for b in ${BATCH_SIZES//,/ }; do
+        for b in ${batch_sizes//,/ }; do
             bench --lengths 1024 --batch-size "$b" --steps 20 --warmup 5 --tag "batch$b" || rc=$?
         done
         return $rc

@@ -84,18 +84,27 @@ def _causal_block_mask(T: int, S: int, offset: int, device: str, compile: bool =
     return build(causal, None, None, T, S, device=device)
 
 
+def _allowed(mask, keep=None):
+    """The mask_mod of ``mask`` (``AttentionMask.dense``'s rule: causal by index after ``offset`` cached keys, and
+    same-document where it has documents), and of ``keep(b, h, i, j)`` too when given."""
+    offset, q_doc, k_doc = mask.offset, mask.q_doc, mask.k_doc
+
+    def allowed(b, h, i, j):
+        rule = j <= i + offset
+        if keep is not None:
+            rule = rule & keep(b, h, i, j)
+        return rule if q_doc is None else rule & (q_doc[b, i] == k_doc[b, j])
+
+    return allowed
+
+
 def document_block_mask(mask, B: int, T: int, S: int, device, compile: bool = False):
     """Causal and same-document. ``compile`` builds it with create_block_mask's compiled kernel, block by block;
     uncompiled, create_block_mask evaluates the rule on the whole (B, T, S) grid at once (8 GB at B 8, T 32K)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset, q_doc, k_doc = mask.offset, mask.q_doc, mask.k_doc
-
-    def causal_same_document(b, h, i, j):
-        return (j <= i + offset) & (q_doc[b, i] == k_doc[b, j])
-
     build = _compiled_create_block_mask() if compile else create_block_mask
-    return build(causal_same_document, B, None, T, S, device=device)
+    return build(_allowed(mask), B, None, T, S, device=device)
 
 
 def block_mask(mask, B: int, T: int, S: int, device: torch.device):
@@ -122,22 +131,25 @@ def parts_block_mask(mask, keep, B: int, T: int, S: int, device):
     is cached): in the graph when compiling, else by the compiled builder on CUDA."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset, q_doc, k_doc = mask.offset, mask.q_doc, mask.k_doc
-
-    def allowed(b, h, i, j):
-        rule = (j <= i + offset) & keep(b, h, i, j)
-        return rule if q_doc is None else rule & (q_doc[b, i] == k_doc[b, j])
-
     compile = torch.device(device).type == "cuda" and not torch.compiler.is_compiling()
-    return (_compiled_create_block_mask() if compile else create_block_mask)(allowed, B, None, T, S, device=device)
+    build = _compiled_create_block_mask() if compile else create_block_mask
+    return build(_allowed(mask, keep), B, None, T, S, device=device)
+
+
+def _kernel(compiled: bool):
+    """flex_attention, or in an eager model its process-wide compiled kernel. Inside a compiled model
+    (train.compile) the outer compile captures flex_attention itself: calling torch.compile there would break the
+    graph in every layer (dynamo traces into the compiled kernel, ignoring the cache, and Lightning replaces
+    torch.compile with a wrapper dynamo cannot trace)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return _compiled_flex if compiled and not torch.compiler.is_compiling() else flex_attention
 
 
 def attend_part(q, k, v, part: FlexPart, mask, scale, compiled: bool):
     """(out (B, H, T, Dh), lse (B, H, T) fp32, natural log) of one part: FlexAttention over its keys; a row with
     no key in the part gives out 0 and lse −inf."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    attend = _compiled_flex if compiled and not torch.compiler.is_compiling() else flex_attention
+    attend = _kernel(compiled)
     B, H, T, _ = q.shape
     S = k.shape[2]
     bm = parts_block_mask(mask, part.keep, B, T, S, q.device)
@@ -181,14 +193,7 @@ def _in_score_dtype(score_mod):
 def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None):
     """q (B, H, T, Dh), k and v (B, Hkv, S, Dh) -> (B, H, T, Dh); ``score_mod`` None for the mask alone.
     ``compiled`` defaults to q.is_cuda."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    compiled = q.is_cuda if compiled is None else compiled
-    # Inside a compiled model (train.compile) the outer compile captures flex_attention itself. Calling
-    # torch.compile there would break the graph in every layer: dynamo traces into the compiled kernel (it ignores
-    # the cache), and Lightning replaces torch.compile with a wrapper dynamo cannot trace.
-    attend = _compiled_flex if compiled and not torch.compiler.is_compiling() else flex_attention
-
+    attend = _kernel(q.is_cuda if compiled is None else compiled)
     B, H, T, _ = q.shape
     S = k.shape[2]
     # score_mod None: the mask alone (document masking of a RoPE-family encoding)

@@ -217,11 +217,17 @@ class T5Bias(PositionEncoding):
     def score_mod(self, q, k, q_pos, k_pos):
         m = self.params.max_distance
         n = max(m, k_pos.shape[-1] - 1) if self.flex_distance_table else m  # exact for any positions (clamped)
-        by_distance = flex_copies(self.by_distance(n))  # (H, [R,] 2n+1): the per-step table
+        return self._reading(self.by_distance(n), n, q_pos, k_pos)
+
+    @staticmethod
+    def _reading(table: Tensor, n: int, q_pos: Tensor, k_pos: Tensor):
+        """The score_mod adding ``table``'s bias, (H, 2n + 1) for the distances −n..n (``by_distance(n)``), with
+        each distance clamped into that range (exact for n >= max_distance), in ``flex_copies``."""
+        table = flex_copies(table)  # (H, [R,] 2n + 1): the per-step table
 
         def t5(score, b, h, i, j):
             d = (q_pos[b, i] - k_pos[b, j]).clamp(-n, n) + n
-            return score + by_distance[(h, *copy_index(by_distance, i + b), d)]
+            return score + table[(h, *copy_index(table, i + b), d)]
 
         return t5
 
@@ -235,11 +241,6 @@ class T5Bias(PositionEncoding):
             return None
         m = self.params.max_distance
         table = self.by_distance(m)  # (H, 2m + 1): distances −m..m; every d >= m has the bias of d = m
-        near = flex_copies(table)
-
-        def near_bias(score, b, h, i, j):
-            d = (q_pos[b, i] - k_pos[b, j]).clamp(-m, m) + m
-            return score + near[(h, *copy_index(near, i + b), d)]
 
         def is_near(b, h, i, j):
             return q_pos[b, i] - k_pos[b, j] < m
@@ -247,7 +248,7 @@ class T5Bias(PositionEncoding):
         def is_far(b, h, i, j):
             return q_pos[b, i] - k_pos[b, j] >= m
 
-        return [FlexPart(is_near, near_bias), FlexPart(is_far, None, table[:, 2 * m])]
+        return [FlexPart(is_near, self._reading(table, m, q_pos, k_pos)), FlexPart(is_far, None, table[:, 2 * m])]
 
 
 # -------------------------------------------------------------------------------------------------- KERPLE

@@ -14,7 +14,7 @@ import minilm.model.flex as flex
 from minilm.model.attention import Attention, AttentionMask, reference_attention, repeat_kv
 
 from tests.positions.helpers import hook
-from tests.positions.test_fast_paths import CASES, H, grads_agree, learned_tensor_reads, qkv
+from tests.positions.test_fast_paths import CASES, H, grads_agree, grid, learned_tensor_reads, qkv
 
 T5 = {"num_buckets": 8, "max_distance": 6}  # far keys (d >= 6) in every case's rows from the 7th on
 
@@ -25,11 +25,6 @@ def t5_split(**params):
     return pos
 
 
-def grid(B, T, S):
-    return (torch.arange(B).view(B, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
-            torch.arange(T).view(1, 1, T, 1), torch.arange(S).view(1, 1, 1, S))  # fmt: skip
-
-
 def dense_part(q, k, v, part, mask, scale, compiled):
     """``flex.attend_part`` by materialized scores, differentiable: (out, lse), out 0 and lse −inf in a row with no
     key in the part."""
@@ -37,7 +32,7 @@ def dense_part(q, k, v, part, mask, scale, compiled):
     S = k.shape[2]
     k, v = repeat_kv(k, H // k.shape[1]), repeat_kv(v, H // v.shape[1])
     s = (q.float() @ k.float().transpose(-1, -2)) * scale
-    b, h, i, j = grid(B, T, S)
+    b, h, i, j = grid(T, S, B)
     if part.score_mod is not None:
         s = part.score_mod(s, b, h, i, j)
     keep = mask.dense(T, S, q.device) & part.keep(b, h, i, j)
@@ -55,7 +50,7 @@ def test_the_parts_partition_the_allowed_keys(case):
     T, S, q_pos, k_pos, mask = CASES[case]
     q, k, _ = qkv(T, S)
     parts = pos.flex_parts(q, k, q_pos, k_pos)
-    b, h, i, j = grid(q.shape[0], T, S)
+    b, h, i, j = grid(T, S, q.shape[0])
     near, far = (p.keep(b, h, i, j).expand(-1, H, -1, -1) for p in parts)
     allowed = mask.dense(T, S, q.device).expand_as(near)
     assert not (near & far).any() and ((near | far) == torch.ones_like(near)).all()

@@ -81,13 +81,15 @@ def grads_agree(got, want, inputs, atol, rtol):
             torch.testing.assert_close(g, w, atol=atol, rtol=rtol, msg=f"input {i}")
 
 
+def grid(T, S, batch=B):
+    """Index tensors (b, h, i, j) that broadcast to every (b, h, i, j) of (batch, H, T, S)."""
+    return (torch.arange(batch).view(batch, 1, 1, 1), torch.arange(H).view(1, H, 1, 1),
+            torch.arange(T).view(1, 1, T, 1), torch.arange(S).view(1, 1, 1, S))  # fmt: skip
+
+
 def dense(score_mod, T, S):
     """Evaluate a score_mod on every (b, h, i, j) at once by broadcasting index tensors."""
-    b = torch.arange(B).view(B, 1, 1, 1)
-    h = torch.arange(H).view(1, H, 1, 1)
-    i = torch.arange(T).view(1, 1, T, 1)
-    j = torch.arange(S).view(1, 1, 1, S)
-    return score_mod(torch.zeros(B, H, T, S), b, h, i, j).expand(B, H, T, S)
+    return score_mod(torch.zeros(B, H, T, S), *grid(T, S)).expand(B, H, T, S)
 
 
 DISTANCE_TABLES = ["t5", "kerple"]  # the learned biases of i − j alone (FIRE's also reads the query position)
