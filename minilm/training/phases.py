@@ -478,8 +478,10 @@ PHASE_LENGTH = ("train.steps", "train.tokens")  # may change on --resume (checke
 TRAINED_BY = ("model", "data", "train", "optim")  # the sections a finished phase's weights depend on (and run.seed)
 HOW_NOT_WHAT = {  # keys of those sections that change how a phase runs or is watched, not what it learns
     "data.num_proc", "data.cache_dir", "train.micro_batch_size", "train.precision", "train.compile",
-    "train.val_every", "train.val_batches", "train.log_every", "train.ckpt_every", "train.keep_checkpoints",
-    "train.max_bad_steps",
+    "train.compile_mode", "train.val_every", "train.val_batches", "train.log_every", "train.ckpt_every",
+    "train.keep_checkpoints", "train.max_bad_steps",
+    # kernels and memory savers with the same loss and gradients: what a run that ran out of memory resumes with
+    "model.loss_chunk_size", "model.activation_checkpointing", "model.sdpa_kernel",
 }
 
 
@@ -611,8 +613,13 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
         from minilm.runs import load_run_config  # a run config that cannot be read is an error naming it
 
         old = load_run_config(saved)
-        if OmegaConf.to_container(old.model) != OmegaConf.to_container(cfg.model, resolve=True):
-            raise MinilmError(f"--resume: the model section differs from the run's saved {saved}; refusing")
+        diff = _first_difference(OmegaConf.to_container(old.model, resolve=True),
+                                 OmegaConf.to_container(cfg.model, resolve=True), "model")  # fmt: skip
+        if diff:
+            key, was, now = diff
+            raise MinilmError(f"--resume: {key} is {now!r} here but {was!r} in the run's saved {saved}: the run "
+                              "trains one model; resume with the saved value, or train this one in another "
+                              "run.dir")  # fmt: skip
     corpus = load_corpus(cfg.data)  # bad data fails here, before the run directory is touched
     start = names.index(start_phase) if start_phase else 0
     if init is None:  # --phase: the weights it starts from are the earlier phases' finished ones

@@ -453,6 +453,23 @@ def test_resume_refuses_an_interrupted_phase_the_config_now_trains_differently(c
     assert (run / "b" / "complete.json").is_file()
 
 
+def test_resume_takes_new_kernel_and_memory_settings(config, tmp_path):
+    """The settings that change how a step computes, not what it learns (the same loss and gradients): a run that
+    ran out of memory must be able to resume with the chunked loss or activation checkpointing, and one that was
+    started before train.compile_mode existed has none in its checkpoint. --resume refused all of them as "trains
+    differently"."""
+    run = tmp_path / "run"
+    over = [f"run.dir={run}", "train.ckpt_every=2", "phases.a={seq_len: 32, steps: 3}"]
+    run_phases(load_config(config, over), log=lambda m: None)
+    _killed_after_checkpoint(run, "a", 2)
+    how = ["model.loss_chunk_size=16", "model.activation_checkpointing=true",
+           "train.compile_mode=max-autotune-no-cudagraphs"]  # fmt: skip
+    with pytest.raises(MinilmError, match=r"--resume: model\.norm_eps is 1e-06 here but 1e-05 in the run's saved "):
+        run_phases(load_config(config, [*over, *how, "model.norm_eps=1e-6"]), resume=True, log=lambda m: None)
+    run_phases(load_config(config, [*over, *how]), resume=True, log=lambda m: None)
+    assert (run / "a" / "complete.json").is_file()
+
+
 def test_a_failed_write_of_the_runs_tokenizer_leaves_the_previous_one_whole(config, tmp_path, monkeypatch):
     """Every start (--resume included) copied tokenizer.model into run.dir with shutil.copyfile, which truncates
     the file first: a full disk or a kill during the copy left the run's tokenizer empty or half, and evaluation,
