@@ -67,6 +67,10 @@ class ModelConfig:
     # recompute each block's activations in backward (torch.utils.checkpoint, training only): less memory for
     # long sequences at ~1/3 more compute. Same gradients.
     activation_checkpointing: bool = False
+    # SDPA's kernel on CUDA for the encodings without a score term (RoPE family, absolute, none): "auto" leaves
+    # torch's order (flash, efficient, math, cuDNN); a named one (SDPA_KERNELS) goes first, the others stay behind it
+    # for inputs it cannot take. The same attention in every kernel; CPU runs its own kernel whatever this says.
+    sdpa_kernel: str = "auto"
     # ``name`` picks the encoding from minilm.positions.REGISTRY; the other keys are its parameters.
     position: Dict[str, Any] = field(default_factory=lambda: {"name": "rope"})
 
@@ -208,6 +212,7 @@ PHASE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 RESERVED_PHASE_NAMES = ("tb",)  # run.dir/tb holds the TensorBoard events of every phase
 PRECISIONS = ("auto", "32", "bf16-mixed", "16-mixed")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # train.compile_mode
+SDPA_KERNELS = ("auto", "flash", "cudnn", "efficient")  # model.sdpa_kernel
 DECAYS = ("cosine", "linear", "constant")
 MLPS = ("swiglu", "gelu")
 
@@ -753,6 +758,7 @@ def _validate_model(m: DictConfig) -> None:
     _check(0 <= m.dropout < 1, "model.dropout", f"must be in [0, 1), got {m.dropout}")
     _check(m.loss_chunk_size is None or m.loss_chunk_size >= 1, "model.loss_chunk_size",
            f"must be >= 1 (rows per chunk) or null for the plain loss, got {m.loss_chunk_size}")  # fmt: skip
+    _check(m.sdpa_kernel in SDPA_KERNELS, "model.sdpa_kernel", f"must be one of {SDPA_KERNELS}, got {m.sdpa_kernel!r}")
 
 
 def _validate_phases(cfg: DictConfig) -> None:

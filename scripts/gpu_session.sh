@@ -11,6 +11,9 @@
 #              --flex-table-copies): does spreading the backward's atomic adds help? (against attn's rows)
 #   attn-split RoPE and T5 at 1K and 8K with T5 in near and far FlexAttention parts (--flex-split): its atomic
 #              adds for the near keys alone (against attn's rows)
+#   sdpa       RoPE with each of SDPA_KERNELS first (model.sdpa_kernel; default flash,cudnn): the attention core
+#              alone at 1K and 8K (docs tables), then the training step at 1024 tokens (results files only): does
+#              cuDNN's attention beat flash's on this GPU? (the step against peer's minilm row too)
 #   autotune   RoPE at 1024 tokens compiled with train.compile_mode=max-autotune-no-cudagraphs (inductor times
 #              its GEMM configurations: minutes of compiling): MFU at 1K against peer's minilm row (results
 #              files only)
@@ -43,13 +46,14 @@
 # another config (default configs/gpt2_small.yaml); PYTHON another interpreter. To re-measure part of a part:
 # ENCODINGS for attn, attn-copies, enc-* and profile's 8K (defaults above; keep rope for the "vs RoPE" column),
 # LONG_LENGTHS for long* (default 16384,32768,65536,131072), COPIES for attn-copies, BATCH_SIZES for batch,
+# SDPA_KERNELS for sdpa (model.sdpa_kernel values but auto),
 # PYTEST_ARGS added to tests (say "-x"; split at spaces), PYTEST_K its -k expression (one argument, spaces and all:
 # "fire or copies or parts").
 # DRY_RUN=1 prints each part's command instead of running it.
 set -uo pipefail
 
-parts_known="check attn attn-direct attn-copies attn-split peer peer-chunked autotune batch enc-1k enc-8k long long-ckpt
-profile tests"
+parts_known="check attn attn-direct attn-copies attn-split sdpa peer peer-chunked autotune batch enc-1k enc-8k long
+long-ckpt profile tests"
 parts_known=${parts_known//$'\n'/ }
 usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
 [ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
@@ -66,14 +70,6 @@ cd "$(dirname "$0")/.." || exit 1
 py=${PYTHON:-python3}
 cfg=${GPU_CONFIG:-configs/gpt2_small.yaml}
 out=${OUT:-}
-
-wheels=${WHEELS:-.whl}
-if compgen -G "$wheels/*.whl" >/dev/null; then
-    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        "$wheels"/*.whl || exit 1
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} # pytest imports minilm from the checkout, uninstalled
 
 # what is left of the budget, less 15 s for the tarball; SIGINT lets the benchmark and pytest write what they have
 limited() {
@@ -92,7 +88,19 @@ batch_sizes=${BATCH_SIZES:-32,64}
 [[ $batch_sizes =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
     { echo "BATCH_SIZES must be whole numbers >= 1 separated by commas, got '$batch_sizes'" >&2; exit 2; }
 [[ $copies =~ ^[1-9][0-9]*$ ]] || { echo "COPIES must be a whole number >= 1, got '$copies'" >&2; exit 2; }
+sdpa_kernels=${SDPA_KERNELS:-flash,cudnn}
+[[ $sdpa_kernels =~ ^(flash|cudnn|efficient)(,(flash|cudnn|efficient))*$ ]] ||
+    { echo "SDPA_KERNELS must be flash, cudnn or efficient, separated by commas, got '$sdpa_kernels'" >&2; exit 2; }
 long_lengths=${LONG_LENGTHS:-16384,32768,65536,131072}
+
+# (after the settings are checked: a bad one is refused before anything is installed)
+wheels=${WHEELS:-.whl}
+if compgen -G "$wheels/*.whl" >/dev/null; then
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        "$wheels"/*.whl || exit 1
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} # pytest imports minilm from the checkout, uninstalled
 
 run_part() {
     case $part in
@@ -115,6 +123,17 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
         limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192 \
             --encodings "${ENCODINGS:-rope,t5,kerple,fire}" --flex-table-copies "$copies" --tag "copies$copies" \
             --update-docs
+        ;;
+    sdpa)
+        local k rc=0
+        for k in ${sdpa_kernels//,/ }; do
+            limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192 --encodings rope \
+                --tag "sdpa-$k" --update-docs "model.sdpa_kernel=$k" || rc=$?
+        done
+        for k in ${sdpa_kernels//,/ }; do
+            bench --lengths 1024 --steps 20 --warmup 5 --tag "sdpa-$k" "model.sdpa_kernel=$k" || rc=$?
+        done
+        return $rc
         ;;
     autotune)
         bench --lengths 1024 --steps 20 --warmup 5 --tag autotune train.compile_mode=max-autotune-no-cudagraphs

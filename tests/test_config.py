@@ -321,6 +321,7 @@ def test_a_warmup_longer_than_the_phase_is_warned_of():
     ("run.name=''", "run.name: must not be empty"),  # trained into runs/ itself
     ("data.cache_dir=''", "data.cache_dir: must not be empty"),
     ("train.compile_mode=reduce-overhead", r"train.compile_mode: must be one of \('default', 'max-autotune-no"),
+    ("model.sdpa_kernel=fa3", r"model.sdpa_kernel: must be one of \(.auto., .flash., .cudnn., .efficient.\), got .fa3."),
 ])  # fmt: skip
 def test_model_and_optimizer_values_are_checked_at_load(override, message):
     with pytest.raises(ConfigError, match=message):

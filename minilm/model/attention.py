@@ -3,7 +3,8 @@
 The block never asks which encoding it has. It calls ``rotate`` on q and k, then picks a kernel from what the
 encoding declared (``score_kind``, ``has_value_term``; see minilm/positions/base.py):
 
-1. no score term                    -> ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN on GPU;
+1. no score term                    -> ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN on GPU,
+                                       torch's choice or ``model.sdpa_kernel``'s first: ``sdpa_backends``;
                                        training in bf16 on CPU at short lengths, its backward in fp32:
                                        ``cpu_sdpa_fp32_backward``);
                                        with a document mask, FlexAttention on CUDA instead (rung 2, no score_mod):
@@ -30,6 +31,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend
+from torch.nn.attention import sdpa_kernel as sdpa_order  # (model.sdpa_kernel is the name of a kernel)
 
 from minilm.positions import PositionDims, build_position
 from minilm.positions.base import PositionEncoding
@@ -93,12 +96,41 @@ def _reference_attention(q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Ten
     return out.to(q.dtype)
 
 
-def sdpa_attention(q, k, v, pos, mask: AttentionMask) -> Tensor:
+# model.sdpa_kernel -> the SDPA backend it puts first (minilm.config.SDPA_KERNELS but "auto")
+SDPA_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}  # fmt: skip
+# behind it, every other backend SDPA has on CPU and CUDA, in torch's default order (flash, efficient, math, cuDNN)
+SDPA_FALLBACKS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
+                  SDPBackend.CUDNN_ATTENTION)  # fmt: skip
+
+
+def sdpa_backends(kernel: str) -> Optional[tuple[SDPBackend, ...]]:
+    """The SDPA backends in priority order for ``model.sdpa_kernel``: None for "auto" (torch's own choice,
+    untouched), else the named one first and the others behind it, for the inputs it cannot take (a head width or
+    mask it does not support). Only CUDA reads the order; on CPU, SDPA takes its flash kernel where it can, else
+    math, as with "auto"."""
+    if kernel == "auto":
+        return None
+    first = SDPA_BACKEND[kernel]
+    return (first, *(b for b in SDPA_FALLBACKS if b != first))
+
+
+def sdpa_attention(q, k, v, pos, mask: AttentionMask, backends: Optional[tuple[SDPBackend, ...]] = None) -> Tensor:
+    """SDPA, causal (and with the mask's documents and offset); ``backends``: ``sdpa_backends``' order, for this
+    call alone (``sdpa_order`` restores the previous order after it; compiled, dynamo bakes the order into the
+    graph, so the compiled kernel is the one it names)."""
     Dh, T, S = q.shape[-1], q.shape[2], k.shape[2]
     scale, gqa = pos.softmax_scale(Dh), q.shape[1] != k.shape[1]
     allowed = None if mask.is_plain_causal and mask.offset == 0 and T == S else mask.dense(T, S, q.device)
     if _cpu_backward_in_fp32(q, k, v):
         return cpu_sdpa_fp32_backward(q, k, v, scale, allowed)
+    if backends is None:
+        return _sdpa(q, k, v, allowed, scale, gqa)
+    with sdpa_order(list(backends), set_priority=True):
+        return _sdpa(q, k, v, allowed, scale, gqa)
+
+
+def _sdpa(q, k, v, allowed: Optional[Tensor], scale: float, gqa: bool) -> Tensor:
     if allowed is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale, enable_gqa=gqa)
@@ -218,9 +250,11 @@ FLEX_MIN_QUERIES = 16  # fewer queries than this (a decoding step) take SDPA wit
 class Attention(nn.Module):
     # No dropout on the attention probabilities: FlexAttention has none, and every kernel must compute the same thing
     # (model.dropout acts on the embeddings and on each residual branch, in transformer.py)
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, position: dict, dims: PositionDims):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, position: dict, dims: PositionDims,
+                 sdpa_kernel: str = "auto"):  # fmt: skip
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.sdpa_backends = sdpa_backends(sdpa_kernel)  # model.sdpa_kernel, for the "sdpa" rung
         self.head_dim = d_model // n_heads
         self.wq = nn.Linear(d_model, n_heads * self.head_dim, bias=False)
         self.wkv = nn.Linear(d_model, 2 * n_kv_heads * self.head_dim, bias=False)
@@ -278,7 +312,7 @@ class Attention(nn.Module):
             # tokens, until dynamo's recompile limit — for nothing it saves here
             kernel = "sdpa" if pos.score_kind == "none" else "sdpa_bias"
         if kernel == "sdpa":
-            return sdpa_attention(q, k, v, pos, mask)
+            return sdpa_attention(q, k, v, pos, mask, self.sdpa_backends)
         rows = q_pos.expand(B, -1), k_pos.expand(B, -1)
         if kernel == "flex":  # (a score term here has a score_mod: ``kernel``)
             from minilm.model.flex import flex_attention_in_parts, flex_attention_with_score_mod

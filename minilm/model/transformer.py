@@ -54,7 +54,7 @@ class Block(nn.Module):
         kv = cfg.n_kv_heads or cfg.n_heads
         dims = PositionDims(cfg.d_model, cfg.n_heads, kv, head_dim(cfg), cfg.n_layers, layer)
         self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, kv, cfg.position, dims)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, kv, cfg.position, dims, cfg.sdpa_kernel)
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = MLP(cfg.d_model, ffn_dim(cfg), cfg.mlp)
         self.drop = nn.Dropout(cfg.dropout)

@@ -754,6 +754,11 @@ def _compile_note(train) -> str:
     return ", compiled" + ("" if train.compile_mode == "default" else f" ({train.compile_mode})")
 
 
+def _sdpa_note(model_cfg) -> str:
+    """The model line's word on SDPA's kernel: none for torch's own choice."""
+    return "" if model_cfg.sdpa_kernel == "auto" else f", SDPA kernel {model_cfg.sdpa_kernel} first (on CUDA)"
+
+
 def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
     """The run's model, initialized from run.seed, said in the log with the precision it trains in, and checked
     against every phase (before any trains, and before run.dir is written)."""
@@ -763,7 +768,7 @@ def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
     used = precision(first)
     log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {vocab_size}, precision {used}"
         + (" (train.precision auto)" if cfg.train.precision == "auto" else "") + _compile_note(cfg.train)
-        + cpu_precision_note(used, _device_type(first)))  # fmt: skip
+        + _sdpa_note(cfg.model) + cpu_precision_note(used, _device_type(first)))  # fmt: skip
     for n, pcfg in pcfgs.items():
         check_phase_fits(model, pcfg, n)
     return model

@@ -94,3 +94,22 @@ def test_parts_can_be_narrowed_to_what_is_left_to_measure(tmp_path):
     assert bad.returncode == 2 and "COPIES must be a whole number >= 1, got '0'" in bad.stderr
     default = _run("enc-1k long", tmp_path, DRY_RUN="1").stdout
     assert "--encodings rope,alibi,t5,kerple,fire" in default and "--lengths 16384,32768,65536,131072" in default
+
+
+def test_the_sdpa_part_measures_each_kernel_and_a_bad_one_is_refused_before_any_install(tmp_path):
+    """sdpa: the attention core at 1K and 8K, then the step at 1K, with each of SDPA_KERNELS first. A bad setting
+    is refused (exit 2) before the wheels are installed: a broken wheel here would fail the install (exit 1)."""
+    lines = _run("sdpa", tmp_path, DRY_RUN="1").stdout.splitlines()
+    assert len(lines) == 4, lines
+    assert ["bench_attention.py" in line for line in lines] == [True, True, False, False]
+    assert [line.split("model.sdpa_kernel=")[1] for line in lines] == ["flash", "cudnn", "flash", "cudnn"]
+    assert all("--lengths 1024,8192 --encodings rope" in line for line in lines[:2])
+    assert all("--lengths 1024 " in line and "--tag sdpa-" in line for line in lines[2:])
+    one = _run("sdpa", tmp_path, DRY_RUN="1", SDPA_KERNELS="efficient").stdout
+    assert one.count("model.sdpa_kernel=efficient") == 2 and "flash" not in one
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "broken-1.0-py3-none-any.whl").write_text("not a wheel")
+    bad = _run("sdpa", tmp_path, DRY_RUN="1", SDPA_KERNELS="fa3", WHEELS=str(wheels))
+    assert bad.returncode == 2 and "SDPA_KERNELS must be flash, cudnn or efficient" in bad.stderr, bad.stderr
+    assert _run("sdpa", tmp_path, DRY_RUN="1", WHEELS=str(wheels)).returncode == 1  # (the wheel does fail)

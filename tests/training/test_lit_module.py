@@ -31,10 +31,13 @@ def test_train_compile_mode_reaches_torch_compile(monkeypatch):
     assert [kw["mode"] for kw in calls] == [None, "max-autotune-no-cudagraphs"]
 
 
-@pytest.mark.parametrize("overrides, says", [([], None), (["train.compile=true"], ", compiled"),
-                                              (["train.compile=true", "train.compile_mode=max-autotune-no-cudagraphs"],
-                                               ", compiled (max-autotune-no-cudagraphs)")])  # fmt: skip
-def test_the_training_log_says_how_the_model_compiles(overrides, says):
+@pytest.mark.parametrize("overrides, says", [
+    ([], None), (["train.compile=true"], ", compiled"),
+    (["train.compile=true", "train.compile_mode=max-autotune-no-cudagraphs"],
+     ", compiled (max-autotune-no-cudagraphs)"),
+    (["model.sdpa_kernel=cudnn"], ", SDPA kernel cudnn first (on CUDA)"),
+])  # fmt: skip
+def test_the_training_log_says_how_the_model_compiles_and_its_sdpa_kernel(overrides, says):
     from minilm.training import phases
 
     cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2", *overrides])
@@ -42,7 +45,10 @@ def test_the_training_log_says_how_the_model_compiles(overrides, says):
     phases._new_model(cfg, {"train": phases.phase_config(cfg, "train")}, 40, lines.append)
     (line,) = lines
     assert line.startswith("model: ")
-    assert ("compiled" not in line) if says is None else (f"(train.precision auto){says}" in line), line
+    if says is None:
+        assert "compiled" not in line and "SDPA" not in line, line
+    else:
+        assert f"(train.precision auto){says}" in line, line
 
 
 def test_weight_decay_on_matrices_only():

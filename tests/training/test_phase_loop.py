@@ -462,7 +462,7 @@ def test_resume_takes_new_kernel_and_memory_settings(config, tmp_path):
     over = [f"run.dir={run}", "train.ckpt_every=2", "phases.a={seq_len: 32, steps: 3}"]
     run_phases(load_config(config, over), log=lambda m: None)
     _killed_after_checkpoint(run, "a", 2)
-    how = ["model.loss_chunk_size=16", "model.activation_checkpointing=true",
+    how = ["model.loss_chunk_size=16", "model.activation_checkpointing=true", "model.sdpa_kernel=flash",
            "train.compile_mode=max-autotune-no-cudagraphs"]  # fmt: skip
     with pytest.raises(MinilmError, match=r"--resume: model\.norm_eps is 1e-06 here but 1e-05 in the run's saved "):
         run_phases(load_config(config, [*over, *how, "model.norm_eps=1e-6"]), resume=True, log=lambda m: None)
