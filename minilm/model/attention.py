@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend
 from torch.nn.attention import sdpa_kernel as sdpa_order  # (model.sdpa_kernel is the name of a kernel)
 
+from minilm.errors import MinilmError
 from minilm.positions import PositionDims, build_position
 from minilm.positions.base import PositionEncoding
 
@@ -102,6 +103,9 @@ SDPA_BACKEND = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_A
 # behind it, every other backend SDPA has on CPU and CUDA, in torch's default order (flash, efficient, math, cuDNN)
 SDPA_FALLBACKS = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
                   SDPBackend.CUDNN_ATTENTION)  # fmt: skip
+# torch.nn.attention.sdpa_kernel takes a priority order from torch 2.6 (pytorch#140467), and compiled graphs keep
+# it from 2.7 (pytorch#147768); 2.6 compiled the default order without a word
+SDPA_ORDER_TORCH = "2.7"
 
 
 def sdpa_backends(kernel: str) -> Optional[tuple[SDPBackend, ...]]:
@@ -111,6 +115,10 @@ def sdpa_backends(kernel: str) -> Optional[tuple[SDPBackend, ...]]:
     math, as with "auto"."""
     if kernel == "auto":
         return None
+    if torch.__version__ < SDPA_ORDER_TORCH:
+        raise MinilmError(f"model.sdpa_kernel={kernel} needs torch >= {SDPA_ORDER_TORCH} (SDPA's priority order, "
+                          f"and compiled graphs that keep it); this is torch {torch.__version__}: set "
+                          "model.sdpa_kernel=auto, or upgrade torch")  # fmt: skip
     first = SDPA_BACKEND[kernel]
     return (first, *(b for b in SDPA_FALLBACKS if b != first))
 

@@ -35,6 +35,20 @@ def test_backends_put_the_named_kernel_first_and_keep_the_others_behind_it():
                                                   SDPBackend.MATH, SDPBackend.CUDNN_ATTENTION}  # fmt: skip
 
 
+def test_a_torch_without_a_priority_order_is_refused_by_name(monkeypatch):
+    """torch 2.5 has no priority order (a TypeError at the first SDPA call) and 2.6 compiled the default order
+    without a word: a named kernel there is an error before training, saying what to set; "auto" runs anywhere."""
+    from torch.torch_version import TorchVersion
+
+    from minilm.errors import MinilmError
+
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.6.0+cu124"))
+    with pytest.raises(MinilmError, match=r"model\.sdpa_kernel=cudnn needs torch >= 2\.7 .*this is torch 2\.6\.0"
+                                          r"\+cu124: set model\.sdpa_kernel=auto"):  # fmt: skip
+        _layer("cudnn")
+    assert _layer("auto").sdpa_backends is None
+
+
 @pytest.mark.parametrize("kernel", ["auto", *KERNELS])
 def test_the_named_kernel_goes_first_for_the_call_alone(kernel, monkeypatch):
     """During the layer's SDPA call the named backend leads the order with every backend on (a shape it cannot take
