@@ -17,6 +17,8 @@
 #   autotune   RoPE at 1024 tokens compiled with train.compile_mode=max-autotune-no-cudagraphs (inductor times
 #              its GEMM configurations: minutes of compiling): MFU at 1K against peer's minilm row (results
 #              files only)
+#   autotune-8k  RoPE and ALiBi at 8192 tokens, the same mode (chunked loss): does autotuning FlexAttention's
+#              block sizes close ALiBi's gap to RoPE at 8K (enc-8k's 0.67x)? (results files only)
 #   batch      RoPE at 1024 tokens with other micro-batches, BATCH_SIZES (default 32,64; the config's is 16):
 #              does MFU at 1K grow with the batch? (results files only, no docs table)
 #   profile    where a step's time goes: torch.profiler tables (scripts/benchmark.py --profile) of RoPE at 1K
@@ -44,16 +46,15 @@
 # Packages the GPU image lacks travel as wheels in .whl/ (`make gpu-wheels` downloads them; pass .whl in the
 # device tool's carry); they are installed into /tmp/site first (WHEELS names another folder). GPU_CONFIG picks
 # another config (default configs/gpt2_small.yaml); PYTHON another interpreter. To re-measure part of a part:
-# ENCODINGS for attn, attn-copies, enc-* and profile's 8K (defaults above; keep rope for the "vs RoPE" column),
-# LONG_LENGTHS for long* (default 16384,32768,65536,131072), COPIES for attn-copies, BATCH_SIZES for batch,
-# SDPA_KERNELS for sdpa (model.sdpa_kernel values but auto),
-# PYTEST_ARGS added to tests (say "-x"; split at spaces), PYTEST_K its -k expression (one argument, spaces and all:
-# "fire or copies or parts").
+# ENCODINGS for attn, attn-copies, autotune-8k, enc-* and profile's 8K (defaults above; keep rope for the "vs
+# RoPE" column), LONG_LENGTHS for long* (default 16384,32768,65536,131072), COPIES for attn-copies, BATCH_SIZES
+# for batch, SDPA_KERNELS for sdpa (model.sdpa_kernel values but auto), PYTEST_ARGS added to tests (say "-x"; split
+# at spaces), PYTEST_K its -k expression (one argument, spaces and all: "fire or copies or parts").
 # DRY_RUN=1 prints each part's command instead of running it.
 set -uo pipefail
 
-parts_known="check attn attn-direct attn-copies attn-split sdpa peer peer-chunked autotune batch enc-1k enc-8k long
-long-ckpt profile tests"
+parts_known="check attn attn-direct attn-copies attn-split sdpa peer peer-chunked autotune autotune-8k batch enc-1k
+enc-8k long long-ckpt profile tests"
 parts_known=${parts_known//$'\n'/ }
 usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
 [ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
@@ -137,6 +138,10 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
         ;;
     autotune)
         bench --lengths 1024 --steps 20 --warmup 5 --tag autotune train.compile_mode=max-autotune-no-cudagraphs
+        ;;
+    autotune-8k)
+        bench --lengths 8192 --encodings "${ENCODINGS:-rope,alibi}" --steps 10 --warmup 3 --tag autotune-8k \
+            train.compile_mode=max-autotune-no-cudagraphs model.loss_chunk_size=4096
         ;;
     batch)
         local b rc=0

@@ -87,6 +87,9 @@ def test_parts_can_be_narrowed_to_what_is_left_to_measure(tmp_path):
     assert [line.count("--profile") for line in profile.splitlines()] == [1, 1], profile
     assert "--lengths 8192 --encodings rope,alibi,t5" in profile and "--update-docs" not in profile
     assert "train.compile_mode=max-autotune-no-cudagraphs" in _run("autotune", tmp_path, DRY_RUN="1").stdout
+    tuned = _run("autotune-8k", tmp_path, DRY_RUN="1").stdout
+    assert "--lengths 8192 --encodings rope,alibi " in tuned
+    assert "train.compile_mode=max-autotune-no-cudagraphs" in tuned
     assert "--encodings rope,t5 --flex-split --tag split" in _run("attn-split", tmp_path, DRY_RUN="1").stdout
     batch = _run("batch", tmp_path, DRY_RUN="1", BATCH_SIZES="8,48").stdout.splitlines()
     assert [line.split("--batch-size ")[1].split()[0] for line in batch] == ["8", "48"], batch
