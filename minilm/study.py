@@ -219,13 +219,32 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
+COPYING = ".copying"  # the suffix of a phase being copied: <phase>.<pid>.copying
+
+
+def remove_stale_copies(run_dir: Path, phase: Optional[str] = None) -> None:
+    """The phase copies a kill cut short in ``run_dir`` (``copy_finished_phase``; of ``phase`` alone when given),
+    of processes that no longer exist on this machine: a run that is never continued kept them for good."""
+    from minilm.files import pid_alive
+
+    for path in run_dir.glob(f"*{COPYING}") if run_dir.is_dir() else []:
+        stem = path.name[: -len(COPYING)]  # <phase>.<pid>, or <phase> as minilm named it before the pid
+        name, pid = stem.split(".", 1) if "." in stem else (stem, "")  # (a phase name has no dot: PHASE_NAME)
+        if phase is not None and name != phase:
+            continue
+        if not pid or (pid.isdigit() and not pid_alive(int(pid))):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def copy_finished_phase(src: Path, dst: Path) -> None:
     """A finished phase directory (weights, config, optimizer moments, evaluation, complete.json) into another
     run, without its checkpoints; through a temporary name, so that an interruption leaves no half phase. Files are
     hard-linked, which is safe because minilm replaces files (write a temporary file, rename it) and never writes
     into one; temporary files an interrupted write left (``*.tmp``) are not copied: linked, a later write through
-    that name in one run would land in the other's file. ``src`` has finished (``_loan`` checks it)."""
-    tmp = dst.with_name(dst.name + ".copying")
+    that name in one run would land in the other's file. ``src`` has finished (``_loan`` checks it). The temporary
+    name carries the process id: ``remove_stale_copies`` removes those of processes that have gone."""
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}{COPYING}")
+    remove_stale_copies(dst.parent, dst.name)
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp, ignore=shutil.ignore_patterns("checkpoints", "*.tmp"), copy_function=_link_or_copy)
     shutil.rmtree(dst, ignore_errors=True)  # an unfinished phase of the same name, from an interrupted copy or run
@@ -251,6 +270,8 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     check_writable_dir(out_dir, "--out")  # else each run's run.dir check advises setting run.dir, refused here
     if is_primary_process():  # a kill while the summary was written left its temporary file (.study.json.<pid>.tmp,
         remove_stale_temporaries(out_dir)  # compare.png's): never read, and beside the outputs for good otherwise
+        for run_dir in [*out_dir.glob("*/"), *out_dir.glob("*/seed*/")]:  # and a phase copy cut short, in any run
+            remove_stale_copies(run_dir)
     runs = study_runs(study)
     todo = [r for r in runs if not only or r.variant in only]
     seeds = f" × {len(study.seeds)} seeds" if study.seeds else ""

@@ -445,14 +445,16 @@ def test_a_failing_run_still_leaves_the_summary_of_the_finished_ones(tmp_path, s
 def test_a_resumed_study_removes_the_temporary_files_a_kill_left_while_writing_its_summary(tmp_path, study_file,
                                                                                            monkeypatch):  # fmt: skip
     """A kill while the summary was written (compare.png's figure, study.json) left its atomic write's temporary file
-    in <out>/, and the --resume that finished the study wrote the summary beside it, for good. A live process's (a
-    study writing there now) is kept."""
+    in <out>/, and the --resume that finished the study wrote the summary beside it, for good; a kill while a shared
+    phase was copied left <run>/<phase>.<pid>.copying, for good where --only never took that run again. A live
+    process's (a study writing there now) is kept."""
     import subprocess
     import sys
 
     import minilm.study as study_mod
 
-    monkeypatch.setattr(study_mod, "_train_run", lambda study, run, out_dir, *a: (out_dir / run.label).mkdir())
+    monkeypatch.setattr(study_mod, "_train_run", lambda study, run, out_dir, *a: (out_dir / run.label).mkdir(
+        exist_ok=True))
     out = tmp_path / "out"
     out.mkdir()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -463,11 +465,16 @@ def test_a_resumed_study_removes_the_temporary_files_a_kill_left_while_writing_i
         writing = out / f".study.md.{live.pid}.tmp"
         for path in [*left, writing]:
             path.write_bytes(b"half")
-        study_mod.run_study(load_study(study_file), out, resume=True, log=lambda msg: None)
+        copies = [out / "pi" / f"short.{dead.pid}.copying", out / "alibi" / "short.copying"]  # (the second: as
+        copying = out / "yarn" / f"short.{live.pid}.copying"  # minilm named it before the pid)
+        for path in [*copies, copying]:
+            (path / "eval").mkdir(parents=True)
+        study_mod.run_study(load_study(study_file), out, resume=True, only=["yarn"], log=lambda msg: None)
     finally:
         live.kill()
         live.wait()
     assert [p.name for p in left if p.exists()] == [] and writing.exists()
+    assert [p.name for p in copies if p.exists()] == [] and copying.exists()
     assert (out / "study.md").is_file()
 
 
