@@ -24,6 +24,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import re
@@ -353,8 +354,9 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
                 _fresh_scaling(cfg.phases[name].position, phase.get("position"))
             elif label != "command line" and len(cfg.phases) and isinstance(phase, DictConfig):
                 _check_new_phase(cfg, name, phase, label)
-    try:
-        return OmegaConf.merge(cfg, layer)
+    try:  # in place: OmegaConf.merge would deep-copy the config first, once per layer (a bad layer fails the load)
+        cfg.merge_with(layer)
+        return cfg
     except (OmegaConfBaseException, TypeError, ValueError) as e:  # TypeError: a list onto a mapping (phases)
         key = getattr(e, "full_key", None) or "?"
         msg = str(e).splitlines()[0]
@@ -416,6 +418,13 @@ def _set_where(message: str, layers: List[tuple[str, DictConfig]]) -> str:
 KEY_PREFIX = re.compile(r"([A-Za-z_][\w-]*(?:\.[\w-]+)*): ")
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict:
+    """``typing.get_type_hints`` of a schema class, evaluated once: it parses every annotation string again on each
+    call (``from __future__ import annotations``), and a load asked it hundreds of times, a third of its time."""
+    return typing.get_type_hints(cls)
+
+
 def _schema_type(key: str) -> Any:
     """The schema's type of a dotted key (None where the schema does not type it: open mappings, unknown keys)."""
     t: Any = Config
@@ -423,7 +432,7 @@ def _schema_type(key: str) -> Any:
         if t is PhaseConfig and part == "data":  # an open mapping merged onto the data section: typed as that one
             t = DataConfig  # (phases.x.data.document_mask=2 was read as true)
         elif dataclasses.is_dataclass(t):
-            t = typing.get_type_hints(t).get(part)
+            t = _type_hints(t).get(part)
         elif typing.get_origin(t) is dict:  # phases: name -> PhaseConfig
             t = typing.get_args(t)[1]
         else:
