@@ -4,7 +4,7 @@
     python scripts/bench_attention.py --config configs/gpt2_small.yaml --lengths 1024,8192 \\
         [--encodings rope,alibi,t5,kerple,fire] [--tokens 16384] [--steps 10] [--warmup 3] [--device cuda|cpu] \\
         [--precision auto|32|bf16-mixed] [--compile|--no-compile] [--no-flex-table] [--flex-table-copies R] \\
-        [--flex-split] [--no-cpu-fp32-backward] [--threads N] \\
+        [--flex-split] [--kerple-forwards] [--no-cpu-fp32-backward] [--threads N] \\
         [--out benchmarks/results] [--tag TAG] [--update-docs] [key.sub=value ...]
 
 What differs between encodings is this part of a layer: the projections, the MLP and the loss are the same for
@@ -22,7 +22,9 @@ the same flags): ``--no-flex-table`` gives T5 and KERPLE their direct score_mods
 tables (``flex_distance_table`` in minilm/positions/bias.py); ``--flex-table-copies R`` gives each learned table
 (T5's, KERPLE's, FIRE's) R copies that the score elements' atomic adds spread over (``FLEX_TABLE_COPIES``, the same
 module); ``--flex-split`` has T5 attend to its near and far keys in two FlexAttention calls merged by their
-log-sum-exp (``T5Bias.flex_parts``: atomic adds for the near keys alone). ``--no-cpu-fp32-backward`` gives SDPA
+log-sum-exp (``T5Bias.flex_parts``: atomic adds for the near keys alone); ``--kerple-forwards`` gives KERPLE's r1
+and r2 their gradients from two extra FlexAttention forwards in backward, the kernel adding into nothing
+(``Kerple.flex_coefficients``). ``--no-cpu-fp32-backward`` gives SDPA
 on CPU in bf16 torch's own bf16 backward at every length (``CPU_FP32_BACKWARD_BELOW`` in
 minilm/model/attention.py set to 0), to measure where the fp32 one pays.
 

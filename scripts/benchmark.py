@@ -5,7 +5,7 @@
         [--encodings rope,alibi,t5,kerple,fire] [--steps 10] [--warmup 3] [--repeats 1] [--batch-size B] \\
         [--peer [--peer-precision 32|bf16-mixed]] [--peak-tflops 989] [--threads 2] [--precision auto|32|bf16-mixed] \\
         [--compile|--no-compile] [--profile] [--no-flex-table] [--flex-table-copies R] [--flex-split] \\
-        [--out benchmarks/results] [--update-docs] [key.sub=value ...]
+        [--kerple-forwards] [--out benchmarks/results] [--update-docs] [key.sub=value ...]
 
 One step = forward + backward + gradient clipping + AdamW step on random tokens (B, T) — the work of one
 optimizer step of ``train.py`` without Lightning, the data loader and logging. The model is ``GPT(cfg.model, V)``
@@ -38,10 +38,11 @@ the resident size before it (Linux ``VmHWM`` reset through /proc/self/clear_refs
 freed by an earlier measurement does not hide the growth); it includes allocator slack, so read it as an
 estimate. The JSON names which (``memory_kind``).
 
-``--no-flex-table``, ``--flex-table-copies R`` and ``--flex-split`` choose the FlexAttention forms of the learned
-biases (CUDA only: T5's and KERPLE's direct score_mods, R copies of every learned table, T5 in near and far parts;
-minilm/positions/bias.py, docs/performance.md "Learned biases in FlexAttention's backward") for every model of the
-run, to measure on the whole step what scripts/bench_attention.py measures on the attention core.
+``--no-flex-table``, ``--flex-table-copies R``, ``--flex-split`` and ``--kerple-forwards`` choose the FlexAttention
+forms of the learned biases (CUDA only: T5's and KERPLE's direct score_mods, R copies of every learned table, T5 in
+near and far parts, KERPLE's coefficients' gradients by extra forwards; minilm/positions/bias.py,
+docs/performance.md "Learned biases in FlexAttention's backward") for every model of the run, to measure on the
+whole step what scripts/bench_attention.py measures on the attention core.
 
 ``--profile`` runs 3 more steps of each measurement under ``torch.profiler`` and writes its table of the operators
 and kernels that took the most time (self time on the device: CUDA kernels on a GPU, operators on CPU) to
@@ -151,7 +152,10 @@ def add_flex_form_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--flex-table-copies", type=whole_number(1), default=1,
                     help="copies of each learned Flex table, spreading the backward's atomic adds (default 1)")
     ap.add_argument("--flex-split", action="store_true",
-                    help="T5 in two FlexAttention parts, near and far keys (T5Bias.flex_parts)")  # fmt: skip
+                    help="T5 in two FlexAttention parts, near and far keys (T5Bias.flex_parts)")
+    ap.add_argument("--kerple-forwards", action="store_true",
+                    help="KERPLE's r1, r2 take their gradients from two extra FlexAttention forwards, not the "
+                         "kernel's atomic adds (Kerple.flex_coefficients)")  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -162,15 +166,17 @@ def flex_forms(args, report: dict):
     from minilm.positions import bias
 
     saved = (bias.T5Bias.flex_distance_table, bias.Kerple.flex_distance_table, bias.T5Bias.flex_split,
-             bias.FLEX_TABLE_COPIES)  # fmt: skip
+             bias.FLEX_TABLE_COPIES, bias.Kerple.flex_coefficient_forwards)  # fmt: skip
     bias.T5Bias.flex_distance_table = bias.Kerple.flex_distance_table = args.flex_table
     bias.T5Bias.flex_split, bias.FLEX_TABLE_COPIES = args.flex_split, args.flex_table_copies
-    report.update(flex_table=args.flex_table, flex_table_copies=args.flex_table_copies, flex_split=args.flex_split)
+    bias.Kerple.flex_coefficient_forwards = args.kerple_forwards
+    report.update(flex_table=args.flex_table, flex_table_copies=args.flex_table_copies, flex_split=args.flex_split,
+                  kerple_forwards=args.kerple_forwards)  # fmt: skip
     try:
         yield
     finally:
         (bias.T5Bias.flex_distance_table, bias.Kerple.flex_distance_table, bias.T5Bias.flex_split,
-         bias.FLEX_TABLE_COPIES) = saved  # fmt: skip
+         bias.FLEX_TABLE_COPIES, bias.Kerple.flex_coefficient_forwards) = saved  # fmt: skip
 
 
 def flex_forms_text(report: dict) -> str:
@@ -178,7 +184,8 @@ def flex_forms_text(report: dict) -> str:
     copies = report.get("flex_table_copies", 1)
     return (("" if report.get("flex_table", True) else " · no Flex tables")
             + (f" · Flex tables in {copies} copies" if copies > 1 else "")
-            + (" · T5 in near/far parts" if report.get("flex_split") else ""))  # fmt: skip
+            + (" · T5 in near/far parts" if report.get("flex_split") else "")
+            + (" · KERPLE's coefficients by extra forwards" if report.get("kerple_forwards") else ""))  # fmt: skip
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -11,6 +11,8 @@
 #              --flex-table-copies): does spreading the backward's atomic adds help? (against attn's rows)
 #   attn-split RoPE and T5 at 1K and 8K with T5 in near and far FlexAttention parts (--flex-split): its atomic
 #              adds for the near keys alone (against attn's rows)
+#   attn-forwards  RoPE and KERPLE at 1K and 8K with KERPLE's r1, r2 given their gradients by two extra forwards
+#              (--kerple-forwards): the kernel's atomic adds gone (against attn's rows)
 #   sdpa       RoPE with each of SDPA_KERNELS first (model.sdpa_kernel; default flash,cudnn): the attention core
 #              alone at 1K and 8K (docs tables), then the training step at 1024 tokens (results files only): does
 #              cuDNN's attention beat flash's on this GPU? (the step against peer's minilm row too)
@@ -53,8 +55,8 @@
 # DRY_RUN=1 prints each part's command instead of running it.
 set -uo pipefail
 
-parts_known="check attn attn-direct attn-copies attn-split sdpa peer peer-chunked autotune autotune-8k batch enc-1k
-enc-8k long long-ckpt profile tests"
+parts_known="check attn attn-direct attn-copies attn-split attn-forwards sdpa peer peer-chunked autotune autotune-8k
+batch enc-1k enc-8k long long-ckpt profile tests"
 parts_known=${parts_known//$'\n'/ }
 usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
 [ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
@@ -124,6 +126,10 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
         limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192 \
             --encodings "${ENCODINGS:-rope,t5,kerple,fire}" --flex-table-copies "$copies" --tag "copies$copies" \
             --update-docs
+        ;;
+    attn-forwards)
+        limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192 --encodings rope,kerple \
+            --kerple-forwards --tag forwards --update-docs
         ;;
     sdpa)
         local k rc=0

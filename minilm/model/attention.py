@@ -323,12 +323,20 @@ class Attention(nn.Module):
             return sdpa_attention(q, k, v, pos, mask, self.sdpa_backends)
         rows = q_pos.expand(B, -1), k_pos.expand(B, -1)
         if kernel == "flex":  # (a score term here has a score_mod: ``kernel``)
-            from minilm.model.flex import flex_attention_in_parts, flex_attention_with_score_mod
+            from minilm.model.flex import (
+                flex_attention_in_parts,
+                flex_attention_with_coefficient_grads,
+                flex_attention_with_score_mod,
+            )
 
             scale = pos.softmax_scale(q.shape[-1])
-            parts = pos.flex_parts(q, k, *rows) if pos.score_kind == "bias" else None
+            bias = pos.score_kind == "bias"
+            parts = pos.flex_parts(q, k, *rows) if bias else None
             if parts is not None:
                 return flex_attention_in_parts(q, k, v, parts, mask, scale)
+            coefficients = pos.flex_coefficients(q, k, *rows) if bias else None
+            if coefficients is not None:
+                return flex_attention_with_coefficient_grads(q, k, v, coefficients, mask, scale)
             score_mod = pos.score_mod(q, k, *rows) if pos.score_kind == "bias" else None
             return flex_attention_with_score_mod(q, k, v, score_mod, mask, scale)
         if kernel == "sdpa_bias":

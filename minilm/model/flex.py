@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from minilm.positions.base import FlexPart
+from minilm.positions.base import FlexCoefficients, FlexPart
 
 
 # The CUDA kernel's smallest head dimension: inductor's Triton lowering refuses a smaller one ("NYI: embedding
@@ -149,17 +149,61 @@ def _kernel(compiled: bool):
 def attend_part(q, k, v, part: FlexPart, mask, scale, compiled: bool):
     """(out (B, H, T, Dh), lse (B, H, T) fp32, natural log) of one part: FlexAttention over its keys; a row with
     no key in the part gives out 0 and lse −inf."""
-    attend = _kernel(compiled)
     B, H, T, _ = q.shape
-    S = k.shape[2]
-    bm = parts_block_mask(mask, part.keep, B, T, S, q.device)
-    kwargs = dict(score_mod=_in_score_dtype(part.score_mod), block_mask=bm, scale=scale, enable_gqa=H != k.shape[1])
+    bm = parts_block_mask(mask, part.keep, B, T, k.shape[2], q.device)
+    return _attend_with_lse(q, k, v, part.score_mod, bm, scale, compiled)
+
+
+def _attend_with_lse(q, k, v, score_mod, bm, scale, compiled: bool):
+    """(out, lse) of FlexAttention with ``score_mod`` (None: the plain score) under BlockMask ``bm``."""
+    attend = _kernel(compiled)
+    kwargs = dict(score_mod=_in_score_dtype(score_mod), block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     try:  # torch >= 2.9 asks for the lse this way (return_lse is deprecated there)
         from torch.nn.attention.flex_attention import AuxRequest
     except ImportError:
         return attend(q, k, v, **kwargs, return_lse=True)
     out, aux = attend(q, k, v, **kwargs, return_aux=AuxRequest(lse=True))
     return out, aux.lse
+
+
+def flex_attention_with_coefficient_grads(q, k, v, spec: FlexCoefficients, mask, scale, compiled=None):
+    """FlexAttention with a bias whose coefficients take their gradients from one extra forward each in backward
+    (``FlexCoefficients``, where the formula is), not from the kernel's atomic adds; q, k and v take theirs from the
+    kernel as usual. ``compiled`` as ``flex_attention_with_score_mod``."""
+    compiled = q.is_cuda if compiled is None else compiled
+    B, H, T, _ = q.shape
+    bm = block_mask(mask, B, T, k.shape[2], q.device)
+    out, lse = _attend_with_lse(q, k, v, spec.score_mod, bm, scale, compiled)
+    q0, k0, v0 = q.detach(), k.detach(), v.detach()
+
+    def weighted(weight_mod):  # (out, lse) of the scores + log w: what backward reads for one coefficient
+        return _attend_with_lse(q0, k0, v0, weight_mod, bm, scale, compiled)
+
+    return _CoefficientGrads.apply(out, lse.detach(), weighted, spec.weight_mods, *spec.coefficients)
+
+
+class _CoefficientGrads(torch.autograd.Function):
+    """The identity on FlexAttention's output, whose backward also gives each coefficient its gradient
+    −Σ_i E_i (dO_i · Ō_i − Δ_i) (``FlexCoefficients``), summed over batch and queries per head."""
+
+    @staticmethod
+    def forward(ctx, out, lse, weighted, weight_mods, *coefficients):
+        ctx.weighted, ctx.weight_mods = weighted, weight_mods
+        ctx.save_for_backward(out, lse)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, dout):
+        out, lse = ctx.saved_tensors
+        dout32 = dout.float()
+        delta = (dout32 * out.float()).sum(-1)  # (B, H, T)
+        grads = []
+        for weight_mod in ctx.weight_mods:
+            out_w, lse_w = ctx.weighted(weight_mod)
+            share = torch.exp(lse_w - lse)  # E_i; 0 where no key has w > 0 (lse_w = −inf, out_w not read)
+            per_row = torch.where(share > 0, share * ((dout32 * out_w.float()).sum(-1) - delta), 0.0)
+            grads.append(-per_row.sum(dim=(0, 2)))
+        return (dout, None, None, None, *grads)
 
 
 def flex_attention_in_parts(q, k, v, parts: list, mask, scale, compiled=None):

@@ -63,6 +63,24 @@ class FlexPart:
     shift: Optional[Tensor] = None
 
 
+@dataclass
+class FlexCoefficients:
+    """A bias with a few learned coefficients whose gradients come from extra FlexAttention forwards in backward,
+    not from the kernel's atomic adds (``PositionEncoding.flex_coefficients``; run by
+    ``minilm.model.flex.flex_attention_with_coefficient_grads``). ``score_mod`` adds the bias from the coefficients
+    detached (the kernel's backward then adds into nothing); ``coefficients``, each (H,), receive the gradients;
+    ``weight_mods[c]`` adds the bias and log w_c, where w_c = −∂bias/∂coefficients[c] >= 0 at that score.
+
+    Why it is exact: with P the attention, dO the output's gradient and Δ_i = dO_i · O_i, the gradient of a
+    coefficient c of head h is Σ_ij dS_ij ∂b_ij/∂c = −Σ_i E_i (dO_i · Ō_i − Δ_i), where E_i = Σ_j P_ij w_ij =
+    exp(lse'_i − lse_i) and Ō_i = Σ_j P_ij w_ij v_j / E_i, the output and log-sum-exp of a forward with the scores
+    + log w (minilm/model/flex.py)."""
+
+    score_mod: Callable
+    coefficients: tuple
+    weight_mods: tuple
+
+
 class PositionEncoding(nn.Module):
     """Base class: every hook is the identity / absent. Subclasses override what they need."""
 
@@ -95,6 +113,11 @@ class PositionEncoding(nn.Module):
     def flex_parts(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[list]:
         """The keys split into ``FlexPart``s whose ``keep`` rules partition them, for FlexAttention to attend to
         each and merge, equal to ``score_mod`` over all keys; None (here, the base): one call with ``score_mod``."""
+        return None
+
+    def flex_coefficients(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[FlexCoefficients]:
+        """The bias as ``FlexCoefficients``, its coefficients' gradients from extra forwards; None (here, the base):
+        ``score_mod`` with the kernel's own gradients."""
         return None
 
     def value(self, probs: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[Tensor]:

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minilm.positions.base import FlexPart, PositionDims, PositionEncoding
+from minilm.positions.base import FlexCoefficients, FlexPart, PositionDims, PositionEncoding
 
 
 FLEX_TABLE_COPIES = 1  # copies of each learned table a score_mod reads (the module docstring)
@@ -287,6 +287,9 @@ class Kerple(PositionEncoding):
     score_kind = "bias"
     score_reads_qk = False
     flex_distance_table = True  # the bias read from by_distance(S − 1) (the module docstring)
+    # FlexAttention's kernel adds no gradient into r1, r2: they take theirs from two extra forwards in backward
+    # (``flex_coefficients``). Not measured on a GPU yet, so off by default.
+    flex_coefficient_forwards = False
 
     def __init__(self, params: KerpleParams, dims: PositionDims):
         super().__init__()
@@ -324,6 +327,38 @@ class Kerple(PositionEncoding):
         if self.kernel == "log":
             return -r1 * torch.log1p(r2 * distance.abs())
         return -r1 * distance.abs().pow(r2)  # 0 at d = 0 (r2 > 0); pow passes r2 a zero gradient there
+
+    def coefficient_weights(self, r1: Tensor, r2: Tensor, distance: Tensor) -> tuple[Tensor, Tensor]:
+        """(−∂k/∂r1, −∂k/∂r2) at a fp32 distance >= 0, each >= 0 at whole distances (``flex_coefficients``)."""
+        if self.kernel == "log":
+            return torch.log1p(r2 * distance), r1 * distance / (1 + r2 * distance)
+        power = distance.pow(r2)  # ∂/∂r2 of −r1·d^r2 is −r1·d^r2·log d: 0 at d = 1, and taken as 0 at d = 0
+        return power, torch.where(distance > 1, r1 * power * torch.log(distance.clamp(min=1)), 0.0)
+
+    def flex_coefficients(self, q, k, q_pos, k_pos):
+        """With ``flex_coefficient_forwards``: the bias read from ``by_distance`` detached, and r1, r2 with the
+        score_mods of log −∂k/∂r (``FlexCoefficients``). Refuses positions further apart than S − 1, as
+        ``score_mod``."""
+        if not self.flex_coefficient_forwards:
+            return None
+        r1, r2 = self.coefficients()
+        n = k_pos.shape[-1] - 1
+        assert_distances_within(q_pos, k_pos, n, "KERPLE")
+        table = self.by_distance(n).detach()  # (H, S)
+        a1, a2 = r1.detach(), r2.detach()
+
+        def kerple(score, b, h, i, j):
+            return score + table[h, (q_pos[b, i] - k_pos[b, j]).abs().clamp(max=n)]
+
+        def weighted(which: int):
+            def mod(score, b, h, i, j):
+                d = (q_pos[b, i] - k_pos[b, j]).abs().clamp(max=n)
+                w = self.coefficient_weights(a1[h], a2[h], d.float())[which]
+                return score + table[h, d] + torch.log(w)
+
+            return mod
+
+        return FlexCoefficients(kerple, (r1, r2), (weighted(0), weighted(1)))
 
     def score(self, q, k, q_pos, k_pos, logits):
         r1, r2 = (c.view(1, -1, 1, 1) for c in self.coefficients())

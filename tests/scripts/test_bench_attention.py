@@ -86,32 +86,35 @@ def test_a_lost_device_stops_the_run_after_writing_the_failed_row(attn_bench, tm
 
 
 @pytest.mark.parametrize("flags, forms, says", [
-    ([], (True, 1, False), None),
-    (["--no-flex-table"], (False, 1, False), "no Flex tables"),
-    (["--flex-table-copies", "8"], (True, 8, False), "Flex tables in 8 copies"),
-    (["--flex-split"], (True, 1, True), "T5 in near/far parts"),
+    ([], (True, 1, False, False), None),
+    (["--no-flex-table"], (False, 1, False, False), "no Flex tables"),
+    (["--flex-table-copies", "8"], (True, 8, False, False), "Flex tables in 8 copies"),
+    (["--flex-split"], (True, 1, True, False), "T5 in near/far parts"),
+    (["--kerple-forwards"], (True, 1, False, True), "KERPLE's coefficients by extra forwards"),
 ])  # fmt: skip
 def test_the_flex_forms_hold_while_measuring_and_are_reported(attn_bench, tmp_path, monkeypatch, flags, forms, says):
-    """``--no-flex-table`` (T5's and KERPLE's direct score_mods), ``--flex-table-copies R`` and ``--flex-split`` (T5
-    in near and far parts): the A/Bs of the learned biases' FlexAttention forms (minilm/positions/bias.py). Every
-    measurement runs in the forms asked for, as every model built then reads them; the report and its table say
-    which; and they are restored after the run (the defaults for the next)."""
+    """``--no-flex-table`` (T5's and KERPLE's direct score_mods), ``--flex-table-copies R``, ``--flex-split`` (T5
+    in near and far parts) and ``--kerple-forwards`` (KERPLE's coefficients' gradients by extra forwards): the A/Bs
+    of the learned biases' FlexAttention forms (minilm/positions/bias.py). Every measurement runs in the forms asked
+    for, as every model built then reads them; the report and its table say which; and they are restored after the
+    run (the defaults for the next)."""
     from minilm.positions import bias
 
     def current():
         assert bias.T5Bias.flex_distance_table == bias.Kerple.flex_distance_table
-        return bias.T5Bias.flex_distance_table, bias.FLEX_TABLE_COPIES, bias.T5Bias.flex_split
+        return (bias.T5Bias.flex_distance_table, bias.FLEX_TABLE_COPIES, bias.T5Bias.flex_split,
+                bias.Kerple.flex_coefficient_forwards)  # fmt: skip
 
     seen, real_measure = [], attn_bench.measure
     monkeypatch.setattr(attn_bench, "measure", lambda *a, **kw: seen.append(current()) or real_measure(*a, **kw))
     argv = ["--lengths", "8", "--encodings", "t5,kerple", "--tokens", "16", "--steps", "1", "--warmup", "1",
             "--threads", "1", "--device", "cpu", "--out", str(tmp_path), *flags, *TINY]  # fmt: skip
     assert attn_bench.main(argv) == 0
-    assert seen == [forms, forms] and current() == (True, 1, False)
+    assert seen == [forms, forms] and current() == (True, 1, False, False)
     saved = json.loads(next(tmp_path.glob("*.json")).read_text())
-    assert (saved["flex_table"], saved["flex_table_copies"], saved["flex_split"]) == forms
+    assert (saved["flex_table"], saved["flex_table_copies"], saved["flex_split"], saved["kerple_forwards"]) == forms
     head = next(tmp_path.glob("*.md")).read_text().splitlines()[2]
-    assert says in head if says else not any(w in head for w in ("Flex tables", "near/far"))
+    assert says in head if says else not any(w in head for w in ("Flex tables", "near/far", "KERPLE"))
 
 
 def test_uncompiled_measurements_do_not_share_compiled_kernels(attn_bench, tmp_path, monkeypatch):

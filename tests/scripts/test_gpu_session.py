@@ -91,6 +91,8 @@ def test_parts_can_be_narrowed_to_what_is_left_to_measure(tmp_path):
     assert "--lengths 8192 --encodings rope,alibi " in tuned
     assert "train.compile_mode=max-autotune-no-cudagraphs" in tuned
     assert "--encodings rope,t5 --flex-split --tag split" in _run("attn-split", tmp_path, DRY_RUN="1").stdout
+    forwards = _run("attn-forwards", tmp_path, DRY_RUN="1").stdout
+    assert "--encodings rope,kerple --kerple-forwards --tag forwards" in forwards
     batch = _run("batch", tmp_path, DRY_RUN="1", BATCH_SIZES="8,48").stdout.splitlines()
     assert [line.split("--batch-size ")[1].split()[0] for line in batch] == ["8", "48"], batch
     bad = _run("attn-copies", tmp_path, DRY_RUN="1", COPIES="0")
