@@ -76,25 +76,29 @@ def test_off_by_default_and_absent_elsewhere():
     assert hook("alibi").flex_coefficients(q, k, positions, positions) is None  # the base
 
 
-def test_the_flex_rung_takes_the_extra_forwards_when_kerple_asks(monkeypatch):
-    """``Attention.attend`` on the FlexAttention rung (CUDA's, forced here) takes this path when
-    ``flex_coefficients`` gives a spec, and one call with the score_mod otherwise."""
+@pytest.mark.parametrize("position, form, entry", [
+    (["name=t5", "num_buckets=8", "max_distance=6"], "flex_split", "flex_attention_in_parts"),
+    (["name=kerple"], "flex_coefficient_forwards", "flex_attention_with_coefficient_grads"),
+])  # fmt: skip
+def test_the_flex_rung_takes_the_form_the_encoding_asks_for(position, form, entry, monkeypatch):
+    """``Attention.attend`` on the FlexAttention rung (CUDA's, forced here) takes T5's parts when ``flex_parts``
+    gives some, KERPLE's extra forwards when ``flex_coefficients`` gives a spec, and one call with the score_mod
+    otherwise."""
     from minilm.config import load_config
     from minilm.positions import PositionDims
 
-    cfg = load_config(overrides=["model.d_model=64", "model.n_heads=4", "model.position.name=kerple"])
+    cfg = load_config(overrides=["model.d_model=64", "model.n_heads=4", *(f"model.position.{p}" for p in position)])
     attn = Attention(64, 4, 4, cfg.model.position, PositionDims(64, 4, 4, 16, 1, 0))
     monkeypatch.setattr(Attention, "_flex_runs_on", lambda self, device: True)
     calls = []
-    monkeypatch.setattr(flex, "flex_attention_with_coefficient_grads",
-                        lambda *a, **kw: calls.append("forwards") or a[0])  # fmt: skip
+    monkeypatch.setattr(flex, entry, lambda *a, **kw: calls.append("form") or a[0])
     monkeypatch.setattr(flex, "flex_attention_with_score_mod", lambda *a, **kw: calls.append("one") or a[0])
     q = torch.randn(1, 4, 32, 16)
     positions = torch.arange(32).unsqueeze(0)
-    for forwards in (False, True):
-        attn.pos.flex_coefficient_forwards = forwards
+    for on in (False, True):
+        setattr(attn.pos, form, on)
         attn.attend(q, q, q, positions, positions, AttentionMask())
-    assert calls == ["one", "forwards"]
+    assert calls == ["one", "form"]
 
 
 def test_traces_as_one_graph_with_its_backward():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import minilm.model.flex as flex
-from minilm.model.attention import Attention, AttentionMask, reference_attention, repeat_kv
+from minilm.model.attention import AttentionMask, reference_attention, repeat_kv
 
 from tests.positions.helpers import hook
 from tests.positions.test_fast_paths import CASES, H, grads_agree, grid, learned_tensor_reads, qkv
@@ -109,27 +109,6 @@ def test_split_is_off_by_default_and_for_bidirectional_buckets():
     assert hook("t5", **T5).flex_parts(q, k, positions, positions) is None
     assert t5_split(bidirectional=True, num_buckets=16).flex_parts(q, k, positions, positions) is None
     assert hook("alibi").flex_parts(q, k, positions, positions) is None  # the base: one call with the score_mod
-
-
-def test_the_flex_rung_attends_in_parts_when_the_encoding_splits(monkeypatch):
-    """``Attention.attend`` on the FlexAttention rung (CUDA's, forced here) takes the parts when ``flex_parts``
-    gives some, and one call with the score_mod otherwise."""
-    from minilm.config import load_config
-    from minilm.positions import PositionDims
-
-    cfg = load_config(overrides=["model.d_model=64", "model.n_heads=4", "model.position.name=t5",
-                                 "model.position.num_buckets=8", "model.position.max_distance=6"])  # fmt: skip
-    attn = Attention(64, 4, 4, cfg.model.position, PositionDims(64, 4, 4, 16, 1, 0))
-    monkeypatch.setattr(Attention, "_flex_runs_on", lambda self, device: True)
-    calls = []
-    monkeypatch.setattr(flex, "flex_attention_in_parts", lambda *a, **kw: calls.append("parts") or a[0])
-    monkeypatch.setattr(flex, "flex_attention_with_score_mod", lambda *a, **kw: calls.append("one") or a[0])
-    q = torch.randn(1, 4, 32, 16)
-    positions = torch.arange(32).unsqueeze(0)
-    for split in (False, True):
-        attn.pos.flex_split = split
-        attn.attend(q, q, q, positions, positions, AttentionMask())
-    assert calls == ["one", "parts"]
 
 
 def test_t5_in_parts_traces_as_one_graph():
