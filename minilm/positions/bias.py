@@ -347,9 +347,6 @@ class Kerple(PositionEncoding):
         table = self.by_distance(n).detach()  # (H, S)
         a1, a2 = r1.detach(), r2.detach()
 
-        def kerple(score, b, h, i, j):
-            return score + table[h, (q_pos[b, i] - k_pos[b, j]).abs().clamp(max=n)]
-
         def weighted(which: int):
             def mod(score, b, h, i, j):
                 d = (q_pos[b, i] - k_pos[b, j]).abs().clamp(max=n)
@@ -358,7 +355,7 @@ class Kerple(PositionEncoding):
 
             return mod
 
-        return FlexCoefficients(kerple, (r1, r2), (weighted(0), weighted(1)))
+        return FlexCoefficients(self._reading(table, n, q_pos, k_pos), (r1, r2), (weighted(0), weighted(1)))
 
     def score(self, q, k, q_pos, k_pos, logits):
         r1, r2 = (c.view(1, -1, 1, 1) for c in self.coefficients())
@@ -379,11 +376,16 @@ class Kerple(PositionEncoding):
             return kerple_direct
         n = k_pos.shape[-1] - 1
         assert_distances_within(q_pos, k_pos, n, "KERPLE")
-        by_distance = flex_copies(self.by_distance(n))  # (H, [R,] S)
+        return self._reading(flex_copies(self.by_distance(n)), n, q_pos, k_pos)
+
+    @staticmethod
+    def _reading(table: Tensor, n: int, q_pos: Tensor, k_pos: Tensor):
+        """The score_mod adding ``table``'s bias, (H, [R,] n + 1) for the distances 0..n (``by_distance(n)``, in
+        ``flex_copies`` or not)."""
 
         def kerple(score, b, h, i, j):
             d = (q_pos[b, i] - k_pos[b, j]).abs().clamp(max=n)
-            return score + by_distance[(h, *copy_index(by_distance, i + b), d)]
+            return score + table[(h, *copy_index(table, i + b), d)]
 
         return kerple
 
