@@ -163,20 +163,21 @@ def flex_forms(args, report: dict):
     """The learned biases' FlexAttention forms ``args`` ask for, set for the run and restored after it (class and
     module attributes of minilm/positions/bias.py, which every model the run builds reads), and recorded in
     ``report``."""
+    from unittest import mock
+
     from minilm.positions import bias
 
-    saved = (bias.T5Bias.flex_distance_table, bias.Kerple.flex_distance_table, bias.T5Bias.flex_split,
-             bias.FLEX_TABLE_COPIES, bias.Kerple.flex_coefficient_forwards)  # fmt: skip
-    bias.T5Bias.flex_distance_table = bias.Kerple.flex_distance_table = args.flex_table
-    bias.T5Bias.flex_split, bias.FLEX_TABLE_COPIES = args.flex_split, args.flex_table_copies
-    bias.Kerple.flex_coefficient_forwards = args.kerple_forwards
+    forms = [(bias.T5Bias, "flex_distance_table", args.flex_table),
+             (bias.Kerple, "flex_distance_table", args.flex_table),
+             (bias, "FLEX_TABLE_COPIES", args.flex_table_copies),
+             (bias.T5Bias, "flex_split", args.flex_split),
+             (bias.Kerple, "flex_coefficient_forwards", args.kerple_forwards)]  # (owner, attribute, value)
     report.update(flex_table=args.flex_table, flex_table_copies=args.flex_table_copies, flex_split=args.flex_split,
                   kerple_forwards=args.kerple_forwards)  # fmt: skip
-    try:
+    with contextlib.ExitStack() as stack:
+        for owner, name, value in forms:
+            stack.enter_context(mock.patch.object(owner, name, value))
         yield
-    finally:
-        (bias.T5Bias.flex_distance_table, bias.Kerple.flex_distance_table, bias.T5Bias.flex_split,
-         bias.FLEX_TABLE_COPIES, bias.Kerple.flex_coefficient_forwards) = saved  # fmt: skip
 
 
 def flex_forms_text(report: dict) -> str:
