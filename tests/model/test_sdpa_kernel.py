@@ -6,10 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
+from minilm.config import SDPA_KERNELS
 from minilm.model.attention import SDPA_BACKEND, Attention, AttentionMask, sdpa_backends
 from minilm.positions import PositionDims
 
-KERNELS = ["flash", "cudnn", "efficient"]
+KERNELS = [k for k in SDPA_KERNELS if k != "auto"]  # the schema's names, each of which the attention must map
 
 
 def _layer(kernel: str, d_model: int = 32, heads: int = 4) -> Attention:
@@ -28,6 +29,7 @@ def _state() -> tuple:
 
 def test_backends_put_the_named_kernel_first_and_keep_the_others_behind_it():
     assert sdpa_backends("auto") is None
+    assert sorted(SDPA_BACKEND) == sorted(KERNELS)  # the config's names and the attention's, one set
     for kernel in KERNELS:
         order = sdpa_backends(kernel)
         assert order[0] == SDPA_BACKEND[kernel]
