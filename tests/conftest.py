@@ -79,19 +79,25 @@ def run_train(*args, check: bool = True, timeout: int = 600, env: dict | None = 
 
 @dataclass
 class Finished:
-    """What ``train_here`` returns: the fields of ``subprocess.CompletedProcess`` the tests read."""
+    """What ``train_here`` returns: the fields of ``subprocess.CompletedProcess`` the tests read, and the Python
+    warnings the run raised past its filters (a child prints them on stderr; pytest would capture them here)."""
 
     returncode: int
     stdout: str
     stderr: str
+    warnings: list
 
 
 @pytest.fixture
 def train_here(capsys):
     """``train.py ARGS`` in this process, through the script's own ``main`` and ``run_cli``: what ``run_train``'s
-    child would return and print, without its ~7 s of torch and Lightning imports. One intra-op thread, as the child
-    has. What needs a process of its own (a signal, a second process, the exit status a shell sees, Python warnings,
-    which pytest captures) stays with ``run_train``. Reads (and so empties) ``capsys`` at each call."""
+    child would return and print, without its ~10 s of torch and Lightning imports. One intra-op thread, as the
+    child has. The warnings that pass the filters (``run_cli``'s own included, set inside the call and gone after
+    it) come back as ``Finished.warnings``, the messages as text. What needs a process of its own (a signal, a
+    second process, the exit status a shell sees) stays with ``run_train``. Reads (and so empties) ``capsys`` at
+    each call."""
+    import warnings
+
     from minilm.cli import run_cli
 
     script = load_script("train.py")
@@ -101,13 +107,16 @@ def train_here(capsys):
         before = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            code = run_cli(script.main, script.parser(), [str(a) for a in args])
+            # record=True: shown warnings are kept, not printed; entering resets the once-per-place registries, so
+            # a warning an earlier test raised is seen again, as a fresh process would see it
+            with warnings.catch_warnings(record=True) as caught:
+                code = run_cli(script.main, script.parser(), [str(a) for a in args])
         finally:
             torch.set_num_threads(before)
         out, err = capsys.readouterr()
         if check and code != 0:
             raise AssertionError(f"train.py failed ({code}):\n{out[-3000:]}\n{err[-3000:]}")
-        return Finished(code, out, err)
+        return Finished(code, out, err, [str(w.message) for w in caught])
 
     return call
 
