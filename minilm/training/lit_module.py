@@ -40,6 +40,11 @@ def _per_target(total: torch.Tensor, targets) -> torch.Tensor:
     return total / (targets.clamp(min=1) if torch.is_tensor(targets) else max(1, targets))
 
 
+def _bad_step_text(norm: float, loss: float) -> str:
+    """What went wrong in a step whose gradient norm is not finite: its loss, if that is not finite either."""
+    return f"the gradient norm became {norm}" if math.isfinite(loss) else f"the loss became {loss}"
+
+
 class LitGPT(L.LightningModule):
     def __init__(self, model: nn.Module, cfg, total_steps: int, step_offset: int = 0, phase: str = "train",
                  tokens_offset: int = 0):  # fmt: skip
@@ -61,6 +66,9 @@ class LitGPT(L.LightningModule):
         self.initial_optimizer_state: Optional[dict] = None  # carried from the previous phase (carry_optimizer)
         self.bad_steps = 0
         self.last_grad_norm = float("nan")
+        # (run step, gradient norm, summed loss, targets) of each optimizer step the fused AdamW was told to skip
+        # or not on the device, not yet read on the host (settle_bad_steps)
+        self._unsettled: list[tuple] = []
         self._step_lr = float("nan")  # the lr the last optimizer step used (the scheduler moves on before logging)
         # the summed token losses and the number of targets of the current optimizer step on this rank
         self._loss_sum: Optional[torch.Tensor] = None
@@ -73,6 +81,7 @@ class LitGPT(L.LightningModule):
         self._val_losses: list[torch.Tensor] = []  # (summed token loss, targets) of each validation micro-batch
         self.last_val_step: Optional[int] = None  # this phase's step of the last validation
         self._ended_step: Optional[int] = None  # the last step ``end_step`` logged
+        self.logged_loss: Optional[float] = None  # train/loss at the last log
 
     # ------------------------------------------------------------------------------------------- steps
 
@@ -103,7 +112,8 @@ class LitGPT(L.LightningModule):
         if batch_idx % accum == 0 or self._step_targets is None:  # the first micro-batch: one count per step
             # (PhaseData's batches carry their step's count; other rows are taken for micro-batches alike)
             given = batch.get(STEP_TARGETS)
-            mine = targets * accum if given is None else torch.tensor(float(given), device=targets.device)
+            # (torch.full: a fill on the device; torch.tensor(x, device) would copy from the host and wait for it)
+            mine = targets * accum if given is None else torch.full((), float(given), device=targets.device)
             self._step_targets = self.trainer.strategy.reduce(mine.float(), reduce_op="sum")
         total = self._loss(batch, reduction="sum")
         loss = total * (self.trainer.world_size * accum) / self._step_targets.clamp(min=1)
@@ -111,17 +121,16 @@ class LitGPT(L.LightningModule):
         # on_before_optimizer_step: under DDP the all-reduce spreads it to every rank, so all ranks skip the same
         # step (one rank skipping its backward alone would leave the others waiting in the all-reduce). No host
         # sync per micro-batch either.
-        self.log("loss", total.detach() / targets.clamp(min=1), prog_bar=True, logger=False)
         # With gradient accumulation a step is several micro-batches: its logged loss is the mean over all their
         # targets (this rank's), not the last micro-batch's.
         self._loss_sum = total.detach() if self._loss_sum is None else self._loss_sum + total.detach()
         self._loss_count = self._loss_count + targets
         return loss
 
-    def _bad_step(self, what: str) -> None:
-        """Count a skipped step (``train.max_bad_steps``), or stop the phase once there are too many."""
+    def _bad_step(self, what: str, step: int) -> None:
+        """Count a skipped step (``train.max_bad_steps``; ``step`` on the run's axis), or stop the phase once there
+        are too many."""
         self.bad_steps += 1
-        step = self.step_offset + self.global_step
         if self.bad_steps > self.cfg.train.max_bad_steps:
             raise MinilmError(
                 f"phase '{self.phase}': {what} at step {step}; stopping. The last good checkpoint is intact. Lower "
@@ -130,22 +139,55 @@ class LitGPT(L.LightningModule):
         if self.global_rank == 0:  # every DDP rank skips the step alike (the norm is of the all-reduced gradient)
             print(f"warning: {what} at step {step}; skipped ({self.bad_steps}/{self.cfg.train.max_bad_steps})")
 
+    def _step_loss(self, loss_sum: torch.Tensor, count) -> float:
+        """A step's loss, the mean over the ranks: a collective, so every rank calls it alike (they do: a bad step is
+        decided on the norm of the all-reduced gradient)."""
+        return float(self.trainer.strategy.reduce(_per_target(loss_sum, count), reduce_op="mean"))
+
+    def _skips_on_device(self, optimizer) -> bool:
+        """Whether a bad step is skipped by the fused AdamW kernel itself (its ``found_inf``, the flag GradScaler
+        sets), with no host read of the norm: the fused optimizer, and no fp16 GradScaler (that one sets the flag)."""
+        return bool(optimizer.defaults.get("fused")) and self.trainer.precision != "16-mixed"
+
     def on_before_optimizer_step(self, optimizer) -> None:
         clip = self.cfg.optim.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip if clip > 0 else float("inf"))
-        self.last_grad_norm = float(norm)
         self._step_lr = optimizer.param_groups[0]["lr"]  # read before the scheduler steps to the next step's lr
         # A NaN/inf loss, or a finite loss with a NaN/inf gradient: clipping would write NaN into every weight (it
-        # scales by clip / norm). The norm is of the all-reduced gradient, so every rank decides alike. fp16's
-        # GradScaler skips overflowing steps itself (and lowers its scale): there only a bad loss is a bad step.
-        if not math.isfinite(self.last_grad_norm):  # every rank is here (a collective is safe): the step's loss
-            loss = float(self.trainer.strategy.reduce(_per_target(self._loss_sum, self._loss_count), reduce_op="mean"))
+        # scales by clip / norm). The norm is of the all-reduced gradient, so every rank decides alike.
+        step = self.step_offset + self.global_step
+        if self._skips_on_device(optimizer):
+            # Decided on the device, read at the next log (settle_bad_steps): a host read of the norm here waited
+            # for the backward each step, leaving the GPU idle while Python set up the next one. With found_inf 1
+            # the kernel leaves weights, moments and step count as they were.
+            optimizer.found_inf = (~torch.isfinite(norm.detach())).float()
+            self._unsettled.append((step, norm.detach(), self._loss_sum, self._loss_count))
+            return
+        self.last_grad_norm = float(norm)
+        if not math.isfinite(self.last_grad_norm):
+            loss = self._step_loss(self._loss_sum, self._loss_count)
             if math.isfinite(loss) and self.trainer.precision == "16-mixed":
-                return
-            norm = f"the gradient norm became {self.last_grad_norm}"
-            self._bad_step(norm if math.isfinite(loss) else f"the loss became {loss}")
+                return  # fp16's GradScaler skips overflowing steps itself (and lowers its scale)
+            self._bad_step(_bad_step_text(self.last_grad_norm, loss), step)
             for p in self.model.parameters():
                 p.grad = None  # AdamW leaves a parameter without a gradient untouched: the step is skipped
+
+    def settle_bad_steps(self) -> None:
+        """Read the gradient norms of the steps since the last call (one host read for them all): count and warn
+        of each skipped one, or stop the phase once there are too many. At each log, before a checkpoint (which
+        holds the count), and at the end of the phase; a stop comes at most ``train.log_every`` steps late, its
+        skipped steps having changed nothing."""
+        if not self._unsettled:
+            return
+        unsettled, self._unsettled = self._unsettled, []
+        norms = torch.stack([norm for _, norm, _, _ in unsettled]).tolist()
+        self.last_grad_norm = norms[-1]
+        for (step, _, loss_sum, count), norm in zip(unsettled, norms):
+            if not math.isfinite(norm):
+                self._bad_step(_bad_step_text(norm, self._step_loss(loss_sum, count)), step)
+
+    def on_train_end(self) -> None:
+        self.settle_bad_steps()  # a fit stopped between logs (its last step logs)
 
     def on_train_start(self) -> None:
         self._t_last, self._step_last, self._paused = time.perf_counter(), self.global_step, 0.0
@@ -173,9 +215,13 @@ class LitGPT(L.LightningModule):
         step = self.global_step  # already incremented by the optimizer step
         if step % self.cfg.train.log_every and step != self.total_steps:
             return
+        # The host reads of a log, the only ones in a training step: before the clock, which then times the steps
+        # the device has finished (the host runs ahead of it between logs)
+        loss = self.logged_loss = float(step_loss)  # (the progress bar's loss: LastLossBar)
+        self.settle_bad_steps()
         now = time.perf_counter()
         scalars = {
-            "train/loss": float(step_loss),
+            "train/loss": loss,
             "lr": self._step_lr,
             "grad_norm": self.last_grad_norm,
             "tokens_seen": float(self.tokens_offset + step * self.tokens_per_step),
@@ -232,6 +278,7 @@ class LitGPT(L.LightningModule):
     # ----------------------------------------------------------------------------- exact-resume state
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        self.settle_bad_steps()  # the count it holds
         checkpoint["minilm"] = {
             "phase": self.phase,
             "step_offset": self.step_offset,

@@ -69,6 +69,7 @@ from minilm.training.checkpoint import (
 from minilm.training.datamodule import PhaseData
 from minilm.training.lit_module import LitGPT
 from minilm.training.precision import cpu_precision_note, resolve_precision
+from minilm.training.progress import progress_bar
 
 COMPLETE = "complete.json"
 
@@ -888,7 +889,8 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         num_nodes=pcfg.trainer.num_nodes,
         precision=precision(pcfg),
         logger=tb_logger,
-        callbacks=[_StepCheckpoint(ckpt_dir, t.ckpt_every, t.keep_checkpoints, val_every if t.val_batches else 0)],
+        callbacks=[_StepCheckpoint(ckpt_dir, t.ckpt_every, t.keep_checkpoints, val_every if t.val_batches else 0),
+                   progress_bar()],
         plugins=[AtomicCheckpointIO()],
         enable_checkpointing=False,
         enable_model_summary=False,

@@ -80,7 +80,8 @@ def test_adamw_uses_the_fused_kernel_on_cpu_and_steps_like_foreach():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, prepare=None, **over):
+def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, prepare=None, accelerator: str = "cpu",
+         callbacks=(), **over):
     """Train a tiny LitGPT for ``steps`` optimizer steps on fixed rows (the same ``batch`` rows each step, in
     micro-batches of ``micro``); ``prepare(module)`` runs before the fit. Returns the scalars it logged,
     {tag: [(step, value), ...]}."""
@@ -99,9 +100,10 @@ def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, prepare
     logged = {}
     module.log_scalars = lambda scalars: [logged.setdefault(k, []).append((module.global_step, v))
                                           for k, v in scalars.items()]  # fmt: skip
-    trainer = L.Trainer(max_steps=steps, accumulate_grad_batches=batch // micro, logger=False, accelerator="cpu",
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0, num_sanity_val_steps=0)  # fmt: skip
+    trainer = L.Trainer(max_steps=steps, accumulate_grad_batches=batch // micro, logger=False,
+                        accelerator=accelerator, devices=1, enable_checkpointing=False,
+                        enable_progress_bar=bool(callbacks), enable_model_summary=False, limit_val_batches=0,
+                        num_sanity_val_steps=0, callbacks=list(callbacks))  # fmt: skip
     if prepare is not None:
         prepare(module)
     trainer.fit(module, DataLoader(rows * steps, batch_size=None))
@@ -186,6 +188,121 @@ def test_a_nan_loss_skips_its_step_through_the_gradient_and_then_stops_the_phase
     assert "warning: the loss became nan at step 0; skipped (1/1)" in capsys.readouterr().out
 
 
+def _steps_callback(at: list, on_end=None):
+    """A Lightning callback writing into ``at[0]`` the optimizer step (1-based, as logged) each micro-batch belongs
+    to; ``on_end(trainer, module)`` runs at the end of the fit."""
+    from lightning.pytorch.callbacks import Callback
+
+    class Steps(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            at[0] = trainer.global_step + 1
+
+        def on_train_end(self, trainer, pl_module):
+            if on_end is not None:
+                on_end(trainer, pl_module)
+
+    return Steps()
+
+
+def test_steps_between_logs_read_nothing_back_from_the_device():
+    """On a GPU each host read of a tensor's value (item, float) waits for the device, which then idles while
+    Python sets up the next step. A step read its gradient norm (to skip a bad step) and, through the progress bar,
+    its loss (Lightning read the logged tensor back twice). Now only a log reads, every train.log_every steps.
+    Counted as the reads (aten._local_scalar_dense) in each step: progress bar on, two micro-batches a step."""
+    import collections
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from minilm.training.progress import progress_bar
+
+    reads, at, shown = collections.Counter(), [None], {}
+
+    class Reads(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                reads[at[0]] += 1
+            return func(*args, **(kwargs or {}))
+
+    bar = progress_bar()
+    with Reads():
+        logged = _fit(2, steps=6, log_every=4, callbacks=[
+            _steps_callback(at, on_end=lambda trainer, module: shown.update(bar.get_metrics(trainer, module))), bar])
+    assert [step for step, _ in logged["train/loss"]] == [4, 6]
+    assert sorted(step for step in reads if step is not None) == [4, 6], reads
+    assert shown["loss"] == round(logged["train/loss"][-1][1], 3)  # the bar shows the last log's loss
+
+
+def test_a_bad_step_between_logs_is_skipped_on_the_device_and_counted_at_the_log(capsys):
+    """With the fused AdamW a step whose gradient norm is not finite is skipped by the kernel itself (found_inf):
+    weights, moments and step count untouched, no host read. The next log counts it and warns of it, or stops the
+    phase, naming the step."""
+    import math
+
+    import torch
+
+    from minilm.errors import MinilmError
+
+    modules = []
+
+    def poison_step_1(module):  # the second step's gradient is NaN, its loss finite
+        module.model.tok_emb.weight.register_hook(lambda g: g * float("nan") if module.global_step == 1 else g)
+        modules.append(module)
+
+    logged = _fit(4, steps=3, log_every=3, prepare=poison_step_1, **{"train.max_bad_steps": 1})
+    module = modules[-1]
+    assert module.bad_steps == 1 and logged["grad_norm"][0][0] == 3 and math.isfinite(logged["grad_norm"][0][1])
+    assert "warning: the gradient norm became nan at step 1; skipped (1/1)" in capsys.readouterr().out
+    opt = module.trainer.optimizers[0]
+    assert {int(opt.state[p]["step"]) for p in module.model.parameters()} == {2}  # 3 steps, 1 skipped
+    assert all(torch.isfinite(p).all() for p in module.model.parameters())
+    with pytest.raises(MinilmError, match="gradient norm became nan at step 1; stopping"):
+        _fit(4, steps=3, log_every=3, prepare=poison_step_1)
+
+
+def test_a_checkpoint_counts_the_bad_steps_not_yet_read():
+    """A checkpoint between logs holds the bad-step count: the steps the device skipped since the last log are read
+    first."""
+    import torch
+
+    module = _module(**{"train.max_bad_steps": 5})
+    module._unsettled = [(107, torch.tensor(float("nan")), torch.tensor(2.0), 1),
+                         (108, torch.tensor(0.5), torch.tensor(2.0), 1)]  # fmt: skip
+    checkpoint = {}
+    module.on_save_checkpoint(checkpoint)
+    assert checkpoint["minilm"]["bad_steps"] == 1 and module.last_grad_norm == 0.5 and not module._unsettled
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_steps_between_logs_never_wait_for_the_device():
+    """The same as test_steps_between_logs_read_nothing_back_from_the_device, by CUDA itself: any synchronizing
+    call inside a step that does not log raises (torch.cuda.set_sync_debug_mode)."""
+    import torch
+    from lightning.pytorch.callbacks import Callback
+
+    from minilm.training.progress import progress_bar
+
+    class NoSync(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            step = trainer.global_step + 1
+            if step % 4 and step != trainer.max_steps:
+                torch.cuda.set_sync_debug_mode("error")
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            torch.cuda.set_sync_debug_mode("default")
+
+    try:
+        logged = _fit(2, steps=6, log_every=4, accelerator="gpu", callbacks=[NoSync(), progress_bar()])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [step for step, _ in logged["train/loss"]] == [4, 6]
+
+
+def _opt(fused: bool = False):
+    """A stand-in optimizer: what on_before_optimizer_step reads of one."""
+    return type("Opt", (), {"param_groups": [{"lr": 0.1}], "defaults": {"fused": fused}})()
+
+
 def _module(phase: str = "train", **over):
     """A tiny LitGPT outside a fit, its trainer a stand-in holding only what the hook under test reads."""
     from types import SimpleNamespace
@@ -226,7 +343,7 @@ def test_grad_clip_bounds_the_step_s_gradient_norm_and_0_disables_it():
         for p in module.model.parameters():
             p.grad = torch.full_like(p, 3.0)
         before = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.model.parameters()])).item()
-        module.on_before_optimizer_step(type("Opt", (), {"param_groups": [{"lr": 0.1}]})())
+        module.on_before_optimizer_step(_opt())
         after = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.model.parameters()])).item()
         assert module.last_grad_norm == pytest.approx(before)  # the logged norm is the unclipped one
         assert after == pytest.approx(expected if expected is not None else before, rel=1e-4)
@@ -239,7 +356,7 @@ def test_fp16_skips_only_overflowing_gradients_itself_a_non_finite_loss_is_still
 
     from minilm.errors import MinilmError
 
-    opt = type("Opt", (), {"param_groups": [{"lr": 0.1}]})()
+    opt = _opt(fused=True)  # fused, but under fp16 the GradScaler, not found_inf, skips the step
     for loss, bad in ((1.0, False), (float("nan"), True)):
         module = _module()
         module.trainer.precision = "16-mixed"
@@ -364,5 +481,5 @@ def test_a_skipped_step_is_reported_by_rank_0_only(capsys):
     for rank in (0, 1):
         module = LitGPT(GPT(cfg.model, 40), cfg, total_steps=1)
         module._trainer = SimpleNamespace(global_rank=rank, global_step=3)
-        module._bad_step("the loss became nan")
+        module._bad_step("the loss became nan", 3)
     assert capsys.readouterr().out.count("the loss became nan at step 3; skipped (1/5)") == 1
