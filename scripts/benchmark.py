@@ -5,7 +5,7 @@
         [--encodings rope,alibi,t5,kerple,fire] [--steps 10] [--warmup 3] [--repeats 1] [--batch-size B] \\
         [--peer [--peer-precision 32|bf16-mixed]] [--peak-tflops 989] [--threads 2] [--precision auto|32|bf16-mixed] \\
         [--compile|--no-compile] [--profile] [--no-flex-table] [--flex-table-copies R] [--flex-split] \\
-        [--kerple-forwards] [--out benchmarks/results] [--update-docs] [key.sub=value ...]
+        [--kerple-forwards] [--trainer] [--out benchmarks/results] [--update-docs] [key.sub=value ...]
 
 One step = forward + backward + gradient clipping + AdamW step on random tokens (B, T) — the work of one
 optimizer step of ``train.py`` without Lightning, the data loader and logging. The model is ``GPT(cfg.model, V)``
@@ -44,6 +44,13 @@ near and far parts, KERPLE's coefficients' gradients by extra forwards; minilm/p
 docs/performance.md "Learned biases in FlexAttention's backward") for every model of the run, to measure on the
 whole step what scripts/bench_attention.py measures on the attention core.
 
+``--trainer`` adds a row ``minilm-trainer`` per measurement: the same steps (same model, batches, optimizer,
+precision, compile setting) run as a training phase runs them, ``LitGPT`` in a Lightning ``Trainer`` — its
+hooks, the batches moved to the device by Lightning, a log every ``train.log_every`` steps (the loop's only reads
+from the device) — against the plain loop's row: what ``train.py``'s loop costs beyond the step. The loop runs
+ahead of the device between logs, so it is timed whole: each repeat gives one step time, the mean of its
+timed steps (no profile for this row).
+
 ``--profile`` runs 3 more steps of each measurement under ``torch.profiler`` and writes its table of the operators
 and kernels that took the most time (self time on the device: CUDA kernels on a GPU, operators on CPU) to
 ``<out>/<date>-<device>-<run.name>[-<tag>]-profiles/<impl>-<encoding>-<T>.txt``: where a step's time goes, which
@@ -75,6 +82,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -87,7 +95,7 @@ from minilm.export import llama_rope_kwargs, llama_shape  # noqa: E402
 from minilm.training.compile import compiled  # noqa: E402  (the trainer's torch.compile, train.compile_mode)
 from minilm.training.optim import make_adamw  # noqa: E402  (the trainer's optimizer, fused where torch has it)
 from minilm.training.precision import resolve_precision  # noqa: E402
-from minilm.cli import flush_denormals  # noqa: E402
+from minilm.cli import flush_denormals, quiet_libraries  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 from minilm.files import atomic_write_text  # noqa: E402
 
@@ -210,6 +218,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="the peer's precision (default: minilm's)")  # fmt: skip
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="default: train.compile")
     ap.add_argument("--profile", action="store_true", help="profile 3 more steps per measurement (module docstring)")
+    ap.add_argument("--trainer", action="store_true",
+                    help="also time minilm's step through train.py's loop, Lightning and all (row minilm-trainer)")
     add_flex_form_args(ap)
     ap.add_argument("--device", type=device_name, default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for the JSON and markdown")
@@ -388,6 +398,54 @@ def time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], Any]
     return times, out
 
 
+def trainer_steps(cfg, T, B, device, amp_dtype, do_compile, warmup: int, steps: int) -> tuple[float, float, int]:
+    """``build_step``'s minilm steps as a training phase runs them: ``LitGPT`` in a Lightning ``Trainer`` over the
+    same two batches (on the host, as the data loader gives them) at the same constant lr, one micro-batch per step,
+    no validation, checkpoints, logger or progress bar: the plain loop's steps, to its loss. Timed from the first step after ``warmup`` to the end of the fit, the
+    device synchronized at both ends only. Returns (seconds per timed step, the last logged loss, matmul params)."""
+    import copy
+
+    import lightning as L
+    from omegaconf import OmegaConf
+    from torch.utils.data import DataLoader
+
+    from minilm.training.lit_module import LitGPT
+
+    pcfg = copy.deepcopy(cfg)
+    OmegaConf.set_readonly(pcfg, False)
+    pcfg.train.merge_with({"seq_len": T, "batch_size": B, "micro_batch_size": None, "compile": do_compile})
+    pcfg.optim.merge_with({"warmup_steps": 0, "decay": "constant"})  # the plain loop's lr: optim.lr throughout
+    quiet_libraries()  # Lightning's notices, as train.py silences them
+    torch.manual_seed(cfg.run.seed)
+    torch._dynamo.reset()
+    model, _, n_mm = build_minilm(cfg.model, cfg.data.tokenizer.vocab_size, device)
+    module = LitGPT(model, pcfg, total_steps=warmup + steps)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    seqs = [torch.randint(0, cfg.data.tokenizer.vocab_size, (B, T + 1), generator=g) for _ in range(2)]
+    rows = [{"input_ids": seq[:, :-1], "targets": seq[:, 1:]} for seq in seqs]
+    clock = {}
+
+    class Clock(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == warmup and "start" not in clock:
+                _sync(device)
+                clock["start"] = time.perf_counter()
+
+        def on_train_end(self, trainer, pl_module):
+            _sync(device)
+            clock["end"] = time.perf_counter()
+
+    trainer = L.Trainer(max_steps=warmup + steps, accelerator="gpu" if device.type == "cuda" else device.type,
+                        devices=1, precision="32-true" if amp_dtype is None else "bf16-mixed", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[Clock()])  # fmt: skip
+    with warnings.catch_warnings():  # (no validation here, by design)
+        warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")
+        order = [*range(warmup), *range(steps)]  # time_steps's: step(i) for the warm-up, then again from 0
+        trainer.fit(module, DataLoader([rows[i % 2] for i in order], batch_size=None))
+    return (clock["end"] - clock["start"]) / steps, module.logged_loss, n_mm
+
+
 PROFILE_STEPS = 3
 PROFILE_ROWS = 30
 
@@ -465,12 +523,17 @@ def measure(impl, cfg, encoding, T, B, args, device, amp_dtype, do_compile, peak
     step = None
     with PeakMemory(device) as mem:
         try:
-            step, n_mm = build_step(impl, cfg, T, B, device, amp_dtype, do_compile)
-            times, loss = time_steps(step, args.warmup, args.steps, device)
+            if impl == "minilm-trainer":  # one time per repeat: the loop is timed whole (trainer_steps)
+                seconds, loss, n_mm = trainer_steps(cfg, T, B, device, amp_dtype, do_compile, args.warmup, args.steps)
+                times = [seconds]
+            else:
+                step, n_mm = build_step(impl, cfg, T, B, device, amp_dtype, do_compile)
+                times, loss = time_steps(step, args.warmup, args.steps, device)
+                loss = float(loss.detach())
             row["peak_mem_mb"] = round(mem.peak_bytes() / 2**20, 1)
             row["memory_kind"] = mem.kind
-            row["loss"] = round(float(loss.detach()), 4)
-            if args.profile_dir:
+            row["loss"] = round(loss, 4)
+            if args.profile_dir and step is not None:
                 row["profile"] = write_profile(step, device, args, impl, encoding, T, B)
         except torch.OutOfMemoryError:
             row.update(status="oom", tokens_per_s=None, mfu=None, peak_mem_mb=None, memory_kind=mem.kind)
@@ -666,7 +729,7 @@ def _setup(args, base):
     """(device, precision per impl, autocast dtype per impl, compile, peak TFLOP/s or None) for a run."""
     device, precision = device_and_precision(args, base)
     peer_precision = resolve_precision(args.peer_precision, device.type) if args.peer_precision else precision
-    precisions = {"minilm": precision, "hf_llama": peer_precision}
+    precisions = {"minilm": precision, "minilm-trainer": precision, "hf_llama": peer_precision}
     amps = {impl: torch.bfloat16 if p == "bf16-mixed" else None for impl, p in precisions.items()}
     do_compile = base.train.compile if args.compile is None else args.compile
     peak = args.peak_tflops
@@ -678,7 +741,7 @@ def _setup(args, base):
 
 def _print_row(impl: str, enc: str, T: int, B: int, r: dict) -> None:
     print(
-        f"{impl:8s} {enc:10s} T={T:<7d} B={B:<4d} "
+        f"{impl:14s} {enc:10s} T={T:<7d} B={B:<4d} "
         + (f"{r['tokens_per_s']:>12,.0f} tok/s" if r["status"] == "ok" else r["status"])
         + (f"  MFU {100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "")
         + (f"  peak {r['peak_mem_mb']:,.0f} MB" if r.get("peak_mem_mb") is not None else "")
@@ -713,7 +776,8 @@ def measure_all(args, base, device, amps: dict, do_compile, peak_flops, report: 
     for enc, T in plan(args, base):
         cfg = configs[enc]
         B = args.batch_size or max(1, tokens // T)
-        impls = ["minilm"] + (["hf_llama"] if args.peer and enc == "rope" else [])
+        impls = ["minilm"] + (["minilm-trainer"] if args.trainer else []) + (["hf_llama"] if args.peer and
+                                                                             enc == "rope" else [])
         runs = {i: [] for i in impls}
         for _ in range(args.repeats):  # alternate, so load on a shared machine falls on both
             for impl in impls:

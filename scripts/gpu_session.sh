@@ -23,6 +23,9 @@
 #              block sizes close ALiBi's gap to RoPE at 8K (enc-8k's 0.67x)? (results files only)
 #   batch      RoPE at 1024 tokens with other micro-batches, BATCH_SIZES (default 32,64; the config's is 16):
 #              does MFU at 1K grow with the batch? (results files only, no docs table)
+#   trainer    the step through train.py's loop (scripts/benchmark.py --trainer: LitGPT in Lightning's Trainer)
+#              against the plain loop: the config at 1024 tokens, then configs/tiny.yaml (a step short enough for
+#              the host's time per step to show) (results files only)
 #   profile    where a step's time goes: torch.profiler tables (scripts/benchmark.py --profile) of RoPE at 1K
 #              (the peer's setting), then RoPE, ALiBi and T5 at 8K (chunked loss); no docs table
 #   peer       the config at 1024 tokens against the Hugging Face peer (MFU, ratio)
@@ -56,7 +59,7 @@
 set -uo pipefail
 
 parts_known="check attn attn-direct attn-copies attn-split attn-forwards sdpa peer peer-chunked autotune autotune-8k
-batch enc-1k enc-8k long long-ckpt profile tests"
+batch enc-1k enc-8k long long-ckpt profile trainer tests"
 parts_known=${parts_known//$'\n'/ }
 usage="usage: bash scripts/gpu_session.sh PART [PART ...], parts: ${parts_known// /, }"
 [ $# -gt 0 ] || { echo "$usage (got none)" >&2; exit 2; }
@@ -164,6 +167,11 @@ torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and t
         bench --lengths 1024 --steps 5 --warmup 3 --profile --tag profile-1k &&
             bench --lengths 8192 --encodings "${ENCODINGS:-rope,alibi,t5}" --steps 5 --warmup 3 --profile \
                 --tag profile-8k model.loss_chunk_size=4096
+        ;;
+    trainer)
+        bench --lengths 1024 --trainer --steps 30 --warmup 5 --repeats 2 --tag trainer &&
+            limited $py scripts/benchmark.py --config configs/tiny.yaml --trainer --steps 100 --warmup 10 \
+                --repeats 2 --tag trainer
         ;;
     peer) # each repeat builds and compiles both models again, and the interleaved ratio once more
         bench --lengths 1024 --peer --steps 20 --warmup 5 --repeats 2 --update-docs

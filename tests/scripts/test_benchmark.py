@@ -53,6 +53,26 @@ def test_benchmark_writes_results(bench, tmp_path, monkeypatch):
     assert text.count("benchmark:cpu-run:begin") == 1 and "| new table |" in text and "| minilm |" not in text
 
 
+def test_the_trainer_row_trains_the_plain_loops_steps_through_train_pys_loop(bench, tmp_path, monkeypatch):
+    """--trainer: a minilm-trainer row per measurement, LitGPT in a Lightning Trainer (train.py's loop) on the same
+    model, batches, optimizer and lr as the plain loop: the same steps, so the same last loss; timed whole, one time
+    per repeat."""
+    from minilm.training import lit_module
+
+    fits = []
+    real = lit_module.LitGPT.on_train_start
+    monkeypatch.setattr(lit_module.LitGPT, "on_train_start", lambda self: fits.append(self) or real(self))
+    args = bench.parse_args(["--lengths", "8", "--steps", "3", "--warmup", "1", "--repeats", "2", "--threads", "1",
+                             "--batch-size", "2", "--device", "cpu", "--trainer", "--out", str(tmp_path), *TINY])
+    rows = {r["impl"]: r for r in bench.run(args)["results"]}
+    assert set(rows) == {"minilm", "minilm-trainer"} and len(fits) == 2  # one fit per repeat
+    plain, trainer = rows["minilm"], rows["minilm-trainer"]
+    assert trainer["status"] == "ok" and trainer["tokens_per_s"] > 0 and len(trainer["step_ms"]) == 2
+    assert trainer["loss"] == pytest.approx(plain["loss"], abs=2e-4) and trainer["loss"] != 0
+    assert trainer["matmul_params"] == plain["matmul_params"]
+    assert "| minilm-trainer | rope | 8 | 2 |" in (tmp_path / next(p.name for p in tmp_path.glob("*.md"))).read_text()
+
+
 def test_profile_writes_where_each_measurements_time_goes(bench, tmp_path, monkeypatch):
     """--profile: after the timed steps, PROFILE_STEPS more under torch.profiler; one table per measurement (the
     peer's too), in a folder beside the results, named in its row; the timed steps are not profiled."""
