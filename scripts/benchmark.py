@@ -401,8 +401,9 @@ def time_steps(step, warmup: int, steps: int, device) -> tuple[list[float], Any]
 def trainer_steps(cfg, T, B, device, amp_dtype, do_compile, warmup: int, steps: int) -> tuple[float, float, int]:
     """``build_step``'s minilm steps as a training phase runs them: ``LitGPT`` in a Lightning ``Trainer`` over the
     same two batches (on the host, as the data loader gives them) at the same constant lr, one micro-batch per step,
-    no validation, checkpoints, logger or progress bar: the plain loop's steps, to its loss. Timed from the first step after ``warmup`` to the end of the fit, the
-    device synchronized at both ends only. Returns (seconds per timed step, the last logged loss, matmul params)."""
+    no validation, checkpoints, logger or progress bar: the plain loop's steps, to its loss. Timed from the first
+    step after ``warmup`` to the end of the fit, the device synchronized at both ends only. Returns (seconds per
+    timed step, the last logged loss, matmul params)."""
     import copy
 
     import lightning as L
