@@ -346,6 +346,12 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def fixed_batches(vocab: int, T: int, B: int) -> list[torch.Tensor]:
+    """The two (B, T + 1) random token batches every step of a measurement trains on, alternately (on the host)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    return [torch.randint(0, vocab, (B, T + 1), generator=g) for _ in range(2)]
+
+
 def build_step(impl, cfg, T, B, device, amp_dtype, do_compile):
     """The model of ``impl`` ("minilm" or "hf_llama"), its optimizer and a ``step(i)`` closure doing one training
     step on one of two fixed random batches. Returns (step, matmul_params)."""
@@ -364,8 +370,7 @@ def build_step(impl, cfg, T, B, device, amp_dtype, do_compile):
     torch._dynamo.reset()
     if do_compile:
         loss_fn = compiled(loss_fn, cfg.train, dynamic=False)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    batches = [torch.randint(0, vocab, (B, T + 1), generator=g).to(device) for _ in range(2)]
+    batches = [seq.to(device) for seq in fixed_batches(vocab, T, B)]
     clip = cfg.optim.grad_clip
     params = [p for p in model.parameters() if p.requires_grad]
 
@@ -421,9 +426,8 @@ def trainer_steps(cfg, T, B, device, amp_dtype, do_compile, warmup: int, steps: 
     torch._dynamo.reset()
     model, _, n_mm = build_minilm(cfg.model, cfg.data.tokenizer.vocab_size, device)
     module = LitGPT(model, pcfg, total_steps=warmup + steps)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    seqs = [torch.randint(0, cfg.data.tokenizer.vocab_size, (B, T + 1), generator=g) for _ in range(2)]
-    rows = [{"input_ids": seq[:, :-1], "targets": seq[:, 1:]} for seq in seqs]
+    rows = [{"input_ids": seq[:, :-1], "targets": seq[:, 1:]}
+            for seq in fixed_batches(cfg.data.tokenizer.vocab_size, T, B)]  # fmt: skip
     clock = {}
 
     class Clock(L.Callback):

@@ -87,6 +87,7 @@ def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, prepare
     {tag: [(step, value), ...]}."""
     import lightning as L
     import torch
+    from lightning.pytorch.callbacks import ProgressBar
     from torch.utils.data import DataLoader
 
     over = {"train.batch_size": batch, "train.micro_batch_size": micro, "train.log_every": log_every,
@@ -102,7 +103,8 @@ def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, prepare
                                           for k, v in scalars.items()]  # fmt: skip
     trainer = L.Trainer(max_steps=steps, accumulate_grad_batches=batch // micro, logger=False,
                         accelerator=accelerator, devices=1, enable_checkpointing=False,
-                        enable_progress_bar=bool(callbacks), enable_model_summary=False, limit_val_batches=0,
+                        enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
+                        enable_model_summary=False, limit_val_batches=0,
                         num_sanity_val_steps=0, callbacks=list(callbacks))  # fmt: skip
     if prepare is not None:
         prepare(module)

@@ -47,7 +47,7 @@ def write_config(tmp_path: Path, corpus: Path, phases: bool = False, long_steps:
 
 
 def test_twenty_steps_write_events_weights_and_config(tmp_path, tiny_text_dir, train_here):
-    """The suite's one plain training run as a user starts it, in a process of its own."""
+    """A plain training run as a user starts it, in a process of its own."""
     cfg = write_config(tmp_path, tiny_text_dir)
     run = tmp_path / "run"
     train("--config", cfg, f"run.dir={run}")
