@@ -599,7 +599,8 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
               log: Callable[[str], None] = print) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
     """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
     a model section that differs from the run's on --resume, finished phases the config now trains differently,
-    bad data, a corpus that holds out other documents than those the kept phases trained beside), then create
+    bad data, a tokenizer other than the one the kept phases trained with, a corpus that holds out other documents
+    than those they trained beside), then create
     run.dir. ``pcfgs``: each phase's config (``phase_config``), in order. Returns the corpus, on --resume the
     checkpoint each interrupted phase continues from (checked here), and the HELD_OUT record to write (None: keep
     the run's)."""
@@ -635,6 +636,7 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     kept = [n for n in (names if resume else names[:start]) if is_complete(run_dir, n)] + list(resume_from)
     trains = not resume or not all(is_complete(run_dir, n) for n in names)
     flag = "--resume" if resume else f"--phase {start_phase}"
+    _check_run_tokenizer(corpus, run_dir, kept, flag)
     record = _check_held_out_record(corpus, run_dir, kept, trains, flag, log)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -646,6 +648,27 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
 def _held_out(corpus) -> dict:
     """What run.dir's HELD_OUT records of the corpus a run trains on: its held-out split's documents and digest."""
     return {"corpus": corpus.cache_dir.name, "documents": corpus.val.n_docs, "digest": corpus.val.digest()}
+
+
+def _check_run_tokenizer(corpus, run_dir: Path, kept: list[str], flag: str) -> None:
+    """The weights of the ``kept`` phases read the token ids of the run's tokenizer.model; refuse a corpus whose
+    tokenizer is another, before run.dir is written. The tokenizer is trained on the sources, so changed source files
+    give another one: --resume then copied it over the run's (``_write_run_files``), and the run's evaluation and
+    generation read the weights with the wrong ids; where the vocabulary's size changed too, the load of the weights
+    failed after the copy. Where nothing trains as well: the run's files are not rewritten for nothing."""
+    path = run_dir / "tokenizer.model"
+    if not kept or not path.is_file():
+        return
+    try:
+        same = path.read_bytes() == Path(corpus.tokenizer.model_file).read_bytes()
+    except OSError as e:
+        raise MinilmError(f"{path}: cannot be read ({e.strerror}); it is the tokenizer the run's weights were "
+                          "trained with: restore it, or start a new run (run.name / run.dir)") from None
+    if not same:
+        raise MinilmError(f"{flag}: the tokenizer prepared now ({corpus.cache_dir}) is not the run's {path}, which "
+                          f"phases {', '.join(kept)} trained with: the sources' files changed since (the tokenizer is "
+                          "trained on them), or data.tokenizer did. Continue with the files and data settings the run "
+                          "trained with, or start a new run (run.name / run.dir)")  # fmt: skip
 
 
 def _check_held_out_record(corpus, run_dir: Path, kept: list[str], trains: bool, flag: str,

@@ -100,6 +100,32 @@ def test_resume_keeps_the_record_of_the_documents_the_run_held_out(config, tmp_p
     assert json.loads(record.read_text())["digest"] != "0" * 64
 
 
+def test_resume_refuses_a_tokenizer_other_than_the_one_the_kept_phases_trained_with(config, tmp_path):
+    """Changed source files give another tokenizer (it is trained on them): --resume copied it over the run's, whose
+    weights read the old ids, and exited 0 where nothing trained. Refused now, before anything is written, whether
+    phases train or not; with the run's tokenizer back, the run goes on."""
+    run = tmp_path / "run"
+    two = [f"run.dir={run}", "phases.a={seq_len: 32, steps: 2}", "phases.b={seq_len: 32, steps: 2}"]
+    run_phases(load_config(config, two), log=lambda m: None)
+    tokenizer, saved = run / "tokenizer.model", run / "config.yaml"
+    ours = tokenizer.read_bytes()
+    tokenizer.write_bytes(b"the tokenizer the run trained with, before its files changed")
+    written = {f: f.stat().st_mtime_ns for f in (tokenizer, saved)}
+    with pytest.raises(MinilmError, match=r"--resume: the tokenizer prepared now .* is not the run's .*tokenizer\.model"
+                                          r", which phases a, b trained with"):  # fmt: skip
+        run_phases(load_config(config, two), resume=True, log=lambda m: None)  # a finished run: nothing trains
+    for name in ("complete.json", "model.safetensors"):  # phase b interrupted before its first checkpoint
+        (run / "b" / name).unlink()
+    with pytest.raises(MinilmError, match=r"--resume: the tokenizer prepared now .* which phases a trained with"):
+        run_phases(load_config(config, two), resume=True, log=lambda m: None)
+    with pytest.raises(MinilmError, match=r"--phase b: the tokenizer prepared now"):
+        run_phases(load_config(config, two), start_phase="b", log=lambda m: None)
+    assert {f: f.stat().st_mtime_ns for f in (tokenizer, saved)} == written
+    tokenizer.write_bytes(ours)
+    run_phases(load_config(config, two), resume=True, log=lambda m: None)
+    assert (run / "b" / "complete.json").exists() and tokenizer.read_bytes() == ours
+
+
 def test_tokens_seen_adds_each_phase_at_its_own_batch_and_length(config, tmp_path):
     """tokens_seen counted every step of the earlier phases at the current phase's batch_size · seq_len."""
     run = tmp_path / "run"
