@@ -37,7 +37,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from minilm.errors import ConfigError
+from minilm.errors import ConfigError, DataError
 from minilm.files import atomic_write_text
 
 # --------------------------------------------------------------------------------------------------- schema
@@ -577,7 +577,7 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(f"phases.{name}.data: bad key '{key}': {str(e).splitlines()[0]}") from None
-    _check_phase_sources(cfg, merged, name)
+    _check_phase_data(cfg, merged, name)
     _validate_train(merged, where=f"phases.{name}")
     from minilm.positions import validate_position  # positions imports nothing from config
 
@@ -590,9 +590,25 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
     return merged
 
 
-def _check_phase_sources(cfg: DictConfig, merged: DictConfig, name: str) -> None:
-    """A phase may re-weight the run's sources (the sampler reads the weights) but not add or re-define one:
-    the corpus and its tokenizer are prepared once, from the run's ``data.sources``."""
+# data keys the corpus is prepared from, once for the run (minilm.data.prepare.load_corpus reads the run's): a phase
+# that set one was accepted, trained on the run's, and recorded its own value in its config.yaml
+CORPUS_KEYS = ("tokenizer", "cache_dir", "val_fraction", "num_proc")
+
+
+def _check_phase_data(cfg: DictConfig, merged: DictConfig, name: str) -> None:
+    """A phase may re-weight the run's sources (the sampler reads the weights) and change how rows are drawn
+    (long_fraction, document_mask, synthetic, ...) but not add or re-define a source, nor change a ``CORPUS_KEYS``
+    setting: the corpus and its tokenizer are prepared once, from the run's data section."""
+    for key in CORPUS_KEYS:
+        run, now = cfg.data[key], merged.data[key]
+        if isinstance(run, DictConfig):  # the tokenizer block: name the key that differs
+            key = next((f"{key}.{k}" for k in run if run[k] != now[k]), key)
+            run, now = OmegaConf.select(cfg.data, key), OmegaConf.select(merged.data, key)
+        if run != now:
+            raise ConfigError(f"phases.{name}.data.{key}: {now!r} here, {run!r} for the run: the corpus and its "
+                              "tokenizer are prepared once, from the run's data section, so a phase cannot change "
+                              f"{key}; set it in the run's data section (a phase may change the sources' weights, "
+                              "long_fraction, long_min_tokens, document_mask, restart_positions and synthetic)")
     for src, spec in merged.data.sources.items():
         if src not in cfg.data.sources:
             raise ConfigError(
@@ -685,7 +701,14 @@ def _validate_train(cfg: DictConfig, where: Optional[str] = None) -> None:
 
 
 def _validate_data(d: DictConfig, where: str = "data") -> None:
-    """Value checks of the data section (sources are checked by minilm.data.parse_sources when loading)."""
+    """Value checks of the data section, its sources by minilm.data.parse_sources (which loading runs again): here,
+    so that a source's error says which file set the key, as every other check's does."""
+    from minilm.data.sources import parse_sources
+
+    try:
+        parse_sources(d.sources)
+    except DataError as e:  # its messages start with data.sources (a phase's: phases.NAME.data.sources)
+        raise ConfigError(where + str(e).removeprefix("data")) from None
     tok = d.tokenizer
     _check(tok.type in ("bpe", "unigram"), f"{where}.tokenizer.type", f"must be bpe or unigram, got {tok.type!r}")
     _check(tok.sample_chars >= 1, f"{where}.tokenizer.sample_chars", f"must be >= 1, got {tok.sample_chars}")

@@ -150,6 +150,22 @@ def test_a_phase_may_reweight_but_not_add_sources(tmp_path):
         load_config(y, ["phases.b.data.sources.extra={paths: ['y/*.txt']}"])
 
 
+@pytest.mark.parametrize("override, key", [
+    ("phases.b.data.tokenizer.vocab_size=999", "tokenizer.vocab_size"),
+    ("phases.b.data.val_fraction=0.5", "val_fraction"),
+    ("phases.b.data.cache_dir=elsewhere", "cache_dir"),
+    ("phases.b.data.num_proc=1", "num_proc"),
+])  # fmt: skip
+def test_a_phase_cannot_change_what_the_corpus_is_prepared_from(tmp_path, override, key):
+    """The corpus and its tokenizer are prepared once, from the run's data section: a phase that set one of these
+    was accepted, trained on the run's value, and wrote its own into its config.yaml."""
+    y = tmp_path / "p.yaml"
+    y.write_text("phases:\n  a: {steps: 1}\n  b: {steps: 1, data: {long_fraction: 0.5}}\n")
+    assert phase_config(load_config(y), "b").data.long_fraction == 0.5  # how rows are drawn: a phase's to change
+    with pytest.raises(ConfigError, match=rf"phases\.b\.data\.{key}: .* a phase cannot change {key}"):
+        load_config(y, [override])
+
+
 def test_a_removed_source_stays_removed_in_every_phase(tmp_path):
     y = tmp_path / "r.yaml"
     y.write_text("data:\n  sources:\n    embedded: null\n    local: {kind: files, paths: ['x/*.txt']}\n"

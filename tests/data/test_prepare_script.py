@@ -76,5 +76,5 @@ def test_a_bad_weight_in_a_phase_is_named_with_the_phase_as_train_py_names_it(sc
     cfg = _yaml(tmp_path, tiny_text_dir)
     for override, says in (("phases.long.data.sources.tiny.weight=.nan", "data.sources.tiny.weight: must be a finite"),
                            ("phases.long.data.sources.tiny.weight=0", "data.sources: all weights are zero")):
-        assert script.main(["--config", cfg, "--quiet", override]) == 2
-        assert f"error: phase 'long': {says}" in capsys.readouterr().err
+        assert script.main(["--config", cfg, "--quiet", override]) == 2  # refused by the config's check, as train.py
+        assert f"error: phases.long.{says}" in capsys.readouterr().err
