@@ -74,8 +74,9 @@ def bench(config: str | None, overrides: list[str], num_proc: int | None) -> Non
         print(f"machine: {os.cpu_count()} CPUs visible (nproc), {cpu_name()}, Python {platform.python_version()}")
         print(f"corpus: {docs} docs, {st['chars'] / 1e6:.1f} M chars, {tokens / 1e6:.2f} M tokens, "
               f"vocab {corpus.tokenizer.vocab_size}, num_proc {cfg.data.num_proc}")  # fmt: skip
+        sample = min(cfg.data.tokenizer.sample_chars, st["chars"])  # the setting is an upper bound
         print(f"prepare (wall): {wall:.1f} s = read {st['read_seconds']} s + tokenizer training "
-              f"{st['tokenizer_seconds']} s ({cfg.data.tokenizer.sample_chars / 1e6:.1f} M chars sample) + tokenize "
+              f"{st['tokenizer_seconds']} s ({sample / 1e6:.1f} M chars sample) + tokenize "
               f"{tok_s} s + write")  # fmt: skip
         print(f"tokenize: {_per_s(docs, tok_s)} docs/s, {_per_s(tokens, tok_s)} tokens/s, "
               f"{_per_s(st['chars'] / 1e6, tok_s, '.2f')} M chars/s")  # fmt: skip

@@ -127,6 +127,10 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
         "tokenizer_file": file_digest(tok_cfg.model_file) if tok_cfg.model_file else None,
         "val_fraction": float(data_cfg.val_fraction),
     }
+    if len(specs) > 1:  # the corpus is written, and its tokenizer sampled, in the sources' order, which the mapping
+        # above loses (sorted keys): two orders shared one key and the cache held whichever was prepared first
+        # (set only here, so a one-source corpus keeps the key it had)
+        material["source_order"] = list(specs)
     key = hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[:16]
     root = Path(data_cfg.cache_dir)
     out = root / f"corpus-{key}"
@@ -311,7 +315,7 @@ def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, ou
         source_of += [si] * len(docs.texts)
         skipped[name] = dict(docs.skipped)
         if docs.skipped:
-            log.warning("data.sources.%s: skipped %s", name, dict(docs.skipped))
+            log.warning("data.sources.%s: skipped %s", name, docs.skipped_text())
     t_read = time.time() - t0
     t1 = time.time()
     tok = _make_tokenizer(data_cfg, names, texts, tmp / "tokenizer.model")

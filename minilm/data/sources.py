@@ -18,6 +18,7 @@ Unreadable, binary (NUL byte) and non-UTF-8 files are skipped and *counted*; the
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import itertools
@@ -119,17 +120,46 @@ def _parse_one(name: str, entry: Any) -> SourceSpec:
     if isinstance(spec, FilesSource):
         if isinstance(spec.paths, str):
             spec.paths = [spec.paths]
-        if not spec.paths or not all(isinstance(p, str) and p for p in spec.paths):
+        if not _strings(spec.paths):
             raise DataError(f"{where}.paths: give a non-empty list of glob patterns, got {spec.paths!r}")
-    if isinstance(spec, HfSource) and (not isinstance(spec.path, str) or not spec.path):
-        raise DataError(f"{where}.path: give a dataset name, builder or local path, got {spec.path!r}")
-    if isinstance(spec, HfSource):  # as the files kind's globs: ~/corpus.jsonl is a local file (never a Hub name)
-        spec.path = os.path.expanduser(spec.path)
+    if isinstance(spec, HfSource):
+        _check_hf_types(spec, where)
+        spec.path = os.path.expanduser(spec.path)  # as the files kind's globs: ~/corpus.jsonl is a local file
     if isinstance(spec, (FilesSource, HfSource)) and (not isinstance(spec.text_field, str) or not spec.text_field):
         # checked here: otherwise a files source of text files never notices, and a record source fails on lookup
         raise DataError(f"{where}.text_field: must be a non-empty string, the name of the records' text column "
                         f"(default 'text'), got {spec.text_field!r}")  # fmt: skip
     return spec
+
+
+def _strings(x: Any) -> bool:
+    """A non-empty list of non-empty strings."""
+    return isinstance(x, list) and bool(x) and all(isinstance(p, str) and p for p in x)
+
+
+def _check_hf_types(spec: HfSource, where: str) -> None:
+    """The types of an hf source's keys, which go to ``datasets.load_dataset`` as they are: a list as ``split``
+    returned a list of datasets (read as records: a TypeError), a number as ``data_files`` a TypeError, and a string
+    as ``streaming`` (``yes_please``) turned it on."""
+    if not isinstance(spec.path, str) or not spec.path:
+        raise DataError(f"{where}.path: give a dataset name, builder or local path, got {spec.path!r}")
+    if spec.name is not None and (not isinstance(spec.name, str) or not spec.name):
+        raise DataError(f"{where}.name: give the dataset's config name (a string) or null, got {spec.name!r}")
+    if not isinstance(spec.split, str) or not spec.split:
+        raise DataError(f"{where}.split: give one split (a string: train, validation, train[:1000], ...), got "
+                        f"{spec.split!r}")  # fmt: skip
+    if not isinstance(spec.streaming, bool):
+        raise DataError(f"{where}.streaming: must be true or false, got {spec.streaming!r}")
+    files = spec.data_files
+    if not (files is None or _files(files) or (isinstance(files, dict) and files
+                                               and all(isinstance(k, str) and _files(v) for k, v in files.items()))):
+        raise DataError(f"{where}.data_files: give a file or glob, a list of them, or a mapping of split to file(s) "
+                        f"({{train: a.jsonl, validation: [b.jsonl]}}), or null; got {files!r}")
+
+
+def _files(x: Any) -> bool:
+    """A file or glob (a non-empty string), or a non-empty list of them."""
+    return (isinstance(x, str) and bool(x)) or _strings(x)
 
 
 def _check_common(spec: SourceSpec, where: str) -> None:
@@ -166,6 +196,18 @@ class SourceDocs:
     names: List[str]
     texts: List[str]
     skipped: Counter  # reason -> count (unreadable, binary, non_utf8, empty, not_text)
+    first_skipped: Dict[str, str] = field(default_factory=dict)  # reason -> the first file (or record) it skipped
+
+    def skip(self, reason: str, what: Any) -> None:
+        """Count a skipped file or record; the first of each reason is named in the warning (``skipped_text``)."""
+        self.skipped[reason] += 1
+        self.first_skipped.setdefault(reason, str(what))
+
+    def skipped_text(self) -> str:
+        """The counts, with the first file of each reason: "non_utf8: 1 (a.jsonl)", not a count a user cannot act
+        on (one bad byte skips a whole record file)."""
+        return ", ".join(f"{r}: {n}" + (f" (first: {self.first_skipped[r]})" if r in self.first_skipped else "")
+                         for r, n in self.skipped.items())  # fmt: skip
 
 
 def stdlib_files() -> List[Path]:
@@ -280,6 +322,25 @@ def _stat_digest(files: List[Path]) -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def _datasets_bars(progress: bool):
+    """datasets' own progress bars ("Generating train split") off while a source is read without progress (the
+    scripts' --quiet), and restored after."""
+    if progress:
+        yield
+        return
+    import datasets
+    from datasets.utils.tqdm import are_progress_bars_disabled
+
+    was_off = are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_off:
+            datasets.enable_progress_bars()
+
+
 def _as_list(x: Any) -> List[str]:
     if x is None:
         return []
@@ -299,13 +360,13 @@ def read_source(name: str, spec: SourceSpec, *, progress: bool = True, scratch: 
         docs = _read_text_files(name, stdlib_files()[: spec.max_docs], root=sysconfig.get_paths()["stdlib"],
                                 progress=progress)  # fmt: skip
     else:
-        with tempfile.TemporaryDirectory(prefix="datasets-", dir=scratch) as local_cache:
+        with tempfile.TemporaryDirectory(prefix="datasets-", dir=scratch) as local_cache, _datasets_bars(progress):
             if isinstance(spec, FilesSource):
                 docs = _read_files_source(name, spec, where, progress, local_cache)
             else:
                 docs = _read_hf(name, spec, where, local_cache)
     if not docs.texts:
-        skipped = dict(docs.skipped) or "nothing"
+        skipped = docs.skipped_text() or "nothing"
         raise DataError(f"{where}: the source yields no documents (skipped: {skipped}); check its paths/settings")
     return docs
 
@@ -330,7 +391,7 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
             # (a compressed file is checked by datasets as it decompresses: its bytes here are not text)
             problem = _text_problem(path) if builder == "json" and not _data_suffix(path)[1] else None
             if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
-                docs.skipped[problem] += 1
+                docs.skip(problem, path)
                 continue
             ds = _load_dataset(where, builder, None, "train", [str(path)], False, cache_dir=local_cache)
             _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=str(path), file=str(path),
@@ -375,20 +436,20 @@ def _read_text_files(name: str, files: List[Path], root: Optional[str], progress
         try:
             raw = path.read_bytes()
         except OSError:
-            docs.skipped["unreadable"] += 1
+            docs.skip("unreadable", path)
             continue
         if b"\0" in raw:
-            docs.skipped["binary"] += 1
+            docs.skip("binary", path)
             continue
         try:
             # utf-8-sig: a leading byte order mark (Windows editors write one) is an encoding marker, not text; kept,
             # every such document began with U+FEFF (3 byte tokens), which the .jsonl/.csv readers drop
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError:
-            docs.skipped["non_utf8"] += 1
+            docs.skip("non_utf8", path)
             continue
         if not text.strip():
-            docs.skipped["empty"] += 1
+            docs.skip("empty", path)
             continue
         docs.names.append(os.path.relpath(path, root) if root else str(path))
         docs.texts.append(text)
@@ -404,7 +465,7 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
         path, data_files = builder, path
         problem = _text_problem(Path(data_files)) if path == "json" and not _data_suffix(Path(data_files))[1] else None
         if problem:  # one file and nothing to read in it: the source yields no documents (read_source says so)
-            return SourceDocs([], [], Counter({problem: 1}))
+            return SourceDocs([], [], Counter({problem: 1}), {problem: str(data_files)})
     if data_files is None and _saved_to_disk(Path(path)):
         if spec.name is not None:  # load_from_disk has no configs: the name was ignored, whatever it said
             raise DataError(f"{where}.name: {path} was written by save_to_disk, which has no dataset configs; "
@@ -508,7 +569,7 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix
             raise DataError(f"{key}: record {i} of {file} has no field {text_field!r} (fields: {', '.join(rec)})")
         text = rec[text_field]
         if not isinstance(text, str) or not text.strip():
-            docs.skipped["empty" if isinstance(text, str) or text is None else "not_text"] += 1
+            docs.skip("empty" if isinstance(text, str) or text is None else "not_text", f"record {i} of {file}")
             continue
         docs.names.append(f"{prefix}:{i}")
         docs.texts.append(text)

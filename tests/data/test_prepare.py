@@ -101,6 +101,19 @@ def test_cache_key_follows_file_contents_and_tokenizer_settings_but_not_weights(
     assert load_corpus(files_cfg(), progress=False).cache_dir != base
 
 
+def test_the_order_of_the_sources_is_part_of_the_cache_key(tmp_path, mixed_dir):
+    """The corpus is written, and its tokenizer sampled, in the sources' order: both orders shared one key, so the
+    same config trained on whichever order was prepared first into its cache."""
+    from tests.data.conftest import make_data_cfg
+
+    a = {"kind": "files", "paths": [f"{mixed_dir}/short_*.py"]}
+    b = {"kind": "files", "paths": [f"{mixed_dir}/long_*.py"]}
+    ab = load_corpus(make_data_cfg(tmp_path, {"a": a, "b": b}), progress=False)
+    ba = load_corpus(make_data_cfg(tmp_path, {"b": b, "a": a}), progress=False)
+    assert not ba.from_cache and ba.cache_dir != ab.cache_dir
+    assert ab.source_names == ["a", "b"] and ba.source_names == ["b", "a"]
+
+
 def test_stats_are_saved_and_count_skipped_files(tmp_path, tiny_text_dir):
     from tests.data.conftest import make_data_cfg
 

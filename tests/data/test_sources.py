@@ -46,6 +46,18 @@ def test_hf_kind_loads_local_files_through_datasets(tmp_path, request, fixture):
     assert len(_texts(load_corpus(capped, progress=False))) == 7
 
 
+def test_without_progress_datasets_draws_no_bars_either(tmp_path, jsonl_file, capfd):
+    """prepare_data.py --quiet still drew datasets' "Generating train split" bars; with progress they stay."""
+    from datasets.utils.tqdm import are_progress_bars_disabled
+
+    for progress, drawn in ((False, False), (True, True)):
+        cfg = make_data_cfg(tmp_path / str(progress), {"st": {"kind": "hf", "path": str(jsonl_file),
+                                                              "text_field": "story"}})  # fmt: skip
+        load_corpus(cfg, progress=progress)
+        assert ("Generating train split" in capfd.readouterr().err) is drawn
+        assert not are_progress_bars_disabled()  # as it was before
+
+
 def test_hf_kind_with_builder_and_data_files(tmp_path, jsonl_file):
     cfg = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": "json", "data_files": str(jsonl_file),
                                           "text_field": "story", "streaming": True}})  # fmt: skip
@@ -152,6 +164,13 @@ def test_embedded_max_docs(tmp_path):
      r"data\.sources\.x\.text_field: must be a non-empty string.*got \['a', 'b'\]"),
     ({"x": {"kind": "hf", "path": "json", "text_field": ""}}, r"data\.sources\.x\.text_field: must be a non-empty"),
     ({"x": {"kind": "hf", "path": "json", "text_field": None}}, r"data\.sources\.x\.text_field: must be a non-empty"),
+    # each went to the reader or to datasets as it was: a TypeError traceback, or (streaming) a string read as true
+    ({"x": {"kind": "files", "paths": 5}}, r"data\.sources\.x\.paths: give a non-empty list of glob patterns"),
+    ({"x": {"kind": "hf", "path": "json", "data_files": 5}}, r"data\.sources\.x\.data_files: give a file or glob"),
+    ({"x": {"kind": "hf", "path": "json", "data_files": {"train": 5}}}, r"data\.sources\.x\.data_files: give"),
+    ({"x": {"kind": "hf", "path": "a.jsonl", "split": ["train"]}}, r"data\.sources\.x\.split: give one split"),
+    ({"x": {"kind": "hf", "path": "a.jsonl", "streaming": "yes_please"}}, r"data\.sources\.x\.streaming: must be"),
+    ({"x": {"kind": "hf", "path": "a.jsonl", "name": 3}}, r"data\.sources\.x\.name: give the dataset's config"),
 ])  # fmt: skip
 def test_bad_source_configs_name_the_key(sources, match):
     with pytest.raises(DataError, match=match):
@@ -181,9 +200,11 @@ def test_empty_source(tmp_path):
         load_corpus(cfg, progress=False)
 
 
-def test_empty_and_non_utf8_record_files_are_skipped_and_counted_like_text_files(tmp_path, jsonl_file):
+def test_empty_and_non_utf8_record_files_are_skipped_and_counted_like_text_files(tmp_path, jsonl_file, caplog):
     """A files source skips an empty or non-UTF-8 .jsonl and counts it, as it does a .txt (an empty one stopped
-    the run with 'StopIteration: StopIteration', a Latin-1 one with a bare UnicodeDecodeError traceback)."""
+    the run with 'StopIteration: StopIteration', a Latin-1 one with a bare UnicodeDecodeError traceback). The
+    warning names the first file of each reason: a count alone left a user looking for the file that one bad byte
+    dropped whole."""
     (tmp_path / "empty.jsonl").write_text("\n")
     (tmp_path / "latin1.jsonl").write_bytes(b'{"story": "caf\xe9"}\n')
     paths = [str(jsonl_file), str(tmp_path / "empty.jsonl"), str(tmp_path / "latin1.jsonl")]
@@ -191,9 +212,12 @@ def test_empty_and_non_utf8_record_files_are_skipped_and_counted_like_text_files
     corpus = load_corpus(cfg, progress=False)
     assert _texts(corpus) == set(STORIES)
     assert corpus.stats["skipped"]["f"] == {"empty": 1, "non_utf8": 1}
+    named = f"empty: 1 (first: {tmp_path / 'empty.jsonl'}), non_utf8: 1 (first: {tmp_path / 'latin1.jsonl'})"
+    assert named in caplog.text
     for bad, reason in (("empty.jsonl", "empty"), ("latin1.jsonl", "non_utf8")):  # the hf kind: nothing to read
         one = make_data_cfg(tmp_path, {"h": {"kind": "hf", "path": str(tmp_path / bad), "text_field": "story"}})
-        with pytest.raises(DataError, match=rf"data\.sources\.h: the source yields no documents .*'{reason}': 1"):
+        with pytest.raises(DataError, match=rf"data\.sources\.h: the source yields no documents .*{reason}: 1 \(first: "
+                                            rf".*{bad}\)"):  # fmt: skip
             load_corpus(one, progress=False)
 
 
