@@ -18,12 +18,16 @@ from minilm.errors import MinilmError
 
 class Once(argparse.Action):
     """A single-valued option given twice is an error: argparse keeps the last one without a word, so
-    ``--config a.yaml ... --config b.yaml`` (a command edited from the shell history) trained b alone."""
+    ``--config a.yaml ... --config b.yaml`` (a command edited from the shell history) trained b alone, and
+    ``evaluate.py --lengths 64 ... --lengths 128`` evaluated 128 alone. An option with a default counts as given
+    only when it is on the command line."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if getattr(namespace, self.dest, None) is not None:
-            given = getattr(namespace, self.dest)
-            parser.error(f"{option_string} given twice ({given!r} and {values!r}); give it once")
+        given = namespace.__dict__.setdefault("_given_once", set())  # the options seen so far in this parse
+        if self.dest in given:
+            was = getattr(namespace, self.dest)
+            parser.error(f"{option_string} given twice ({was!r} and {values!r}); give it once")
+        given.add(self.dest)
         setattr(namespace, self.dest, values)
 
 

@@ -82,7 +82,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
-    for key, minimum in (("seq_len", 2), ("factor", 1), ("steps", 1), ("batch_size", 1), ("eval_batches", 1),
+    # factor 1 left no position past L to score: a ZeroDivisionError after the training
+    for key, minimum in (("seq_len", 2), ("factor", 2), ("steps", 1), ("batch_size", 1), ("eval_batches", 1),
                          ("threads", 1)):  # fmt: skip
         if getattr(args, key) < minimum:
             raise ConfigError(f"--{key.replace('_', '-')}: must be >= {minimum}, got {getattr(args, key)}")

@@ -26,6 +26,13 @@ def test_a_model_without_rope_is_refused_before_training(tiny_text_dir, tmp_path
     assert "step " not in out and "held-out loss" not in out  # refused before the first training step
 
 
+def test_a_factor_that_leaves_nothing_past_the_training_length_is_refused(capsys):
+    """--factor 1 trained, then stopped with a ZeroDivisionError traceback: no position past L to score."""
+    demo = load_script("scripts/extension_eval_demo.py")
+    assert run_cli(demo.main, demo.parser(), ["--factor", "1"]) == 2
+    assert "--factor: must be >= 2, got 1" in capsys.readouterr().err
+
+
 @pytest.mark.usefixtures("one_thread")
 def test_a_rope_model_trains_and_reports_every_method(tiny_text_dir, tmp_path, capsys):
     demo = load_script("scripts/extension_eval_demo.py")

@@ -148,12 +148,15 @@ def load_results(path: Path) -> dict:
     # what compare() and the report read: per-length mappings of numbers (or null), a list of lengths
     for key in (*SCALARS, "loss"):
         per = results.get(key, {})
-        if not isinstance(per, dict) or not all(v is None or isinstance(v, (int, float)) for v in per.values()):
+        if not isinstance(per, dict) or not all((v is None or isinstance(v, (int, float))) and str(k).isdigit()
+                                                for k, v in per.items()):  # fmt: skip
             raise MinilmError(f"{path}: not a results.json of scripts/evaluate.py ('{key}' must map lengths to "
                               f"numbers or null, got {json.dumps(per)[:80]})")  # fmt: skip
     if not isinstance(results.get("lengths", []), list) or not isinstance(results.get("unsupported", {}), dict):
         raise MinilmError(f"{path}: not a results.json of scripts/evaluate.py ('lengths' must be a list and "
                           "'unsupported' a mapping)")  # fmt: skip
+    if not any(key in results for key in (*SCALARS, "loss")):  # {"foo": 1} gave an empty table and figure
+        raise MinilmError(f"{path}: not a results.json of scripts/evaluate.py (none of {', '.join(SCALARS)})")
     return results
 
 
@@ -319,7 +322,7 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
         f"{results.get('samples')} samples per retrieval cell",
         "",
     ]
-    lines += _summary_lines(results) + _grid_lines(results) + _not_measured_lines(results)
+    lines += _summary_lines(results) + _grid_lines(results) + not_measured_lines(results)
     lines += _example_lines(results)
     if figures:
         lines += ["## Figures", ""] + [f"![{n}]({p.name})" for n, p in figures.items()] + [""]
@@ -364,7 +367,13 @@ def _grid_lines(results: dict) -> list[str]:
     return lines
 
 
-def _not_measured_lines(results: dict) -> list[str]:
+def measured(results: dict) -> bool:
+    """Whether any task measured anything at any length."""
+    return any(v is not None for k in ("ppl", "passkey", "needle", "kv") for v in results.get(k, {}).values())
+
+
+def not_measured_lines(results: dict) -> list[str]:
+    """The report's "Not measured" section: its heading, a blank line, one line per length or task, a blank line."""
     unsupported, skipped = results.get("unsupported", {}), results.get("skipped", {})
     if not unsupported and not any(skipped.values()):
         return []
@@ -392,18 +401,20 @@ def write_report(results: dict, out_dir: Path) -> Dict[str, Path]:
     """results.json + figures + report.md in ``out_dir``; returns the figures written. A folder that held an
     evaluation before loses the figures this one did not draw (a task left out now), so report, results and
     figures agree, and the temporary files a killed evaluation left while writing them; other files are left
-    alone."""
+    alone. results.json goes first and comes back last: a folder without it holds no finished evaluation (a kill
+    between the files left the new results.json beside the old report and figures)."""
     out_dir = Path(out_dir)
     # (only the evaluation's own: --out may be any folder, compare_runs.py's default the current one)
     remove_stale_temporaries(out_dir, {"results.json", "report.md", *(f"{name}.png" for name in FIGURES)})
     evaluated_before = (out_dir / "results.json").is_file()
-    write_json(results, out_dir / "results.json")
+    (out_dir / "results.json").unlink(missing_ok=True)
     figures = write_figures(results, out_dir)
     atomic_write_text(out_dir / "report.md", markdown(results, figures))
     if evaluated_before:
         for name in FIGURES:
             if name not in figures:
                 (out_dir / f"{name}.png").unlink(missing_ok=True)
+    write_json(results, out_dir / "results.json")
     return figures
 
 

@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from minilm.errors import ConfigError, MinilmError
 from minilm.files import atomic_write_text
 from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
-from minilm.eval.report import log_tensorboard, make_output_dir, write_report
+from minilm.eval.report import log_tensorboard, make_output_dir, measured, not_measured_lines, write_report
 from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
 
 TASKS = ("ppl", "passkey", "needle", "kv")
@@ -77,6 +77,7 @@ class EvalSettings:
         check(len(set(self.lengths)) == len(self.lengths), "lengths", f"has repeats: {list(self.lengths)}")
         bad = [t for t in self.tasks if t not in TASKS]
         check(not bad, "tasks", f"unknown task(s) {bad}; allowed: {', '.join(TASKS)}")
+        check(len(set(self.tasks)) == len(self.tasks), "tasks", f"has repeats: {list(self.tasks)}")  # ran twice
         check(self.batches >= 1, "batches", f"must be >= 1, got {self.batches}")
         check(self.batch_tokens >= 1, "batch_tokens", f"must be >= 1, got {self.batch_tokens}")
         check(self.stride is None or self.stride >= 1, "stride", f"must be >= 1 or null, got {self.stride}")
@@ -117,6 +118,8 @@ def parse_extension(tokens: Sequence[str]) -> Dict[str, Any]:
         key, eq, value = item.partition("=")
         if not eq or not key:
             raise ConfigError(f"--extension {name}: parameter '{item}' must look like key=value")
+        if key in out:  # the last one won without a word (window=64 window=32 ran with 32); name too
+            raise ConfigError(f"--extension {name}: parameter '{key}' given twice; give it once")
         try:
             out[key] = yaml.safe_load(value)
         except yaml.YAMLError as e:
@@ -522,12 +525,15 @@ def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: d
 # -------------------------------------------------------------------------------------------------- entry points
 
 
-def _meta(cfg, run_dir, phase, step, extension) -> dict:
+def _meta(cfg, run_dir, phase, step, extension, weights: Optional[Path] = None) -> dict:
+    """What results.json says of the weights it measured; ``weights``: the file evaluated, when given by path."""
     if extension:  # as applied: with the parameters filled in from the training length, so the report says them
         extension = applied_extension(extension, int(cfg.train.seq_len))
+    at = f" @ step {step}" if weights is not None and weights.suffix == ".ckpt" else ""  # not the phase's end
     return {
         "run": str(run_dir), "phase": phase, "step": int(step),
-        "label": f"{Path(str(run_dir)).name}/{phase}" + (f" + {extension['name']}" if extension else ""),
+        "label": f"{Path(str(run_dir)).name}/{phase}{at}" + (f" + {extension['name']}" if extension else ""),
+        **({"weights": str(weights)} if weights is not None else {}),
         "extension": extension or None,
         "position": OmegaConf.to_container(cfg.model.position, resolve=True),
         "train_seq_len": int(cfg.train.seq_len),
@@ -589,12 +595,19 @@ def _clear_phase_error(out_dir: Path, phase_dir: Path) -> None:
         (out_dir / PHASE_ERROR).unlink(missing_ok=True)
 
 
-def global_step(cfg, phase: str) -> int:
-    """Optimizer steps from the start of the run to the end of ``phase`` (the TensorBoard step axis)."""
+def global_step(cfg, phase: str, weights: Optional[Path] = None) -> int:
+    """Optimizer steps from the start of the run to the end of ``phase`` (the TensorBoard step axis); to a step
+    checkpoint's step when ``weights`` is one (a ``.ckpt`` of the phase)."""
     from minilm.config import phase_config, phase_names, phase_steps
 
     names = phase_names(cfg)
-    return sum(phase_steps(phase_config(cfg, n)) for n in names[: names.index(phase) + 1])
+    before = sum(phase_steps(phase_config(cfg, n)) for n in names[: names.index(phase)])
+    if weights is None or weights.suffix != ".ckpt":
+        return before + phase_steps(phase_config(cfg, phase))
+    from minilm.training.checkpoint import CKPT_PATTERN, load_checkpoint_dict
+
+    named = CKPT_PATTERN.match(weights.name)  # step-00000020.ckpt; a renamed one says it inside
+    return before + (int(named.group(1)) if named else int(load_checkpoint_dict(weights).get("global_step", 0)))
 
 
 def evaluate_run(
@@ -636,19 +649,25 @@ def evaluate_run(
     if not settings.lengths:
         settings = replace(settings, lengths=default_lengths(cfg.train.seq_len))
     settings.validate()
-    step = global_step(run_cfg, phase)
+    step = global_step(run_cfg, phase, loaded.weights)
     data = eval_data(cfg, loaded.run_dir)
     model = loaded.model
     if settings.extension:
         model, _ = apply_extension(model, cfg.model, loaded.tokenizer.vocab_size, settings.extension,
                                    cfg.train.seq_len)  # fmt: skip
     # an extension asked for here sits next to the phase's own evaluation; the config's eval.extension IS the
-    # phase's own evaluation, written to eval/ as at the end of the phase
+    # phase's own evaluation, written to eval/ as at the end of the phase. A step checkpoint's evaluation is not the
+    # phase's: it went to eval/, replacing the evaluation of the phase's final weights, and said the phase's step
     suffix = f"-{extension['name']}" if extension else ""
-    out_dir = Path(out) if out else loaded.run_dir / phase / f"eval{suffix}"
+    stem = f"eval-{loaded.weights.stem}" if loaded.weights.suffix == ".ckpt" else "eval"
+    out_dir = Path(out) if out else loaded.run_dir / phase / f"{stem}{suffix}"
     make_output_dir(out_dir)  # before the evaluation, not after it
     log(f"evaluating {loaded.weights} (phase {phase}, step {step}) at lengths {settings.lengths} on {device}")
-    results = evaluate(model, data, settings, meta=_meta(cfg, loaded.run_dir, phase, step, settings.extension), log=log)
+    meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights)
+    results = evaluate(model, data, settings, meta=meta, log=log)
+    if not measured(results):  # the folder keeps what an earlier evaluation wrote there
+        raise MinilmError(f"nothing could be measured at any length, so nothing was written to {out_dir}: "
+                          + "; ".join(line.removeprefix("- ") for line in not_measured_lines(results)[2:-1]))
     figures = write_report(results, out_dir)
     _clear_phase_error(out_dir, loaded.run_dir / phase)
     if tensorboard:

@@ -313,6 +313,9 @@ class RopeScaling(Extension):
 
     @classmethod
     def from_params(cls, values: Mapping[str, Any], where: str) -> "RopeScaling":
+        if "rope_type" not in values:  # a scaling block's own default (none) would silently drop the model's scaling
+            raise ConfigError(f"{where}.rope_type: rope_scaling needs a rope_type (yarn, dynamic, linear, ...; "
+                              "default for the plain frequencies)")  # fmt: skip
         try:
             return cls(values)
         except ConfigError as e:

@@ -131,7 +131,9 @@ def test_the_configs_own_extension_is_written_where_the_end_of_phase_evaluation_
 
 
 @pytest.mark.parametrize("content,key", [({"ppl": 3}, "'ppl' must map lengths"), ({"passkey": {"64": "high"}},
-                                         "'passkey' must map lengths"), ({"lengths": 64}, "'lengths' must be a list")])
+                                         "'passkey' must map lengths"), ({"lengths": 64}, "'lengths' must be a list"),
+                                         ({"ppl": {"abc": 5}}, "'ppl' must map lengths"),  # a ValueError traceback
+                                         ({"foo": 1}, "none of ppl")])  # an empty table and figure, exit 0
 def test_compare_runs_on_a_json_that_is_not_an_evaluation(tmp_path, capsys, content, key):
     from minilm.cli import run_cli
 
@@ -195,14 +197,17 @@ def test_an_extension_value_that_is_not_yaml_is_one_message(fake_run, capsys, it
 
 
 @pytest.mark.parametrize("flag,value,message", [("--lengths", "64,64", "eval.lengths: has repeats: [64, 64]"),
-                                                  ("--depths", "0,0.5,0.50", "eval.depths: has repeats")])
-def test_a_repeated_length_or_depth_is_refused(fake_run, capsys, flag, value, message):
+                                                  ("--depths", "0,0.5,0.50", "eval.depths: has repeats"),
+                                                  ("--tasks", "passkey,passkey", "eval.tasks: has repeats")])
+def test_a_repeated_length_depth_or_task_is_refused(fake_run, capsys, flag, value, message):
     # a repeated length was evaluated twice (two summary rows); a repeated depth overwrote the first one's cell in
-    # the passkey / needle grid, whose numbers then disagreed with the per-length mean next to them
+    # the passkey / needle grid, whose numbers then disagreed with the per-length mean next to them; a repeated task
+    # ran twice
     from minilm.cli import run_cli
 
     ev = _script("evaluate")
-    argv = ["--run", str(fake_run), "--device", "cpu", "--no-tb", "--tasks", "passkey", "--lengths", "64", flag, value]
+    given = {"--tasks": "passkey", "--lengths": "64", flag: value}
+    argv = ["--run", str(fake_run), "--device", "cpu", "--no-tb", *(x for kv in given.items() for x in kv)]
     assert run_cli(ev.main, ev.parser(), argv) == 2
     assert message in capsys.readouterr().err
     assert not (fake_run / "train" / "eval" / "results.json").exists()
@@ -267,3 +272,64 @@ def test_retrieval_beyond_the_held_out_text_is_skipped_not_a_repeated_haystack(c
     for task in ("passkey", "kv"):
         assert res[task][str(L)] is None
         assert f"the held-out split has {n} tokens, fewer than one haystack of {L}" in res["skipped"][task][str(L)]
+
+
+def _evaluate_argv(path, lengths="32"):
+    return ["--run", str(path), "--lengths", lengths, "--tasks", "ppl", "--batches", "1", "--batch-tokens", "64",
+            "--no-sliding", "--device", "cpu", "--no-tb"]  # fmt: skip
+
+
+def test_a_step_checkpoint_is_evaluated_into_its_own_folder_at_its_own_step(fake_run):
+    """A step checkpoint's evaluation went to RUN/PHASE/eval/, replacing the evaluation of the phase's final weights,
+    said the phase's last step, and did not say which weights it measured."""
+    from safetensors.torch import load_file
+
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    assert run_cli(ev.main, ev.parser(), _evaluate_argv(fake_run)) == 0
+    final = json.loads((fake_run / "train" / "eval" / "results.json").read_text())
+    ckpt = fake_run / "train" / "checkpoints" / "step-00000003.ckpt"
+    ckpt.parent.mkdir()
+    state = load_file(str(fake_run / "train" / "model.safetensors"))
+    torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}, "global_step": 3}, ckpt)
+    assert run_cli(ev.main, ev.parser(), _evaluate_argv(ckpt)) == 0
+    saved = json.loads((fake_run / "train" / "eval-step-00000003" / "results.json").read_text())
+    assert saved["step"] == 3 and saved["weights"] == str(ckpt) and saved["label"] == "run/train @ step 3"
+    assert saved["ppl"] == final["ppl"]  # the same weights
+    assert json.loads((fake_run / "train" / "eval" / "results.json").read_text()) == final
+    assert final["step"] > 3 and final["label"] == "run/train"
+
+
+def test_an_evaluation_that_measures_nothing_writes_nothing(fake_run, capsys):
+    """Every length unsupported: results.json with nulls and a new report replaced the folder's earlier evaluation
+    and its figures, and only then was the command refused (exit 2)."""
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    assert run_cli(ev.main, ev.parser(), _evaluate_argv(fake_run)) == 0
+    folder = fake_run / "train" / "eval"
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert run_cli(ev.main, ev.parser(), _evaluate_argv(fake_run, lengths="100000000")) == 2
+    err = capsys.readouterr().err
+    assert "nothing could be measured at any length, so nothing was written" in err and "at 100000000: skipped" in err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+@pytest.mark.parametrize("script, argv, said", [
+    ("evaluate", ["--lengths", "64", "--lengths", "128"], "--lengths given twice"),
+    ("evaluate", ["--extension", "rerope", "window=64", "--extension", "logn"], "--extension given twice"),
+    ("evaluate", ["--extension", "rerope", "window=64", "window=32"], "parameter 'window' given twice"),
+    ("generate", ["--prompt", "a", "--max-new-tokens", "5", "--max-new-tokens", "7"], "--max-new-tokens given twice"),
+])  # fmt: skip
+def test_an_option_given_twice_is_refused_not_the_last_one_taken(fake_run, capsys, script, argv, said):
+    """argparse keeps the last of a repeated option: --lengths 64 --lengths 128 evaluated 128 alone, exit 0."""
+    from minilm.cli import run_cli
+
+    mod = _script(script)
+    head = ["--run", str(fake_run), "--no-tb"] if script == "evaluate" else [str(fake_run)]
+    try:  # argparse's own error (SystemExit 2), or ours (run_cli's exit code 2)
+        code = run_cli(mod.main, mod.parser(), [*head, "--device", "cpu", *argv])
+    except SystemExit as e:
+        code = e.code
+    assert code == 2 and said in capsys.readouterr().err

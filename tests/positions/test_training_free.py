@@ -303,6 +303,8 @@ def test_clear_error_for_a_model_that_is_not_rope(position, name):
             r"extension\.rope_scaling\.original_max_position_embeddings: required",
         ),
         ("rope_scaling", {"rope_type": "linear", "factor": 0.5}, r"extension\.rope_scaling\.factor: must be >= 1"),
+        # without one it meant rope_type default, which drops the scaling a YaRN-trained model runs with
+        ("rope_scaling", {"factor": 4}, r"extension\.rope_scaling\.rope_type: rope_scaling needs a rope_type"),
     ],
 )
 def test_bad_names_and_parameters_raise_naming_the_key(name, params, message):
