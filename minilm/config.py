@@ -325,7 +325,12 @@ def _check_new_phase(cfg: DictConfig, name: str, phase: DictConfig, label: str) 
     """A YAML file whose base already has phases may add one, but a phase it adds that sets neither its length nor
     its seq_len is most likely a misspelled name of a base phase (``extend_1K`` for ``extend_1k``): merged as
     written it would append a phase of the run's defaults and train it after the others, and the phase meant would
-    train unchanged."""
+    train unchanged. A name that differs from a base phase's in case alone is that phase misspelled, whatever it sets
+    (``extend_2K: {steps: 5}``, the commonest edit, appended a fifth phase at the run's seq_len)."""
+    same = next((n for n in cfg.phases if n.lower() == name.lower()), None)
+    if same is not None:
+        raise ConfigError(f"{label}: phases.{name}: not a phase of its base (phases: {', '.join(cfg.phases)}); did "
+                          f"you mean '{same}'? Phase names are case-sensitive.")  # fmt: skip
     if any(phase.get(key) is not None for key in ("seq_len", "steps", "tokens")):
         return
     close = difflib.get_close_matches(name, list(cfg.phases), n=1, cutoff=0.6)
@@ -389,6 +394,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
                               f"'key={{a: 1, b: [x, y]}}' with a space after each colon): {e}") from None
         _check_phase_names(cfg, dot, path)
         cfg = _merge_layer(cfg, dot, "command line")
+        _check_shadowed(cfg, dot)
         layers.append(("on the command line", dot))
     try:
         OmegaConf.resolve(cfg)
@@ -454,6 +460,27 @@ def _keep_string(item: str) -> str:
     except (OmegaConfBaseException, yaml.YAMLError):
         return item
     return f"{key}={json.dumps(raw)}" if isinstance(value, (bool, int, float)) else item
+
+
+def _check_shadowed(cfg: DictConfig, dot: DictConfig) -> None:
+    """A command-line run key that every phase sets for itself changes nothing: ``train.steps=5`` on a config whose
+    phases give their steps (the natural smoke test of configs/rope_yarn_tiny.yaml) trained 300, 60 and 30 steps
+    without a word. Refused, naming the phase keys to set."""
+    phases = cfg.phases
+    if not len(phases) or not isinstance(dot, DictConfig):
+        return
+    for section in ("train", "optim", "eval"):
+        given = dot.get(section)
+        for key in given if isinstance(given, DictConfig) else ():
+            own = "eval_lengths" if (section, key) == ("eval", "lengths") else key
+            if own != "eval_lengths" and _PHASE_TO_SECTION.get(key) != section:
+                continue
+            # a phase's steps or tokens each set its length: either one shadows both run keys
+            keys = ("steps", "tokens") if own in ("steps", "tokens") else (own,)
+            if all(any(phase[k] is not None for k in keys) for phase in phases.values()):
+                per_phase = ", ".join(f"phases.{n}.{own}=..." for n in phases)
+                raise ConfigError(f"command line: {section}.{key} changes nothing here: every phase sets its own "
+                                  f"{' or '.join(keys)}; set it per phase ({per_phase})")  # fmt: skip
 
 
 def _check_phase_names(cfg: DictConfig, dot: DictConfig, path: Any) -> None:

@@ -234,6 +234,25 @@ def test_a_misspelled_phase_in_a_child_yaml_is_an_error(tmp_path):
         load_config(child)
     child.write_text(f"base: {REPO / 'configs/rope_yarn.yaml'}\nphases:\n  cooldown: {{seq_len: 4096, steps: 10}}\n")
     assert phase_names(load_config(child))[-1] == "cooldown"
+    # a name that differs in case alone is the base's phase, even when it sets its length (it appended a phase)
+    child.write_text(f"base: {REPO / 'configs/rope_yarn.yaml'}\nphases:\n  extend_1K: {{steps: 5}}\n")
+    with pytest.raises(ConfigError, match=r"phases\.extend_1K: not a phase of its base .*did you mean 'extend_1k'\? "
+                                          r"Phase names are case-sensitive"):  # fmt: skip
+        load_config(child)
+
+
+@pytest.mark.parametrize("override, phase_key", [("train.steps=5", "steps"), ("train.tokens=20000", "tokens"),
+                                                 ("train.seq_len=64", "seq_len"),
+                                                 ("eval.lengths=[64]", "eval_lengths")])  # fmt: skip
+def test_a_run_key_every_phase_sets_for_itself_is_refused_on_the_command_line(override, phase_key):
+    """train.steps=5 on configs/rope_yarn_tiny.yaml (a smoke test) trained 300, 60 and 30 steps without a word: every
+    phase sets its own. A key some phase reads is kept (optim.lr here); so is any key on a config without phases."""
+    key = override.partition("=")[0]
+    with pytest.raises(ConfigError, match=rf"command line: {re.escape(key)} changes nothing here: every phase sets "
+                                          rf"its own .*phases\.pretrain\.{phase_key}=\.\.\."):  # fmt: skip
+        load_config(REPO / "configs/rope_yarn_tiny.yaml", [override])
+    assert load_config(REPO / "configs/rope_yarn_tiny.yaml", ["optim.lr=0.01"]).optim.lr == 0.01
+    assert load_config(REPO / "configs/tiny.yaml", [override])
 
 
 def test_a_config_file_that_cannot_be_read_is_named(tmp_path):

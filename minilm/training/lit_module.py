@@ -139,8 +139,9 @@ class LitGPT(L.LightningModule):
         self.bad_steps += 1
         if self.bad_steps > self.cfg.train.max_bad_steps:
             raise MinilmError(
-                f"phase '{self.phase}': {what} at step {step}; stopping. The last good checkpoint is intact. Lower "
-                "optim.lr, raise optim.warmup_steps, or allow skipping with train.max_bad_steps."
+                f"phase '{self.phase}': {what} at step {step}; stopping (no bad step changed the weights: a checkpoint "
+                "the phase wrote holds good steps only). Lower optim.lr, raise optim.warmup_steps, or allow skipping "
+                "with train.max_bad_steps."
             )
         if self.global_rank == 0:  # every DDP rank skips the step alike (the norm is of the all-reduced gradient)
             print(f"warning: {what} at step {step}; skipped ({self.bad_steps}/{self.cfg.train.max_bad_steps})")
@@ -161,7 +162,7 @@ class LitGPT(L.LightningModule):
         self._step_lr = optimizer.param_groups[0]["lr"]  # read before the scheduler steps to the next step's lr
         # A NaN/inf loss, or a finite loss with a NaN/inf gradient: clipping would write NaN into every weight (it
         # scales by clip / norm). The norm is of the all-reduced gradient, so every rank decides alike.
-        step = self.step_offset + self.global_step
+        step = self.step_offset + self.global_step + 1  # as logged: global_step counts this step only after it
         if self._skips_on_device(optimizer):
             # Decided on the device, read at the next log (settle_bad_steps): a host read of the norm here waited
             # for the backward each step, leaving the GPU idle while Python set up the next one. With found_inf 1

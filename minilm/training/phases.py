@@ -577,6 +577,8 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, corpus, run_dir: Path, resu
     from minilm.data import check_phase_data
 
     names, resume_from = list(pcfgs), {}
+    if resume:
+        _check_finished_follow(names[start:], run_dir)
     for i, n in enumerate(names[start:], start):
         check_phase_data(corpus, pcfgs[n], n)
         carry = carries_optimizer(cfg, n)
@@ -592,6 +594,19 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, corpus, run_dir: Path, resu
         if carry and retrains and is_complete(run_dir, names[i - 1]):
             _optimizer_state_path(run_dir, names[i - 1], n)
     return resume_from
+
+
+def _check_finished_follow(names: list[str], run_dir: Path) -> None:
+    """On --resume, a finished phase must follow finished phases only: one after a phase that is to train (a phase
+    inserted before it in the config) was trained from other weights. It was skipped, so the new phase trained and
+    was then thrown away, the run's weights those of the old chain, and TensorBoard's later curves purged."""
+    pending = next((n for n in names if not is_complete(run_dir, n)), None)
+    after = [n for n in names[names.index(pending) + 1:] if is_complete(run_dir, n)] if pending else []
+    if after:
+        raise MinilmError(f"--resume: phase '{pending}' has not finished, but {', '.join(repr(n) for n in after)} "
+                          f"after it has, trained from other weights (was '{pending}' inserted before them?); retrain "
+                          f"from it with --phase {pending} (it retrains the phases after it), or start a new run "
+                          "(run.name / run.dir)")  # fmt: skip
 
 
 def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
@@ -634,6 +649,10 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     # phases trained on the split held_out.json records, which the run keeps: finished ones before the phase --phase
     # restarts, or on --resume every finished one and every checkpoint it continues from
     kept = [n for n in (names if resume else names[:start]) if is_complete(run_dir, n)] + list(resume_from)
+    if init is not None and resume and start_phase is None and kept:  # said loaded, then replaced by them
+        raise MinilmError(f"--init: --resume continues the run from its trained phases ({', '.join(kept)}), whose "
+                          "weights replace the initial ones; drop --init, or retrain a phase from other weights with "
+                          "--phase NAME --init PATH")  # fmt: skip
     trains = not resume or not all(is_complete(run_dir, n) for n in names)
     flag = "--resume" if resume else f"--phase {start_phase}"
     _check_run_tokenizer(corpus, run_dir, kept, flag)

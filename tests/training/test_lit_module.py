@@ -158,7 +158,7 @@ def test_a_step_whose_gradient_is_not_finite_is_skipped_or_stops_the_phase(capsy
         module.model.tok_emb.weight.register_hook(lambda g: g * float("nan"))
         modules.append((module, {k: v.clone() for k, v in module.model.state_dict().items()}))
 
-    with pytest.raises(MinilmError, match="gradient norm became nan at step 0; stopping"):
+    with pytest.raises(MinilmError, match="gradient norm became nan at step 1; stopping"):
         _fit(4, prepare=poison)
     logged = _fit(4, steps=2, prepare=poison, **{"train.max_bad_steps": 2})
     module, before = modules[-1]
@@ -183,11 +183,11 @@ def test_a_nan_loss_skips_its_step_through_the_gradient_and_then_stops_the_phase
         module.loss_fn = lambda *a, **k: loss(*a, **k) * float("nan")
         modules.append((module, {k: v.clone() for k, v in module.model.state_dict().items()}))
 
-    with pytest.raises(MinilmError, match="the loss became nan at step 1; stopping"):
+    with pytest.raises(MinilmError, match="the loss became nan at step 2; stopping"):
         _fit(2, steps=3, prepare=poison, **{"train.max_bad_steps": 1})
     module, before = modules[-1]
     assert module.bad_steps == 2 and all(torch.equal(v, before[k]) for k, v in module.model.state_dict().items())
-    assert "warning: the loss became nan at step 0; skipped (1/1)" in capsys.readouterr().out
+    assert "warning: the loss became nan at step 1; skipped (1/1)" in capsys.readouterr().out
 
 
 def _steps_callback(at: list, on_end=None):
@@ -254,11 +254,11 @@ def test_a_bad_step_between_logs_is_skipped_on_the_device_and_counted_at_the_log
     logged = _fit(4, steps=3, log_every=3, prepare=poison_step_1, **{"train.max_bad_steps": 1})
     module = modules[-1]
     assert module.bad_steps == 1 and logged["grad_norm"][0][0] == 3 and math.isfinite(logged["grad_norm"][0][1])
-    assert "warning: the gradient norm became nan at step 1; skipped (1/1)" in capsys.readouterr().out
+    assert "warning: the gradient norm became nan at step 2; skipped (1/1)" in capsys.readouterr().out
     opt = module.trainer.optimizers[0]
     assert {int(opt.state[p]["step"]) for p in module.model.parameters()} == {2}  # 3 steps, 1 skipped
     assert all(torch.isfinite(p).all() for p in module.model.parameters())
-    with pytest.raises(MinilmError, match="gradient norm became nan at step 1; stopping"):
+    with pytest.raises(MinilmError, match="gradient norm became nan at step 2; stopping"):
         _fit(4, steps=3, log_every=3, prepare=poison_step_1)
 
 

@@ -126,6 +126,26 @@ def test_resume_refuses_a_tokenizer_other_than_the_one_the_kept_phases_trained_w
     assert (run / "b" / "complete.json").exists() and tokenizer.read_bytes() == ours
 
 
+def test_resume_refuses_a_phase_inserted_before_finished_ones_and_an_init_it_would_replace(config, tmp_path):
+    """A phase inserted before finished ones trained on --resume, then the finished ones were skipped: its training
+    thrown away, TensorBoard's later curves purged. --resume --init said the initial weights were loaded, then the
+    finished phases' weights replaced them. Both refused before anything is written."""
+    run = tmp_path / "run"
+    a, b = "phases.a={seq_len: 32, steps: 2}", "phases.b={seq_len: 32, steps: 2}"
+    run_phases(load_config(config, [f"run.dir={run}", a, b]), log=lambda m: None)
+    written = (run / "config.yaml").stat().st_mtime_ns
+    inserted = load_config(config, [f"run.dir={run}", a, "phases.mid={seq_len: 32, steps: 2}", b])
+    with pytest.raises(MinilmError, match=r"--resume: phase 'mid' has not finished, but 'b' after it has, trained "
+                                          r"from other weights .*--phase mid"):  # fmt: skip
+        run_phases(inserted, resume=True, log=lambda m: None)
+    with pytest.raises(MinilmError, match=r"--init: --resume continues the run from its trained phases \(a, b\)"):
+        run_phases(load_config(config, [f"run.dir={run}", a, b]), resume=True, init=str(run / "model.safetensors"),
+                   log=lambda m: None)  # fmt: skip
+    assert (run / "config.yaml").stat().st_mtime_ns == written and not (run / "mid").exists()
+    run_phases(inserted, start_phase="mid", log=lambda m: None)  # what the message says: mid, then b again
+    assert (run / "mid" / "complete.json").exists() and (run / "b" / "complete.json").exists()
+
+
 def test_tokens_seen_adds_each_phase_at_its_own_batch_and_length(config, tmp_path):
     """tokens_seen counted every step of the earlier phases at the current phase's batch_size · seq_len."""
     run = tmp_path / "run"
