@@ -74,7 +74,7 @@ class GPT(nn.Module):
         self.loss_chunk_size: Optional[int] = cfg.loss_chunk_size
         self.activation_checkpointing = bool(cfg.activation_checkpointing)
         kv = cfg.n_kv_heads or cfg.n_heads
-        dims = PositionDims(cfg.d_model, cfg.n_heads, kv, head_dim(cfg), cfg.n_layers, layer=-1)
+        dims = PositionDims(cfg.d_model, cfg.n_heads, kv, head_dim(cfg), cfg.n_layers, layer=-1, init_std=cfg.init_std)
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
         self.pos_emb = build_position(cfg.position, dims, "embedding")
         self.drop = nn.Dropout(cfg.dropout)

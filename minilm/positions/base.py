@@ -48,6 +48,7 @@ class PositionDims:
     head_dim: int
     n_layers: int
     layer: int = 0  # which block this instance serves (-1 for the embedding-side instance)
+    init_std: float = 0.02  # model.init_std, the token embeddings' size: an added table's default is of that size
 
 
 @dataclass

@@ -491,7 +491,9 @@ def _first_difference(old, new, key: str, ignore: tuple[str, ...] = ()) -> Optio
     in ``ignore`` are compared by the caller: skipped here, not filtered out of the result, where the first
     difference (train.batch_size sorts first in its section) hid every later one (train.seq_len, train.steps)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        for k in sorted(set(old) | set(new), key=str):
+        # a block's "name" (the encoding's) first: the parameters of another encoding differ too, and the first of
+        # them (model.position.base) was named where the user had changed model.position.name
+        for k in sorted(set(old) | set(new), key=lambda k: (k != "name", str(k))):
             diff = _first_difference(old.get(k), new.get(k), f"{key}.{k}", ignore)
             if diff:
                 return diff

@@ -431,7 +431,7 @@ def test_sinusoidal_formula():
             angle = pos / 10000 ** (2 * i / d)
             assert pe[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
             assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
-    emb = embedding_hook("sinusoidal", d_model=10)
+    emb = embedding_hook("sinusoidal", d_model=10, scale=1.0)
     assert torch.allclose(emb.embed(torch.zeros(1, 50, 10), p[None]), pe[None])
 
 

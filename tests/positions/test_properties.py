@@ -41,11 +41,22 @@ def test_sinusoidal_scale_multiplies_the_table():
     assert torch.allclose(emb.embed(x, p), 2.5 * sinusoid(p, 16))
 
 
+def test_the_sinusoidal_table_is_as_large_as_the_token_embeddings_by_default():
+    """Added unscaled (RMS 0.71) to token embeddings of RMS 0.02 (model.init_std), it drowned them: the shipped
+    configs/positions/sinusoidal.yaml learned less in 150 steps than no position at all. By default its RMS is now
+    the embeddings'."""
+    p, x = torch.arange(512)[None], torch.zeros(1, 512, 16)
+    for std in (0.02, 0.05):
+        dims = PositionDims(d_model=16, n_heads=2, n_kv_heads=2, head_dim=8, n_layers=2, layer=-1, init_std=std)
+        table = build_position({"name": "sinusoidal"}, dims, "embedding").embed(x, p)
+        assert table.pow(2).mean().sqrt().item() == pytest.approx(std, rel=1e-3)
+
+
 def test_sinusoidal_and_multiplicative_use_their_base():
     p, x = torch.arange(20)[None], torch.randn(1, 20, 16)
     table = sinusoid(p, 16, base=100.0)
     assert not torch.allclose(table, sinusoid(p, 16))  # the base matters at these positions
-    assert torch.allclose(embedding_hook("sinusoidal", base=100.0).embed(x, p), x + table)
+    assert torch.allclose(embedding_hook("sinusoidal", base=100.0, scale=1.0).embed(x, p), x + table)
     multiplicative = embedding_hook("multiplicative", base=100.0, amplitude=0.5)
     assert torch.allclose(multiplicative.embed(x, p), x * (1 + 0.5 * table))
 

@@ -512,6 +512,9 @@ def test_resume_takes_new_kernel_and_memory_settings(config, tmp_path):
            "train.compile_mode=max-autotune-no-cudagraphs"]  # fmt: skip
     with pytest.raises(MinilmError, match=r"--resume: model\.norm_eps is 1e-06 here but 1e-05 in the run's saved "):
         run_phases(load_config(config, [*over, *how, "model.norm_eps=1e-6"]), resume=True, log=lambda m: None)
+    # another encoding is named by its name, not by the first of the parameters that differ with it (base)
+    with pytest.raises(MinilmError, match=r"--resume: model\.position\.name is 'alibi' here but 'rope' in the run's"):
+        run_phases(load_config(config, [*over, "model.position.name=alibi"]), resume=True, log=lambda m: None)
     run_phases(load_config(config, [*over, *how]), resume=True, log=lambda m: None)
     assert (run / "a" / "complete.json").is_file()
 
