@@ -204,7 +204,7 @@ class SourceDocs:
         self.first_skipped.setdefault(reason, str(what))
 
     def skipped_text(self) -> str:
-        """The counts, with the first file of each reason: "non_utf8: 1 (a.jsonl)", not a count a user cannot act
+        """The counts, each with its first file: "non_utf8: 1 (first: a.jsonl)", not a count a user cannot act
         on (one bad byte skips a whole record file)."""
         return ", ".join(f"{r}: {n}" + (f" (first: {self.first_skipped[r]})" if r in self.first_skipped else "")
                          for r, n in self.skipped.items())  # fmt: skip
