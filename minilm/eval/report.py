@@ -322,7 +322,7 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
         f"{results.get('samples')} samples per retrieval cell",
         "",
     ]
-    lines += _summary_lines(results) + _grid_lines(results) + not_measured_lines(results)
+    lines += _summary_lines(results) + _grid_lines(results) + _not_measured_lines(results)
     lines += _example_lines(results)
     if figures:
         lines += ["## Figures", ""] + [f"![{n}]({p.name})" for n, p in figures.items()] + [""]
@@ -367,20 +367,17 @@ def _grid_lines(results: dict) -> list[str]:
     return lines
 
 
-def measured(results: dict) -> bool:
-    """Whether any task measured anything at any length."""
-    return any(v is not None for k in ("ppl", "passkey", "needle", "kv") for v in results.get(k, {}).values())
-
-
-def not_measured_lines(results: dict) -> list[str]:
-    """The report's "Not measured" section: its heading, a blank line, one line per length or task, a blank line."""
+def not_measured(results: dict) -> list[str]:
+    """What was not measured and why, one item per length or task: the report's "Not measured" section, and the
+    message of an evaluation that measured nothing."""
     unsupported, skipped = results.get("unsupported", {}), results.get("skipped", {})
-    if not unsupported and not any(skipped.values()):
-        return []
-    lines = ["## Not measured", ""]
-    lines += [f"- length {L}: unsupported — {why}" for L, why in unsupported.items()]
-    lines += [f"- {task} at {L}: skipped — {why}" for task, per in skipped.items() for L, why in per.items()]
-    return lines + [""]
+    return ([f"length {L}: unsupported — {why}" for L, why in unsupported.items()]
+            + [f"{task} at {L}: skipped — {why}" for task, per in skipped.items() for L, why in per.items()])
+
+
+def _not_measured_lines(results: dict) -> list[str]:
+    items = not_measured(results)
+    return ["## Not measured", "", *(f"- {item}" for item in items), ""] if items else []
 
 
 def _example_lines(results: dict) -> list[str]:

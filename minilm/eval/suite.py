@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from minilm.errors import ConfigError, MinilmError
 from minilm.files import atomic_write_text
 from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
-from minilm.eval.report import log_tensorboard, make_output_dir, measured, not_measured_lines, write_report
+from minilm.eval.report import log_tensorboard, make_output_dir, not_measured, write_report
 from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
 
 TASKS = ("ppl", "passkey", "needle", "kv")
@@ -665,9 +665,9 @@ def evaluate_run(
     log(f"evaluating {loaded.weights} (phase {phase}, step {step}) at lengths {settings.lengths} on {device}")
     meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights)
     results = evaluate(model, data, settings, meta=meta, log=log)
-    if not measured(results):  # the folder keeps what an earlier evaluation wrote there
+    if all(v is None for task in TASKS for v in results.get(task, {}).values()):  # keep what the folder holds
         raise MinilmError(f"nothing could be measured at any length, so nothing was written to {out_dir}: "
-                          + "; ".join(line.removeprefix("- ") for line in not_measured_lines(results)[2:-1]))
+                          + "; ".join(not_measured(results)))
     figures = write_report(results, out_dir)
     _clear_phase_error(out_dir, loaded.run_dir / phase)
     if tensorboard:
