@@ -31,6 +31,14 @@ class Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def once_parser(**kwargs) -> argparse.ArgumentParser:
+    """An ArgumentParser whose options take ``Once`` unless they name another action (``store_true`` flags do): the
+    scripts' value options, each refused when given twice, without ``action=Once`` on every one of them."""
+    parser = argparse.ArgumentParser(**kwargs)
+    parser.register("action", None, Once)
+    return parser
+
+
 def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--config", required=required, action=Once,
                         help="YAML experiment file (may name a 'base:' YAML)")  # fmt: skip

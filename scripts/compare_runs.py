@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import Once, run_cli  # noqa: E402
+from minilm.cli import once_parser, run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 
@@ -59,10 +59,10 @@ def distinct_labels(results: list[dict], args: list[str]) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run / phase / eval directories or results.json files")
-    p.add_argument("--label", action=Once, nargs="+", help="one label per run")
-    p.add_argument("--out", action=Once, default=".", help="output directory for compare.png and compare.md")
+    p.add_argument("--label", nargs="+", help="one label per run")
+    p.add_argument("--out", default=".", help="output directory for compare.png and compare.md")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import Once, run_cli  # noqa: E402
+from minilm.cli import once_parser, run_cli  # noqa: E402
 
 
 def _items(s: str, kind: str) -> list[str]:
@@ -76,23 +76,23 @@ def main(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--run", action=Once, required=True, help="run directory, phase directory or weights file")
-    p.add_argument("--phase", action=Once, help="evaluate this phase's weights (default: the run's final weights)")
-    p.add_argument("--lengths", action=Once, type=_ints, help="comma-separated context lengths, e.g. 256,512,1024")
-    p.add_argument("--tasks", action=Once, type=_names,
+    p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", required=True, help="run directory, phase directory or weights file")
+    p.add_argument("--phase", help="evaluate this phase's weights (default: the run's final weights)")
+    p.add_argument("--lengths", type=_ints, help="comma-separated context lengths, e.g. 256,512,1024")
+    p.add_argument("--tasks", type=_names,
                    help="comma-separated: ppl,passkey,needle,kv (default: eval.tasks)")  # fmt: skip
-    p.add_argument("--extension", action=Once, nargs="+", metavar="METHOD [k=v]",
+    p.add_argument("--extension", nargs="+", metavar="METHOD [k=v]",
                    help="training-free method or rope_type + params; none: without the config's eval.extension")
-    p.add_argument("--depths", action=Once, type=_floats, help="comma-separated needle depths in [0, 1]")
-    p.add_argument("--samples", action=Once, type=int, help="retrieval samples per (length, depth)")
-    p.add_argument("--needles", action=Once, type=int, help="needles per needle prompt (1 asked + distractors)")
-    p.add_argument("--batches", action=Once, type=int, help="perplexity: batches of windows per length")
-    p.add_argument("--batch-tokens", action=Once, type=int, help="tokens per forward pass")
-    p.add_argument("--stride", action=Once, type=int, help="sliding-window stride (default length/2)")
+    p.add_argument("--depths", type=_floats, help="comma-separated needle depths in [0, 1]")
+    p.add_argument("--samples", type=int, help="retrieval samples per (length, depth)")
+    p.add_argument("--needles", type=int, help="needles per needle prompt (1 asked + distractors)")
+    p.add_argument("--batches", type=int, help="perplexity: batches of windows per length")
+    p.add_argument("--batch-tokens", type=int, help="tokens per forward pass")
+    p.add_argument("--stride", type=int, help="sliding-window stride (default length/2)")
     p.add_argument("--no-sliding", action="store_true", help="skip the sliding-window perplexity")
-    p.add_argument("--out", action=Once, help="output directory (default RUN/PHASE/eval[-METHOD])")
-    p.add_argument("--device", action=Once, help="cpu | cuda | cuda:N (default: cuda when available)")
+    p.add_argument("--out", help="output directory (default RUN/PHASE/eval[-METHOD])")
+    p.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument("--no-tb", action="store_true", help="do not log to TensorBoard (the run's tb/, or OUT/tb/)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import Once, run_cli  # noqa: E402
+from minilm.cli import once_parser, run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 TOLERANCE = 1e-4
@@ -52,10 +52,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="run directory, phase directory or model.safetensors")
     p.add_argument("out_dir", help="directory to write (created; an earlier export in it is replaced)")
-    p.add_argument("--phase", action=Once, help="a phase of the run (default: its final weights)")
+    p.add_argument("--phase", help="a phase of the run (default: its final weights)")
     p.add_argument("--no-verify", action="store_true", help="skip loading the export back to compare logits")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import Once, run_cli  # noqa: E402
+from minilm.cli import once_parser, run_cli  # noqa: E402
 from minilm.errors import ConfigError, MinilmError  # noqa: E402
 
 
@@ -68,20 +68,20 @@ def main(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="run directory, phase directory or model.safetensors")
-    p.add_argument("--prompt", action=Once, required=True)
-    p.add_argument("--phase", action=Once, help="a phase of the run (default: its final weights)")
-    p.add_argument("--max-new-tokens", action=Once, type=int, default=100)
-    p.add_argument("--temperature", action=Once, type=float, default=1.0)
-    p.add_argument("--top-k", action=Once, type=int)
-    p.add_argument("--top-p", action=Once, type=float)
-    p.add_argument("--seed", action=Once, type=int)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--phase", help="a phase of the run (default: its final weights)")
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--seed", type=int)
     p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores temperature / top-k / top-p)")
-    p.add_argument("--extension", action=Once, nargs="+", metavar="ARG",
+    p.add_argument("--extension", nargs="+", metavar="ARG",
                    help="METHOD [key=value ...]: a training-free method or a rope_type, as scripts/evaluate.py")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step")
-    p.add_argument("--device", action=Once, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
