@@ -123,7 +123,9 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
     material = {
         "format": FORMAT_VERSION,
         "sources": {n: source_fingerprint(n, s) for n, s in specs.items()},
-        "tokenizer": _plain(tok_cfg),
+        # a model_file is its content: its path and the training settings it makes unused are not in the key (they
+        # gave one corpus per path or vocab_size, all alike)
+        "tokenizer": None if tok_cfg.model_file else _plain(tok_cfg),
         "tokenizer_file": file_digest(tok_cfg.model_file) if tok_cfg.model_file else None,
         "val_fraction": float(data_cfg.val_fraction),
     }

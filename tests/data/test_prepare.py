@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -145,6 +146,18 @@ def test_existing_model_file_is_used_as_is(files_cfg):
     assert again.tokenizer.encode("def f(x):\n") == first.tokenizer.encode("def f(x):\n")
 
 
+def test_a_model_files_key_is_its_content_not_its_path_or_the_unused_training_settings(files_cfg, tmp_path):
+    """With a model_file, vocab_size / type / sample_chars do nothing, and a copy of the file is the same tokenizer:
+    each gave a corpus of its own, all alike."""
+    first = load_corpus(files_cfg(), progress=False)
+    copy = tmp_path / "copy.model"
+    shutil.copyfile(first.tokenizer.model_file, copy)
+    given = load_corpus(files_cfg(**{"tokenizer.model_file": first.tokenizer.model_file}), progress=False)
+    other = files_cfg(**{"tokenizer.model_file": str(copy), "tokenizer.vocab_size": 999, "tokenizer.type": "unigram"})
+    again = load_corpus(other, progress=False)
+    assert again.from_cache and again.cache_dir == given.cache_dir
+
+
 def test_missing_model_file_is_a_data_error_naming_the_key(files_cfg, tmp_path):
     with pytest.raises(DataError, match="data.tokenizer.model_file: cannot read .*nope.model"):
         load_corpus(files_cfg(**{"tokenizer.model_file": str(tmp_path / "nope.model")}), progress=False)
@@ -275,7 +288,6 @@ def test_a_long_document_is_encoded_in_pieces_cut_at_newlines_with_the_same_ids(
     monkeypatch.setattr(Tokenizer, "encode_batch", lambda self, texts, num_threads=1: (
         seen.extend(len(t) for t in texts), encode_batch(self, texts, num_threads))[1])  # fmt: skip
     monkeypatch.setattr(prepare_mod, "ENCODE_CHUNK_CHARS", 100)
-    import shutil
 
     shutil.rmtree(whole.cache_dir)
     pieces = load_corpus(cfg, progress=False)
