@@ -65,6 +65,24 @@ def test_position_block_resets_when_the_encoding_changes(tmp_path):
         load_config(overrides=["model.position.bogus=1"])
 
 
+def test_a_read_only_configs_phase_configs_are_built_once_and_a_writable_ones_each_time():
+    """load_config's checks build every phase's config; the run, a study and the evaluation asked for them again
+    (~30 ms each). A read-only config cannot change, so its phase configs are kept; a writable one can."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    cfg = load_config(REPO / "configs/rope_yarn_tiny.yaml")
+    assert phase_config(cfg, "extend_2k") is phase_config(cfg, "extend_2k")
+    assert OmegaConf.is_readonly(phase_config(cfg, "extend_2k"))
+    mine = copy.deepcopy(cfg)  # a copy is a config of its own
+    OmegaConf.set_readonly(mine, False)
+    mine.phases.extend_2k.seq_len = 1024
+    assert phase_config(mine, "extend_2k").train.seq_len == 1024 != phase_config(cfg, "extend_2k").train.seq_len
+    mine.phases.extend_2k.seq_len = 768
+    assert phase_config(mine, "extend_2k").train.seq_len == 768
+
+
 def test_phase_position_blocks_reset_when_the_encoding_changes():
     """configs/rope_yarn_tiny.yaml with model.position.name=alibi: the phases' YaRN blocks were RoPE's parameters,
     so ALiBi starts them fresh (the same schedule, no position change), as it does the run's block; a phase
