@@ -9,7 +9,8 @@ evaluation directory holding results.json, or a results.json file; run scripts/e
 --lengths for every run, so the table lines up). ``--label`` names the lines (default: run/phase[+method], with as
 many parent directories of the run as it takes to tell runs of the same name apart, e.g. a study's
 ``yarn/seed1/extend_2k`` and ``alibi/seed1/extend_2k``). Writes compare.png and compare.md to --out (default: the
-current directory).
+current directory). Evaluations made with different settings that change the numbers (run.seed, --batches,
+--batch-tokens, --stride, --samples, --depths, --needles) are named in a warning, on stderr and atop compare.md.
 """
 
 import argparse
@@ -24,6 +25,7 @@ from minilm.errors import MinilmError  # noqa: E402
 
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import compare, load_results
+    from minilm.eval.report import setting_differences
     from minilm.runs import find_results
 
     if args.label and len(args.label) != len(args.runs):
@@ -33,6 +35,8 @@ def main(args: argparse.Namespace) -> int:
     fig, table = compare(results, labels, Path(args.out))
     print(Path(table).read_text())
     print(f"figure: {fig}\ntable: {table}")
+    for warning in setting_differences(results, labels):  # (also at the top of the table) last, where it is seen
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
 
 

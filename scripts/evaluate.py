@@ -56,7 +56,7 @@ def _names(s: str) -> list[str]:
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import evaluate_run, parse_extension
 
-    changes = {"samples": args.samples, "depths": args.depths, "batches": args.batches,
+    changes = {"samples": args.samples, "depths": args.depths, "batches": args.batches, "seed": args.seed,
                "batch_tokens": args.batch_tokens, "stride": args.stride, "needles": args.needles}  # fmt: skip
     if args.no_sliding:
         changes["sliding"] = False
@@ -91,6 +91,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-tokens", type=int, help="tokens per forward pass")
     p.add_argument("--stride", type=int, help="sliding-window stride (default length/2)")
     p.add_argument("--no-sliding", action="store_true", help="skip the sliding-window perplexity")
+    p.add_argument("--seed", type=int, help="draws the perplexity windows and retrieval prompts (default: run.seed)")
     p.add_argument("--out", help="output directory (default RUN/PHASE/eval[-METHOD])")
     p.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument("--no-tb", action="store_true", help="do not log to TensorBoard (the run's tb/, or OUT/tb/)")

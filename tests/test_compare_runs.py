@@ -57,3 +57,33 @@ def test_the_figure_says_which_run_each_training_length_line_belongs_to(tmp_path
     compare(runs, ["a/pre", "b/ext"], tmp_path / "cmp")
     legend = [t.get_text() for t in closed[0].axes[0].get_legend().get_texts()]
     assert "trained at 64 (a/pre)" in legend and "trained at 256 (b/ext)" in legend
+
+
+def test_evaluations_made_with_different_settings_are_named_in_a_warning(tmp_path, capsys):
+    """results.json did not record batches / batch_tokens (nor run.seed, stride, needles): two runs evaluated with
+    --batches 4 and --batches 1 were overlaid as if measured alike. Each differing setting is now named with its
+    values and the runs of each, on stderr and atop compare.md; settings that change no metric shown are not."""
+    a, b = _evaluation(tmp_path / "a", "pre", 5.0), _evaluation(tmp_path / "b", "pre", 6.0)
+    for folder, batches, needles in ((a, 4, 4), (b, 1, 2)):
+        results = json.loads((folder / "results.json").read_text())
+        results.update(seed=1, batches=batches, batch_tokens=8192, stride=None, needles=needles)  # no needle scores
+        (folder / "results.json").write_text(json.dumps(results))
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args([str(a), str(b), "--out", str(tmp_path / "cmp")])) == 0
+    err = capsys.readouterr().err
+    assert "warning: evaluated with different batches: 4 (a/pre); 1 (b/pre)." in err and "--batches" in err
+    assert err.count("warning:") == 1  # batch_tokens, stride, seed alike; needles differ, but no needle scores
+    assert "evaluated with different batches: 4 (a/pre); 1 (b/pre)" in (tmp_path / "cmp" / "compare.md").read_text()
+
+
+def test_an_evaluation_from_before_the_settings_were_recorded_still_compares_and_says_so(tmp_path, capsys):
+    old, new = _evaluation(tmp_path / "old", "pre", 5.0), _evaluation(tmp_path / "new", "pre", 6.0)
+    results = json.loads((new / "results.json").read_text())
+    results.update(seed=1, batches=4, batch_tokens=8192, stride=None)
+    (new / "results.json").write_text(json.dumps(results))
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args([str(old), str(new), "--out", str(tmp_path / "cmp")])) == 0
+    out, err = capsys.readouterr()
+    assert "| old/pre | 5.00 |" in out and "| new/pre | 6.00 |" in out
+    assert err == ("warning: old/pre: its results.json does not record seed, batches, batch_tokens (written by an "
+                   "older minilm), so whether the others were evaluated alike cannot be checked; evaluate it again\n")

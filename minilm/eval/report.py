@@ -2,7 +2,8 @@
 
 ``results.json`` (keys of per-length mappings are the lengths as strings; ``null`` = not measured there)::
 
-    run, phase, step, extension, position, train_seq_len, vocab_size, lengths, depths, tasks
+    run, phase, step, label, weights, extension, position, train_seq_len, vocab_size, lengths, depths, tasks, samples
+    seed, batches, batch_tokens, sliding, stride, needles   (the settings; absent from files of older versions)
     ppl            {L: perplexity, non-overlapping windows}      loss  {L: mean nats/token, same windows}
     ppl_sliding    {L: perplexity, sliding windows}
     per_position_loss {L: {positions: [...], loss: [...]}}       (bucketed to at most 128 points)
@@ -320,8 +321,11 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
         f"- extension at evaluation: `{json.dumps(ext) if ext else 'none'}`",
         f"- tasks: {', '.join(results.get('tasks', []))}; depths: {results.get('depths')}; "
         f"{results.get('samples')} samples per retrieval cell",
-        "",
     ]
+    recorded = [key for key in SETTINGS_READ_BY if key not in ("samples", "depths") and key in results]
+    if recorded:  # (results.json of an older minilm does not record them)
+        lines.append("- settings: " + ", ".join(f"{key} {_setting_text(key, results[key])}" for key in recorded))
+    lines.append("")
     lines += _summary_lines(results) + _grid_lines(results) + _not_measured_lines(results)
     lines += _example_lines(results)
     if figures:
@@ -433,6 +437,52 @@ def log_tensorboard(writer, results: dict, figures: Dict[str, Path], step: int, 
 
 # ------------------------------------------------------------------------------------------------------ compare
 
+# results.json key -> (the metrics whose numbers it changes, why, the scripts/evaluate.py flag that sets it): the same
+# weights evaluated with other values give other numbers, so compare() warns when the evaluations it overlays differ
+SETTINGS_READ_BY = {
+    "seed": (("ppl", "ppl_sliding", *RETRIEVAL), "it draws the perplexity windows and the retrieval prompts, so "
+             "they were measured on different text", "--seed"),
+    "batches": (("ppl", "ppl_sliding"), "perplexity averages batches × max(1, batch_tokens // L) windows per length",
+                "--batches"),
+    "batch_tokens": (("ppl", "ppl_sliding"), "perplexity averages batches × max(1, batch_tokens // L) windows per "
+                     "length", "--batch-tokens"),
+    "stride": (("ppl_sliding",), "the sliding windows' stride sets how much context each scored token has",
+               "--stride"),
+    "samples": (RETRIEVAL, "each accuracy counts other prompts", "--samples"),
+    "depths": (RETRIEVAL, "each length's accuracy is the mean over other depths", "--depths"),
+    "needles": (("needle",), "the needle prompts hold other numbers of distractors", "--needles"),
+}  # fmt: skip
+
+
+def _setting_text(key: str, value) -> str:
+    if key == "stride" and value is None:
+        return "L/2"
+    return json.dumps(value)
+
+
+def setting_differences(runs: Sequence[dict], labels: Sequence[str]) -> list[str]:
+    """Warnings for compare(): one per evaluation setting (SETTINGS_READ_BY) in which the evaluations that measured a
+    metric it changes differ, naming each value and the runs evaluated with it; and one per such evaluation whose
+    results.json predates the record of a setting (evaluated by an older minilm), which cannot be checked."""
+    out, unknown = [], {}
+    for key, (metrics, why, flag) in SETTINGS_READ_BY.items():
+        by_value: Dict[str, List[str]] = {}
+        for r, label in zip(runs, labels):
+            if not any(_lengths(r, m) for m in metrics):
+                continue
+            if key in r:
+                by_value.setdefault(_setting_text(key, r[key]), []).append(label)
+            else:
+                unknown.setdefault(label, []).append(key)
+        if len(by_value) > 1:
+            values = "; ".join(f"{value} ({', '.join(who)})" for value, who in by_value.items())
+            out.append(f"evaluated with different {key}: {values}. {why[0].upper()}{why[1:]}: compare them evaluated "
+                       f"with the same {flag} (scripts/evaluate.py)")  # fmt: skip
+    if len(runs) > 1:
+        out += [f"{label}: its results.json does not record {', '.join(keys)} (written by an older minilm), so whether "
+                "the others were evaluated alike cannot be checked; evaluate it again" for label, keys in unknown.items()]
+    return out
+
 
 def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple[Path, Path]:
     """Overlay several evaluations (one ``results.json`` each): one figure (perplexity and every retrieval task
@@ -480,6 +530,9 @@ def _compare_table(runs: Sequence[dict], labels: Sequence[str], panels: list[str
     """compare.md: each run's settings, then per metric a table of runs × lengths."""
     lengths = sorted({int(L) for r in runs for L in r.get("lengths", [])})
     lines = ["# Comparison", ""]
+    warnings = setting_differences(runs, labels)
+    if warnings:
+        lines += ["**The numbers below are not measured alike:**", "", *(f"- {w}" for w in warnings), ""]
     for r, label in zip(runs, labels):
         ext = r.get("extension")
         lines.append(f"- **{label}**: `{r.get('run')}` phase `{r.get('phase')}`, position "

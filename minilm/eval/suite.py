@@ -32,6 +32,9 @@ from minilm.eval.report import log_tensorboard, make_output_dir, not_measured, w
 from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
 
 TASKS = ("ppl", "passkey", "needle", "kv")
+# the settings that change the numbers, beyond lengths, depths and samples, recorded in results.json under these names
+# (compare_runs.py warns when the evaluations it compares differ in one: minilm.eval.report.SETTINGS_READ_BY)
+RECORDED_SETTINGS = ("seed", "batches", "batch_tokens", "sliding", "stride", "needles")
 _TASK_SEED = {"ppl": 0, "passkey": 1, "needle": 2, "kv": 3}  # each task draws from its own seeded stream
 
 
@@ -368,6 +371,7 @@ def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[di
     meta = dict(meta or {})
     res: Dict[str, Any] = {**meta, "lengths": list(settings.lengths), "tasks": list(settings.tasks),
                            "depths": [float(d) for d in settings.depths], "samples": settings.samples,
+                           **{key: getattr(settings, key) for key in RECORDED_SETTINGS},
                            "vocab_size": getattr(data.tokenizer, "vocab_size", None)}  # fmt: skip
     keys = []
     if "ppl" in settings.tasks:

@@ -346,9 +346,13 @@ def test_a_second_evaluation_into_the_folder_leaves_exactly_its_figures(fake_run
 
 def test_evaluate_run_default_lengths(fake_run):
     res, out = evaluate_run(fake_run, tasks=["ppl"], batches=1, batch_tokens=128, sliding=False, tensorboard=False,
-                            device="cpu", log=lambda *_: None)  # fmt: skip
+                            device="cpu", seed=7, log=lambda *_: None)  # fmt: skip
     assert res["lengths"] == [32, 64, 128, 256, 512]
     assert res["phase"] == "train" and res["step"] == 1000
+    # the settings that change the numbers, so that compare_runs.py can tell evaluations made otherwise
+    settings = {"seed": 7, "batches": 1, "batch_tokens": 128, "sliding": False, "stride": None, "needles": 4}
+    assert {k: json.loads((out / "results.json").read_text())[k] for k in settings} == settings
+    assert "- settings: seed 7, batches 1, batch_tokens 128, stride L/2, needles 4" in (out / "report.md").read_text()
 
 
 # ----------------------------------------------------------------------------------------- bad input, one message
