@@ -30,6 +30,7 @@ class LoadedRun:
     run_dir: Path
     phase: Optional[str]  # None: the run's final weights
     weights: Path
+    step: Optional[int] = None  # a step checkpoint's (.ckpt) step in its phase; None: a phase's finished weights
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".ckpt")
@@ -113,14 +114,17 @@ def run_config(run_dir: Path, phase: Optional[str]) -> DictConfig:
 def load_run(path: str | Path, phase: Optional[str] = None, map_location: str = "cpu") -> LoadedRun:
     from minilm.data import Tokenizer
     from minilm.model import GPT
-    from minilm.training.checkpoint import load_weights
+    from minilm.training.checkpoint import load_weights, read_step_checkpoint
 
     run_dir, phase, weights = resolve_run(path, phase)
     cfg = run_config(run_dir, phase)
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
     model = GPT(cfg.model, tokenizer.vocab_size)
-    load_weights(model, weights)
-    return LoadedRun(model.to(map_location).eval(), cfg, tokenizer, run_dir, phase, weights)
+    step, source = None, weights
+    if weights.suffix == ".ckpt":  # a step checkpoint, read once: its weights and the step it was written at
+        source, step = read_step_checkpoint(weights)
+    load_weights(model, source, where=str(weights))
+    return LoadedRun(model.to(map_location).eval(), cfg, tokenizer, run_dir, phase, weights, step)
 
 
 def find_results(path: str | Path) -> Path:

@@ -529,11 +529,12 @@ def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: d
 # -------------------------------------------------------------------------------------------------- entry points
 
 
-def _meta(cfg, run_dir, phase, step, extension, weights: Optional[Path] = None) -> dict:
-    """What results.json says of the weights it measured; ``weights``: the file evaluated, when given by path."""
+def _meta(cfg, run_dir, phase, step, extension, weights: Optional[Path] = None, mid_phase: bool = False) -> dict:
+    """What results.json says of the weights it measured; ``weights``: the file evaluated, when given by path;
+    ``mid_phase``: a step checkpoint's, not the phase's end."""
     if extension:  # as applied: with the parameters filled in from the training length, so the report says them
         extension = applied_extension(extension, int(cfg.train.seq_len))
-    at = f" @ step {step}" if weights is not None and weights.suffix == ".ckpt" else ""  # not the phase's end
+    at = f" @ step {step}" if mid_phase else ""
     return {
         "run": str(run_dir), "phase": phase, "step": int(step),
         "label": f"{Path(str(run_dir)).name}/{phase}{at}" + (f" + {extension['name']}" if extension else ""),
@@ -599,19 +600,14 @@ def _clear_phase_error(out_dir: Path, phase_dir: Path) -> None:
         (out_dir / PHASE_ERROR).unlink(missing_ok=True)
 
 
-def global_step(cfg, phase: str, weights: Optional[Path] = None) -> int:
-    """Optimizer steps from the start of the run to the end of ``phase`` (the TensorBoard step axis); to a step
-    checkpoint's step when ``weights`` is one (a ``.ckpt`` of the phase)."""
+def global_step(cfg, phase: str, in_phase: Optional[int] = None) -> int:
+    """Optimizer steps from the start of the run to the end of ``phase`` (the TensorBoard step axis), or to step
+    ``in_phase`` of it (a step checkpoint's: ``LoadedRun.step``)."""
     from minilm.config import phase_config, phase_names, phase_steps
 
     names = phase_names(cfg)
     before = sum(phase_steps(phase_config(cfg, n)) for n in names[: names.index(phase)])
-    if weights is None or weights.suffix != ".ckpt":
-        return before + phase_steps(phase_config(cfg, phase))
-    from minilm.training.checkpoint import CKPT_PATTERN, load_checkpoint_dict
-
-    named = CKPT_PATTERN.match(weights.name)  # step-00000020.ckpt; a renamed one says it inside
-    return before + (int(named.group(1)) if named else int(load_checkpoint_dict(weights).get("global_step", 0)))
+    return before + (phase_steps(phase_config(cfg, phase)) if in_phase is None else in_phase)
 
 
 def evaluate_run(
@@ -653,7 +649,8 @@ def evaluate_run(
     if not settings.lengths:
         settings = replace(settings, lengths=default_lengths(cfg.train.seq_len))
     settings.validate()
-    step = global_step(run_cfg, phase, loaded.weights)
+    mid_phase = loaded.step is not None  # a step checkpoint (load_run read its step with its weights)
+    step = global_step(run_cfg, phase, loaded.step)
     data = eval_data(cfg, loaded.run_dir)
     model = loaded.model
     if settings.extension:
@@ -663,11 +660,11 @@ def evaluate_run(
     # phase's own evaluation, written to eval/ as at the end of the phase. A step checkpoint's evaluation is not the
     # phase's: it went to eval/, replacing the evaluation of the phase's final weights, and said the phase's step
     suffix = f"-{extension['name']}" if extension else ""
-    stem = f"eval-{loaded.weights.stem}" if loaded.weights.suffix == ".ckpt" else "eval"
+    stem = f"eval-{loaded.weights.stem}" if mid_phase else "eval"
     out_dir = Path(out) if out else loaded.run_dir / phase / f"{stem}{suffix}"
     make_output_dir(out_dir)  # before the evaluation, not after it
     log(f"evaluating {loaded.weights} (phase {phase}, step {step}) at lengths {settings.lengths} on {device}")
-    meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights)
+    meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights, mid_phase)
     results = evaluate(model, data, settings, meta=meta, log=log)
     if all(v is None for task in TASKS for v in results.get(task, {}).values()):  # keep what the folder holds
         raise MinilmError(f"nothing could be measured at any length, so nothing was written to {out_dir}: "

@@ -135,9 +135,23 @@ def read_weights(path: Path) -> dict:
             return load_file(str(path))
         except (SafetensorError, OSError) as e:
             raise MinilmError(f"weights file {path} is unreadable: {e}") from None
-    ckpt = load_checkpoint_dict(path)
+    return _checkpoint_weights(load_checkpoint_dict(path))
+
+
+def _checkpoint_weights(ckpt: dict) -> dict:
+    """The model's tensors of a Lightning checkpoint (``state_dict``, names without the LightningModule's
+    ``model.``), or of a plain state dict."""
     state = ckpt.get("state_dict", ckpt)
     return {k.removeprefix("model."): v for k, v in state.items()}
+
+
+def read_step_checkpoint(path: Path) -> tuple[dict, int]:
+    """(weights, step in its phase) of a step checkpoint, from one read of the file (it holds the optimizer state
+    too, several times the weights): the step of its name (``step-00000020.ckpt``), or of its ``global_step`` when
+    it was renamed (0 if it has none)."""
+    ckpt = load_checkpoint_dict(Path(path))
+    named = CKPT_PATTERN.match(Path(path).name)
+    return _checkpoint_weights(ckpt), int(named.group(1)) if named else int(ckpt.get("global_step", 0))
 
 
 def load_weights(model: nn.Module, source: Path | dict, where: str = "") -> None:

@@ -301,6 +301,24 @@ def test_a_step_checkpoint_is_evaluated_into_its_own_folder_at_its_own_step(fake
     assert final["step"] > 3 and final["label"] == "run/train"
 
 
+def test_a_renamed_step_checkpoint_is_read_once_and_evaluated_at_its_step(fake_run, monkeypatch):
+    """A .ckpt not named step-N.ckpt says its step inside: evaluate_run loaded the whole file (weights and optimizer
+    state) a second time only to read it. Its folder, label and step are those of a step checkpoint."""
+    from safetensors.torch import load_file
+
+    from minilm.eval import evaluate_run
+
+    ckpt = fake_run / "train" / "best.ckpt"
+    state = load_file(str(fake_run / "train" / "model.safetensors"))
+    torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}, "global_step": 3}, ckpt)
+    loads, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: loads.append(a[0]) or load(*a, **kw))
+    res, out = evaluate_run(ckpt, lengths=[32], tasks=["ppl"], batches=1, batch_tokens=64, sliding=False,
+                            tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
+    assert loads == [ckpt]
+    assert out == fake_run / "train" / "eval-best" and res["step"] == 3 and res["label"] == "run/train @ step 3"
+
+
 def test_an_evaluation_that_measures_nothing_writes_nothing(fake_run, capsys):
     """Every length unsupported: results.json with nulls and a new report replaced the folder's earlier evaluation
     and its figures, and only then was the command refused (exit 2)."""
