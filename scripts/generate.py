@@ -10,7 +10,8 @@ RUN_DIR_OR_CHECKPOINT: a run directory (its final weights, or its newest finishe
 context-extension method (minilm.positions.training_free: logn, rerope, self_extend, dca, rope_scaling) or a RoPE
 scaling rope_type (linear, ntk, dynamic, yarn, ...) with its parameters, e.g.
 ``--extension self_extend group_size=4 window=256`` or ``--extension dynamic factor=4``;
-``original_max_position_embeddings`` and logn's ``train_len`` default to the training length.
+``original_max_position_embeddings`` and logn's ``train_len`` default to the training length. The checkpoint may also
+come last, after the parameters (``--extension logn runs/tiny``): a last word that is not key=value is the checkpoint.
 Text is printed as it is generated; generation stops at the tokenizer's EOS. Bad input: one message on stderr, exit
 code 2 (--debug: traceback).
 """
@@ -18,6 +19,7 @@ code 2 (--debug: traceback).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -27,11 +29,33 @@ from minilm.cli import once_parser, run_cli  # noqa: E402
 from minilm.errors import ConfigError, MinilmError  # noqa: E402
 
 
+PARAMETER = re.compile(r"^[A-Za-z_]\w*=")  # an --extension parameter: key=value, the key a name
+
+
+def checkpoint_after_extension(args: argparse.Namespace) -> None:
+    """``--prompt hi --extension logn runs/tiny``: --extension takes every word after it (nargs="+"), the checkpoint
+    too, and argparse then said the checkpoint was missing. Its parameters are key=value, so a last word without
+    one is not a parameter: when no checkpoint came before, it is the checkpoint. Any other such word is an error
+    that says how to write the command."""
+    method, *rest = args.extension or [None]
+    words = [w for w in rest if not PARAMETER.match(w)]
+    if words and args.checkpoint is None and words == rest[-1:]:
+        args.checkpoint, args.extension = rest[-1], [method, *rest[:-1]]
+    elif words:
+        raise ConfigError(f"--extension {method}: {words[0]!r} is not a parameter (those are key=value, e.g. "
+                          "window=256)" + (f" and the checkpoint is {args.checkpoint!r}" if args.checkpoint else "")
+                          + f"; write: generate.py RUN --prompt TEXT --extension {method} key=value ...")  # fmt: skip
+    if args.checkpoint is None:
+        raise ConfigError("no run directory or checkpoint given; write: generate.py RUN --prompt TEXT ... (RUN: a "
+                          "run directory, a phase directory or a model.safetensors)")  # fmt: skip
+
+
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import resolve_device
     from minilm.model.generate import TextStream, generate
     from minilm.runs import load_run
 
+    checkpoint_after_extension(args)
     device = resolve_device(args.device)
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
     model = run.model
@@ -68,8 +92,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="run directory, phase directory or model.safetensors")
+    p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    usage="%(prog)s RUN_DIR_OR_CHECKPOINT --prompt TEXT [options]")  # fmt: skip
+    # not required for argparse: it may come after --extension's parameters, which take it (main puts it back)
+    p.add_argument("checkpoint", nargs="?", help="run directory, phase directory or model.safetensors (required)")
     p.add_argument("--prompt", required=True)
     p.add_argument("--phase", help="a phase of the run (default: its final weights)")
     p.add_argument("--max-new-tokens", type=int, default=100)
@@ -79,7 +105,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores temperature / top-k / top-p)")
     p.add_argument("--extension", nargs="+", metavar="ARG",
-                   help="METHOD [key=value ...]: a training-free method or a rope_type, as scripts/evaluate.py")
+                   help="METHOD [key=value ...]: a training-free method or a rope_type, as scripts/evaluate.py; a "
+                   "last word that is not key=value is the checkpoint")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence at every step")
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")

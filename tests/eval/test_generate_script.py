@@ -88,3 +88,23 @@ def test_extension_none_decodes_the_plain_model_as_evaluate_takes_it(fake_run, c
     assert capsys.readouterr().out == plain
     assert run_cli(gen.main, gen.parser(), [*argv, "--extension", "none", "factor=2"]) == 2
     assert "--extension none takes no parameters, got factor=2" in capsys.readouterr().err
+
+
+def test_the_checkpoint_may_follow_the_extension_parameters(fake_run, capsys):
+    """``--prompt hi --extension logn RUN`` failed with "the following arguments are required: checkpoint": the
+    --extension list took RUN too. Parameters are key=value, so the last word without '=' is the checkpoint; a word
+    that can be neither is refused, saying how to write the command."""
+    from minilm.cli import run_cli
+
+    gen = load_script("scripts/generate.py")
+    head = ["--prompt", "def f(x):", "--max-new-tokens", "5", "--greedy", "--device", "cpu"]
+    assert run_cli(gen.main, gen.parser(), [str(fake_run), *head, "--extension", "dynamic", "factor=2"]) == 0
+    first = capsys.readouterr()
+    assert run_cli(gen.main, gen.parser(), [*head, "--extension", "dynamic", "factor=2", str(fake_run)]) == 0
+    assert capsys.readouterr() == first
+    for argv, said in (([*head, "--extension", "logn", "oops", str(fake_run)], "'oops' is not a parameter"),
+                       ([str(fake_run), *head, "--extension", "logn", "oops"], "'oops' is not a parameter"),
+                       ([*head, "--extension", "logn"], "no run directory or checkpoint given")):  # fmt: skip
+        assert run_cli(gen.main, gen.parser(), argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and "write: generate.py RUN --prompt TEXT" in err
