@@ -63,6 +63,11 @@ def _lengths(results: dict, key: str) -> List[int]:
     return sorted(int(k) for k, v in results.get(key, {}).items() if v is not None)
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 prompt``, ``5 prompts`` (regular nouns only)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _fmt(v, kind: str) -> str:
     if v is None:
         return "—"
@@ -170,6 +175,14 @@ def _mark_train_len(ax, results: dict) -> None:
         ax.axvline(n, color="grey", ls="--", lw=1, label=f"train length {n}")
 
 
+def _length_axis(ax, lengths) -> None:
+    """Log2 x axis ticked at the evaluated lengths, written as numbers (64, not 2⁶; 96 gets a tick of its own)."""
+    ax.set_xscale("log", base=2)
+    if lengths:
+        ax.set_xticks(sorted(set(lengths)), [str(L) for L in sorted(set(lengths))])
+        ax.minorticks_off()
+
+
 def _ppl_figure(results: dict):
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label, style in (("ppl", "windows", "o-"), ("ppl_sliding", "sliding", "s--")):
@@ -177,11 +190,11 @@ def _ppl_figure(results: dict):
         if xs:
             ax.plot(xs, [results[key][str(x)] for x in xs], style, label=label)
     _mark_train_len(ax, results)
-    ax.set_xscale("log", base=2)
+    _length_axis(ax, _lengths(results, "ppl") + _lengths(results, "ppl_sliding"))
     ax.set_yscale("log")
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")
-    ax.set_title(f"Perplexity vs length — {results.get('label', '')}".rstrip(" —"))
+    ax.set_title("Perplexity vs length" + (f"\n{results['label']}" if results.get("label") else ""))  # a long one fits
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
@@ -214,7 +227,8 @@ def _heatmap_figure(results: dict, task: str):
             v = (grid.get(str(L)) or {}).get(_depth_key(d))
             if v is not None:
                 data[i, j] = v
-    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * max(len(lengths), 2), 1.2 + 0.55 * max(len(depths), 2)))
+    # wide enough for the title and the axis label whatever the lengths: with two (1.2 + 0.9 * 2 inches) both were cut
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 + 0.9 * len(lengths)), 1.6 + 0.55 * max(len(depths), 2)))
     import matplotlib
 
     cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="lightgrey")
@@ -230,10 +244,10 @@ def _heatmap_figure(results: dict, task: str):
         inside = sum(L <= n for L in lengths)
         if 0 < inside < len(lengths):
             ax.axvline(inside - 0.5, color="black", ls="--", lw=1.5)
-        ax.set_xlabel(f"context length (tokens); trained at {n}" + (" (dashed)" if 0 < inside < len(lengths) else ""))
+        ax.set_xlabel(f"context length (tokens)\ntrained at {n}" + (" (dashed)" if 0 < inside < len(lengths) else ""))
     ax.set_ylabel("depth of the key")
     n = results.get("samples")
-    ax.set_title(f"{task} accuracy" + (f" ({n} prompts per cell)" if n else ""))
+    ax.set_title(f"{task} accuracy" + (f"\n({plural(n, 'prompt')} per cell)" if n else ""))
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     return fig
@@ -254,7 +268,7 @@ def _retrieval_figure(results: dict):
             else:
                 ax.plot(xs, ys, "o-", label=label)
     _mark_train_len(ax, results)
-    ax.set_xscale("log", base=2)
+    _length_axis(ax, [L for task in RETRIEVAL for L in _lengths(results, task)])
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("exact-match accuracy")
@@ -320,7 +334,7 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
         f"- position: `{json.dumps(results.get('position'))}`, trained at length {results.get('train_seq_len')}",
         f"- extension at evaluation: `{json.dumps(ext) if ext else 'none'}`",
         f"- tasks: {', '.join(results.get('tasks', []))}; depths: {results.get('depths')}; "
-        f"{results.get('samples')} samples per retrieval cell",
+        f"{plural(results.get('samples'), 'sample')} per retrieval cell",
     ]
     recorded = [key for key in SETTINGS_READ_BY if key not in ("samples", "depths") and key in results]
     if recorded:  # (results.json of an older minilm does not record them)
@@ -362,7 +376,7 @@ def _grid_lines(results: dict) -> list[str]:
         header = "| length | " + " | ".join(f"{float(d):.0%}" for d in depths) + " |"
         lines += [f"## {task}: length × depth", ""]
         if results.get("samples"):
-            lines += [f"Exact-match accuracy over {results['samples']} prompts per cell.", ""]
+            lines += [f"Exact-match accuracy over {plural(results['samples'], 'prompt')} per cell.", ""]
         lines += [header, "|---:|" + "---:|" * len(depths)]
         for L in _grid_lengths(results, grid):
             row = grid.get(str(L)) or {}
@@ -510,7 +524,7 @@ def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[st
             who = [lb for r, lb in zip(runs, labels) if r.get("train_seq_len") == n]
             text = f"trained at {n}" + (f" ({', '.join(who)})" if len(train_lens) > 1 else "")
             ax.axvline(n, color="grey", ls=("--", ":", "-.")[i % 3], lw=1, label=text if ax is axes[0][0] else None)
-        ax.set_xscale("log", base=2)
+        _length_axis(ax, [L for r in runs for L in _lengths(r, key)])
         if key.startswith("ppl"):
             ax.set_yscale("log")
             ax.set_ylabel("perplexity")

@@ -90,8 +90,8 @@ def make_needle_sample(tokenizer, filler_tokens: Sequence[int], length: int, dep
     q_ids, a_ids = tokenizer.encode(question), tokenizer.encode(answer)
     n_fill = length - sum(map(len, line_ids)) - len(q_ids) - len(a_ids)
     if n_fill < 0:
-        raise DataError(f"a needle sample with {needles} needles needs at least {length - n_fill} tokens, "
-                        f"asked for {length}")  # fmt: skip
+        raise DataError(f"a needle sample with {needles} needle{'s' * (needles != 1)} needs at least "
+                        f"{length - n_fill} tokens, asked for {length}")  # fmt: skip
     if len(filler_tokens) < n_fill:
         raise DataError(f"needle filler too short: need {n_fill} tokens, got {len(filler_tokens)}")
     filler = [int(t) for t in filler_tokens[:n_fill]]

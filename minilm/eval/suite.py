@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 from minilm.errors import ConfigError, MinilmError
 from minilm.files import atomic_write_text
 from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
-from minilm.eval.report import log_tensorboard, make_output_dir, not_measured, write_report
+from minilm.eval.report import log_tensorboard, make_output_dir, not_measured, plural, write_report
 from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
 
 TASKS = ("ppl", "passkey", "needle", "kv")
@@ -682,5 +682,5 @@ def evaluate_run(
             log_tensorboard(writer, results, figures, step, prefix=prefix)
         finally:
             writer.close()
-    log(f"written: {out_dir / 'results.json'}, {out_dir / 'report.md'}, {len(figures)} figures")
+    log(f"written: {out_dir / 'results.json'}, {out_dir / 'report.md'}, {plural(len(figures), 'figure')}")
     return results, out_dir

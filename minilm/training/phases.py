@@ -995,7 +995,7 @@ def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carr
 def _val_summary(pcfg, val_loss: Optional[float]) -> str:
     """The end of a phase's last log line: its validation loss, or why it has none (not "val loss None")."""
     if val_loss is not None:
-        return f"val loss {val_loss}"
+        return f"val loss {val_loss:.4f}"  # (complete.json keeps every digit)
     if pcfg.train.val_batches == 0:
         return "no validation (train.val_batches=0)"
     return "no validation loss"

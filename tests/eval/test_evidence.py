@@ -82,6 +82,24 @@ def test_the_retrieval_figure_draws_intervals_and_the_heatmap_marks_the_training
     assert ax.containers, "no error bars"
 
 
+def test_one_prompt_is_one_prompt_and_every_title_and_axis_label_fits_its_figure():
+    """With 2 lengths the heatmap was 3 inches wide: its title and axis label were cut at both edges. The
+    perplexity figure's title ran off with a long label; and one sample read "1 prompts"."""
+    from minilm.eval.report import _heatmap_figure, _ppl_figure, markdown
+
+    res = _retrieval_results({"64": 1.0, "128": 0.5}, samples=1)
+    res.update(label="rope_yarn_tiny/extend_512 @ step 200 + self_extend", ppl={"64": 30.0, "128": 40.0})
+    for fig in (_heatmap_figure(res, "passkey"), _ppl_figure(res)):
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        for text in (ax.title, ax.xaxis.label, ax.yaxis.label):
+            box = text.get_window_extent()
+            assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and 0 <= box.y0 and box.y1 <= fig.bbox.y1, text.get_text()
+    assert "(1 prompt per cell)" in _heatmap_figure(res, "passkey").axes[0].get_title()
+    report = markdown(res, {})
+    assert "1 sample per retrieval cell" in report and "over 1 prompt per cell." in report and " 1 prompts" not in report
+
+
 class _SmallMemory(torch.nn.Module):
     """A model that runs out of (GPU) memory on more than ``most`` sequences per forward, else is ``model``."""
 

@@ -286,6 +286,13 @@ def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_p
     assert (run / "long" / "complete.json").is_file()  # refused before --phase removes what it would retrain
 
 
+def test_the_phase_end_line_rounds_the_validation_loss():
+    """It printed every digit of a float ("val loss 5.759598731994629")."""
+    from minilm.training.phases import _val_summary
+
+    assert _val_summary(None, 5.759598731994629) == "val loss 5.7596"
+
+
 def test_val_batches_0_trains_without_validation_and_says_so(tmp_path, tiny_text_dir, train_here):
     """train.val_batches=0 turns validation off: the phase must say so (it printed "val loss None"), Lightning must
     not be handed an empty validation loader (it warned that its length is zero), and TensorBoard gets no val/."""
