@@ -494,7 +494,8 @@ def setting_differences(runs: Sequence[dict], labels: Sequence[str]) -> list[str
                        f"with the same {flag} (scripts/evaluate.py)")  # fmt: skip
     if len(runs) > 1:
         out += [f"{label}: its results.json does not record {', '.join(keys)} (written by an older minilm), so whether "
-                "the others were evaluated alike cannot be checked; evaluate it again" for label, keys in unknown.items()]
+                "the others were evaluated alike cannot be checked; evaluate it again"
+                for label, keys in unknown.items()]  # fmt: skip
     return out
 
 

@@ -97,7 +97,8 @@ def test_one_prompt_is_one_prompt_and_every_title_and_axis_label_fits_its_figure
             assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and 0 <= box.y0 and box.y1 <= fig.bbox.y1, text.get_text()
     assert "(1 prompt per cell)" in _heatmap_figure(res, "passkey").axes[0].get_title()
     report = markdown(res, {})
-    assert "1 sample per retrieval cell" in report and "over 1 prompt per cell." in report and " 1 prompts" not in report
+    assert "1 sample per retrieval cell" in report and "over 1 prompt per cell." in report
+    assert " 1 prompts" not in report
 
 
 class _SmallMemory(torch.nn.Module):
