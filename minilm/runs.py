@@ -114,15 +114,20 @@ def run_config(run_dir: Path, phase: Optional[str]) -> DictConfig:
 def load_run(path: str | Path, phase: Optional[str] = None, map_location: str = "cpu") -> LoadedRun:
     from minilm.data import Tokenizer
     from minilm.model import GPT
-    from minilm.training.checkpoint import load_weights, read_step_checkpoint
+    from minilm.training.checkpoint import check_trained_with, load_weights, read_step_checkpoint, recorded_model
 
     run_dir, phase, weights = resolve_run(path, phase)
     cfg = run_config(run_dir, phase)
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
-    model = GPT(cfg.model, tokenizer.vocab_size)
     step, source = None, weights
-    if weights.suffix == ".ckpt":  # a step checkpoint, read once: its weights and the step it was written at
-        source, step = read_step_checkpoint(weights)
+    if weights.suffix == ".ckpt":  # a step checkpoint, read once: its weights, its step, the model it trained
+        source, step, trained = read_step_checkpoint(weights)
+    else:
+        trained = recorded_model(weights)
+    # (before the model is built: a config that is not theirs may not even build, or fail on shapes less clearly)
+    config = f"{run_dir / 'config.yaml'}" + (f" (phase '{phase}')" if phase else "")
+    check_trained_with(trained, cfg.model, weights, config)
+    model = GPT(cfg.model, tokenizer.vocab_size)
     load_weights(model, source, where=str(weights))
     return LoadedRun(model.to(map_location).eval(), cfg, tokenizer, run_dir, phase, weights, step)
 

@@ -6,19 +6,24 @@
   ``torch.load(weights_only=True)`` — never arbitrary pickle. Finished weights are safetensors.
 - A truncated or corrupt checkpoint is reported and skipped in favour of the previous good one.
 - Loading weights of a different shape names the mismatched tensors.
+- Finished weights record the ``model`` section they were trained with (safetensors metadata ``minilm.model``; a
+  step checkpoint holds it in TRAINED_WITH): ``check_trained_with`` refuses them under another one. RoPE, ALiBi and
+  NoPE weights have the same tensors, so a file copied into another run loaded silently under the other encoding.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
-from safetensors import SafetensorError
+from omegaconf import OmegaConf
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 from torch import nn
 
@@ -26,6 +31,11 @@ from minilm.errors import MinilmError
 from minilm.files import atomic_write
 
 CKPT_PATTERN = re.compile(r"^step-(\d+)\.ckpt$")
+TRAINED_WITH = "minilm_config"  # a step checkpoint's key: what its phase trains by (phases._what_trains), for --resume
+MODEL_METADATA = "minilm.model"  # safetensors metadata: the model section the weights were trained with, as JSON
+# model keys that do not change what trained weights compute: how it is computed (kernels, memory savers: the same
+# outputs), or training alone (dropout, initialisation). The others must be the same to read the weights as trained.
+NOT_WHAT_WEIGHTS_COMPUTE = ("loss_chunk_size", "activation_checkpointing", "sdpa_kernel", "dropout", "init_std")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:
@@ -110,8 +120,10 @@ def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
 # ------------------------------------------------------------------------------------------------ weights
 
 
-def save_weights(model: nn.Module, path: Path) -> None:
-    """safetensors, atomically; tied tensors are stored once (the first name that holds them)."""
+def save_weights(model: nn.Module, path: Path, model_cfg: Optional[Mapping] = None) -> None:
+    """safetensors, atomically; tied tensors are stored once (the first name that holds them). ``model_cfg``: the
+    ``model`` section the weights were trained with (the phase's: apply_phase changes the model, not ``model.cfg``),
+    recorded in the metadata for ``check_trained_with``."""
     seen: dict[int, str] = {}
     tensors = {}
     for name, t in model.state_dict().items():
@@ -120,7 +132,11 @@ def save_weights(model: nn.Module, path: Path) -> None:
             continue
         seen[key] = name
         tensors[name] = t.detach().cpu().contiguous()
-    data = save(tensors, metadata={"format": "pt"})
+    metadata = {"format": "pt"}
+    if model_cfg is not None:
+        plain = OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else model_cfg
+        metadata[MODEL_METADATA] = json.dumps(plain, sort_keys=True)
+    data = save(tensors, metadata=metadata)
     atomic_write(Path(path), lambda f: f.write(data))
 
 
@@ -145,13 +161,43 @@ def _checkpoint_weights(ckpt: dict) -> dict:
     return {k.removeprefix("model."): v for k, v in state.items()}
 
 
-def read_step_checkpoint(path: Path) -> tuple[dict, int]:
-    """(weights, step in its phase) of a step checkpoint, from one read of the file (it holds the optimizer state
-    too, several times the weights): the step of its name (``step-00000020.ckpt``), or of its ``global_step`` when
-    it was renamed (0 if it has none)."""
+def read_step_checkpoint(path: Path) -> tuple[dict, int, Optional[dict]]:
+    """(weights, step in its phase, the model section it trained with or None) of a step checkpoint, from one read
+    of the file (it holds the optimizer state too, several times the weights): the step of its name
+    (``step-00000020.ckpt``), or of its ``global_step`` when it was renamed (0 if it has none)."""
     ckpt = load_checkpoint_dict(Path(path))
     named = CKPT_PATTERN.match(Path(path).name)
-    return _checkpoint_weights(ckpt), int(named.group(1)) if named else int(ckpt.get("global_step", 0))
+    step = int(named.group(1)) if named else int(ckpt.get("global_step", 0))
+    trained = ckpt.get(TRAINED_WITH)
+    return _checkpoint_weights(ckpt), step, trained.get("model") if isinstance(trained, dict) else None
+
+
+def recorded_model(path: Path) -> Optional[dict]:
+    """The model section a safetensors file records (MODEL_METADATA); None when it records none (written before
+    minilm recorded it, or by other software) or cannot be read (``read_weights`` then says why)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            text = (f.metadata() or {}).get(MODEL_METADATA)
+        return json.loads(text) if text else None
+    except (SafetensorError, OSError, ValueError):
+        return None
+
+
+def check_trained_with(trained: Optional[Mapping], model_cfg, weights: Path, config: str) -> None:
+    """Weights that record the model section they were trained with (``trained``; None: they record none, and load
+    as before) must be read under the same one, but for NOT_WHAT_WEIGHTS_COMPUTE: the same tensor names and shapes
+    do not make the same model (a RoPE run's weights under an ALiBi config computed something else, silently).
+    ``config`` names where ``model_cfg`` comes from, for the message."""
+    if trained is None:
+        return
+    now = OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else dict(model_cfg)
+    keys = [k for k in trained if k in now and k not in NOT_WHAT_WEIGHTS_COMPUTE]  # (a key newer than the file: no)
+    differ = [f"model.{k}: trained with {json.dumps(trained[k])}, {config} says {json.dumps(now[k])}"
+              for k in keys if trained[k] != now[k]]  # fmt: skip
+    if differ:
+        raise MinilmError(f"{weights}: these weights were trained with another model config than {config}:\n  "
+                          + "\n  ".join(differ) + "\nthey were copied from another run or phase (or its config.yaml "
+                          "was edited); read them with the config they were trained with")  # fmt: skip
 
 
 def load_weights(model: nn.Module, source: Path | dict, where: str = "") -> None:

@@ -54,6 +54,7 @@ from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
 from minilm.runs import HELD_OUT
 from minilm.training.checkpoint import (
+    TRAINED_WITH,
     AtomicCheckpointIO,
     atomic_torch_save,
     checkpoint_path,
@@ -474,7 +475,6 @@ class ChangedPhaseError(MinilmError):
     """A finished phase that the config now trains differently (``check_finished_phase``)."""
 
 
-TRAINED_WITH = "minilm_config"  # a step checkpoint's key: what its phase trains by (_what_trains), for --resume
 PHASE_LENGTH = ("train.steps", "train.tokens")  # may change on --resume (checked against the checkpoint's step)
 TRAINED_BY = ("model", "data", "train", "optim")  # the sections a finished phase's weights depend on (and run.seed)
 HOW_NOT_WHAT = {  # keys of those sections that change how a phase runs or is watched, not what it learns
@@ -784,7 +784,7 @@ def run_phases(
                                  fresh=n in restarts)  # fmt: skip
                 prev, offset, tokens = n, offset + steps, tokens + _phase_tokens(pcfg)
             if primary:
-                save_weights(model, run_dir / "model.safetensors")
+                save_weights(model, run_dir / "model.safetensors", pcfgs[names[-1]].model)
                 save_config(pcfgs[names[-1]], run_dir / "final_config.yaml")
         finally:
             tb_logger.close()
@@ -976,7 +976,7 @@ def _interruptible(trainer, run, *args, **kwargs):
 
 def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carried: bool, log) -> None:
     pdir.mkdir(parents=True, exist_ok=True)  # absent when no step checkpoint was written (ckpt_every > steps)
-    save_weights(model, pdir / "model.safetensors")
+    save_weights(model, pdir / "model.safetensors", pcfg.model)  # (records what load_run checks them against)
     save_config(pcfg, pdir / "config.yaml")
     # optimizer moments, for a next phase with carry_optimizer
     atomic_torch_save({"state": trainer.optimizers[0].state_dict()["state"]}, pdir / "optimizer.pt")

@@ -319,6 +319,43 @@ def test_a_renamed_step_checkpoint_is_read_once_and_evaluated_at_its_step(fake_r
     assert out == fake_run / "train" / "eval-best" and res["step"] == 3 and res["label"] == "run/train @ step 3"
 
 
+def test_weights_trained_with_another_encoding_are_refused_not_read_under_it(fake_run, corpus_setup, capsys):
+    """RoPE and ALiBi weights have the same tensors: a RoPE phase's model.safetensors in an ALiBi run loaded silently
+    and was evaluated as ALiBi. Weights now record the model section they trained with; another one is refused,
+    naming both. A file without the record (older) loads as before, and so do kernel settings that compute alike."""
+    from omegaconf import OmegaConf
+
+    from minilm.cli import run_cli
+    from minilm.config import save_config
+    from minilm.errors import MinilmError
+    from minilm.runs import load_run
+    from minilm.training.checkpoint import save_weights
+
+    cfg, corpus = corpus_setup
+    weights = fake_run / "train" / "model.safetensors"
+    save_weights(tiny_gpt(cfg, corpus.tokenizer.vocab_size), weights, cfg.model)
+    load_run(fake_run, "train")  # the config it trained with
+
+    def configure(**model):
+        changed = OmegaConf.merge(cfg, {"model": model})
+        for path in (fake_run / "config.yaml", fake_run / "train" / "config.yaml"):
+            save_config(changed, path)
+
+    configure(position={"name": "alibi"}, activation_checkpointing=True)
+    with pytest.raises(MinilmError, match=r"train/model.safetensors: these weights were trained with another model "
+                       r"config .*\n  model.position: trained with \{\"name\": \"rope\"\}, .*config.yaml \(phase "
+                       r"'train'\) says \{\"name\": \"alibi\"\}\n[^\n]*copied from another run"):  # fmt: skip
+        load_run(fake_run, "train")
+    gen = _script("generate")
+    assert run_cli(gen.main, gen.parser(), [str(weights), "--prompt", "x", "--device", "cpu"]) == 2
+    assert "model.position: trained with" in capsys.readouterr().err
+    configure(activation_checkpointing=True, loss_chunk_size=16)  # how it is computed, not what: the same outputs
+    load_run(fake_run, "train")
+    configure(position={"name": "alibi"})
+    save_weights(tiny_gpt(cfg, corpus.tokenizer.vocab_size), weights)  # no record: as before
+    load_run(fake_run, "train")
+
+
 def test_an_evaluation_that_measures_nothing_writes_nothing(fake_run, capsys):
     """Every length unsupported: results.json with nulls and a new report replaced the folder's earlier evaluation
     and its figures, and only then was the command refused (exit 2)."""

@@ -167,6 +167,11 @@ def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir, train_he
     out = train("--config", cfg, f"run.dir={base}", "phases.long.steps=1").stdout
     # said before training: a 1-step phase with a 2-step warmup trains at half its peak lr
     assert "warning: phases.long.warmup_steps = 2 is longer than phase 'long' (1 step from" in out, out
+    from minilm.training.checkpoint import recorded_model
+
+    # each phase's weights record the encoding they were trained with (load_run refuses them under another)
+    bases = [recorded_model(base / f / "model.safetensors")["position"].get("base") for f in ("short", "long", ".")]
+    assert bases == [None, 40000.0, 40000.0], bases  # (short: the default base)
     ext = tmp_path / "ext"
     # the weights come from elsewhere: no optimizer moments to carry, and the config must not pretend otherwise
     proc = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "short", check=False)
