@@ -125,7 +125,7 @@ def load_run(path: str | Path, phase: Optional[str] = None, map_location: str = 
     else:
         trained = recorded_model(weights)
     # (before the model is built: a config that is not theirs may not even build, or fail on shapes less clearly)
-    config = f"{run_dir / 'config.yaml'}" + (f" (phase '{phase}')" if phase else "")
+    config = f"{run_dir / 'config.yaml'}" + (f" (phase '{phase}')" if phase else " (its last phase)")
     check_trained_with(trained, cfg.model, weights, config)
     model = GPT(cfg.model, tokenizer.vocab_size)
     load_weights(model, source, where=str(weights))

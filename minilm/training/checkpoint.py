@@ -192,8 +192,8 @@ def check_trained_with(trained: Optional[Mapping], model_cfg, weights: Path, con
         return
     now = OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else dict(model_cfg)
     keys = [k for k in trained if k in now and k not in NOT_WHAT_WEIGHTS_COMPUTE]  # (a key newer than the file: no)
-    differ = [f"model.{k}: trained with {json.dumps(trained[k])}, {config} says {json.dumps(now[k])}"
-              for k in keys if trained[k] != now[k]]  # fmt: skip
+    differ = [f"model.{k}: trained with {json.dumps(trained[k], sort_keys=True)}, the config says "
+              f"{json.dumps(now[k], sort_keys=True)}" for k in keys if trained[k] != now[k]]  # fmt: skip
     if differ:
         raise MinilmError(f"{weights}: these weights were trained with another model config than {config}:\n  "
                           + "\n  ".join(differ) + "\nthey were copied from another run or phase (or its config.yaml "

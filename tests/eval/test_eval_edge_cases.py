@@ -343,8 +343,8 @@ def test_weights_trained_with_another_encoding_are_refused_not_read_under_it(fak
 
     configure(position={"name": "alibi"}, activation_checkpointing=True)
     with pytest.raises(MinilmError, match=r"train/model.safetensors: these weights were trained with another model "
-                       r"config .*\n  model.position: trained with \{\"name\": \"rope\"\}, .*config.yaml \(phase "
-                       r"'train'\) says \{\"name\": \"alibi\"\}\n[^\n]*copied from another run"):  # fmt: skip
+                       r"config than .*config.yaml \(phase 'train'\):\n  model.position: trained with \{\"name\": "
+                       r"\"rope\"\}, the config says \{\"name\": \"alibi\"\}\n[^\n]*copied from another run"):  # fmt: skip
         load_run(fake_run, "train")
     gen = _script("generate")
     assert run_cli(gen.main, gen.parser(), [str(weights), "--prompt", "x", "--device", "cpu"]) == 2
