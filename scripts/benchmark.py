@@ -805,14 +805,10 @@ def run(args) -> dict:
     """Measure, writing the report after every (encoding, length); ``report["complete"]`` is True at the end."""
     base = load_config(args.config, args.overrides)
     device, precisions, amps, do_compile, peak = _setup(args, base)
-    try:  # the version without importing transformers (slow)
-        tf_version = importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        tf_version = None
     now = datetime.datetime.now(datetime.timezone.utc)
     report = new_report(args, base, device, precisions["minilm"], do_compile, now, len(plan(args, base)))
     report.update(
-        transformers=tf_version,
+        transformers=package_version("transformers"),
         repeats=args.repeats,
         peak_tflops=peak,
         flops_per_token="6*N + 12*L*d*T; N = all parameters but the input embedding (LM head counted once)",
@@ -829,6 +825,21 @@ def run(args) -> dict:
         )  # fmt: skip
 
 
+def package_version(name: str) -> Optional[str]:
+    """An installed package's version, without importing it (transformers' import takes seconds); None: absent."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def setup_line(report: dict) -> str:
+    """The device and versions a run measures on, printed first (scripts/gpu_session.sh's check reads them)."""
+    cuda = f" (CUDA {report['cuda']})" if report.get("cuda") else ""
+    return (f"{report['device_name']} · torch {report['torch']}{cuda} · lightning {report.get('lightning')} · "
+            f"omegaconf {report.get('omegaconf')} · python {report['python']} · threads {report['threads']}")
+
+
 def new_report(args, base, device, precision: str, do_compile: bool, now, planned: int, kind: str = "") -> dict:
     """The fields both scripts' reports carry (device, versions, config, settings), with no results yet.
     ``kind`` (e.g. "attention") goes between the config's run name and the tag in the files' and table's name."""
@@ -839,6 +850,9 @@ def new_report(args, base, device, precision: str, do_compile: bool, now, planne
         "device_name": name,
         "device_slug": slug,
         "torch": torch.__version__,
+        "cuda": torch.version.cuda,  # the CUDA torch was built with (None: a CPU build)
+        "lightning": package_version("lightning"),
+        "omegaconf": package_version("omegaconf"),
         "python": platform.python_version(),
         "threads": torch.get_num_threads(),
         "config": args.config or "(defaults)",
@@ -864,6 +878,7 @@ def run_measurements(report: dict, measure_loop, out: Path, now, update: bool, t
     part-way leaves what it measured, and once more at the end with ``complete`` True. SIGINT becomes
     ``StoppedEarly``, saying how far the run got and where its results are."""
     table = table or markdown_table
+    print(setup_line(report), flush=True)
 
     def done():
         report["measured"] += 1

@@ -112,9 +112,7 @@ run_part() {
     case $part in
     check)
         command -v nvidia-smi >/dev/null && nvidia-smi
-        $py -c "import sys, torch, omegaconf, lightning; print('python', sys.version.split()[0], '| torch',
-torch.__version__, '| cuda', torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name(),
-'| omegaconf', omegaconf.__version__, '| lightning', lightning.__version__)"
+        # (the benchmark prints the device and the versions first: no second process to import them)
         bench --steps 2 --warmup 1 --no-compile --batch-size 1 --out "${TMPDIR:-/tmp}/minilm-check"
         ;;
     attn)

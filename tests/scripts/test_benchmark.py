@@ -25,7 +25,7 @@ def test_flops_formula_and_matmul_params(bench):
     assert bench.matmul_params(model, emb.weight, head.weight) == 12 + 40
 
 
-def test_benchmark_writes_results(bench, tmp_path, monkeypatch):
+def test_benchmark_writes_results(bench, tmp_path, monkeypatch, capsys):
     docs = tmp_path / "performance.md"
     docs.write_text("# Performance\n\nintro\n")
     monkeypatch.setattr(bench, "DOCS", docs)
@@ -39,6 +39,13 @@ def test_benchmark_writes_results(bench, tmp_path, monkeypatch):
     assert [f.suffix for f in files] == [".json", ".md"]
     saved = json.loads(files[0].read_text())
     assert saved["torch"] == torch.__version__ and saved["device"] == "cpu" and saved["threads"] == 1
+    import lightning
+    import omegaconf
+
+    # the versions measured with, printed first (gpu_session.sh's check shows them; it ran a process to import them)
+    assert (saved["lightning"], saved["omegaconf"], saved["cuda"]) == (lightning.__version__, omegaconf.__version__,
+                                                                       torch.version.cuda)  # fmt: skip
+    assert capsys.readouterr().out.startswith(f"{saved['device_name']} · torch {torch.__version__}")
     rows = saved["results"]
     assert [(r["encoding"], r["seq_len"]) for r in rows] == [("rope", 8), ("rope", 16), ("alibi", 8), ("alibi", 16)]
     for r in rows:

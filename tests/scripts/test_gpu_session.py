@@ -8,6 +8,7 @@ import sys
 import tarfile
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 
@@ -27,6 +28,7 @@ def test_check_part_leaves_its_log_and_results_in_out(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["gpu-results.tgz", "gpu-session.log"]
     log = (out / "gpu-session.log").read_text()
     assert "=== gpu_session check (" in log and "tok/s" in log and "gpu_session check: exit 0" in log
+    assert f"· torch {torch.__version__}" in log and "· lightning " in log  # the versions, from the benchmark
     with tarfile.open(out / "gpu-results.tgz") as tar:
         names = tar.getnames()
     assert "docs/performance.md" in names and "benchmarks/results" in names
