@@ -4,7 +4,8 @@
   directory entry is synced; a crash leaves either the old file or the new one, never half of one.
 - Resumable checkpoints (Lightning's dict: model, optimizer, schedule, loops, our RNG state) are read with
   ``torch.load(weights_only=True)`` — never arbitrary pickle. Finished weights are safetensors.
-- A truncated or corrupt checkpoint is reported and skipped in favour of the previous good one.
+- A truncated or corrupt checkpoint is reported and skipped in favour of the previous good one (none: the phase
+  starts over, as the report says).
 - Loading weights of a different shape names the mismatched tensors.
 - Finished weights record the ``model`` section they were trained with (safetensors metadata ``minilm.model``; a
   step checkpoint holds it in TRAINED_WITH): ``check_trained_with`` refuses them under another one. RoPE, ALiBi and
@@ -83,18 +84,23 @@ def checkpoint_step(path: Path) -> int:
 
 def load_latest_good_checkpoint(ckpt_dir: Path, log: Callable[[str], None] = print) -> tuple[Optional[Path], dict]:
     """The newest checkpoint that loads, and what it holds ((None, {}) when there is none); corrupt ones are
-    reported and skipped (the previous good one wins). Loading is the check, so a caller that reads the checkpoint
-    takes it from here rather than loading it a second time."""
-    for step, path in reversed(list_checkpoints(ckpt_dir)):
+    reported and skipped (the previous good one wins), each report saying what comes next: the previous checkpoint,
+    or, where none is left, the phase's start. Loading is the check, so a caller that reads the checkpoint takes it
+    from here rather than loading it a second time."""
+    found = list_checkpoints(ckpt_dir)
+    for i in reversed(range(len(found))):
+        path = found[i][1]
         try:
             ckpt = load_checkpoint_dict(path)
+            problem = None if "state_dict" in ckpt else f"checkpoint {path} has no model state"
         except MinilmError as e:
-            log(f"warning: {e}; falling back to the previous checkpoint")
-            continue
-        if "state_dict" not in ckpt:
-            log(f"warning: checkpoint {path} has no model state; falling back to the previous checkpoint")
-            continue
-        return path, ckpt
+            problem = str(e)
+        if problem is None:
+            return path, ckpt
+        # (a message that promised "the previous checkpoint" where there was none hid that the phase starts over)
+        then = f"falling back to the previous one, {found[i - 1][1].name}" if i else (
+            "there is no earlier checkpoint, so the phase starts from its first step")
+        log(f"warning: {problem}; {then}")
     return None, {}
 
 

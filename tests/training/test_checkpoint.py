@@ -30,8 +30,23 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(tmp_path):
     newest.write_bytes(newest.read_bytes()[:50])  # truncated, as by a crash mid-copy
     messages = []
     assert latest_good_checkpoint(tmp_path, messages.append) == checkpoint_path(tmp_path, 10)
-    assert "unreadable" in messages[0]
+    assert "unreadable" in messages[0] and "falling back to the previous one, step-00000010.ckpt" in messages[0]
     assert not list(tmp_path.glob(".*.tmp")), "temporary files left behind"
+
+
+def test_a_corrupt_only_checkpoint_says_the_phase_starts_over(tmp_path):
+    """With no earlier checkpoint the warning promised "the previous checkpoint" all the same, and the phase then
+    started from its first step without a word of it."""
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"optimizer_states": []}, checkpoint_path(tmp_path, 10))  # no model state
+    io.save_checkpoint({"state_dict": {}}, checkpoint_path(tmp_path, 20))
+    newest = checkpoint_path(tmp_path, 20)
+    newest.write_bytes(newest.read_bytes()[:50])
+    messages = []
+    assert latest_good_checkpoint(tmp_path, messages.append) is None
+    assert len(messages) == 2 and "previous one, step-00000010.ckpt" in messages[0]
+    assert "no model state" in messages[1] and "previous" not in messages[1]
+    assert "no earlier checkpoint, so the phase starts from its first step" in messages[1]
 
 
 def test_prune_keeps_the_last_k(tmp_path):
