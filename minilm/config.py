@@ -412,12 +412,14 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
 
 def _set_where(message: str, layers: List[tuple[str, DictConfig]]) -> str:
     """' (set in FILE)' / ' (set on the command line)' for the key a check's message starts with (every check
-    here and in minilm.positions / minilm.eval writes 'key: what is wrong'): the last layer that gives that key.
-    Empty where no layer gives it (a derived key such as phases.NAME.eval.lengths, or a schema default)."""
+    here and in minilm.positions / minilm.eval writes 'key: what is wrong'): the last layer that gives that key, a
+    null included (``model.position.base=null`` is the command line's, not the YAML's that gave 10000.0). Empty where
+    no layer gives it (a derived key such as phases.NAME.eval.lengths, or a schema default)."""
     key = KEY_PREFIX.match(message)
+    absent = object()
     for label, layer in reversed(layers):
-        given = key and OmegaConf.select(layer, key.group(1), default=None, throw_on_resolution_failure=False)
-        if given is not None:
+        given = key and OmegaConf.select(layer, key.group(1), default=absent, throw_on_resolution_failure=False)
+        if key and given is not absent:
             return f" (set {label})"
     return ""
 

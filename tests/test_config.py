@@ -408,6 +408,17 @@ def test_a_bad_value_names_the_file_or_the_command_line_that_gave_it(tmp_path):
         load_config(tmp_path / "base.yaml", ["model.position.base=-1"])  # minilm.positions' checks too
 
 
+def test_a_null_value_names_the_layer_that_gave_the_null(tmp_path):
+    """A layer that gave a key null was passed over as if it did not give it: the message named an earlier file that
+    gave a good value (or no layer at all)."""
+    (tmp_path / "base.yaml").write_text("model: {position: {name: rope, base: 10000.0}}\n")
+    (tmp_path / "exp.yaml").write_text("base: base.yaml\nmodel: {position: {base: null}}\n")
+    with pytest.raises(ConfigError, match=r"model.position.base: must not be null \(set on the command line\)$"):
+        load_config(tmp_path / "base.yaml", ["model.position.base=null"])
+    with pytest.raises(ConfigError, match=r"model.position.base: must not be null \(set in .*exp\.yaml\)$"):
+        load_config(tmp_path / "exp.yaml")
+
+
 @pytest.mark.parametrize("item", ["=1", ".a=1", "model..n_layers=2", "model.=2"])
 def test_an_override_with_an_empty_key_part_is_named(item):
     with pytest.raises(ConfigError, match=f"override '{re.escape(item)}' must look like key.sub=value"):
