@@ -223,7 +223,8 @@ MLPS = ("swiglu", "gelu")
 
 class UniqueKeyLoader(yaml.SafeLoader):
     """yaml.safe_load, except that a key given twice in one mapping is an error: plain YAML keeps the last value
-    silently, so a duplicated section or key would drop settings without a word."""
+    silently, so a duplicated section or key would drop settings without a word; and that a scalar is read as the
+    command line reads it (OmegaConf's YAML rules, below)."""
 
     def construct_mapping(self, node, deep=False):
         seen = {}
@@ -236,6 +237,27 @@ class UniqueKeyLoader(yaml.SafeLoader):
                 )  # fmt: skip
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
+
+
+# A file and the command line read a value alike. PyYAML reads YAML 1.1, where a float needs a dot and a signed
+# exponent: ``factor: 4e0`` (and 1e-3, 1.0e5) was a string, refused in an open block such as a scaling block or taken
+# as a name, while ``factor=4e0`` on the command line, which OmegaConf parses with YAML 1.2's floats, was the number.
+# Every float YAML 1.2 and Python read is one here too (OmegaConf's pattern); and a date is text, as there (PyYAML
+# made 2024-01-01 a datetime.date, which OmegaConf cannot hold: a traceback).
+UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
+                  |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
+                  |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\.[0-9_]*
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in UniqueKeyLoader.yaml_implicit_resolvers.items()
+}
 
 
 def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:

@@ -210,6 +210,28 @@ def test_a_duplicated_yaml_key_is_an_error_not_a_silent_override(tmp_path):
         load_config(tmp_path / "dup.yaml")
 
 
+def test_a_yaml_file_reads_a_value_as_the_command_line_does(tmp_path):
+    """``factor: 4e0`` in a scaling block was refused (YAML 1.1 reads an exponent without a dot as a string) while
+    ``factor=4e0`` on the command line, parsed by OmegaConf's YAML 1.2 floats, was 4.0; a date was a traceback in a
+    file and text on the command line. A file now reads every scalar as the command line does."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from minilm.config import UniqueKeyLoader
+
+    for text in ["4e0", "1e-3", "-2E+3", "1.0e5", "1.0e-5", ".5", "3", "1_000", "007", "yes", ".inf", "2024-01-01",
+                 "1e", "e5", "1.2.3", "run7"]:
+        in_file = yaml.load(f"v: {text}", Loader=UniqueKeyLoader)["v"]
+        assert repr(in_file) == repr(OmegaConf.from_dotlist([f"v={text}"]).v), text
+    scaling = "{rope_type: linear, factor: 4e0}"
+    (tmp_path / "exp.yaml").write_text(f"model: {{position: {{name: rope, scaling: {scaling}}}}}\n"
+                                       "optim: {lr: 3e-4}\nrun: {name: 2024-01-01}\n")  # fmt: skip
+    in_file = load_config(tmp_path / "exp.yaml")
+    on_line = load_config(overrides=[f"model.position.scaling={scaling}", "optim.lr=3e-4", "run.name=2024-01-01"])
+    assert OmegaConf.to_container(in_file) == OmegaConf.to_container(on_line)
+    assert in_file.model.position.scaling.factor == 4.0 and in_file.run.name == "2024-01-01"
+
+
 def test_an_override_that_is_not_yaml_is_named():
     with pytest.raises(ConfigError, match=r"command line: cannot parse override 'data.sources.x=\{kind:files"):
         load_config(overrides=["train.steps=3", "data.sources.x={kind:files,paths:[]}"])
