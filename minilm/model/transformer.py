@@ -48,13 +48,26 @@ class MLP(nn.Module):
         return self.w_out(h)  # (B, T, D)
 
 
+def position_dims(cfg, layer: int) -> PositionDims:
+    """What the position hook of block ``layer`` (-1: the embedding side) is told about the model ``cfg``."""
+    kv = cfg.n_kv_heads or cfg.n_heads
+    return PositionDims(cfg.d_model, cfg.n_heads, kv, head_dim(cfg), cfg.n_layers, layer, init_std=cfg.init_std)
+
+
+def position_hooks(cfg) -> list:
+    """The position hook objects a GPT of ``cfg`` holds (the embedding side's, then one per block), built alone,
+    without the model's weights: a run checks its phases' lengths against their limits with them before it prepares
+    any data (minilm.training.phases)."""
+    hooks = [build_position(cfg.position, position_dims(cfg, -1), "embedding")]
+    return hooks + [build_position(cfg.position, position_dims(cfg, i), "attention") for i in range(cfg.n_layers)]
+
+
 class Block(nn.Module):
     def __init__(self, cfg, layer: int):
         super().__init__()
         kv = cfg.n_kv_heads or cfg.n_heads
-        dims = PositionDims(cfg.d_model, cfg.n_heads, kv, head_dim(cfg), cfg.n_layers, layer)
         self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, kv, cfg.position, dims, cfg.sdpa_kernel)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, kv, cfg.position, position_dims(cfg, layer), cfg.sdpa_kernel)
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = MLP(cfg.d_model, ffn_dim(cfg), cfg.mlp)
         self.drop = nn.Dropout(cfg.dropout)
@@ -73,10 +86,8 @@ class GPT(nn.Module):
         # access (a graph break per read), and these are fixed for the model's life
         self.loss_chunk_size: Optional[int] = cfg.loss_chunk_size
         self.activation_checkpointing = bool(cfg.activation_checkpointing)
-        kv = cfg.n_kv_heads or cfg.n_heads
-        dims = PositionDims(cfg.d_model, cfg.n_heads, kv, head_dim(cfg), cfg.n_layers, layer=-1, init_std=cfg.init_std)
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
-        self.pos_emb = build_position(cfg.position, dims, "embedding")
+        self.pos_emb = build_position(cfg.position, position_dims(cfg, -1), "embedding")
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)

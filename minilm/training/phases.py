@@ -50,6 +50,7 @@ from minilm.files import (
     remove_stale_temporaries,
 )
 from minilm.model import GPT
+from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
 from minilm.runs import HELD_OUT
@@ -176,12 +177,26 @@ def _verify_rotary(model: GPT, params, phase: str) -> None:
 
 
 def check_phase_fits(model: GPT, pcfg, phase: str) -> None:
-    """The phase's seq_len within the limits of the model's encoding as the phase configures it: a phase may give a
-    rotary encoding new parameters (apply_phase), and xPos's limit follows its scale_base, so a module that would
-    take new ones is measured on a copy configured with them; the model itself is left as it is."""
+    """The phase's seq_len within the limits of the model's encoding as the phase configures it (``_check_fits``)."""
+    _check_fits([model.pos_emb, *model.position_modules()], pcfg, phase)
+
+
+def _check_phases_fit(model_cfg, pcfgs: dict) -> None:
+    """Every phase's seq_len within the limits of the encoding of a model of ``model_cfg``, checked on its position
+    hooks alone: before the corpus is prepared (a tokenizer trained for nothing) and run.dir is created, which the
+    model, built with the tokenizer's vocabulary, comes after."""
+    hooks = position_hooks(model_cfg)
+    for n, pcfg in pcfgs.items():
+        _check_fits(hooks, pcfg, n)
+
+
+def _check_fits(hooks: list, pcfg, phase: str) -> None:
+    """The phase's seq_len within the limits of position ``hooks`` (a model's) as the phase configures them: a phase
+    may give a rotary encoding new parameters (apply_phase), and xPos's limit follows its scale_base, so a module
+    that would take new ones is measured on a copy configured with them; the hooks themselves are left as they are."""
     params = validate_position(pcfg.model.position, where=f"phases.{phase}.position")
     limits = []
-    for m in [model.pos_emb, *model.position_modules()]:
+    for m in hooks:
         if hasattr(m, "configure") and getattr(m, "params", params) != params:
             m = copy.deepcopy(m)  # (a rotary module: its frequency tables, not the model's weights)
             m.configure(params)
@@ -365,18 +380,15 @@ def _has_outputs(run_dir: Path, names: list[str]) -> bool:
     return any(phase_dir(run_dir, n).exists() for n in names)
 
 
-def _check_interrupted_phase(corpus, pcfg, phase: str, run_dir: Path, world_size: int,
-                             log: Callable[[str], None]) -> Optional[Path]:  # fmt: skip
-    """--resume into a phase that has not finished: its newest good checkpoint (returned; None: the phase starts
-    afresh) must be one the config can continue — within the phase's steps, trained by the same settings and the
-    same global batch on ``world_size`` processes now (``_check_trained_with``), with the same data sampler (seed,
-    sampling settings, corpus) — checked before run.dir's config.yaml is rewritten. Lightning checks the sampler
-    again when it restores the checkpoint (PhaseData.load_state_dict)."""
-    from minilm.data import make_sampler
-
+def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int,
+                             log: Callable[[str], None]) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
+    """--resume into a phase that has not finished: its newest good checkpoint (returned, with the state of the data
+    sampler it saved; (None, None): the phase starts afresh) must be one the config can continue — within the
+    phase's steps, trained by the same settings and the same global batch on ``world_size`` processes now
+    (``_check_trained_with``). Checked before the corpus is prepared; the sampler then by ``_check_resumed_sampler``."""
     ckpt, state = load_latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
     if ckpt is None:
-        return None
+        return None, None
     if (at := checkpoint_step(ckpt)) > phase_steps(pcfg):
         # Lightning would restore step `at` >= max_steps, train nothing, and the phase would be marked finished
         # with more steps in its weights than its config and complete.json say
@@ -391,8 +403,18 @@ def _check_interrupted_phase(corpus, pcfg, phase: str, run_dir: Path, world_size
             f"global batch of {pcfg.train.batch_size * world_size} sequences: the same rows, schedule and optimizer "
             "state" + (f"; the dropout masks (model.dropout={pcfg.model.dropout}) are drawn per process, so they "
                        "differ from the original run's from here on" if pcfg.model.dropout else ""))
-    if saved is None:  # a checkpoint written before the sampler's identity was saved
-        return ckpt
+    return ckpt, saved
+
+
+def _check_resumed_sampler(corpus, pcfg, phase: str, ckpt: Path, saved: Optional[dict], world_size: int) -> None:
+    """The data sampler of interrupted phase ``phase`` (its state ``saved`` in checkpoint ``ckpt``; None: a checkpoint
+    written before the sampler's identity was saved) must be the one the config draws from the corpus now (seed,
+    sampling settings, corpus), checked before run.dir's config.yaml is rewritten. Lightning checks it again when it
+    restores the checkpoint (PhaseData.load_state_dict)."""
+    from minilm.data import make_sampler
+
+    if saved is None:
+        return
     t = pcfg.train
     sampler = make_sampler(corpus, "train", pcfg.data, t.seq_len, t.batch_size, pcfg.run.seed, phase,
                            world_size=world_size)  # fmt: skip
@@ -400,7 +422,6 @@ def _check_interrupted_phase(corpus, pcfg, phase: str, run_dir: Path, world_size
         sampler.load_state_dict(PhaseData.as_split_now(saved, sampler))
     except MinilmError as e:
         raise MinilmError(f"--resume: phase '{phase}' ({ckpt}): {e}") from None
-    return ckpt
 
 
 def _phase_steps_of(train: dict) -> int:
@@ -571,24 +592,23 @@ def _check_command(names: list[str], run_dir: Path, resume: bool, start_phase: O
                           "first or give starting weights with --init PATH")  # fmt: skip
 
 
-def _check_phases_from(start: int, cfg, pcfgs: dict, corpus, run_dir: Path, resume: bool, start_phase, init,
-                       world_size: int, log) -> dict[str, Path]:  # fmt: skip
-    """Check the phases from index ``start`` on against the data and what run.dir holds: a finished one the config
-    now trains differently (--resume), an interrupted one's checkpoint, the optimizer moments a carrying phase
-    needs. Returns the checkpoint each interrupted phase continues from (--resume)."""
-    from minilm.data import check_phase_data
-
+def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase, init,
+                       world_size: int, log) -> dict[str, tuple[Path, Optional[dict]]]:  # fmt: skip
+    """Check the phases from index ``start`` on against what run.dir holds, without the data: a finished one the
+    config now trains differently (--resume), an interrupted one's checkpoint, the optimizer moments a carrying phase
+    needs. Returns the checkpoint each interrupted phase continues from (--resume), with its sampler state (checked
+    against the corpus by ``_check_resumed_sampler``)."""
     names, resume_from = list(pcfgs), {}
     if resume:
         _check_finished_follow(names[start:], run_dir)
     for i, n in enumerate(names[start:], start):
-        check_phase_data(corpus, pcfgs[n], n)
         carry = carries_optimizer(cfg, n)
         if resume and is_complete(run_dir, n):
             check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry, world_size)
         elif resume:
-            if (ckpt := _check_interrupted_phase(corpus, pcfgs[n], n, run_dir, world_size, log)) is not None:
-                resume_from[n] = ckpt
+            ckpt, sampler = _check_interrupted_phase(pcfgs[n], n, run_dir, world_size, log)
+            if ckpt is not None:
+                resume_from[n] = (ckpt, sampler)
         if carry and init is not None and i == start:
             raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
                               f"previous phase's optimizer moments; add phases.{n}.carry_optimizer=false")
@@ -614,38 +634,57 @@ def _check_finished_follow(names: list[str], run_dir: Path) -> None:
 def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
               init: Optional[str] = None,
               log: Callable[[str], None] = print) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
-    """Refuse what cannot run before run.dir is touched (an unknown --phase, a finished run without --resume,
-    a model section that differs from the run's on --resume, finished phases the config now trains differently,
-    bad data, a tokenizer other than the one the kept phases trained with, a corpus that holds out other documents
-    than those they trained beside), then create
-    run.dir. ``pcfgs``: each phase's config (``phase_config``), in order. Returns the corpus, on --resume the
-    checkpoint each interrupted phase continues from (checked here), and the HELD_OUT record to write (None: keep
-    the run's)."""
-    from minilm.data import load_corpus
+    """``_check_run``, then create run.dir; returns what ``_check_run`` does."""
+    opened = _check_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MinilmError(f"run.dir {run_dir} cannot be created ({e.strerror}); set run.dir to a writable path")
+    return opened
 
+
+def check_run(cfg, *, resume: bool, data: bool = True) -> None:
+    """What ``run_phases(cfg, resume=resume)`` refuses before it trains (with ``data=False``, what it refuses before it
+    prepares the corpus), checked without touching run.dir and without a word: a study checks every run it continues
+    with it before the first one trains."""
+    pcfgs = {n: phase_config(cfg, n) for n in phase_names(cfg)}
+    args = (cfg, pcfgs, Path(cfg.run.dir), resume, None)
+    found = _check_without_data(*args, is_primary_process(), None, silent)
+    if data:
+        _check_with_data(*args, found, silent)
+
+
+def _check_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
+               init: Optional[str],
+               log: Callable[[str], None]) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
+    """Refuse what cannot run, without touching run.dir: first what needs no data (``_check_without_data``), so that
+    such a refusal prepares no corpus (a tokenizer trained, documents tokenized, for nothing); then the corpus and
+    what needs it (``_check_with_data``). ``pcfgs``: each phase's config (``phase_config``), in order. Returns the
+    corpus, on --resume the checkpoint each interrupted phase continues from, and the HELD_OUT record to write
+    (None: keep the run's)."""
+    found = _check_without_data(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
+    return _check_with_data(cfg, pcfgs, run_dir, resume, start_phase, found, log)
+
+
+def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
+                        init: Optional[str], log: Callable[[str], None]) -> tuple[int, dict, list]:  # fmt: skip
+    """An unknown --phase, a finished run without --resume, a phase longer than the encoding allows, a model section
+    that differs from the run's on --resume, finished phases the config now trains differently, an interrupted
+    phase's checkpoint, a bad --init. Returns the world size, ``_check_phases_from``'s checkpoints and the phases the
+    run keeps (``_check_with_data`` checks the corpus against them)."""
     names = list(pcfgs)
     _check_command(names, run_dir, resume, start_phase, primary, init)
     check_writable_dir(run_dir)
     world_size = check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
-    saved = run_dir / "config.yaml"
-    if resume and saved.exists():
-        from minilm.runs import load_run_config  # a run config that cannot be read is an error naming it
-
-        old = load_run_config(saved)
-        diff = _first_difference(OmegaConf.to_container(old.model, resolve=True),
-                                 OmegaConf.to_container(cfg.model, resolve=True), "model")  # fmt: skip
-        if diff:
-            key, was, now = diff
-            raise MinilmError(f"--resume: {key} is {now!r} here but {was!r} in the run's saved {saved}: the run "
-                              "trains one model; resume with the saved value, or train this one in another "
-                              "run.dir")  # fmt: skip
-    corpus = load_corpus(cfg.data)  # bad data fails here, before the run directory is touched
+    _check_phases_fit(cfg.model, pcfgs)
+    if resume:
+        _check_saved_model(cfg, run_dir)
     start = names.index(start_phase) if start_phase else 0
     if init is None:  # --phase: the weights it starts from are the earlier phases' finished ones
         for n in [n for n in names[:start] if is_complete(run_dir, n)]:
             check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}", carries_optimizer(cfg, n),
                                  world_size)
-    resume_from = _check_phases_from(start, cfg, pcfgs, corpus, run_dir, resume, start_phase, init, world_size, log)
+    resume_from = _check_phases_from(start, cfg, pcfgs, run_dir, resume, start_phase, init, world_size, log)
     if init is not None:  # a missing or unreadable --init fails here, not after run.dir's files are written
         read_weights(Path(init))
     # phases trained on the split held_out.json records, which the run keeps: finished ones before the phase --phase
@@ -655,15 +694,45 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
         raise MinilmError(f"--init: --resume continues the run from its trained phases ({', '.join(kept)}), whose "
                           "weights replace the initial ones; drop --init, or retrain a phase from other weights with "
                           "--phase NAME --init PATH")  # fmt: skip
+    return world_size, resume_from, kept
+
+
+def _check_with_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str],
+                     found: tuple[int, dict, list],
+                     log: Callable[[str], None]) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
+    """The corpus (bad data fails here), each phase's sampling from it, an interrupted phase's sampler, a tokenizer
+    other than the one the kept phases trained with, a corpus that holds out other documents than those they trained
+    beside. ``found``: what ``_check_without_data`` returned. Returns what ``_check_run`` does."""
+    from minilm.data import check_phase_data, load_corpus
+
+    world_size, resume_from, kept = found
+    names = list(pcfgs)
+    corpus = load_corpus(cfg.data)
+    for n in names[names.index(start_phase) if start_phase else 0:]:
+        check_phase_data(corpus, pcfgs[n], n)
+    for n, (ckpt, sampler) in resume_from.items():
+        _check_resumed_sampler(corpus, pcfgs[n], n, ckpt, sampler, world_size)
     trains = not resume or not all(is_complete(run_dir, n) for n in names)
     flag = "--resume" if resume else f"--phase {start_phase}"
     _check_run_tokenizer(corpus, run_dir, kept, flag)
     record = _check_held_out_record(corpus, run_dir, kept, trains, flag, log)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise MinilmError(f"run.dir {run_dir} cannot be created ({e.strerror}); set run.dir to a writable path")
-    return corpus, resume_from, record
+    return corpus, {n: ckpt for n, (ckpt, _) in resume_from.items()}, record
+
+
+def _check_saved_model(cfg, run_dir: Path) -> None:
+    """--resume: the model section must be the one the run's saved config.yaml has (where it has one)."""
+    from minilm.runs import load_run_config  # a run config that cannot be read is an error naming it
+
+    saved = run_dir / "config.yaml"
+    if not saved.exists():
+        return
+    old = load_run_config(saved)
+    diff = _first_difference(OmegaConf.to_container(old.model, resolve=True),
+                             OmegaConf.to_container(cfg.model, resolve=True), "model")  # fmt: skip
+    if diff:
+        key, was, now = diff
+        raise MinilmError(f"--resume: {key} is {now!r} here but {was!r} in the run's saved {saved}: the run trains one "
+                          "model; resume with the saved value, or train this one in another run.dir")  # fmt: skip
 
 
 def _held_out(corpus) -> dict:
@@ -805,8 +874,8 @@ def _sdpa_note(model_cfg) -> str:
 
 
 def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
-    """The run's model, initialized from run.seed, said in the log with the precision it trains in, and checked
-    against every phase (before any trains, and before run.dir is written)."""
+    """The run's model, initialized from run.seed, said in the log with the precision it trains in (its encoding's
+    limits were checked against every phase before the corpus was prepared: ``_check_phases_fit``)."""
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model, vocab_size)
     first = next(iter(pcfgs.values()))  # phases share the run's trainer section and precision
@@ -814,8 +883,6 @@ def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
     log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {vocab_size}, precision {used}"
         + (" (train.precision auto)" if cfg.train.precision == "auto" else "") + _compile_note(cfg.train)
         + _sdpa_note(cfg.model) + cpu_precision_note(used, _device_type(first)))  # fmt: skip
-    for n, pcfg in pcfgs.items():
-        check_phase_fits(model, pcfg, n)
     return model
 
 

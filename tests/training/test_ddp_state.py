@@ -99,9 +99,13 @@ def test_resume_compares_the_global_batch_not_the_per_device_one(config, tmp_pat
     it under DDP is in test_ddp.py), not as 2 x 4 or 1 x 2, and the message says which batch_size fits."""
     run_dir = _interrupted(config, tmp_path, 4, "train.ckpt_every=2")
     cfg = load_config(config, [f"run.dir={run_dir}", f"train.batch_size={batch_size}"])
-    corpus, said = load_corpus(cfg.data), []
-    check = lambda: phases._check_interrupted_phase(corpus, phase_config(cfg, "train"), "train", run_dir,  # noqa: E731
-                                                    world_size, said.append)  # fmt: skip
+    corpus, said, pcfg = load_corpus(cfg.data), [], phase_config(cfg, "train")
+
+    def check():
+        ckpt, sampler = phases._check_interrupted_phase(pcfg, "train", run_dir, world_size, said.append)
+        phases._check_resumed_sampler(corpus, pcfg, "train", ckpt, sampler, world_size)
+        return ckpt
+
     if says is None:
         assert check().name == "step-00000002.ckpt"
         assert said == [] if world_size == 1 else "interrupted on 1 process(es), resumed on" in said[0]
@@ -117,9 +121,10 @@ def test_resume_on_another_batch_split_keeps_the_micro_batches_per_step_and_the_
     corpus = load_corpus(load_config(config, []).data)
 
     def check(*over, world_size=2):
-        cfg = load_config(config, [f"run.dir={run_dir}", *over])
-        return phases._check_interrupted_phase(corpus, phase_config(cfg, "train"), "train", run_dir, world_size,
-                                               lambda msg: None)  # fmt: skip
+        pcfg = phase_config(load_config(config, [f"run.dir={run_dir}", *over]), "train")
+        ckpt, sampler = phases._check_interrupted_phase(pcfg, "train", run_dir, world_size, lambda msg: None)
+        phases._check_resumed_sampler(corpus, pcfg, "train", ckpt, sampler, world_size)
+        return ckpt
 
     assert check("train.batch_size=2", "train.micro_batch_size=1") is not None  # 2 micro-batches of 1 per step
     with pytest.raises(MinilmError, match=r"train.micro_batch_size = 2 \(2 micro-batch\(es\) per step.*now says 2 "

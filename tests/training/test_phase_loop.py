@@ -548,15 +548,34 @@ def test_a_failed_write_of_the_runs_tokenizer_leaves_the_previous_one_whole(conf
     assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_a_phase_its_encoding_cannot_reach_is_refused_before_run_dir_is_written(config, tmp_path):
+def test_a_phase_its_encoding_cannot_reach_is_refused_before_run_dir_or_the_corpus_is_made(config, tmp_path):
     """The check of every phase against its encoding's limits ran after config.yaml and tokenizer.model were written
-    into run.dir."""
+    into run.dir; then after the corpus was prepared (a tokenizer trained for nothing) and an empty run.dir made."""
     run = tmp_path / "run"
     cfg = load_config(config, [f"run.dir={run}", "model.position={name: learned, max_positions: 32}",
                                "phases.a={seq_len: 32, steps: 1}", "phases.b={seq_len: 64, steps: 1}"])  # fmt: skip
     with pytest.raises(MinilmError, match=r"phases\.b\.seq_len: 64 is longer than the learned encoding supports"):
         run_phases(cfg, log=lambda m: None)
-    assert not (run / "config.yaml").exists() and not (run / "tokenizer.model").exists()
+    assert not run.exists() and not (tmp_path / "cache").exists()
+
+
+def test_resume_refuses_a_changed_finished_phase_before_the_corpus_is_prepared(config, tmp_path):
+    """A --resume refusal that needs no data came after the corpus was prepared: a changed tokenizer setting (one
+    way to be refused) trained a new tokenizer and tokenized every document first, minutes for nothing."""
+    import json
+
+    from minilm.config import phase_config, save_config
+    from minilm.training.phases import ChangedPhaseError
+
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}"])
+    save_config(cfg, run / "config.yaml")  # a finished run, as far as the checks read it (no weights needed)
+    save_config(phase_config(cfg, "train"), run / "train" / "config.yaml")
+    (run / "train" / "complete.json").write_text(json.dumps({"carried_optimizer": False}))
+    changed = load_config(config, [f"run.dir={run}", "data.tokenizer.vocab_size=300"])
+    with pytest.raises(ChangedPhaseError, match=r"phase 'train' finished with data.tokenizer.vocab_size = 400"):
+        run_phases(changed, resume=True, log=lambda m: None)
+    assert not (tmp_path / "cache").exists()
 
 
 def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
