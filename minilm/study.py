@@ -26,6 +26,7 @@ any moment continues with ``--resume``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -263,7 +264,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     if unknown:
         raise MinilmError(f"--only {unknown[0]}: no such variant in {study.path}; variants are: {', '.join(names)}")
     from minilm.files import remove_stale_temporaries
-    from minilm.training.phases import ChangedPhaseError, check_writable_dir, is_primary_process, silent
+    from minilm.training.phases import check_writable_dir, is_primary_process, silent
 
     if not is_primary_process():  # under DDP every rank runs the study alike: each line was printed once per rank
         log = silent  # (what goes wrong on another rank is raised there, and reaches the user from it)
@@ -288,14 +289,13 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
         if r.label in plan and plan[r.label][0] not in labels:
             _loan(out_dir, r.label, cfgs[r.label], plan[r.label])
     _check_layout(study, out_dir, todo)
+    _check_resumed_runs(out_dir, cfgs, todo, plan, data=False)  # before any corpus is prepared, what needs none
     _check_data(cfgs, todo)
+    _check_resumed_runs(out_dir, cfgs, todo, plan, data=True)
     try:
         for r in todo:
-            try:
+            with _study_remedy(r.label):
                 _train_run(study, r, out_dir, cfgs[r.label], plan.get(r.label), log)
-            except ChangedPhaseError as e:  # its advice names train.py's flags; a study's remedy differs
-                raise MinilmError(f"'{r.label}': {e}. In a study: delete that phase's directory and those of the "
-                                  "phases after it in the same run, then run the study with --resume") from None
     finally:  # also when a run fails or is interrupted: the summary of what has finished
         if is_primary_process() and out_dir.is_dir():
             write_summary(study, out_dir, cfgs, plan, log)
@@ -330,6 +330,49 @@ def _check_data(cfgs: dict[str, DictConfig], todo: list[StudyRun]) -> None:
                 check_phase_data(corpora[key], phase_config(cfg, p), p)
         except MinilmError as e:
             raise type(e)(f"'{r.label}': {e}") from None
+
+
+def _check_resumed_runs(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[StudyRun], plan: dict,
+                        data: bool) -> None:  # fmt: skip
+    """Every run the study continues (its directory exists) checked as ``run_phases`` will check it at its turn: its
+    finished phases against what its variant now trains, an interrupted phase's checkpoint, and the finished phases
+    it will copy from its donor; with ``data``, also its samplers, tokenizer and held-out documents against the
+    corpus. All before the first run trains, not after the hours of the runs before it."""
+    from minilm.training.phases import (
+        ChangedPhaseError,
+        carries_optimizer,
+        check_finished_phase,
+        check_run,
+        is_complete,
+    )
+
+    for r in todo:
+        run_dir, cfg = out_dir / r.label, cfgs[r.label]
+        with _study_remedy(r.label):
+            try:
+                if run_dir.exists():
+                    check_run(cfg, resume=True, data=data)
+                donor, k = plan.get(r.label, (None, 0))
+                for p in [p for p in phase_names(cfg)[:k] if not is_complete(run_dir, p) and not data]:
+                    check_finished_phase(phase_config(cfg, p), p, out_dir / donor,  # what _train_run will copy
+                                         f"'{r.label}' starts from '{donor}'", carries_optimizer(cfg, p))  # fmt: skip
+            except ChangedPhaseError:
+                raise
+            except MinilmError as e:  # which run it is: no run has said so yet
+                raise type(e)(f"'{r.label}': {e}") from None
+
+
+@contextlib.contextmanager
+def _study_remedy(label: str):
+    """A finished phase the study now trains differently (ChangedPhaseError) is refused with a study's remedy, the
+    run's label first: its own advice names train.py's flags."""
+    from minilm.training.phases import ChangedPhaseError
+
+    try:
+        yield
+    except ChangedPhaseError as e:
+        raise MinilmError(f"'{label}': {e}. In a study: delete that phase's directory and those of the phases after it "
+                          "in the same run, then run the study with --resume") from None
 
 
 def _loan(out_dir: Path, label: str, cfg: DictConfig, shared: tuple[str, int]) -> list[str]:

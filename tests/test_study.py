@@ -514,6 +514,24 @@ def test_a_variant_edited_after_it_finished_is_refused_with_the_study_remedy(tmp
     assert "'a': --resume: phase 'long' finished with optim.lr" in err and "delete that phase's directory" in err
 
 
+def test_resume_checks_every_run_it_continues_before_the_first_one_trains(tmp_path, study_file, monkeypatch):
+    """A run edited after it finished was refused only at its turn, after the hours of the variants before it: it is
+    refused before anything trains (and before any corpus is prepared), naming the run."""
+    import minilm.training.phases as phases_mod
+    from minilm.config import load_config
+    from minilm.study import run_study
+
+    trained = []
+    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log: trained.append(cfg.run.name))
+    study_file.write_text("config: base.yaml\nvariants: {yarn: [], pi: [phases.long.lr=0.001]}\n")
+    out = tmp_path / "out"
+    older = load_config(study_file.parent / "base.yaml", ["phases.long.lr=0.002", f"run.dir={out / 'pi'}"])
+    _finished(older, out / "pi", ["short", "long"])  # pi as it trained before its variant was edited
+    with pytest.raises(MinilmError, match=r"'pi': --resume: phase 'long' finished with optim.lr = 0.002.*study"):
+        run_study(load_study(study_file), out, resume=True, log=lambda msg: None)
+    assert trained == [] and not (tmp_path / "cache").exists()  # not yarn first, then the refusal
+
+
 def test_mean_sd_is_the_sample_sd_over_the_measured_values():
     from minilm.study import mean_sd
 
