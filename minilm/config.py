@@ -723,6 +723,24 @@ def warmup_warning(cfg: DictConfig, name: str) -> Optional[str]:
             "train longer if that is not what you meant")
 
 
+def shorter_phase_note(cfg: DictConfig, name: str) -> Optional[str]:
+    """One line for phase ``name`` of run config ``cfg`` when it trains at a shorter seq_len than the phase before it
+    (None otherwise). A note, not an error: a short-sequence stage after a long one is a recipe of its own (annealing
+    on short data); but a phase that forgot its seq_len trains at the run's train.seq_len, which after an extension
+    phase is shorter without a word, and a 512 typed for 5120 reads like any other number."""
+    names = phase_names(cfg)
+    at = names.index(name)
+    if at == 0:
+        return None
+    prev = names[at - 1]
+    length, before = phase_config(cfg, name).train.seq_len, phase_config(cfg, prev).train.seq_len
+    if length >= before:
+        return None
+    key = f"phases.{name}.seq_len" if cfg.phases[name].seq_len is not None else "train.seq_len: it sets none"
+    return (f"phase '{name}' trains at seq_len {length} ({key}), shorter than the {before} of phase '{prev}' before it; "
+            "fine for a short-sequence stage, else set its seq_len")
+
+
 def micro_batch_size(train: DictConfig) -> int:
     return train.micro_batch_size or train.batch_size
 
@@ -893,6 +911,7 @@ __all__ = [
     "on_schema",
     "phase_steps",
     "warmup_warning",
+    "shorter_phase_note",
     "ffn_dim",
     "head_dim",
     "micro_batch_size",

@@ -377,6 +377,24 @@ def test_a_warmup_longer_than_the_phase_is_warned_of():
         "phases.extend_2k.warmup_steps = 5 is longer than phase 'extend_2k' (3 steps from phases.extend_2k.steps)")
 
 
+def test_a_phase_shorter_than_the_one_before_it_gets_a_one_line_note():
+    """A phase that forgot its seq_len trains at the run's train.seq_len, after an extension phase a shorter one,
+    without a word (so does a 512 typed for 5120). A short stage after a long one is also a recipe of its own, so it
+    is a note naming the key, never an error; phases at the same or a longer length get none."""
+    from minilm.config import shorter_phase_note
+
+    cfg = load_config(overrides=["train.seq_len=256", "phases.a={seq_len: 512, steps: 3}", "phases.b={steps: 3}",
+                                 "phases.c={seq_len: 128, steps: 3}", "phases.d={seq_len: 128, steps: 3}"])  # fmt: skip
+    notes = {n: shorter_phase_note(cfg, n) for n in phase_names(cfg)}
+    assert notes["a"] is None and notes["d"] is None
+    assert notes["b"] == ("phase 'b' trains at seq_len 256 (train.seq_len: it sets none), shorter than the 512 of "
+                          "phase 'a' before it; fine for a short-sequence stage, else set its seq_len")
+    assert "seq_len 128 (phases.c.seq_len), shorter than the 256 of phase 'b'" in notes["c"]
+    assert all("\n" not in n for n in notes.values() if n)
+    yarn = load_config(REPO / "configs" / "rope_yarn_tiny.yaml")  # the usual schedule: short, then longer
+    assert [shorter_phase_note(yarn, n) for n in phase_names(yarn)] == [None, None, None]
+
+
 @pytest.mark.parametrize("override, message", [
     ("model.d_model=0", "model.d_model: must be >= 1"),  # was a ZeroDivisionError traceback
     ("model.n_kv_heads=0", "model.n_kv_heads: must be >= 1 or null"),  # was silently n_heads

@@ -36,6 +36,7 @@ from minilm.config import (
     phase_names,
     phase_steps,
     save_config,
+    shorter_phase_note,
     warmup_warning,
 )
 from minilm.errors import MinilmError
@@ -814,8 +815,11 @@ def run_phases(
         log(f"--resume: {run_dir} holds no run yet; starting one")  # but say that nothing was resumed
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
     for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
-        if ((start_phase and not resume) or not is_complete(run_dir, n)) and (msg := warmup_warning(cfg, n)):
-            log(f"warning: {msg}")
+        if (start_phase and not resume) or not is_complete(run_dir, n):
+            if msg := warmup_warning(cfg, n):
+                log(f"warning: {msg}")
+            if msg := shorter_phase_note(cfg, n):
+                log(f"note: {msg}")
     model = _new_model(cfg, pcfgs, corpus.tokenizer.vocab_size, log)
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
