@@ -737,8 +737,8 @@ def shorter_phase_note(cfg: DictConfig, name: str) -> Optional[str]:
     if length >= before:
         return None
     key = f"phases.{name}.seq_len" if cfg.phases[name].seq_len is not None else "train.seq_len: it sets none"
-    return (f"phase '{name}' trains at seq_len {length} ({key}), shorter than the {before} of phase '{prev}' before it; "
-            "fine for a short-sequence stage, else set its seq_len")
+    return (f"phase '{name}' trains at seq_len {length} ({key}), shorter than the {before} of phase '{prev}' before "
+            "it; fine for a short-sequence stage, else set its seq_len")
 
 
 def micro_batch_size(train: DictConfig) -> int:
