@@ -112,7 +112,10 @@ def default_lengths(train_seq_len: int) -> List[int]:
 
 
 def parse_extension(tokens: Sequence[str]) -> Dict[str, Any]:
-    """``["dynamic", "factor=4"]`` -> ``{"name": "dynamic", "factor": 4}`` (values parsed as YAML scalars)."""
+    """``["dynamic", "factor=4"]`` -> ``{"name": "dynamic", "factor": 4}`` (values parsed as YAML scalars, as a config
+    file's are: ``factor=4e0`` is 4.0)."""
+    from minilm.config import UniqueKeyLoader
+
     if not tokens:
         return {}
     name, *rest = tokens
@@ -124,7 +127,7 @@ def parse_extension(tokens: Sequence[str]) -> Dict[str, Any]:
         if key in out:  # the last one won without a word (window=64 window=32 ran with 32); name too
             raise ConfigError(f"--extension {name}: parameter '{key}' given twice; give it once")
         try:
-            out[key] = yaml.safe_load(value)
+            out[key] = yaml.load(value, Loader=UniqueKeyLoader)  # (YAML 1.1 read 4e0 as a string)
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or type(e).__name__
             raise ConfigError(f"--extension {name}: parameter '{item}': the value does not parse as YAML ({problem}); "

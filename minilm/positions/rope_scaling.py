@@ -438,8 +438,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         return value
     if isinstance(value, str) and YAML_STRING_FLOAT.fullmatch(value.strip()):
         # not converted: the block is also read as written (export), where a string would stay a string
-        raise ConfigError(f"{key}: must be a number, got the string {value!r}: YAML reads an exponent without a dot "
-                          f"as a string; write it with one (e.g. 1.0e-2)")
+        raise ConfigError(f"{key}: must be a number, got the string {value!r}; write it without quotes")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{key}: must be a number, got {value!r}")
     if not math.isfinite(value):  # inf / nan pass every ">= 1" check below and give inf or nan frequencies

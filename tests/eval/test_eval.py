@@ -272,6 +272,7 @@ def test_extensions_at_evaluation(corpus_setup, eval_data):
 def test_parse_extension_and_validation():
     assert parse_extension(["yarn", "factor=4", "beta_fast=32.0"]) == {"name": "yarn", "factor": 4, "beta_fast": 32.0}
     assert parse_extension([]) == {}
+    assert parse_extension(["dynamic", "factor=4e0"])["factor"] == 4.0  # as a config file reads it, not a string
     with pytest.raises(ConfigError, match="key=value"):
         parse_extension(["yarn", "factor"])
     with pytest.raises(ConfigError, match="eval.tasks"):
