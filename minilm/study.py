@@ -445,6 +445,11 @@ def other_settings(results: dict, pcfg: DictConfig) -> dict[str, tuple]:
         del want["lengths"]
     if any(t in RETRIEVAL for t in want["tasks"]):  # what the retrieval accuracies count
         want.update(samples=ev["samples"], depths=[float(d) for d in ev["depths"]])
+    if "ppl" in want["tasks"]:  # how many windows the perplexities average
+        want.update(batches=ev["batches"], batch_tokens=ev["batch_tokens"])
+    if "needle" in want["tasks"]:
+        want["needles"] = ev["needles"]
+    want["seed"] = int(pcfg.run.seed)  # the text measured on (evaluate.py --seed may have chosen other)
     got = dict(results)
     if got.get("extension"):  # recorded before results.json held the filled-in defaults: compare them filled in
         got["extension"] = applied_extension(got["extension"], int(got.get("train_seq_len") or seq_len))
@@ -647,6 +652,8 @@ def _evaluate_flags(differ: dict, phase_dir: str) -> str:
 
     flags = {"lengths": lambda v: f"--lengths {','.join(map(str, v))}", "tasks": lambda v: f"--tasks {','.join(v)}",
              "samples": lambda v: f"--samples {v}", "depths": lambda v: f"--depths {','.join(f'{d:g}' for d in v)}",
+             "batches": lambda v: f"--batches {v}", "batch_tokens": lambda v: f"--batch-tokens {v}",
+             "needles": lambda v: f"--needles {v}", "seed": lambda v: f"--seed {v}",
              "extension": lambda v: f"--extension {extension(v)} --out {phase_dir}/eval"}  # fmt: skip
     return "".join(" " + flags[k](d["study"]) for k, d in differ.items())
 

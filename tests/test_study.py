@@ -310,6 +310,14 @@ def test_an_evaluation_made_with_other_settings_than_the_study_asks_is_named_wit
     report = json.loads((out / "study.json").read_text())
     assert report["variants"][0]["runs"]["a"]["evaluated_with_other_settings"] == {
         "samples": {"evaluated": 1, "study": 3}}  # fmt: skip
+    # perplexity of other windows (results.json records them since they are checked), of other text
+    batches, seed = cfgs["a"].eval.batches, cfgs["a"].run.seed
+    atomic_write_text(out / "a" / "long" / "eval" / "results.json",
+                      json.dumps({**results, "samples": 3, "batches": batches + 1, "seed": seed + 1}))
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    report = json.loads((out / "study.json").read_text())
+    assert report["variants"][0]["runs"]["a"]["evaluated_with_other_settings"] == {
+        "batches": {"evaluated": batches + 1, "study": batches}, "seed": {"evaluated": seed + 1, "study": seed}}
     # evaluated as the study asks (as the end of the phase does): nothing to say
     atomic_write_text(out / "a" / "long" / "eval" / "results.json", json.dumps({**results, "samples": 3}))
     write_summary(study, out, cfgs, {}, log=lambda msg: None)
@@ -322,11 +330,13 @@ def test_the_remedy_command_sets_each_differing_setting_as_evaluate_py_reads_it(
     from minilm.eval import parse_extension
     from minilm.study import _evaluate_flags
 
-    want = {"lengths": [32, 128], "tasks": ["ppl", "kv"], "depths": [0.0, 0.5],
+    want = {"lengths": [32, 128], "tasks": ["ppl", "kv"], "depths": [0.0, 0.5], "batches": 2, "batch_tokens": 512,
+            "needles": 3, "seed": 7,
             "extension": {"name": "longrope", "short_factor": [1.0, 1.5], "original_max_position_embeddings": 32}}
     flags = _evaluate_flags({k: {"evaluated": None, "study": v} for k, v in want.items()}, "/r/a/long")
     args = _script("evaluate").parser().parse_args(["--run", "/r/a"] + shlex.split(flags))
     assert (args.lengths, args.tasks, args.depths) == ([32, 128], ["ppl", "kv"], [0.0, 0.5])
+    assert (args.batches, args.batch_tokens, args.needles, args.seed) == (2, 512, 3, 7)
     assert parse_extension(args.extension) == want["extension"]
     assert args.out == "/r/a/long/eval"  # an --extension would be written beside eval/, not into it
     none = _evaluate_flags({"extension": {"evaluated": {"name": "logn"}, "study": None}}, "/r/a/long")
