@@ -28,6 +28,9 @@ def main(args: argparse.Namespace) -> int:
     from minilm.eval.report import setting_differences
     from minilm.runs import find_results
 
+    if not args.runs:  # --label (nargs="+") takes every word after it, the runs too when they come after it
+        took = f" (--label took all of: {' '.join(args.label)})" if args.label else ""
+        raise MinilmError(f"no runs given{took}; write the runs first: compare_runs.py RUN RUN ... --label A B ...")
     if args.label and len(args.label) != len(args.runs):
         raise MinilmError(f"--label: give one label per run ({len(args.runs)}), got {len(args.label)}")
     results = [load_results(find_results(Path(r))) for r in args.runs]
@@ -63,9 +66,11 @@ def distinct_labels(results: list[dict], args: list[str]) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="run / phase / eval directories or results.json files")
-    p.add_argument("--label", nargs="+", help="one label per run")
+    p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    usage="%(prog)s RUN [RUN ...] [--label LABEL [LABEL ...]] [--out OUT]")  # fmt: skip
+    # nargs="*": main says what went wrong when --label, given first, took the runs (argparse: "required: runs")
+    p.add_argument("runs", nargs="*", help="run / phase / eval directories or results.json files (one at least)")
+    p.add_argument("--label", nargs="+", help="one label per run (after the runs: it takes every word after it)")
     p.add_argument("--out", default=".", help="output directory for compare.png and compare.md")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p

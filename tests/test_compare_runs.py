@@ -42,6 +42,26 @@ def test_given_labels_are_kept(tmp_path):
     assert "| first | 5.00 |" in table and "| second | 6.00 |" in table
 
 
+def test_perplexities_of_tokenizers_of_other_sizes_are_named_in_a_warning():
+    from minilm.eval.report import setting_differences
+
+    runs = [{"vocab_size": v, "ppl": {"64": 5.0}, "seed": 1, "batches": 1, "batch_tokens": 64, "stride": None}
+            for v in (4096, 8192)]  # fmt: skip
+    [warning] = setting_differences(runs, ["a", "b"])
+    assert warning.startswith("tokenizers of different vocabulary sizes: 4096 (a); 8192 (b)")
+    assert setting_differences([runs[0], {**runs[1], "vocab_size": 4096}], ["a", "b"]) == []
+
+
+def test_labels_given_before_the_runs_say_where_the_runs_went(tmp_path, capsys):
+    """--label takes every word after it: 'compare_runs.py --label a b RUN RUN' said only that runs were required."""
+    from minilm.cli import run_cli
+
+    cmp = load_script("scripts/compare_runs.py")
+    assert run_cli(cmp.main, cmp.parser(), ["--label", "a", "b", "runs/x", "runs/y"]) == 2
+    err = capsys.readouterr().err
+    assert "--label took all of: a b runs/x runs/y" in err and "compare_runs.py RUN RUN ... --label A B" in err
+
+
 def test_the_figure_says_which_run_each_training_length_line_belongs_to(tmp_path, monkeypatch):
     """Comparing a phase trained at 64 with one trained at 256 drew two unlabelled grey lines: a reader could not
     tell which length was whose, so not which points lie beyond a run's training length."""

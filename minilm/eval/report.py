@@ -492,6 +492,14 @@ def setting_differences(runs: Sequence[dict], labels: Sequence[str]) -> list[str
             values = "; ".join(f"{value} ({', '.join(who)})" for value, who in by_value.items())
             out.append(f"evaluated with different {key}: {values}. {why[0].upper()}{why[1:]}: compare them evaluated "
                        f"with the same {flag} (scripts/evaluate.py)")  # fmt: skip
+    sizes = {}  # perplexity is per token: runs of other tokenizers count other units
+    for r, label in zip(runs, labels):
+        if r.get("vocab_size") is not None and any(_lengths(r, m) for m in ("ppl", "ppl_sliding")):
+            sizes.setdefault(r["vocab_size"], []).append(label)
+    if len(sizes) > 1:
+        values = "; ".join(f"{size} ({', '.join(who)})" for size, who in sizes.items())
+        out.append(f"tokenizers of different vocabulary sizes: {values}. Perplexity is per token, and their tokens are "
+                   "different units of text: compare the perplexities of runs that share a tokenizer")
     if len(runs) > 1:
         out += [f"{label}: its results.json does not record {', '.join(keys)} (written by an older minilm), so whether "
                 "the others were evaluated alike cannot be checked; evaluate it again"
