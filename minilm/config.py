@@ -119,7 +119,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.1  # final lr = lr · min_lr_ratio
     warmup_steps: int = 100
     decay: str = "cosine"  # cosine | linear | constant
-    weight_decay: float = 0.1  # applied to matrices only (not norms, not biases)
+    weight_decay: float = 0.1  # applied to matrices only (not norms, biases, position tables: training/optim.py)
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8

@@ -56,6 +56,8 @@ class LearnedAbsolute(PositionEncoding):
     """A trainable vector per position added to the token embedding (GPT / GPT-2; Gehring et al. 2017,
     "Convolutional Sequence to Sequence Learning"). Bounded: positions >= max_positions are an error."""
 
+    no_weight_decay = ("table",)
+
     def __init__(self, params: LearnedParams, dims: PositionDims):
         super().__init__()
         self.limit = params.max_positions

@@ -92,6 +92,11 @@ class PositionEncoding(nn.Module):
     # cached keys / values (e.g. a convolution over neighbouring embeddings): generation then decodes without a
     # KV cache (minilm/model/generate.py).
     supports_kv_cache: bool = True
+    # Names of the parameters that hold a value or vector per position, distance or head, used as they are rather
+    # than as a map of activations (position tables, relative biases): like biases, whatever their shape, they take
+    # no weight decay (minilm/training/optim.py), which would pull them toward "no position" (timm exempts ViT's
+    # pos_embed and Swin's relative position bias table alike).
+    no_weight_decay: tuple[str, ...] = ()
 
     def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
         """``doc_ids`` (B, T), when attention is masked per document: an encoding that mixes neighbouring tokens

@@ -182,6 +182,7 @@ class T5Bias(PositionEncoding):
 
     score_kind = "bias"
     score_reads_qk = False
+    no_weight_decay = ("table",)  # a bias per head and bucket
     flex_distance_table = True  # one table entry per distance in [−(S − 1), S − 1] (the module docstring)
     flex_split = False  # FlexAttention over near and far keys (``flex_parts``); scripts/bench_attention.py --flex-split
 

@@ -37,6 +37,7 @@ class CopeParams:
 
 class Cope(PositionEncoding):
     score_kind = "full"
+    no_weight_decay = ("pos_emb",)
 
     def __init__(self, params: CopeParams, dims: PositionDims):
         super().__init__()

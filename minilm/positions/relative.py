@@ -51,6 +51,7 @@ class Shaw(PositionEncoding):
     e_ij = q_i·(k_j + R^K_ij) / √Dh and z_i = Σ_j α_ij (v_j + R^V_ij)."""
 
     score_kind = "bias"
+    no_weight_decay = ("rel_k", "rel_v")  # rel_v is None with values: false
 
     def __init__(self, params: ShawParams, dims: PositionDims):
         super().__init__()
@@ -109,6 +110,7 @@ class TransformerXL(PositionEncoding):
     N ≤ T + S − 1 (the paper's "relative shift" matrix)."""
 
     score_kind = "bias"
+    no_weight_decay = ("u", "v")  # the content and position biases (W_{K,R} is a map, and decays)
 
     def __init__(self, params: TransformerXLParams, dims: PositionDims):
         super().__init__()
@@ -174,6 +176,7 @@ class Deberta(PositionEncoding):
     no bias, as in the paper's equations (the released ``pos_q_proj`` has one: a position-free b·K^c_j term)."""
 
     score_kind = "bias"
+    no_weight_decay = ("rel",)  # P (its projections W_{Q,r}, W_{K,r} are maps, and decay)
 
     def __init__(self, params: DebertaParams, dims: PositionDims):
         super().__init__()

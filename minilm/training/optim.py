@@ -1,22 +1,34 @@
-"""The optimizer the trainer and the benchmark share: AdamW, weight decay on matrices only, the fused kernel
-wherever torch has one for the parameters' device. No Lightning import, so scripts load it in milliseconds."""
+"""The optimizer the trainer and the benchmark share: AdamW, weight decay on matrices only (not on position tables),
+the fused kernel wherever torch has one for the parameters' device. No Lightning import, so scripts load it in
+milliseconds."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from minilm.positions.base import PositionEncoding
+
 FUSED_DEVICES = ("cuda", "cpu")  # torch.optim.AdamW(fused=True) kernels used here (measured: CPU 0.6 vs 2.1 ms/step)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only (embeddings and linear weights); none on norms, biases, scalars."""
+    """Weight decay on matrices only (the token embeddings, which are also the LM head, and linear weights); none on
+    norms, biases, scalars, nor on what a position encoding names in ``no_weight_decay``: its position tables and
+    relative biases, which are embeddings and biases whatever their shape (docs/positions.md, "Weight decay")."""
+    exempt = {
+        id(getattr(m, name))
+        for m in model.modules()
+        if isinstance(m, PositionEncoding)
+        for name in m.no_weight_decay
+        if getattr(m, name) is not None  # Shaw's R^V with values: false
+    }
     decay, no_decay, seen = [], [], set()
     for p in model.parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
+        (decay if p.dim() >= 2 and id(p) not in exempt else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

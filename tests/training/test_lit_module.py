@@ -59,6 +59,33 @@ def test_weight_decay_on_matrices_only():
     assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == n  # tied weights counted once
 
 
+def test_position_tables_and_relative_biases_take_no_weight_decay():
+    """A table of values per position, distance or head (T5's bucket biases, Shaw's R^K and R^V, ...) is a bias or
+    an embedding, not a map of activations: decay pulled it toward "no position" because it has two dimensions.
+    With a zero gradient AdamW's step is the decay alone: the tables stay, the maps beside them shrink."""
+    import torch
+    from torch import nn
+
+    from minilm.positions import PositionDims, build_position
+
+    tables = {"learned": {"table"}, "t5": {"table"}, "shaw": {"rel_k", "rel_v"}, "transformer_xl": {"u", "v"},
+              "deberta": {"rel"}, "cope": {"pos_emb"}, "fire": set(), "floater": set(), "conv": set()}  # fmt: skip
+    dims = PositionDims(d_model=16, n_heads=2, n_kv_heads=2, head_dim=8, n_layers=1)
+    hooks = nn.ModuleDict({n: build_position({"name": n}, dims, "embedding" if n in ("learned", "floater", "conv")
+                                             else "attention") for n in tables})  # fmt: skip
+    with torch.no_grad():
+        for p in hooks.parameters():
+            p.add_(0.1)  # off zero-initialized values (CoPE's table, FLOATER's h_out), which decay cannot move
+    before = {n: p.detach().clone() for n, p in hooks.named_parameters()}
+    opt = torch.optim.AdamW(param_groups(hooks, 0.5), lr=0.1)
+    for p in hooks.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    kept = {n for n, p in hooks.named_parameters() if p.dim() >= 2 and torch.equal(p, before[n])}
+    assert kept == {f"{name}.{t}" for name, ts in tables.items() for t in ts}
+    assert not torch.equal(hooks["transformer_xl"].w_kr.weight, before["transformer_xl.w_kr.weight"])  # a map
+
+
 def test_adamw_uses_the_fused_kernel_on_cpu_and_steps_like_foreach():
     """Fused where torch has the kernel (CPU here: 0.6 vs 2.1 ms per tiny-config step); same update as foreach."""
     import torch
