@@ -96,6 +96,23 @@ def test_floater_integrates_its_ode_accurately():
     assert torch.allclose(traj, want, atol=1e-4), (traj - want).abs().max()
 
 
+def test_floater_starts_as_large_as_the_token_embeddings():
+    """With h's output layer initialized like every matrix, p(n) drifted to RMS 0.23 over 128 positions and 12 over
+    2048 at delta 0.1 (ten to hundreds of times the token embeddings' 0.02) and drowned them, as the unscaled
+    sinusoids did. It starts at rest now: p(n) = p0, of RMS model.init_std, at every position, however far the
+    trajectory reaches; and h still learns from the first step."""
+    p, x = torch.arange(32)[None], torch.zeros(1, 32, 16)
+    for std in (0.02, 0.05):
+        dims = PositionDims(d_model=16, n_heads=2, n_kv_heads=2, head_dim=8, n_layers=2, layer=-1, init_std=std)
+        torch.manual_seed(0)
+        emb = build_position({"name": "floater", "hidden": 8, "delta": 2.0}, dims, "embedding")  # t up to 62
+        added = emb.embed(x, p)  # (1, 32, 16)
+        assert added.pow(2).mean(-1).sqrt().max().item() < 2 * std  # at every position, the last included
+        assert added.pow(2).mean().sqrt().item() > std / 2
+    added.pow(2).sum().backward()
+    assert emb.h_out.weight.grad.abs().max() > 0  # at rest, not frozen: the velocity is learned
+
+
 def test_floater_cache_follows_a_parameter_change():
     # the trajectory is cached without gradients "until a parameter changes": an optimizer step between two
     # evaluations must not leave the old trajectory in use
