@@ -20,7 +20,7 @@ from minilm.data import IGNORE
 from minilm.errors import MinilmError
 from minilm.training.compile import compiled
 from minilm.training.datamodule import STEP_TARGETS
-from minilm.training.optim import make_adamw
+from minilm.training.optim import check_optimizer_params, make_adamw, param_names
 
 
 def lr_lambda(step: int, warmup: int, total: int, decay: str, min_ratio: float) -> float:
@@ -269,10 +269,20 @@ class LitGPT(L.LightningModule):
 
     # --------------------------------------------------------------------------------------- optimizer
 
+    def optimizer_params(self) -> list[str]:
+        """The names of the parameters the optimizer's state is indexed by, in that order (saved with it)."""
+        from minilm.training.optim import param_groups
+
+        return param_names(self.model, param_groups(self.model, self.cfg.optim.weight_decay))
+
     def configure_optimizers(self):
         o = self.cfg.optim
         opt = make_adamw(self.model, o)
         if self.initial_optimizer_state is not None:  # moments from the previous phase; this phase's lr settings
+            carried = self.initial_optimizer_state
+            shapes = {i: s["exp_avg"].shape for i, s in carried["state"].items() if "exp_avg" in s}
+            what = f"phases.{self.phase}.carry_optimizer: the previous phase's optimizer.pt"
+            check_optimizer_params({"names": carried.get("params"), "shapes": shapes}, self.model, o.weight_decay, what)
             state = opt.state_dict()
             state["state"] = self.initial_optimizer_state["state"]
             opt.load_state_dict(state)
@@ -292,12 +302,17 @@ class LitGPT(L.LightningModule):
             "bad_steps": self.bad_steps,
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "optimizer_params": self.optimizer_params(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint.get("minilm", {})
         if state.get("phase", self.phase) != self.phase:
             raise MinilmError(f"checkpoint belongs to phase '{state['phase']}', not '{self.phase}'")
+        if checkpoint.get("optimizer_states"):  # (before Lightning loads it: torch's own error names no file)
+            sizes = [len(g["params"]) for g in checkpoint["optimizer_states"][0]["param_groups"]]
+            check_optimizer_params({"names": state.get("optimizer_params"), "sizes": sizes}, self.model,
+                                   self.cfg.optim.weight_decay, f"the checkpoint of phase '{self.phase}'")  # fmt: skip
         self.bad_steps = state.get("bad_steps", 0)
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])

@@ -1050,7 +1050,8 @@ def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carr
     save_weights(model, pdir / "model.safetensors", pcfg.model)  # (records what load_run checks them against)
     save_config(pcfg, pdir / "config.yaml")
     # optimizer moments, for a next phase with carry_optimizer
-    atomic_torch_save({"state": trainer.optimizers[0].state_dict()["state"]}, pdir / "optimizer.pt")
+    atomic_torch_save({"state": trainer.optimizers[0].state_dict()["state"], "params": module.optimizer_params()},
+                      pdir / "optimizer.pt")  # fmt: skip
     if pcfg.eval.lengths:
         from minilm.eval import evaluate_phase
 

@@ -86,6 +86,39 @@ def test_position_tables_and_relative_biases_take_no_weight_decay():
     assert not torch.equal(hooks["transformer_xl"].w_kr.weight, before["transformer_xl.w_kr.weight"])  # a map
 
 
+def test_optimizer_state_of_another_grouping_is_refused_not_loaded_onto_other_parameters():
+    """The optimizer's state is indexed by its parameters' order, which the weight-decay groups set: moments saved
+    before the position tables left weight decay belong, index by index, to other parameters now. A phase's
+    optimizer.pt and a step checkpoint record the names in order; files without them are checked by what they show
+    (the moments' shapes, the groups' sizes)."""
+    import torch
+
+    from minilm.errors import MinilmError
+
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.position.name=t5"])
+    module = LitGPT(GPT(cfg.model, 40), cfg, total_steps=1)
+    names = module.optimizer_params()
+    assert names.index("blocks.0.attn.pos.table") > names.index("blocks.0.mlp.w_out.weight")  # no decay: last
+    opt = module.configure_optimizers()["optimizer"]
+    for p in module.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    state = opt.state_dict()
+    module.initial_optimizer_state = {"state": state["state"], "params": names}
+    module.configure_optimizers()  # its own: loads
+    for carried in ({"state": state["state"], "params": names[::-1]},  # other names
+                    {"state": {i: state["state"][i] for i in (0, 1)} | {1: state["state"][len(names) - 1]}}):  # shapes
+        module.initial_optimizer_state = carried
+        with pytest.raises(MinilmError, match="carry_optimizer: the previous phase's optimizer.pt holds the optim"):
+            module.configure_optimizers()
+    sizes = [len(g["params"]) for g in state["param_groups"]]  # an older checkpoint: the table in the first group
+    old = {"optimizer_states": [{"param_groups": [{"params": [0] * (sizes[0] + 1)}, {"params": [0] * (sizes[1] - 1)}]}]}
+    with pytest.raises(MinilmError, match="the checkpoint of phase 'train' holds the optimizer state of other"):
+        module.on_load_checkpoint(old)
+    ok = {"optimizer_states": [state], "minilm": {"optimizer_params": names}}
+    module.on_load_checkpoint(ok)
+
+
 def test_adamw_uses_the_fused_kernel_on_cpu_and_steps_like_foreach():
     """Fused where torch has the kernel (CPU here: 0.6 vs 2.1 ms per tiny-config step); same update as foreach."""
     import torch
