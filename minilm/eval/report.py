@@ -336,7 +336,10 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
         f"- tasks: {', '.join(results.get('tasks', []))}; depths: {results.get('depths')}; "
         f"{plural(results.get('samples'), 'sample')} per retrieval cell",
     ]
-    recorded = [key for key in SETTINGS_READ_BY if key not in ("samples", "depths") and key in results]
+    tasks = set(results.get("tasks", []))
+    measured = tasks | ({"ppl_sliding"} if "ppl" in tasks and results.get("sliding", True) else set())
+    recorded = [key for key, (metrics, _, _) in SETTINGS_READ_BY.items()  # those of a metric measured (not needles
+                if key not in ("samples", "depths") and key in results and measured & set(metrics)]  # without needle)
     if recorded:  # (results.json of an older minilm does not record them)
         lines.append("- settings: " + ", ".join(f"{key} {_setting_text(key, results[key])}" for key in recorded))
     lines.append("")
