@@ -266,7 +266,8 @@ class ComplexOrder(PositionEncoding):
 
     def reset_position_parameters(self) -> None:
         d = self.amplitude.in_features
-        nn.init.normal_(self.amplitude.weight, std=d**-0.5)  # |r| ≈ |x|
+        # r as large as x per dimension; the output (r cos, r sin) is 1/√2 of it
+        nn.init.normal_(self.amplitude.weight, std=d**-0.5)
         nn.init.normal_(self.frequency.weight, std=0.02)
         nn.init.normal_(self.phase.weight, std=0.02)
         with torch.no_grad():
