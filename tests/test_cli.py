@@ -29,6 +29,15 @@ def test_entry_points_flush_subnormals_on_every_cpu_thread():
     assert "nonzero 0" in proc.stdout, proc.stdout
 
 
+def test_evaluation_generation_and_export_load_runs_without_lightning():
+    """Lightning's import takes seconds (torchmetrics imports transformers and scipy through it): generate.py spent
+    ~7 of its ~11 s there, for a CheckpointIO class it never used. Only training imports it."""
+    code = ("import sys, minilm.runs, minilm.eval, minilm.export, minilm.model.generate, minilm.training.checkpoint; "
+            "print(sorted(m for m in ('lightning', 'torchmetrics') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
 def test_overrides_may_follow_flags():
     """`train.py --config X --resume train.steps=9`: argparse's plain parse_args rejects positionals after a flag
     once the (empty) positional list was consumed; run_cli parses them intermixed."""

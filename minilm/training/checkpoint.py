@@ -7,6 +7,8 @@
 - A truncated or corrupt checkpoint is reported and skipped in favour of the previous good one (none: the phase
   starts over, as the report says).
 - Loading weights of a different shape names the mismatched tensors.
+- No Lightning import (its CheckpointIO, ``lit_module.AtomicCheckpointIO``, lives with the trainer's adapter):
+  evaluation, generation and export read weights without its seconds of imports.
 - Finished weights record the ``model`` section they were trained with (safetensors metadata ``minilm.model``; a
   step checkpoint holds it in TRAINED_WITH): ``check_trained_with`` refuses them under another one. RoPE, ALiBi and
   NoPE weights have the same tensors, so a file copied into another run loaded silently under the other encoding.
@@ -22,7 +24,6 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 import torch
-from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from omegaconf import OmegaConf
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
@@ -43,19 +44,6 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
     buf = io.BytesIO()
     torch.save(obj, buf)
     atomic_write(Path(path), lambda f: f.write(buf.getbuffer()))
-
-
-class AtomicCheckpointIO(CheckpointIO):
-    """Lightning CheckpointIO: atomic torch.save, weights_only torch.load."""
-
-    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
-        atomic_torch_save(checkpoint, Path(path))
-
-    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
-        return load_checkpoint_dict(Path(path), map_location or "cpu")
-
-    def remove_checkpoint(self, path) -> None:
-        Path(path).unlink(missing_ok=True)
 
 
 def load_checkpoint_dict(path: Path, map_location="cpu") -> dict:

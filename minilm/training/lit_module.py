@@ -10,14 +10,17 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from pathlib import Path
 from typing import Optional
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from torch import nn
 
 from minilm.data import IGNORE
 from minilm.errors import MinilmError
+from minilm.training.checkpoint import atomic_torch_save, load_checkpoint_dict
 from minilm.training.compile import compiled
 from minilm.training.datamodule import STEP_TARGETS
 from minilm.training.optim import check_optimizer_params, make_adamw, param_names
@@ -43,6 +46,19 @@ def _per_target(total: torch.Tensor, targets) -> torch.Tensor:
 def _bad_step_text(norm: float, loss: float) -> str:
     """What went wrong in a step whose gradient norm is not finite: its loss, if that is not finite either."""
     return f"the gradient norm became {norm}" if math.isfinite(loss) else f"the loss became {loss}"
+
+
+class AtomicCheckpointIO(CheckpointIO):
+    """Lightning CheckpointIO: atomic torch.save, weights_only torch.load (minilm.training.checkpoint)."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        atomic_torch_save(checkpoint, Path(path))
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        return load_checkpoint_dict(Path(path), map_location or "cpu")
+
+    def remove_checkpoint(self, path) -> None:
+        Path(path).unlink(missing_ok=True)
 
 
 class LitGPT(L.LightningModule):

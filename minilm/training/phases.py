@@ -57,7 +57,6 @@ from minilm.positions.rope_scaling import compute_rope
 from minilm.runs import HELD_OUT
 from minilm.training.checkpoint import (
     TRAINED_WITH,
-    AtomicCheckpointIO,
     atomic_torch_save,
     checkpoint_path,
     checkpoint_step,
@@ -70,7 +69,7 @@ from minilm.training.checkpoint import (
     save_weights,
 )
 from minilm.training.datamodule import PhaseData
-from minilm.training.lit_module import LitGPT
+from minilm.training.lit_module import AtomicCheckpointIO, LitGPT
 from minilm.training.precision import cpu_precision_note, resolve_precision
 from minilm.training.progress import progress_bar
 

@@ -7,14 +7,13 @@ from minilm.config import load_config
 from minilm.errors import MinilmError
 from minilm.model import GPT
 from minilm.training.checkpoint import (
-    AtomicCheckpointIO,
     checkpoint_path,
     latest_good_checkpoint,
     load_weights,
     prune_checkpoints,
     save_weights,
 )
-from minilm.training.lit_module import lr_lambda
+from minilm.training.lit_module import AtomicCheckpointIO, lr_lambda
 
 
 def tiny_model(**kw):

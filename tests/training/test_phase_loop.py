@@ -440,7 +440,7 @@ def test_a_checkpoint_is_written_after_what_its_step_logged_is_on_disk(config, t
     then left a hole at step 2 of train/loss, lr and tokens_seen for good."""
     import shutil
 
-    from minilm.training.checkpoint import AtomicCheckpointIO
+    from minilm.training.lit_module import AtomicCheckpointIO
 
     run = tmp_path / "run"
     save = AtomicCheckpointIO.save_checkpoint
