@@ -600,8 +600,8 @@ def phase_config(cfg: DictConfig, name: str) -> DictConfig:
     For a read-only config (what ``load_config`` returns) each phase's is built once and the same object returned
     after: a study asked for every phase of every run about three times, at ~30 ms each (a copy of the whole run
     config, then the phase's validation). Change a copy of the result, never the result."""
-    if not OmegaConf.is_readonly(cfg):
-        return _build_phase_config(cfg, name)
+    if not OmegaConf.is_readonly(cfg) or (name == DEFAULT_PHASE and not len(cfg.phases)):
+        return _build_phase_config(cfg, name)  # (the latter is cfg itself: kept, it would keep cfg alive for good)
     built = _PHASE_CONFIGS.get(id(cfg))
     if built is None:
         built = _PHASE_CONFIGS[id(cfg)] = {}

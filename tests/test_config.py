@@ -83,6 +83,24 @@ def test_a_read_only_configs_phase_configs_are_built_once_and_a_writable_ones_ea
     assert phase_config(mine, "extend_2k").train.seq_len == 768
 
 
+def test_the_kept_phase_configs_go_with_their_config():
+    """A config without phases is its own phase config: kept in the module's table, it held its config alive, so the
+    entry's finalizer never ran and every such config loaded stayed in memory."""
+    import gc
+    import weakref
+
+    from minilm.config import _PHASE_CONFIGS
+
+    for path in ("configs/tiny.yaml", "configs/rope_yarn_tiny.yaml"):
+        cfg = load_config(REPO / path)
+        for name in phase_names(cfg):
+            phase_config(cfg, name)
+        gone, key = weakref.ref(cfg), id(cfg)
+        del cfg
+        gc.collect()
+        assert gone() is None and key not in _PHASE_CONFIGS, path
+
+
 def test_phase_position_blocks_reset_when_the_encoding_changes():
     """configs/rope_yarn_tiny.yaml with model.position.name=alibi: the phases' YaRN blocks were RoPE's parameters,
     so ALiBi starts them fresh (the same schedule, no position change), as it does the run's block; a phase
