@@ -631,3 +631,20 @@ def test_a_variant_whose_phases_evaluate_nowhere_is_read_from_its_last_phase(tmp
             for r in study_runs(study)}  # fmt: skip
     entry, results = _variant_summary(study, study.variants[0], tmp_path / "out", cfgs, {})
     assert entry["evaluated_phase"] == "long" and results == {}
+
+
+def test_a_mean_over_seeds_records_every_seed_it_averages(tmp_path):
+    """compare() of a study's variants read each mean's seed as its first run's: a mean over seeds 1 and 2 beside one
+    over seed 1 alone (its seed 2 not finished) passed as evaluated alike, though one averages other text."""
+    from minilm.eval.report import setting_differences
+    from minilm.study import _averaged
+
+    def averaged(variant: str, seeds: list) -> dict:
+        results = [{"seed": s, "ppl": {"64": 5.0}, "batches": 1, "batch_tokens": 64, "stride": None} for s in seeds]
+        return _averaged(results, {"variant": variant, "evaluation": {"ppl": {"64": {"mean": 5.0}}}}, tmp_path)
+
+    both, alike, first = averaged("a", [1, 2]), averaged("b", [1, 2]), averaged("c", [1])
+    assert both["seed"] == [1, 2] and first["seed"] == 1
+    assert setting_differences([both, alike], ["a", "b"]) == []
+    [warning] = setting_differences([both, first], ["a", "c"])
+    assert warning.startswith("evaluated with different seed: [1, 2] (a); 1 (c).")
