@@ -10,7 +10,8 @@ evaluation directory holding results.json, or a results.json file; run scripts/e
 many parent directories of the run as it takes to tell runs of the same name apart, e.g. a study's
 ``yarn/seed1/extend_2k`` and ``alibi/seed1/extend_2k``). Writes compare.png and compare.md to --out (default: the
 current directory). Evaluations made with different settings that change the numbers (run.seed, --batches,
---batch-tokens, --stride, --samples, --depths, --needles) are named in a warning, on stderr and atop compare.md.
+--batch-tokens, --stride, --samples, --depths, --needles), and perplexities of tokenizers of other vocabulary sizes,
+are named in a warning, on stderr and atop compare.md.
 """
 
 import argparse

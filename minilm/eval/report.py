@@ -479,8 +479,9 @@ def _setting_text(key: str, value) -> str:
 
 def setting_differences(runs: Sequence[dict], labels: Sequence[str]) -> list[str]:
     """Warnings for compare(): one per evaluation setting (SETTINGS_READ_BY) in which the evaluations that measured a
-    metric it changes differ, naming each value and the runs evaluated with it; and one per such evaluation whose
-    results.json predates the record of a setting (evaluated by an older minilm), which cannot be checked."""
+    metric it changes differ, naming each value and the runs evaluated with it; one where perplexities of tokenizers
+    of other vocabulary sizes (other units of text) are overlaid; and one per such evaluation whose results.json
+    predates the record of a setting (evaluated by an older minilm), which cannot be checked."""
     out, unknown = [], {}
     for key, (metrics, why, flag) in SETTINGS_READ_BY.items():
         by_value: Dict[str, List[str]] = {}

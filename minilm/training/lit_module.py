@@ -23,7 +23,7 @@ from minilm.errors import MinilmError
 from minilm.training.checkpoint import atomic_torch_save, load_checkpoint_dict
 from minilm.training.compile import compiled
 from minilm.training.datamodule import STEP_TARGETS
-from minilm.training.optim import check_optimizer_params, make_adamw, param_names
+from minilm.training.optim import check_optimizer_params, make_adamw, param_groups, param_names
 
 
 def lr_lambda(step: int, warmup: int, total: int, decay: str, min_ratio: float) -> float:
@@ -287,8 +287,6 @@ class LitGPT(L.LightningModule):
 
     def optimizer_params(self) -> list[str]:
         """The names of the parameters the optimizer's state is indexed by, in that order (saved with it)."""
-        from minilm.training.optim import param_groups
-
         return param_names(self.model, param_groups(self.model, self.cfg.optim.weight_decay))
 
     def configure_optimizers(self):
