@@ -895,6 +895,11 @@ def _write_run_files(cfg, corpus, run_dir: Path, names: list, held_out) -> None:
     for d in [run_dir, *(p for n in names for p in (phase_dir(run_dir, n), phase_dir(run_dir, n) / "eval"))]:
         remove_stale_temporaries(d)
     save_config(cfg, run_dir / "config.yaml")
+    # the run's final weights are its last phase's, saved again when every phase has finished: from now until then
+    # (a phase appended, --phase, --resume) they were the old last phase's, read under the new one's config (a
+    # run's evaluation reads its newest finished phase meanwhile: minilm.runs.resolve_run)
+    for name in ("model.safetensors", "final_config.yaml"):
+        (run_dir / name).unlink(missing_ok=True)
     # atomically: an evaluation of the finished phases may be reading it, and a copy cut short (disk full,
     # a kill) left a truncated tokenizer that made the whole run unreadable until the next resume
     tokenizer = Path(corpus.tokenizer.model_file).read_bytes()

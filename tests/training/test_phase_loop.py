@@ -616,3 +616,21 @@ def test_a_resume_removes_what_writes_a_kill_cut_short_left_beside_the_outputs(c
         live.kill()
         live.wait()
     assert [p for p in left if p.exists()] == [] and writing.exists()
+
+
+def test_a_run_that_starts_training_drops_its_final_weights_until_every_phase_has_finished(tmp_path):
+    """The run's final weights are its last phase's. With a phase appended (or --phase, --resume) the old ones stayed
+    until the new last phase finished: evaluate.py RUN read them under the new last phase's config, or refused them
+    as "copied from another run". Gone from the start, the run's newest finished phase is read meanwhile."""
+    from types import SimpleNamespace
+
+    from minilm.training.phases import _write_run_files
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("model.safetensors", "final_config.yaml"):
+        (run / name).write_text("the old last phase's")
+    (tmp_path / "tok.model").write_bytes(b"sentencepiece")
+    corpus = SimpleNamespace(tokenizer=SimpleNamespace(model_file=str(tmp_path / "tok.model")))
+    _write_run_files(load_config(overrides=[f"run.dir={run}"]), corpus, run, ["train"], None)
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "tokenizer.model"]
