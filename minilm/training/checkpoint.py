@@ -35,9 +35,12 @@ from minilm.files import atomic_write
 CKPT_PATTERN = re.compile(r"^step-(\d+)\.ckpt$")
 TRAINED_WITH = "minilm_config"  # a step checkpoint's key: what its phase trains by (phases._what_trains), for --resume
 MODEL_METADATA = "minilm.model"  # safetensors metadata: the model section the weights were trained with, as JSON
-# model keys that do not change what trained weights compute: how it is computed (kernels, memory savers: the same
-# outputs), or training alone (dropout, initialisation). The others must be the same to read the weights as trained.
-NOT_WHAT_WEIGHTS_COMPUTE = ("loss_chunk_size", "activation_checkpointing", "sdpa_kernel", "dropout", "init_std")
+# model keys of kernels and memory savers, which give the same outputs: a run resumes with other values
+# (phases.HOW_NOT_WHAT), and trained weights are read under others
+SAME_OUTPUTS = ("loss_chunk_size", "activation_checkpointing", "sdpa_kernel")
+# model keys that do not change what trained weights compute: those, and dropout (training alone). The others must
+# be the same to read the weights as trained (init_std too: sinusoidal's default scale follows it).
+NOT_WHAT_WEIGHTS_COMPUTE = (*SAME_OUTPUTS, "dropout")
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:

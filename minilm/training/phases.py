@@ -56,6 +56,7 @@ from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
 from minilm.runs import HELD_OUT
 from minilm.training.checkpoint import (
+    SAME_OUTPUTS,
     TRAINED_WITH,
     atomic_torch_save,
     checkpoint_path,
@@ -503,7 +504,7 @@ HOW_NOT_WHAT = {  # keys of those sections that change how a phase runs or is wa
     "train.compile_mode", "train.val_every", "train.val_batches", "train.log_every", "train.ckpt_every",
     "train.keep_checkpoints", "train.max_bad_steps",
     # kernels and memory savers with the same loss and gradients: what a run that ran out of memory resumes with
-    "model.loss_chunk_size", "model.activation_checkpointing", "model.sdpa_kernel",
+    *(f"model.{key}" for key in SAME_OUTPUTS),
 }
 
 

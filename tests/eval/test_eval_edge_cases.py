@@ -356,6 +356,20 @@ def test_weights_trained_with_another_encoding_are_refused_not_read_under_it(fak
     load_run(fake_run, "train")
 
 
+def test_init_std_counts_as_what_weights_compute_dropout_does_not():
+    """A sinusoidal table's default scale is √2 · model.init_std: weights trained at one init_std compute otherwise
+    under another. Dropout acts in training alone."""
+    from pathlib import Path
+
+    from minilm.errors import MinilmError
+    from minilm.training.checkpoint import check_trained_with
+
+    trained = {"position": {"name": "sinusoidal"}, "init_std": 0.02, "dropout": 0.1}
+    check_trained_with(trained, {**trained, "dropout": 0.0}, Path("w"), "c")
+    with pytest.raises(MinilmError, match="model.init_std: trained with 0.02, the config says 0.05"):
+        check_trained_with(trained, {**trained, "init_std": 0.05}, Path("w"), "c")
+
+
 def test_an_evaluation_that_measures_nothing_writes_nothing(fake_run, capsys):
     """Every length unsupported: results.json with nulls and a new report replaced the folder's earlier evaluation
     and its figures, and only then was the command refused (exit 2)."""
