@@ -295,7 +295,7 @@ class LitGPT(L.LightningModule):
         if self.initial_optimizer_state is not None:  # moments from the previous phase; this phase's lr settings
             carried = self.initial_optimizer_state
             shapes = {i: s["exp_avg"].shape for i, s in carried["state"].items() if "exp_avg" in s}
-            what = f"phases.{self.phase}.carry_optimizer: the previous phase's optimizer.pt"
+            what = f"phases.{self.phase}.carry_optimizer: {carried.get('path', 'the previous phase optimizer.pt')}"
             check_optimizer_params({"names": carried.get("params"), "shapes": shapes}, self.model, o.weight_decay, what)
             state = opt.state_dict()
             state["state"] = self.initial_optimizer_state["state"]

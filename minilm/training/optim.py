@@ -48,16 +48,20 @@ def check_optimizer_params(saved: dict, model: nn.Module, weight_decay: float, w
     older minilm decayed the position tables) would load onto other parameters."""
     groups = param_groups(model, weight_decay)
     params = [p for g in groups for p in g["params"]]
+    first = ""
     if saved.get("names") is not None:
-        same = saved["names"] == param_names(model, groups)
+        now = param_names(model, groups)
+        same = saved["names"] == now
+        i = next((i for i, (a, b) in enumerate(zip(saved["names"], now)) if a != b), min(len(now), len(saved["names"])))
+        first = f" (its parameter {i} is {(saved['names'] + ['none'])[i]}, this model's {(now + ['none'])[i]})"
     elif saved.get("sizes") is not None:
         same = saved["sizes"] == [len(g["params"]) for g in groups]
     else:
         same = all(i < len(params) and tuple(params[i].shape) == tuple(shape) for i, shape in saved["shapes"].items())
     if not same:
         raise MinilmError(f"{what} holds the optimizer state of other parameters than this model's, or in another "
-                          "order (written by an older minilm, which grouped them for weight decay otherwise?), so "
-                          "its moments would belong to other parameters")  # fmt: skip
+                          f"order{first} (written by an older minilm, which grouped them for weight decay otherwise?),"
+                          " so its moments would belong to other parameters")  # fmt: skip
 
 
 def make_adamw(model: nn.Module, optim_cfg) -> torch.optim.AdamW:

@@ -852,7 +852,7 @@ def run_phases(
                     load_weights(model, phase_dir(run_dir, n) / "model.safetensors")
                 else:
                     carry = carries_optimizer(cfg, n)
-                    opt_state = load_checkpoint_dict(_optimizer_state_path(run_dir, prev, n)) if carry else None
+                    opt_state = _carried_optimizer_state(run_dir, prev, n) if carry else None
                     _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log, tokens,
                                  fresh=n in restarts)  # fmt: skip
                 prev, offset, tokens = n, offset + steps, tokens + _phase_tokens(pcfg)
@@ -973,6 +973,12 @@ def _optimizer_state_path(run_dir: Path, phase: str, carrying: str) -> Path:
         raise MinilmError(f"phases.{carrying}.carry_optimizer: phase '{phase}' left no optimizer state ({path} is "
                           f"missing); set phases.{carrying}.carry_optimizer=false, or retrain '{phase}' with --phase")
     return path
+
+
+def _carried_optimizer_state(run_dir: Path, phase: str, carrying: str) -> dict:
+    """Finished phase ``phase``'s optimizer.pt for phase ``carrying``, with its ``path`` (for LitGPT's messages)."""
+    path = _optimizer_state_path(run_dir, phase, carrying)
+    return {**load_checkpoint_dict(path), "path": str(path)}
 
 
 def _phase_tokens(pcfg) -> int:
