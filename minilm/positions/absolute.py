@@ -141,7 +141,7 @@ class Floater(PositionEncoding):
     parameters whatever the length requested (the trajectory is computed in the same order for every prefix), and
     any length works. The authors' code injects p into every block instead (a q, k and v bias per layer), with a
     ReLU network h and RK4 steps of delta/5, on top of sinusoidal input positions (docs/positions.md).
-    Without gradients the trajectory is cached until a parameter changes."""
+    Without gradients the trajectory is cached until a parameter changes or a forward with gradients runs."""
 
     def __init__(self, params: FloaterParams, dims: PositionDims):
         super().__init__()
@@ -171,6 +171,11 @@ class Floater(PositionEncoding):
         """p(0), p(Δ), ..., p((n-1)Δ): (n, D), by classic RK4 with ``substeps`` steps per position."""
         if n > self.limit:
             raise SequenceTooLong(f"floater: position {n - 1} beyond model.position.cache_size={self.limit}")
+        if torch.is_grad_enabled():
+            # a forward with gradients is training: its optimizer step will change the parameters, and the fused
+            # AdamW (minilm.training.optim) updates them without bumping their _version, which the key reads; a
+            # trajectory kept across it was the previous validation's (stale val/loss and end-of-phase evaluation)
+            self._cache = None
         key = (n, tuple((p.data_ptr(), p._version) for p in self.parameters()))
         if not torch.is_grad_enabled() and self._cache is not None and self._cache[0] == key:
             return self._cache[1]

@@ -447,6 +447,20 @@ def test_floater_reproduces_positions_at_any_length():
     assert torch.equal(emb.embed(x[:, :16], torch.arange(16)[None]), emb.embed(x, torch.arange(64)[None])[:, :16])
 
 
+def test_floater_cache_is_not_kept_across_a_fused_optimizer_step():
+    """The fused AdamW the trainer uses does not bump a parameter's _version: the trajectory cached by one
+    validation was read again by the next one (and by the end-of-phase evaluation) after training steps."""
+    emb = embedding_hook("floater", hidden=8)
+    opt = torch.optim.AdamW(emb.parameters(), lr=0.1, fused=True)
+    with torch.no_grad():
+        before = emb.trajectory(8)  # a validation: cached
+    emb.trajectory(8).square().sum().backward()  # a training step
+    opt.step()
+    with torch.no_grad():
+        after, fresh = emb.trajectory(8), emb._integrate(8)
+    assert not torch.equal(before, fresh) and torch.equal(after, fresh)
+
+
 def test_learned_table_limit_message():
     model = tiny_model("learned")
     with torch.no_grad():
