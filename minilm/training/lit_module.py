@@ -296,7 +296,10 @@ class LitGPT(L.LightningModule):
             carried = self.initial_optimizer_state
             shapes = {i: s["exp_avg"].shape for i, s in carried["state"].items() if "exp_avg" in s}
             what = f"phases.{self.phase}.carry_optimizer: {carried.get('path', 'the previous phase optimizer.pt')}"
-            check_optimizer_params({"names": carried.get("params"), "shapes": shapes}, self.model, o.weight_decay, what)
+            remedy = (f"start its moments afresh with --phase {self.phase} phases.{self.phase}.carry_optimizer=false, "
+                      "or retrain the phase before it")  # fmt: skip
+            check_optimizer_params({"names": carried.get("params"), "shapes": shapes}, self.model, o.weight_decay, what,
+                                   remedy)  # fmt: skip
             state = opt.state_dict()
             state["state"] = self.initial_optimizer_state["state"]
             opt.load_state_dict(state)
@@ -326,7 +329,10 @@ class LitGPT(L.LightningModule):
         if checkpoint.get("optimizer_states"):  # (before Lightning loads it: torch's own error names no file)
             sizes = [len(g["params"]) for g in checkpoint["optimizer_states"][0]["param_groups"]]
             check_optimizer_params({"names": state.get("optimizer_params"), "sizes": sizes}, self.model,
-                                   self.cfg.optim.weight_decay, f"the checkpoint of phase '{self.phase}'")  # fmt: skip
+                                   self.cfg.optim.weight_decay, f"the checkpoint of phase '{self.phase}'",
+                                   f"retrain the phase from the previous one's weights with --phase {self.phase} (and "
+                                   f"phases.{self.phase}.carry_optimizer=false if it carries moments of that older "
+                                   "minilm), or continue it with the minilm that wrote it")  # fmt: skip
         self.bad_steps = state.get("bad_steps", 0)
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])

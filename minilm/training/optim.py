@@ -41,11 +41,11 @@ def param_names(model: nn.Module, groups: list[dict]) -> list[str]:
     return [names[id(p)] for g in groups for p in g["params"]]
 
 
-def check_optimizer_params(saved: dict, model: nn.Module, weight_decay: float, what: str) -> None:
+def check_optimizer_params(saved: dict, model: nn.Module, weight_decay: float, what: str, remedy: str = "") -> None:
     """Saved optimizer state (``what``) must be of this model's parameters in this order. ``saved``: the names it
     recorded (``names``), else what an older file shows of its order: its param groups' ``sizes`` (a Lightning
     checkpoint) or the ``shapes`` of its moments by index (optimizer.pt). Moments saved under another grouping (an
-    older minilm decayed the position tables) would load onto other parameters."""
+    older minilm decayed the position tables) would load onto other parameters. ``remedy``: what to do instead."""
     groups = param_groups(model, weight_decay)
     params = [p for g in groups for p in g["params"]]
     first = ""
@@ -61,7 +61,8 @@ def check_optimizer_params(saved: dict, model: nn.Module, weight_decay: float, w
     if not same:
         raise MinilmError(f"{what} holds the optimizer state of other parameters than this model's, or in another "
                           f"order{first} (written by an older minilm, which grouped them for weight decay otherwise?),"
-                          " so its moments would belong to other parameters")  # fmt: skip
+                          " so its moments would belong to other parameters"
+                          + (f"; {remedy}" if remedy else ""))  # fmt: skip
 
 
 def make_adamw(model: nn.Module, optim_cfg) -> torch.optim.AdamW:

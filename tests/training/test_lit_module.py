@@ -111,11 +111,13 @@ def test_optimizer_state_of_another_grouping_is_refused_not_loaded_onto_other_pa
                           ({"state": {i: state["state"][i] for i in (0, 1)} | {1: state["state"][len(names) - 1]}},
                            "the previous phase optimizer.pt holds the optim")):  # an older file: the shapes
         module.initial_optimizer_state = carried
-        with pytest.raises(MinilmError, match="carry_optimizer: " + says):
+        with pytest.raises(MinilmError, match="carry_optimizer: " + says + r".*; start its moments afresh with "
+                           "--phase train phases.train.carry_optimizer=false"):
             module.configure_optimizers()
     sizes = [len(g["params"]) for g in state["param_groups"]]  # an older checkpoint: the table in the first group
     old = {"optimizer_states": [{"param_groups": [{"params": [0] * (sizes[0] + 1)}, {"params": [0] * (sizes[1] - 1)}]}]}
-    with pytest.raises(MinilmError, match="the checkpoint of phase 'train' holds the optimizer state of other"):
+    with pytest.raises(MinilmError, match="the checkpoint of phase 'train' holds the optimizer state of other.*; "
+                       "retrain the phase from the previous one's weights with --phase train"):
         module.on_load_checkpoint(old)
     ok = {"optimizer_states": [state], "minilm": {"optimizer_params": names}}
     module.on_load_checkpoint(ok)
