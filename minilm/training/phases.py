@@ -821,6 +821,9 @@ def run_phases(
             if msg := shorter_phase_note(cfg, n):
                 log(f"note: {msg}")
     model = _new_model(cfg, pcfgs, corpus.tokenizer.vocab_size, log)
+    if init is not None:  # weights that do not fit are refused before run.dir is written and --phase deletes phases
+        load_weights(model, Path(init))
+        log(f"initial weights from {init}")
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
             _write_run_files(cfg, corpus, run_dir, names, held_out)
@@ -833,9 +836,6 @@ def run_phases(
         if primary:
             for n in restarts:
                 shutil.rmtree(phase_dir(run_dir, n), ignore_errors=True)
-        if init is not None:
-            load_weights(model, Path(init))
-            log(f"initial weights from {init}")
         offset = sum(phase_steps(pcfgs[n]) for n in names[:start])
         tb_logger = _run_logger(run_dir, names[start:], pcfgs, offset, resume_from,
                                 restarted=resume or start_phase is not None)  # fmt: skip

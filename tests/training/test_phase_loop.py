@@ -578,6 +578,29 @@ def test_resume_refuses_a_changed_finished_phase_before_the_corpus_is_prepared(c
     assert not (tmp_path / "cache").exists()
 
 
+def test_an_init_that_does_not_fit_is_refused_before_phase_removes_the_phases_it_retrains(config, tmp_path):
+    """--phase b --init WEIGHTS of another model deleted b and the phases after it, rewrote config.yaml, and only
+    then found that the weights do not fit: the finished phases were lost to a refused command."""
+    import json
+
+    from minilm.config import phase_config, save_config
+    from minilm.model import GPT
+    from minilm.training.checkpoint import save_weights
+
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}", "phases.a={seq_len: 32, steps: 1}",
+                               "phases.b={seq_len: 32, steps: 1}"])  # fmt: skip
+    save_config(cfg, run / "config.yaml")  # a finished run, as far as the checks read it
+    for phase in ("a", "b"):
+        save_config(phase_config(cfg, phase), run / phase / "config.yaml")
+        (run / phase / "complete.json").write_text(json.dumps({"carried_optimizer": False}))
+    other = tmp_path / "other.safetensors"
+    save_weights(GPT(load_config(config, ["model.position.name=learned"]).model, 40), other)
+    with pytest.raises(MinilmError, match="weights from .*other.safetensors do not fit this model"):
+        run_phases(cfg, start_phase="b", init=str(other), log=lambda m: None)
+    assert (run / "b" / "complete.json").exists() and not (run / "tokenizer.model").exists()
+
+
 def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
     """'Always pass --resume' is a normal way to requeue a job, so it is not refused; but it must not be silent
     that nothing was resumed (a mistyped run.dir would otherwise retrain from scratch without a word)."""
