@@ -245,7 +245,7 @@ INVALID = [
     ({**YARN, "attention_factor": 0}, "attention_factor: must be > 0"),
     ({**YARN, "truncate": 1}, "truncate: must be true or false"),
     ({"rope_type": "linear", "factor": "2"}, "factor: must be a number"),
-    ({"rope_type": "linear", "factor": "4e0"}, "factor: must be a number, got the string '4e0'; write it without quotes"),
+    ({"rope_type": "linear", "factor": "4e0"}, "factor: must be a number, got the string '4e0'; write it without"),
     ({"rope_type": "linear", "factor": 2, "beta_fast": 4}, "beta_fast: not a parameter of rope_type 'linear'"),
     ({"rope_type": "lineal", "factor": 2}, "rope_type: unknown rope_type 'lineal'"),
     ({"rope_type": "default", "partial_rotary_factor": 0}, "partial_rotary_factor: must be in (0, 1]"),
