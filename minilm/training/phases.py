@@ -155,10 +155,12 @@ def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=Non
         pos.configure(params)
         changed.append(layer)
     _verify_rotary(model, params, phase)
+    from minilm.eval.report import plural
+
     pos_desc = OmegaConf.to_container(pcfg.model.position, resolve=True)
     msg = (
-        f"phase '{phase}': seq_len {pcfg.train.seq_len}, {phase_steps(pcfg)} steps of {pcfg.train.batch_size} "
-        f"sequences, lr {pcfg.optim.lr} ({pcfg.optim.decay}), long_fraction {pcfg.data.long_fraction}, "
+        f"phase '{phase}': seq_len {pcfg.train.seq_len}, {plural(phase_steps(pcfg), 'step')} of "
+        f"{plural(pcfg.train.batch_size, 'sequence')}, lr {pcfg.optim.lr} ({pcfg.optim.decay}), long_fraction {pcfg.data.long_fraction}, "
         f"position {pos_desc}" + (f" (reconfigured {len(changed)} layers)" if changed else "")
     )
     log(msg)

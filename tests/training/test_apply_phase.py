@@ -35,6 +35,7 @@ def test_rope_base_and_scaling_change_every_layer_to_compute_rope(tmp_path):
         assert torch.equal(block.attn.pos.inv_freq, expected) and block.attn.pos.attention_factor == factor
     assert not torch.equal(before, expected)
     assert "reconfigured 2 layers" in logs[-1] and "yarn" in logs[-1]
+    assert "1 step of " in logs[-1] and " sequences," in logs[-1]  # (not "1 steps")
 
 
 def test_unchanged_non_rotary_encoding_passes(tmp_path):
