@@ -435,7 +435,7 @@ def other_settings(results: dict, pcfg: DictConfig) -> dict[str, tuple]:
     differ from its phase config's ``eval``: finished phases are not evaluated again on --resume, so raising
     eval.samples in the study file (or evaluate.py --samples into eval/) leaves numbers of other settings."""
     from minilm.eval import applied_extension
-    from minilm.eval.report import RETRIEVAL
+    from minilm.eval.report import SETTINGS_READ_BY
 
     ev = OmegaConf.to_container(pcfg.eval, resolve=True)
     seq_len = int(pcfg.train.seq_len)
@@ -443,13 +443,14 @@ def other_settings(results: dict, pcfg: DictConfig) -> dict[str, tuple]:
             "extension": applied_extension(ev["extension"], seq_len) if ev["extension"] else None}  # fmt: skip
     if not want["lengths"]:  # a phase that does not evaluate: evaluate.py chose the lengths, none are asked
         del want["lengths"]
-    if any(t in RETRIEVAL for t in want["tasks"]):  # what the retrieval accuracies count
-        want.update(samples=ev["samples"], depths=[float(d) for d in ev["depths"]])
-    if "ppl" in want["tasks"]:  # how many windows the perplexities average
-        want.update(batches=ev["batches"], batch_tokens=ev["batch_tokens"])
-    if "needle" in want["tasks"]:
-        want["needles"] = ev["needles"]
-    want["seed"] = int(pcfg.run.seed)  # the text measured on (evaluate.py --seed may have chosen other)
+    # each setting that changes a metric of the tasks asked (compare_runs' warnings read the same table); not stride,
+    # whose default (L/2) no evaluate.py flag can ask for
+    for key, (metrics, _, _) in SETTINGS_READ_BY.items():
+        if key != "stride" and set(metrics) & set(want["tasks"]):
+            # (seed: the run's, the text measured on; evaluate.py --seed may have chosen other)
+            want[key] = int(pcfg.run.seed) if key == "seed" else ev[key]
+    if "depths" in want:
+        want["depths"] = [float(d) for d in want["depths"]]
     got = dict(results)
     if got.get("extension"):  # recorded before results.json held the filled-in defaults: compare them filled in
         got["extension"] = applied_extension(got["extension"], int(got.get("train_seq_len") or seq_len))
@@ -656,12 +657,16 @@ def _evaluate_flags(differ: dict, phase_dir: str) -> str:
         params = [f"{k}={json.dumps(x, separators=(',', ':'))}" for k, x in v.items() if k != "name"] if v else []
         return " ".join([v["name"], *params]) if v else "none"
 
+    from minilm.eval.report import SETTINGS_READ_BY
+
     flags = {"lengths": lambda v: f"--lengths {','.join(map(str, v))}", "tasks": lambda v: f"--tasks {','.join(v)}",
-             "samples": lambda v: f"--samples {v}", "depths": lambda v: f"--depths {','.join(f'{d:g}' for d in v)}",
-             "batches": lambda v: f"--batches {v}", "batch_tokens": lambda v: f"--batch-tokens {v}",
-             "needles": lambda v: f"--needles {v}", "seed": lambda v: f"--seed {v}",
+             "depths": lambda v: f"--depths {','.join(f'{d:g}' for d in v)}",
              "extension": lambda v: f"--extension {extension(v)} --out {phase_dir}/eval"}  # fmt: skip
-    return "".join(" " + flags[k](d["study"]) for k, d in differ.items())
+
+    def flag(key, value):  # a number: the flag SETTINGS_READ_BY names for it
+        return flags[key](value) if key in flags else f"{SETTINGS_READ_BY[key][2]} {value}"
+
+    return "".join(" " + flag(k, d["study"]) for k, d in differ.items())
 
 
 def _paired_table(entries: list[dict], n: int) -> list[str]:
