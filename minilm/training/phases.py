@@ -160,8 +160,9 @@ def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=Non
     pos_desc = OmegaConf.to_container(pcfg.model.position, resolve=True)
     msg = (
         f"phase '{phase}': seq_len {pcfg.train.seq_len}, {plural(phase_steps(pcfg), 'step')} of "
-        f"{plural(pcfg.train.batch_size, 'sequence')}, lr {pcfg.optim.lr} ({pcfg.optim.decay}), long_fraction {pcfg.data.long_fraction}, "
-        f"position {pos_desc}" + (f" (reconfigured {len(changed)} layers)" if changed else "")
+        f"{plural(pcfg.train.batch_size, 'sequence')}, lr {pcfg.optim.lr} ({pcfg.optim.decay}), "
+        f"long_fraction {pcfg.data.long_fraction}, position {pos_desc}"
+        + (f" (reconfigured {len(changed)} layers)" if changed else "")
     )
     log(msg)
     if tb is not None:
