@@ -292,14 +292,8 @@ class LitGPT(L.LightningModule):
     def configure_optimizers(self):
         o = self.cfg.optim
         opt = make_adamw(self.model, o)
-        if self.initial_optimizer_state is not None:  # moments from the previous phase; this phase's lr settings
-            carried = self.initial_optimizer_state
-            shapes = {i: s["exp_avg"].shape for i, s in carried["state"].items() if "exp_avg" in s}
-            what = f"phases.{self.phase}.carry_optimizer: {carried.get('path', 'the previous phase optimizer.pt')}"
-            remedy = (f"start its moments afresh with --phase {self.phase} phases.{self.phase}.carry_optimizer=false, "
-                      "or retrain the phase before it")  # fmt: skip
-            check_optimizer_params({"names": carried.get("params"), "shapes": shapes}, self.model, o.weight_decay, what,
-                                   remedy)  # fmt: skip
+        if self.initial_optimizer_state is not None:  # moments from the previous phase (checked against this model
+            # by minilm.training.phases._carried_optimizer_state); this phase's lr settings
             state = opt.state_dict()
             state["state"] = self.initial_optimizer_state["state"]
             opt.load_state_dict(state)

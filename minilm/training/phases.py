@@ -71,6 +71,7 @@ from minilm.training.checkpoint import (
 )
 from minilm.training.datamodule import PhaseData
 from minilm.training.lit_module import AtomicCheckpointIO, LitGPT
+from minilm.training.optim import check_optimizer_params
 from minilm.training.precision import cpu_precision_note, resolve_precision
 from minilm.training.progress import progress_bar
 
@@ -827,16 +828,18 @@ def run_phases(
     if init is not None:  # weights that do not fit are refused before run.dir is written and --phase deletes phases
         load_weights(model, Path(init))
         log(f"initial weights from {init}")
+    start = names.index(start_phase) if start_phase else 0
+    # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted --phase
+    # run). Every rank decides so from the command line, not from run.dir: rank 0 deletes their old outputs, and
+    # under torchrun / SLURM the other ranks start with it and looked before it had: they found the phases complete
+    # and skipped them (rank 0 then waited for them forever), or resumed an old checkpoint.
+    restarts = set(names[start:]) if start_phase is not None and not resume else set()
+    # the moments a phase that trains from its start carries from a phase finished before this command: refused
+    # (another minilm's grouping of the parameters) before run.dir is written and --phase deletes phases
+    carried = _carried_at_start(model, cfg, pcfgs, run_dir, start, restarts, resume_from)
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
             _write_run_files(cfg, corpus, run_dir, names, held_out)
-        start = names.index(start_phase) if start_phase else 0
-        # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted
-        # --phase run). Every rank decides so from the command line, not from run.dir: rank 0 deletes their old
-        # outputs, and under torchrun / SLURM the other ranks start with it and looked before it had: they found
-        # the phases complete and skipped them (rank 0 then waited for them forever), or resumed an old checkpoint.
-        restarts = set(names[start:]) if start_phase is not None and not resume else set()
-        if primary:
             for n in restarts:
                 shutil.rmtree(phase_dir(run_dir, n), ignore_errors=True)
         offset = sum(phase_steps(pcfgs[n]) for n in names[:start])
@@ -855,9 +858,11 @@ def run_phases(
                     load_weights(model, phase_dir(run_dir, n) / "model.safetensors")
                 else:
                     carry = carries_optimizer(cfg, n)
-                    opt_state = _carried_optimizer_state(run_dir, prev, n) if carry else None
-                    _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, log, tokens,
-                                 fresh=n in restarts)  # fmt: skip
+                    # (a phase resumed from its checkpoint takes the moments saved there)
+                    opt_state = None if not carry or n in resume_from else (
+                        carried.pop(n, None) or _carried_optimizer_state(model, pcfg, run_dir, prev, n))
+                    _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, carry, log,
+                                 tokens, fresh=n in restarts)  # fmt: skip
                 prev, offset, tokens = n, offset + steps, tokens + _phase_tokens(pcfg)
             if primary:
                 save_weights(model, run_dir / "model.safetensors", pcfgs[names[-1]].model)
@@ -978,10 +983,31 @@ def _optimizer_state_path(run_dir: Path, phase: str, carrying: str) -> Path:
     return path
 
 
-def _carried_optimizer_state(run_dir: Path, phase: str, carrying: str) -> dict:
-    """Finished phase ``phase``'s optimizer.pt for phase ``carrying``, with its ``path`` (for LitGPT's messages)."""
+def _carried_optimizer_state(model: GPT, pcfg, run_dir: Path, phase: str, carrying: str) -> dict:
+    """Finished phase ``phase``'s optimizer.pt for phase ``carrying`` (of config ``pcfg``), refused unless its moments
+    are of ``model``'s parameters in the order the optimizer takes them (an older minilm grouped them otherwise)."""
     path = _optimizer_state_path(run_dir, phase, carrying)
-    return {**load_checkpoint_dict(path), "path": str(path)}
+    carried = load_checkpoint_dict(path)
+    shapes = {i: s["exp_avg"].shape for i, s in carried["state"].items() if "exp_avg" in s}
+    check_optimizer_params({"names": carried.get("params"), "shapes": shapes}, model, pcfg.optim.weight_decay,
+                           f"phases.{carrying}.carry_optimizer: {path}",
+                           f"start its moments afresh with --phase {carrying} phases.{carrying}.carry_optimizer=false, "
+                           "or retrain the phase before it")  # fmt: skip
+    return carried
+
+
+def _carried_at_start(model: GPT, cfg, pcfgs: dict, run_dir: Path, start: int, restarts: set,
+                      resume_from: dict) -> dict[str, dict]:  # fmt: skip
+    """The carried moments (``_carried_optimizer_state``) of the first phase from index ``start`` on that trains from
+    its first step, where it carries them from a phase that finished before this command (the later ones carry
+    them from phases this command trains), by phase name; empty where there is none."""
+    names = list(pcfgs)
+    for i, n in enumerate(names[start:], start):
+        if n in restarts or not is_complete(run_dir, n):
+            if carries_optimizer(cfg, n) and n not in resume_from:
+                return {n: _carried_optimizer_state(model, pcfgs[n], run_dir, names[i - 1], n)}
+            return {}
+    return {}
 
 
 def _phase_tokens(pcfg) -> int:
@@ -989,10 +1015,11 @@ def _phase_tokens(pcfg) -> int:
     return phase_steps(pcfg) * pcfg.train.batch_size * pcfg.train.seq_len
 
 
-def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, carried_opt, log,
+def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, carried_opt, carries: bool, log,
                  tokens_offset: int, fresh: bool = False) -> None:  # fmt: skip
     """Train phase ``name``: from its newest good checkpoint, or from its start when it has none or is ``fresh``
-    (restarted by --phase: its old checkpoints are being deleted by rank 0)."""
+    (restarted by --phase: its old checkpoints are being deleted by rank 0). ``carried_opt``: the AdamW moments it
+    starts from (``carries``: the config's carry_optimizer; none are given to a phase resumed from a checkpoint)."""
     pdir = phase_dir(run_dir, name)
     ckpt_dir = pdir / "checkpoints"
     ckpt = None if fresh else latest_good_checkpoint(ckpt_dir, log)
@@ -1045,7 +1072,7 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         _interruptible(trainer, trainer.validate, module, datamodule=data, verbose=False)
     if trainer.is_global_zero:
         seconds = time.perf_counter() - t0
-        _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carried_opt is not None, log)
+        _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carries, log)
 
 
 def _interruptible(trainer, run, *args, **kwargs):

@@ -86,7 +86,7 @@ def test_position_tables_and_relative_biases_take_no_weight_decay():
     assert not torch.equal(hooks["transformer_xl"].w_kr.weight, before["transformer_xl.w_kr.weight"])  # a map
 
 
-def test_optimizer_state_of_another_grouping_is_refused_not_loaded_onto_other_parameters():
+def test_optimizer_state_of_another_grouping_is_refused_not_loaded_onto_other_parameters(tmp_path):
     """The optimizer's state is indexed by its parameters' order, which the weight-decay groups set: moments saved
     before the position tables left weight decay belong, index by index, to other parameters now. A phase's
     optimizer.pt and a step checkpoint record the names in order; files without them are checked by what they show
@@ -94,6 +94,7 @@ def test_optimizer_state_of_another_grouping_is_refused_not_loaded_onto_other_pa
     import torch
 
     from minilm.errors import MinilmError
+    from minilm.training.phases import _carried_optimizer_state
 
     cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.position.name=t5"])
     module = LitGPT(GPT(cfg.model, 40), cfg, total_steps=1)
@@ -104,16 +105,19 @@ def test_optimizer_state_of_another_grouping_is_refused_not_loaded_onto_other_pa
         p.grad = torch.ones_like(p)
     opt.step()
     state = opt.state_dict()
-    module.initial_optimizer_state = {"state": state["state"], "params": names}
+    path = tmp_path / "short" / "optimizer.pt"
+    path.parent.mkdir()
+    torch.save({"state": state["state"], "params": names}, path)
+    module.initial_optimizer_state = _carried_optimizer_state(module.model, cfg, tmp_path, "short", "long")
     module.configure_optimizers()  # its own: loads
-    for carried, says in (({"state": state["state"], "params": names[::-1], "path": "a/optimizer.pt"},  # names
-                           r"a/optimizer.pt holds .* order \(its parameter 0 is norm.weight, this model's tok_emb"),
+    for carried, says in (({"state": state["state"], "params": names[::-1]},  # names
+                           r"holds .* order \(its parameter 0 is norm.weight, this model's tok_emb"),
                           ({"state": {i: state["state"][i] for i in (0, 1)} | {1: state["state"][len(names) - 1]}},
-                           "the previous phase optimizer.pt holds the optim")):  # an older file: the shapes
-        module.initial_optimizer_state = carried
-        with pytest.raises(MinilmError, match="carry_optimizer: " + says + r".*; start its moments afresh with "
-                           "--phase train phases.train.carry_optimizer=false"):
-            module.configure_optimizers()
+                           "holds the optim")):  # an older file: the shapes
+        torch.save(carried, path)
+        with pytest.raises(MinilmError, match=f"carry_optimizer: {path} " + says + r".*; start its moments afresh "
+                           "with --phase long phases.long.carry_optimizer=false"):
+            _carried_optimizer_state(module.model, cfg, tmp_path, "short", "long")
     sizes = [len(g["params"]) for g in state["param_groups"]]  # an older checkpoint: the table in the first group
     old = {"optimizer_states": [{"param_groups": [{"params": [0] * (sizes[0] + 1)}, {"params": [0] * (sizes[1] - 1)}]}]}
     with pytest.raises(MinilmError, match="the checkpoint of phase 'train' holds the optimizer state of other.*; "

@@ -230,6 +230,10 @@ def test_resume_with_dropout_equals_uninterrupted(tmp_path, tiny_text_dir, keep_
             ckpt.unlink()
     out = train("--config", cfg, f"run.dir={killed}", *args, "--resume").stdout
     assert ("resuming from" in out) == (keep_step is not None)
+    import json
+
+    # resumed from its checkpoint, 'long' took the moments saved there, carried from 'short' at its start
+    assert json.loads((killed / "long" / "complete.json").read_text())["carried_optimizer"] is True
     a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
     for k in a:
         assert (a[k] == b[k]).all(), f"{k} differs after resume"
@@ -284,7 +288,15 @@ def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_p
     assert "--phase long: phase 'short'" in err and "optim.lr" in err
     again = train("--config", cfg, f"run.dir={run}", "--resume", "train.log_every=1", "phases.long.eval_lengths=[32]")
     assert "phase 'long' is complete; skipping" in again.stdout
-    # carry_optimizer with no moments to carry is refused, not trained with a fresh optimizer
+    # moments of other parameters (an older minilm grouped them otherwise) are refused before --phase removes what
+    # it would retrain, as are no moments to carry (not trained with a fresh optimizer)
+    import torch
+
+    moments = torch.load(run / "short" / "optimizer.pt")
+    torch.save({**moments, "params": moments["params"][::-1]}, run / "short" / "optimizer.pt")
+    err = refused("--phase", "long")
+    assert "phases.long.carry_optimizer: " in err and "holds the optimizer state of other parameters" in err, err
+    assert (run / "long" / "complete.json").is_file()
     (run / "short" / "optimizer.pt").unlink()
     err = refused("--phase", "long")
     assert "phases.long.carry_optimizer" in err and "optimizer.pt" in err, err
