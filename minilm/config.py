@@ -498,7 +498,7 @@ def _check_shadowed(cfg: DictConfig, dot: DictConfig) -> None:
         given = dot.get(section)
         for key in given if isinstance(given, DictConfig) else ():
             own = "eval_lengths" if (section, key) == ("eval", "lengths") else key
-            if own != "eval_lengths" and _PHASE_TO_SECTION.get(key) != section:
+            if own != "eval_lengths" and PHASE_TO_SECTION.get(key) != section:
                 continue
             # a phase's steps or tokens each set its length: either one shadows both run keys
             keys = ("steps", "tokens") if own in ("steps", "tokens") else (own,)
@@ -584,7 +584,7 @@ def phase_names(cfg: DictConfig) -> List[str]:
     return list(cfg.phases.keys()) if len(cfg.phases) else [DEFAULT_PHASE]
 
 
-_PHASE_TO_SECTION = {
+PHASE_TO_SECTION = {
     "seq_len": "train", "steps": "train", "tokens": "train", "batch_size": "train", "micro_batch_size": "train",
     "lr": "optim", "min_lr_ratio": "optim", "warmup_steps": "optim", "decay": "optim",
 }  # fmt: skip
@@ -635,7 +635,7 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
     merged = copy.deepcopy(cfg)
     OmegaConf.set_readonly(merged, False)
     merged.phases = {}
-    for key, section in _PHASE_TO_SECTION.items():
+    for key, section in PHASE_TO_SECTION.items():
         if phase[key] is not None:
             merged[section][key] = phase[key]
     if phase.steps is not None and phase.tokens is None:  # a phase's own step count beats a run-level budget

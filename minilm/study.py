@@ -355,7 +355,8 @@ def _check_resumed_runs(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[S
                 donor, k = plan.get(r.label, (None, 0))
                 for p in [p for p in phase_names(cfg)[:k] if not is_complete(run_dir, p) and not data]:
                     check_finished_phase(phase_config(cfg, p), p, out_dir / donor,  # what _train_run will copy
-                                         f"'{r.label}' starts from '{donor}'", carries_optimizer(cfg, p))  # fmt: skip
+                                         f"'{r.label}' starts from '{donor}'", carries_optimizer(cfg, p),
+                                         set_in=cfg.phases.get(p))  # fmt: skip
             except ChangedPhaseError:
                 raise
             except MinilmError as e:  # which run it is: no run has said so yet
@@ -407,7 +408,7 @@ def _train_run(study: Study, run: StudyRun, out_dir: Path, cfg: DictConfig, shar
         missing = _loan(out_dir, run.label, cfg, shared)
         for p in missing:  # the donor's weights must be what this run's config trains (not an older study's)
             check_finished_phase(phase_config(cfg, p), p, out_dir / donor, f"'{run.label}' starts from '{donor}'",
-                                 carries_optimizer(cfg, p))
+                                 carries_optimizer(cfg, p), set_in=cfg.phases.get(p))
         for p in missing:
             copy_finished_phase(phase_dir(out_dir / donor, p), phase_dir(run_dir, p))
         log(f"study {study.name}: '{run.label}' starts from '{donor}' after {', '.join(phases)}")

@@ -521,7 +521,7 @@ def test_a_variant_edited_after_it_finished_is_refused_with_the_study_remedy(tmp
     study_file.write_text("config: base.yaml\nvariants: {a: [phases.long.lr=0.01]}\n")
     assert _study([study_file, "--out", out, "--resume"]) == 2
     err = capsys.readouterr().err
-    assert "'a': --resume: phase 'long' finished with optim.lr" in err and "delete that phase's directory" in err
+    assert "'a': --resume: phase 'long' finished with phases.long.lr" in err and "delete that phase's directory" in err
 
 
 def test_resume_checks_every_run_it_continues_before_the_first_one_trains(tmp_path, study_file, monkeypatch):
@@ -537,7 +537,7 @@ def test_resume_checks_every_run_it_continues_before_the_first_one_trains(tmp_pa
     out = tmp_path / "out"
     older = load_config(study_file.parent / "base.yaml", ["phases.long.lr=0.002", f"run.dir={out / 'pi'}"])
     _finished(older, out / "pi", ["short", "long"])  # pi as it trained before its variant was edited
-    with pytest.raises(MinilmError, match=r"'pi': --resume: phase 'long' finished with optim.lr = 0.002.*study"):
+    with pytest.raises(MinilmError, match=r"'pi': --resume: phase 'long' finished with phases.long.lr = 0.002.*study"):
         run_study(load_study(study_file), out, resume=True, log=lambda msg: None)
     assert trained == [] and not (tmp_path / "cache").exists()  # not yarn first, then the refusal
 

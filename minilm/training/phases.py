@@ -31,6 +31,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
 
 from minilm.config import (
+    PHASE_TO_SECTION,
     micro_batch_size,
     phase_config,
     phase_names,
@@ -385,12 +386,13 @@ def _has_outputs(run_dir: Path, names: list[str]) -> bool:
     return any(phase_dir(run_dir, n).exists() for n in names)
 
 
-def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int,
-                             log: Callable[[str], None]) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
+def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, log: Callable[[str], None],
+                             set_in=None) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
     """--resume into a phase that has not finished: its newest good checkpoint (returned, with the state of the data
     sampler it saved; (None, None): the phase starts afresh) must be one the config can continue — within the
     phase's steps, trained by the same settings and the same global batch on ``world_size`` processes now
-    (``_check_trained_with``). Checked before the corpus is prepared; the sampler then by ``_check_resumed_sampler``."""
+    (``_check_trained_with``; ``set_in`` as there). Checked before the corpus is prepared; the sampler then by
+    ``_check_resumed_sampler``."""
     ckpt, state = load_latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
     if ckpt is None:
         return None, None
@@ -402,7 +404,7 @@ def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int,
                           f"retrain it with --phase {phase}")  # fmt: skip
     saved = state.get(PhaseData.__qualname__, {}).get("sampler")
     trained_world = saved.get("world_size") if saved is not None else None  # the processes that trained it
-    _check_trained_with(state.get(TRAINED_WITH), pcfg, phase, ckpt, trained_world, world_size)
+    _check_trained_with(state.get(TRAINED_WITH), pcfg, phase, ckpt, trained_world, world_size, set_in)
     if trained_world not in (None, world_size):
         log(f"phase '{phase}': interrupted on {trained_world} process(es), resumed on {world_size} with the same "
             f"global batch of {pcfg.train.batch_size * world_size} sequences: the same rows, schedule and optimizer "
@@ -437,7 +439,7 @@ def _phase_steps_of(train: dict) -> int:
 
 
 def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, trained_world: Optional[int] = None,
-                        world_size: int = 1) -> None:  # fmt: skip
+                        world_size: int = 1, set_in=None) -> None:  # fmt: skip
     """What the interrupted phase's checkpoint trained by (``_what_trains``; None: a checkpoint written before it
     was saved there) must be what the config says now, but for the phase's length. Lightning restores the
     optimizer's lr, betas and weight decay and the schedule's base lr from the checkpoint, and the position settings
@@ -448,7 +450,8 @@ def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, t
     what the schedule counts is the global batch, ``batch_size x world size``. The checkpoint's world size
     (``trained_world``; None: unknown, from before the sampler saved it, compared as this one) against this run's
     ``world_size``: 2 processes x 2 rows continue exactly as 1 x 4 (tests/training/test_ddp.py), while 1 x 2 would
-    train the rest of the phase on half the rows per step under the schedule and optimizer state of 4."""
+    train the rest of the phase on half the rows per step under the schedule and optimizer state of 4. ``set_in``:
+    the phase's own section of the run config, as ``check_finished_phase`` takes it."""
     if trained is None:
         return
     now = _what_trains(pcfg)
@@ -458,8 +461,9 @@ def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, t
                                                                  (*PHASE_LENGTH, "train.batch_size")))), None)
     redo = f"or retrain the phase with --phase {phase}"
     if diff:
-        raise MinilmError(f"--resume: phase '{phase}' was interrupted training with {diff[0]} = {diff[1]!r} "
-                          f"({ckpt}), the config now says {diff[2]!r}; resume with the value it trained with, {redo}")
+        raise MinilmError(f"--resume: phase '{phase}' was interrupted training with {_as_set(diff[0], phase, set_in)} "
+                          f"= {_shown(diff[1])} ({ckpt}), the config now says {_shown(diff[2])}; resume with the value "
+                          f"it trained with, {redo}")  # fmt: skip
     was_global, now_global = was_t["batch_size"] * trained_world, now_t["batch_size"] * world_size
     if was_global != now_global:
         fits = (f"train.batch_size={was_global // world_size} on {world_size} process(es)"
@@ -540,14 +544,15 @@ def carries_optimizer(cfg, phase: str) -> bool:
 
 
 def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bool,
-                         world_size: Optional[int] = None) -> None:  # fmt: skip
+                         world_size: Optional[int] = None, set_in=None) -> None:  # fmt: skip
     """--resume skips a finished phase, and --phase starts from the finished ones before it: refuse if the config
     now trains such a phase differently (its lr, data, position, whether it carries the optimizer (``carried``),
     ...), since keeping its old weights under the new config would be silently wrong. Evaluation, hardware and
     bookkeeping settings (HOW_NOT_WHAT) may change. ``world_size``: the processes this run trains on (None: not
     known, as ``train.batch_size`` is compared): a phase whose summary records its own is compared by its global
     batch (``batch_size x world size``; per device, ``train.batch_size`` may change with the device count), and by
-    its number of steps where ``train.tokens`` (per device too) gives them."""
+    its number of steps where ``train.tokens`` (per device too) gives them. ``set_in``: the phase's own section of
+    the run config (``cfg.phases[phase]``), where the refusal names a key the phase sets itself as it is set."""
     from minilm.runs import load_run_config
 
     path = phase_dir(run_dir, phase) / "config.yaml"
@@ -574,10 +579,31 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
     diff = next((d for d in diffs if d), None)
     if diff:
         raise ChangedPhaseError(
-            f"{flag}: phase '{phase}' finished with {diff[0]} = {diff[1]!r} ({path}), the config now says "
-            f"{diff[2]!r}; retrain it and the phases after it with --phase {phase}, start from other weights "
-            "with --init, or set run.name for a new run"
+            f"{flag}: phase '{phase}' finished with {_as_set(diff[0], phase, set_in)} = {_shown(diff[1])} ({path}), "
+            f"the config now says {_shown(diff[2])}; retrain it and the phases after it with --phase {phase}, start "
+            "from other weights with --init, or set run.name for a new run"
         )
+
+
+def _as_set(key: str, phase: str, set_in) -> str:
+    """A phase config's dotted ``key`` as the run config sets it: ``phases.<phase>.<key>`` where the phase's own
+    section ``set_in`` (None: not known) gives it (a phase's lr is optim.lr in its config, phases.long.lr in the
+    run's), else ``key`` itself."""
+    section, _, rest = key.partition(".")
+    if PHASE_TO_SECTION.get(rest) == section or (section == "model" and rest.startswith("position.")):
+        own = rest
+    elif section == "data":
+        own = key
+    else:
+        return key
+    return f"phases.{phase}.{own}" if set_in is not None and OmegaConf.select(set_in, own) is not None else key
+
+
+def _shown(value) -> str:
+    """A config value in a message as YAML and the command line write it (false, null), else as Python's repr."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    return repr(value)
 
 
 def _check_command(names: list[str], run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
@@ -609,9 +635,9 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
     for i, n in enumerate(names[start:], start):
         carry = carries_optimizer(cfg, n)
         if resume and is_complete(run_dir, n):
-            check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry, world_size)
+            check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry, world_size, cfg.phases.get(n))
         elif resume:
-            ckpt, sampler = _check_interrupted_phase(pcfgs[n], n, run_dir, world_size, log)
+            ckpt, sampler = _check_interrupted_phase(pcfgs[n], n, run_dir, world_size, log, cfg.phases.get(n))
             if ckpt is not None:
                 resume_from[n] = (ckpt, sampler)
         if carry and init is not None and i == start:
@@ -688,7 +714,7 @@ def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_pha
     if init is None:  # --phase: the weights it starts from are the earlier phases' finished ones
         for n in [n for n in names[:start] if is_complete(run_dir, n)]:
             check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}", carries_optimizer(cfg, n),
-                                 world_size)
+                                 world_size, cfg.phases.get(n))
     resume_from = _check_phases_from(start, cfg, pcfgs, run_dir, resume, start_phase, init, world_size, log)
     if init is not None:  # a missing or unreadable --init fails here, not after run.dir's files are written
         read_weights(Path(init))

@@ -278,14 +278,16 @@ def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_p
         assert proc.returncode == 2, proc.stdout[-2000:]
         return proc.stderr
 
-    for override, key in (("phases.long.lr=0.002", "optim.lr"), ("phases.short.seq_len=16", "train.seq_len"),
-                          ("phases.long.position.base=20000.0", "model.position.base"),
-                          ("phases.long.carry_optimizer=false", "phases.long.carry_optimizer")):  # fmt: skip
+    # each named as the config sets it: a phase's own key, else the run's (short takes the run's lr)
+    for override, says in (("phases.long.lr=0.002", "phases.long.lr = 0.001"), ("optim.lr=0.002", "optim.lr = 0.003"),
+                           ("phases.short.seq_len=16", "phases.short.seq_len = 32"),
+                           ("phases.long.position.base=20000.0", "phases.long.position.base = 40000.0"),
+                           ("phases.long.carry_optimizer=false", "phases.long.carry_optimizer = true")):  # fmt: skip
         err = refused("--resume", override)
-        assert key in err and "--phase" in err and "Traceback" not in err, err
+        assert f"finished with {says} (" in err and "--phase" in err and "Traceback" not in err, err
     # --phase starts from the finished earlier phases: the same check, unless --init gives the weights
     err = refused("--phase", "long", "phases.short.lr=0.002")
-    assert "--phase long: phase 'short'" in err and "optim.lr" in err
+    assert "--phase long: phase 'short' finished with phases.short.lr = 0.003" in err, err
     again = train("--config", cfg, f"run.dir={run}", "--resume", "train.log_every=1", "phases.long.eval_lengths=[32]")
     assert "phase 'long' is complete; skipping" in again.stdout
     # moments of other parameters (an older minilm grouped them otherwise) are refused before --phase removes what
