@@ -4,6 +4,7 @@ a clear error for each kind of bad input."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -130,9 +131,15 @@ def test_files_kind_reads_records_and_text_files(tmp_path, parquet_file, tiny_te
 
 
 def test_embedded_corpus_is_the_stdlib_without_site_packages():
+    import sysconfig
+
     files = stdlib_files()
     assert len(files) > 500 and not any("site-packages" in p.parts for p in files)
     assert any(p.name == "os.py" for p in files)
+    # the walk that skips installed packages lists what filtering every file under the stdlib does, in the same
+    # order: the documents' order and the corpus cache key (prepared corpora stay valid) depend on it
+    root = Path(sysconfig.get_paths()["stdlib"])
+    assert files == sorted(p for p in root.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.parts))
 
 
 def test_embedded_max_docs(tmp_path):
