@@ -701,8 +701,9 @@ def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_pha
                         init: Optional[str], log: Callable[[str], None]) -> tuple[int, dict, list]:  # fmt: skip
     """An unknown --phase, a finished run without --resume, a phase longer than the encoding allows, a model section
     that differs from the run's on --resume, finished phases the config now trains differently, an interrupted
-    phase's checkpoint, a bad --init. Returns the world size, ``_check_phases_from``'s checkpoints and the phases the
-    run keeps (``_check_with_data`` checks the corpus against them)."""
+    phase's checkpoint, an --init the other settings contradict (run_phases reads the file before this). Returns
+    the world size, ``_check_phases_from``'s checkpoints and the phases the run keeps (``_check_with_data`` checks
+    the corpus against them)."""
     names = list(pcfgs)
     _check_command(names, run_dir, resume, start_phase, primary, init)
     check_writable_dir(run_dir)
@@ -716,8 +717,6 @@ def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_pha
             check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}", carries_optimizer(cfg, n),
                                  world_size, cfg.phases.get(n))
     resume_from = _check_phases_from(start, cfg, pcfgs, run_dir, resume, start_phase, init, world_size, log)
-    if init is not None:  # a missing or unreadable --init fails here, not after run.dir's files are written
-        read_weights(Path(init))
     # phases trained on the split held_out.json records, which the run keeps: finished ones before the phase --phase
     # restarts, or on --resume every finished one and every checkpoint it continues from
     kept = [n for n in (names if resume else names[:start]) if is_complete(run_dir, n)] + list(resume_from)
@@ -843,6 +842,8 @@ def run_phases(
         log = silent  # on another rank is raised there, and reaches the user from it
     if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
         log(f"--resume: {run_dir} holds no run yet; starting one")  # but say that nothing was resumed
+    # a missing or unreadable --init fails before the corpus is prepared and run.dir is written; read once
+    weights = read_weights(Path(init)) if init is not None else None
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
     for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
         if (start_phase and not resume) or not is_complete(run_dir, n):
@@ -851,9 +852,10 @@ def run_phases(
             if msg := shorter_phase_note(cfg, n):
                 log(f"note: {msg}")
     model = _new_model(cfg, pcfgs, corpus.tokenizer.vocab_size, log)
-    if init is not None:  # weights that do not fit are refused before run.dir is written and --phase deletes phases
-        load_weights(model, Path(init))
+    if weights is not None:  # weights that do not fit are refused before run.dir is written and --phase deletes phases
+        load_weights(model, weights, where=init)
         log(f"initial weights from {init}")
+        weights = None  # (the model holds copies: not a second set of them through training)
     start = names.index(start_phase) if start_phase else 0
     # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted --phase
     # run). Every rank decides so from the command line, not from run.dir: rank 0 deletes their old outputs, and

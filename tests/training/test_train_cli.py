@@ -160,7 +160,12 @@ def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir
     assert "resuming from" in again.stdout and (run / "long" / "complete.json").is_file()
 
 
-def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir, train_here):
+def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir, train_here, monkeypatch):
+    from minilm.training import checkpoint, phases
+
+    reads, read = [], checkpoint.read_weights  # the --init file is read once (a GPT-2-small step checkpoint: 1.5 GB)
+    for module in (checkpoint, phases):
+        monkeypatch.setattr(module, "read_weights", lambda path: reads.append(path) or read(path))
     train = train_here
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=4)
     base = tmp_path / "base"
@@ -176,9 +181,11 @@ def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir, train_he
     # the weights come from elsewhere: no optimizer moments to carry, and the config must not pretend otherwise
     proc = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "short", check=False)
     assert proc.returncode == 2 and "phases.long.carry_optimizer=false" in proc.stderr, proc.stderr
+    reads.clear()
     out = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "short",
                 "phases.long.carry_optimizer=false").stdout
     assert "initial weights from" in out and not (ext / "short").exists()
+    assert [str(p) for p in reads].count(str(base / "short")) == 1, reads
     assert (ext / "long" / "complete.json").is_file()
     # --phase without finished earlier phases and without --init: a clear error
     proc = train("--config", cfg, f"run.dir={tmp_path / 'empty'}", "--phase", "long", check=False)
