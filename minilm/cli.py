@@ -83,6 +83,18 @@ def _on_sigterm(signum, frame):
     raise KeyboardInterrupt
 
 
+def sigterm_without_collective(world_size: int) -> None:
+    """Under DDP, SIGTERM raises the KeyboardInterrupt of ``_on_sigterm`` at once, in place of the handler Lightning
+    (2.6) installs at every ``fit`` / ``validate``: that one calls ``dist.broadcast`` inside the signal handler, a
+    collective that rank 0 entered in the middle of the step's own (a ``barrier`` or ``all_reduce``) while the
+    other ranks waited in theirs, so ``kill`` of the training process hung every rank for good (about one time in
+    four on CPU). Interrupted, rank 0 shuts down as on Ctrl-C (Lightning kills the ranks it started) and exits 143.
+    Call it once Lightning has installed its handler (on_train_start, on_validation_start); its teardown puts back
+    the handler it found."""
+    if world_size > 1 and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 @contextmanager
 def stop_on_sigterm():
     """SIGTERM (a scheduler preempting or cancelling a job, ``kill``, ``timeout``) ends the command as Ctrl-C does:

@@ -18,6 +18,7 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from torch import nn
 
+from minilm.cli import sigterm_without_collective
 from minilm.data import IGNORE
 from minilm.errors import MinilmError
 from minilm.training.checkpoint import atomic_torch_save, load_checkpoint_dict
@@ -213,9 +214,11 @@ class LitGPT(L.LightningModule):
         self.settle_bad_steps()  # a fit stopped between logs (its last step logs)
 
     def on_train_start(self) -> None:
+        sigterm_without_collective(self.trainer.world_size)
         self._t_last, self._step_last, self._paused = time.perf_counter(), self.global_step, 0.0
 
     def on_validation_start(self) -> None:
+        sigterm_without_collective(self.trainer.world_size)  # (also a validate() run of its own)
         self._t_val = time.perf_counter()
 
     def on_validation_end(self) -> None:

@@ -571,3 +571,34 @@ def test_a_skipped_step_is_reported_by_rank_0_only(capsys):
         module._trainer = SimpleNamespace(global_rank=rank, global_step=3)
         module._bad_step("the loss became nan", 3)
     assert capsys.readouterr().out.count("the loss became nan at step 3; skipped (1/5)") == 1
+
+
+@pytest.mark.parametrize("hook", ["on_train_start", "on_validation_start"])
+def test_sigterm_under_ddp_interrupts_at_once_without_a_collective(hook):
+    """Lightning's SIGTERM handler (installed by every fit / validate) calls dist.broadcast inside the signal
+    handler: `kill` of rank 0 in the middle of a step's all_reduce hung every rank of a DDP run for good. Under
+    DDP the module's first hooks put minilm's handler back (a KeyboardInterrupt: the Ctrl-C shutdown, exit 143)."""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    import lightning as L
+
+    from minilm.cli import _sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    connector = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)._signal_connector
+    try:
+        connector.register_signal_handlers()  # what Trainer._run does before the hooks
+        module = LitGPT(_model(), load_config(), total_steps=1)
+        module.trainer = SimpleNamespace(world_size=2, global_step=0)
+        getattr(module, hook)()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100):  # (the handler runs at the next bytecode)
+                pass
+        assert _sigterm.is_set()
+    finally:
+        connector.teardown()
+        signal.signal(signal.SIGTERM, before)
+        _sigterm.clear()
