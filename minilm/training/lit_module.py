@@ -145,7 +145,7 @@ class LitGPT(L.LightningModule):
         # step (one rank skipping its backward alone would leave the others waiting in the all-reduce). No host
         # sync per micro-batch either.
         # With gradient accumulation a step is several micro-batches: its logged loss is the mean over all their
-        # targets (this rank's), not the last micro-batch's.
+        # targets (over every rank at a log: end_step), not the last micro-batch's.
         self._loss_sum = total.detach() if self._loss_sum is None else self._loss_sum + total.detach()
         self._loss_count = self._loss_count + targets
         return loss
@@ -236,14 +236,20 @@ class LitGPT(L.LightningModule):
         if (batch_idx + 1) % self.trainer.accumulate_grad_batches or self._ended_step == self.global_step:
             return
         self._ended_step = self.global_step
-        step_loss = _per_target(self._loss_sum, self._loss_count)  # every micro-batch adds to it: not None
+        loss_sum, count = self._loss_sum, self._loss_count  # every micro-batch adds to them: not None
         self._loss_sum, self._loss_count = None, 0  # the next optimizer step starts its own mean
         step = self.global_step  # already incremented by the optimizer step
         if step % self.cfg.train.log_every and step != self.total_steps:
             return
+        if self.trainer.world_size > 1:  # the mean over the global batch's targets, as the step trained on (rank
+            # 0's rows alone drew another curve than one process with the same global batch): one all-reduce per
+            # log, which every rank reaches at the same step
+            loss_sum, count = self.trainer.strategy.reduce(
+                torch.stack([loss_sum.float(), torch.as_tensor(count, device=loss_sum.device).float()]),
+                reduce_op="sum")  # fmt: skip
         # The host reads of a log, the only ones in a training step: before the clock, which then times the steps
         # the device has finished (the host runs ahead of it between logs)
-        loss = self.logged_loss = float(step_loss)  # (also the progress bar's: minilm/training/progress.py)
+        loss = self.logged_loss = float(_per_target(loss_sum, count))  # (also the progress bar's: progress.py)
         self.settle_bad_steps()
         now = time.perf_counter()
         scalars = {

@@ -129,6 +129,15 @@ def test_ddp_matches_one_process_with_the_same_global_batch(ddp_run, tmp_path):
     a, b = weights(run_dir), weights(single)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
     assert abs(two - one) < 1e-4, (two, one)
+    # the logged training loss too: it was rank 0's rows alone, another curve than one process's
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    curves = []
+    for run in (run_dir, single):
+        acc = EventAccumulator(str(run / "tb"))
+        acc.Reload()
+        curves.append([e.value for e in acc.Scalars("train/loss")])
+    assert len(curves[0]) == 6 and curves[0] == pytest.approx(curves[1], abs=1e-4), curves
 
 
 @pytest.mark.slow

@@ -602,3 +602,24 @@ def test_sigterm_under_ddp_interrupts_at_once_without_a_collective(hook):
         connector.teardown()
         signal.signal(signal.SIGTERM, before)
         _sigterm.clear()
+
+
+def test_the_logged_training_loss_under_ddp_is_the_global_batchs_mean():
+    """train/loss (and the progress bar's loss) of a DDP step is the mean over every rank's targets, as the step
+    trained on and as one process with the same global batch logs: it was rank 0's rows alone."""
+    from types import SimpleNamespace
+
+    import torch
+
+    other_rank = torch.tensor([30.0, 10.0])  # the other rank's summed loss and targets (mean 3.0)
+
+    def reduce(t, reduce_op):
+        assert reduce_op == "sum"
+        return t + other_rank
+
+    module = LitGPT(_model(), load_config(overrides=["train.log_every=1"]), total_steps=4)
+    module.trainer = SimpleNamespace(world_size=2, global_step=1, accumulate_grad_batches=1, logger=None,
+                                     global_rank=0, strategy=SimpleNamespace(reduce=reduce))  # fmt: skip
+    module._loss_sum, module._loss_count = torch.tensor(10.0), torch.tensor(10)  # this rank's mean: 1.0
+    module.end_step(0)
+    assert module.logged_loss == pytest.approx(2.0)
