@@ -138,10 +138,12 @@ def _lock_in_use(run_dir: Path, lock: Path, holder: str) -> MinilmError:
 # ----------------------------------------------------------------------------------------- apply a phase
 
 
-def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=None, step: int = 0) -> str:
+def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=None, step: int = 0,
+                world_size: int = 1) -> str:  # fmt: skip
     """The one place a phase changes the model: position parameters (RoPE base, scaling) are set on every layer
     and verified against ``compute_rope``; limits of the encoding are checked against the phase's seq_len.
-    Returns the transition message (also logged to the console and, as text, to TensorBoard)."""
+    Returns the transition message (also logged to the console and, as text, to TensorBoard); ``world_size``: the
+    processes that train (train.batch_size is per process)."""
     check_phase_fits(model, pcfg, phase)
     params = validate_position(pcfg.model.position, where=f"phases.{phase}.position")
     built_with = validate_position(model.cfg.position)  # what modules without a `params` attribute still hold
@@ -162,7 +164,9 @@ def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=Non
     pos_desc = OmegaConf.to_container(pcfg.model.position, resolve=True)
     msg = (
         f"phase '{phase}': seq_len {pcfg.train.seq_len}, {plural(phase_steps(pcfg), 'step')} of "
-        f"{plural(pcfg.train.batch_size, 'sequence')}, lr {pcfg.optim.lr} ({pcfg.optim.decay}), "
+        f"{plural(pcfg.train.batch_size, 'sequence')}"
+        + (f" per process ({pcfg.train.batch_size * world_size} in all)" if world_size > 1 else "")
+        + f", lr {pcfg.optim.lr} ({pcfg.optim.decay}), "
         f"long_fraction {pcfg.data.long_fraction}, position {pos_desc}"
         + (f" (reconfigured {len(changed)} layers)" if changed else "")
     )
@@ -1051,13 +1055,6 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
     pdir = phase_dir(run_dir, name)
     ckpt_dir = pdir / "checkpoints"
     ckpt = None if fresh else latest_good_checkpoint(ckpt_dir, log)
-    if ckpt is None:
-        apply_phase(model, pcfg, name, log, tb_logger.experiment, offset)
-    else:
-        apply_phase(model, pcfg, name, log, None, offset)
-        log(f"phase '{name}': resuming from {ckpt}")
-    module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name, tokens_offset=tokens_offset)
-    module.initial_optimizer_state = carried_opt if ckpt is None else None
     accum = pcfg.train.batch_size // micro_batch_size(pcfg.train)
     t = pcfg.train
     # Validation inside fit every val_every steps, else (val_every 0 or beyond the phase) once at its last step:
@@ -1087,6 +1084,12 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         log_every_n_steps=t.log_every,
         default_root_dir=str(pdir),
     )
+    # (after the trainer, which knows the processes: the phase line gives the rows per step)
+    apply_phase(model, pcfg, name, log, tb_logger.experiment if ckpt is None else None, offset, trainer.world_size)
+    if ckpt is not None:
+        log(f"phase '{name}': resuming from {ckpt}")
+    module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name, tokens_offset=tokens_offset)
+    module.initial_optimizer_state = carried_opt if ckpt is None else None
     data = PhaseData(corpus, pcfg, name)
     t0 = time.perf_counter()
     if ckpt is None:  # the loss before the phase's first step: the start of the curve (and, for an extension

@@ -36,6 +36,10 @@ def test_rope_base_and_scaling_change_every_layer_to_compute_rope(tmp_path):
     assert not torch.equal(before, expected)
     assert "reconfigured 2 layers" in logs[-1] and "yarn" in logs[-1]
     assert "1 step of " in logs[-1] and " sequences," in logs[-1]  # (not "1 steps")
+    # train.batch_size is per process: the line says so, and the step's rows, under several
+    batch = cfg.train.batch_size
+    message = apply_phase(model, phase_config(cfg, "b"), "b", logs.append, world_size=2)
+    assert f"1 step of {batch} sequences per process ({2 * batch} in all), lr" in message, message
 
 
 def test_unchanged_non_rotary_encoding_passes(tmp_path):

@@ -61,7 +61,8 @@ def weights(run_dir: Path) -> dict:
 def test_ddp_run_writes_one_run_directory(ddp_run):
     _, run_dir, proc = ddp_run
     assert "GLOBAL_RANK: 1" in proc.stdout + proc.stderr  # really two processes
-    for line in ("model: ", "phase 'train': seq_len 32", "phase 'train' finished", "done: "):  # said by rank 0 only
+    for line in ("model: ", "phase 'train': seq_len 32, 6 steps of 2 sequences per process (4 in all)",
+                 "phase 'train' finished", "done: "):  # said by rank 0 only  # fmt: skip
         assert proc.stdout.count(line) == 1, (line, proc.stdout[-3000:])
     assert "sync_dist=True" not in proc.stderr  # Lightning's advice for a loss the ranks had not averaged: they had
     assert (run_dir / "train" / "complete.json").is_file() and (run_dir / "model.safetensors").is_file()
