@@ -484,12 +484,12 @@ def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, t
     was_micro = was_t["micro_batch_size"] or was_t["batch_size"]
     micro = micro_batch_size(pcfg.train)
     if was_t["batch_size"] // was_micro != now_t["batch_size"] // micro:
-        accum = was_t["batch_size"] // was_micro
+        accum, key = was_t["batch_size"] // was_micro, _as_set("train.micro_batch_size", phase, set_in)
         raise MinilmError(
-            f"--resume: phase '{phase}' was interrupted training with train.micro_batch_size = {was_micro!r} "
+            f"--resume: phase '{phase}' was interrupted training with {key} = {was_micro!r} "
             f"({accum} micro-batch(es) per step of train.batch_size {was_t['batch_size']}) ({ckpt}), the config now "
             f"says {micro!r} ({now_t['batch_size'] // micro} of {now_t['batch_size']}); resume with "
-            f"train.micro_batch_size={now_t['batch_size'] // accum}, {redo}"
+            f"{key}={now_t['batch_size'] // accum}, {redo}"
         )
     # train.tokens is per device too: the same tokens at another batch_size is another number of steps, another lr
     # schedule (the phase's length may change on --resume, but by a change of the length, not of the device count)

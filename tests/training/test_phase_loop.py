@@ -476,10 +476,10 @@ def test_tensorboard_reads_the_steps_of_a_many_phase_run_in_order(config, tmp_pa
     assert [step for step, _ in scalars(run, "train/loss")] == [1, 2, 3, 4, 5, 6, 7, 8]
 
 
-@pytest.mark.parametrize("change, key", [
-    ("phases.b.lr=0.01", "optim.lr"), ("phases.b.warmup_steps=3", "optim.warmup_steps"),
-    ("phases.b.position={base: 500.0}", "model.position.base"),
-    ("phases.b.micro_batch_size=2", "train.micro_batch_size"),
+@pytest.mark.parametrize("change, key", [  # each key named as the config sets it (here: the phase itself)
+    ("phases.b.lr=0.01", "phases.b.lr"), ("phases.b.warmup_steps=3", "phases.b.warmup_steps"),
+    ("phases.b.position={base: 500.0}", "phases.b.position.base"),
+    ("phases.b.micro_batch_size=2", "phases.b.micro_batch_size"),
 ])
 def test_resume_refuses_an_interrupted_phase_the_config_now_trains_differently(config, tmp_path, change, key):
     """Lightning restored the optimizer's lr, betas and weight decay and the schedule's base lr from the checkpoint:
