@@ -213,7 +213,7 @@ class SourceDocs:
 def stdlib_files() -> List[Path]:
     """Sorted stdlib ``*.py`` files of the running interpreter, site-packages / dist-packages excluded. Those
     directories are not entered (``Path.rglob`` walked every installed package, ~13x the stdlib's files here, and
-    made every start of a run, an evaluation or a study's check of a run take ~1.4 s for a list of 1,800 files)."""
+    made every start of a run, an evaluation or a study's check of a run take ~1 s for a list of 1,800 files)."""
     out = []
     for top, dirs, files in os.walk(sysconfig.get_paths()["stdlib"]):  # (symlinked directories not followed)
         dirs[:] = [d for d in dirs if d not in ("site-packages", "dist-packages")]
