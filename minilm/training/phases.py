@@ -765,8 +765,8 @@ def _check_saved_model(cfg, run_dir: Path) -> None:
                              OmegaConf.to_container(cfg.model, resolve=True), "model")  # fmt: skip
     if diff:
         key, was, now = diff
-        raise MinilmError(f"--resume: {key} is {now!r} here but {was!r} in the run's saved {saved}: the run trains one "
-                          "model; resume with the saved value, or train this one in another run.dir")  # fmt: skip
+        raise MinilmError(f"--resume: {key} is {_shown(now)} here but {_shown(was)} in the run's saved {saved}: the "
+                          "run trains one model; resume with the saved value, or train this one in another run.dir")
 
 
 def _held_out(corpus) -> dict:

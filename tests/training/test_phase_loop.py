@@ -515,6 +515,9 @@ def test_resume_takes_new_kernel_and_memory_settings(config, tmp_path):
     # another encoding is named by its name, not by the first of the parameters that differ with it (base)
     with pytest.raises(MinilmError, match=r"--resume: model\.position\.name is 'alibi' here but 'rope' in the run's"):
         run_phases(load_config(config, [*over, "model.position.name=alibi"]), resume=True, log=lambda m: None)
+    # booleans as the config writes them (a changed-phase refusal does alike: phases._shown)
+    with pytest.raises(MinilmError, match=r"--resume: model\.tie_embeddings is false here but true in the run's"):
+        run_phases(load_config(config, [*over, "model.tie_embeddings=false"]), resume=True, log=lambda m: None)
     run_phases(load_config(config, [*over, *how]), resume=True, log=lambda m: None)
     assert (run / "a" / "complete.json").is_file()
 
