@@ -131,5 +131,18 @@ def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argpars
     except KeyboardInterrupt:  # the --resume hint only where there is one (train.py, study.py; not generate.py)
         resumable = any("--resume" in a.option_strings for a in parser._actions)
         what = "terminated (SIGTERM)" if _sigterm.is_set() else "interrupted"
-        print(f"\n{what}" + ("; continue with --resume" if resumable else ""), file=sys.stderr)
+        if _primary_process():
+            print(f"\n{what}" + ("; continue with --resume" if resumable else ""), file=sys.stderr)
         return 143 if _sigterm.is_set() else 130
+
+
+def _primary_process() -> bool:
+    """False in the other ranks of a multi-process run: Ctrl-C reaches every process of the terminal's group, and
+    each printed "interrupted; continue with --resume", once per process; the first one says it now. A process
+    that has not imported Lightning was started by no launcher of ours (a rank interrupted while it still imports
+    says it too, which is harmless), and this does not import it: generate.py's Ctrl-C stays immediate."""
+    if "lightning.pytorch" not in sys.modules:
+        return True
+    from minilm.training.phases import is_primary_process
+
+    return is_primary_process()

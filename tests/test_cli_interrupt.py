@@ -59,3 +59,18 @@ def test_sigterm_stops_like_ctrl_c_runs_the_finally_blocks_and_is_put_back(capsy
     assert signal.getsignal(signal.SIGTERM) == before
     assert run_cli(interrupted, parser, []) == 130  # a Ctrl-C after it is still "interrupted"
     assert "interrupted; continue" in capsys.readouterr().err
+
+
+def test_interrupt_is_reported_by_the_first_rank_only(monkeypatch, capsys):
+    """Ctrl-C of a DDP run reaches every rank, and each printed 'interrupted; continue with --resume'. Every rank
+    still exits 130; only the first one says so."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--resume", action="store_true")
+    monkeypatch.setattr(rank_zero_only, "rank", 1, raising=False)
+    assert run_cli(interrupted, parser, []) == 130
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    assert run_cli(interrupted, parser, []) == 130
+    assert "interrupted; continue with --resume" in capsys.readouterr().err
