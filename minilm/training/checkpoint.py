@@ -138,6 +138,12 @@ def save_weights(model: nn.Module, path: Path, model_cfg: Optional[Mapping] = No
 
 
 def read_weights(path: Path) -> dict:
+    return read_weights_and_model(path)[0]
+
+
+def read_weights_and_model(path: Path) -> tuple[dict, Optional[dict]]:
+    """The weights of a safetensors file, a run or phase directory (its model.safetensors) or a checkpoint, and the
+    model section they record (``recorded_model``; a step checkpoint's TRAINED_WITH), None where they record none."""
     path = Path(path)
     if path.is_dir():
         path = path / "model.safetensors"
@@ -145,10 +151,12 @@ def read_weights(path: Path) -> dict:
         raise MinilmError(f"no weights at {path}")
     if path.suffix == ".safetensors":
         try:
-            return load_file(str(path))
+            return load_file(str(path)), recorded_model(path)
         except (SafetensorError, OSError) as e:
             raise MinilmError(f"weights file {path} is unreadable: {e}") from None
-    return _checkpoint_weights(load_checkpoint_dict(path))
+    ckpt = load_checkpoint_dict(path)
+    trained = ckpt.get(TRAINED_WITH)
+    return _checkpoint_weights(ckpt), trained.get("model") if isinstance(trained, dict) else None
 
 
 def _checkpoint_weights(ckpt: dict) -> dict:
@@ -187,14 +195,19 @@ def check_trained_with(trained: Optional[Mapping], model_cfg, weights: Path, con
     ``config`` names where ``model_cfg`` comes from, for the message."""
     if trained is None:
         return
-    now = OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else dict(model_cfg)
-    keys = [k for k in trained if k in now and k not in NOT_WHAT_WEIGHTS_COMPUTE]  # (a key newer than the file: no)
-    differ = [f"model.{k}: trained with {json.dumps(trained[k], sort_keys=True)}, the config says "
-              f"{json.dumps(now[k], sort_keys=True)}" for k in keys if trained[k] != now[k]]  # fmt: skip
-    if differ:
+    if differ := model_differences(trained, model_cfg):
         raise MinilmError(f"{weights}: these weights were trained with another model config than {config}:\n  "
                           + "\n  ".join(differ) + "\nthey were copied from another run or phase (or its config.yaml "
                           "was edited); read them with the config they were trained with")  # fmt: skip
+
+
+def model_differences(trained: Mapping, model_cfg) -> list[str]:
+    """A line for each key of the model section that computes something (not NOT_WHAT_WEIGHTS_COMPUTE) where the
+    ``trained`` one differs from ``model_cfg``: ``model.KEY: trained with X, the config says Y``."""
+    now = OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else dict(model_cfg)
+    keys = [k for k in trained if k in now and k not in NOT_WHAT_WEIGHTS_COMPUTE]  # (a key newer than the file: no)
+    return [f"model.{k}: trained with {json.dumps(trained[k], sort_keys=True)}, the config says "
+            f"{json.dumps(now[k], sort_keys=True)}" for k in keys if trained[k] != now[k]]  # fmt: skip
 
 
 def load_weights(model: nn.Module, source: Path | dict, where: str = "") -> None:

@@ -66,8 +66,9 @@ from minilm.training.checkpoint import (
     load_checkpoint_dict,
     load_latest_good_checkpoint,
     load_weights,
+    model_differences,
     prune_checkpoints,
-    read_weights,
+    read_weights_and_model,
     save_weights,
 )
 from minilm.training.datamodule import PhaseData
@@ -847,7 +848,7 @@ def run_phases(
     if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
         log(f"--resume: {run_dir} holds no run yet; starting one")  # but say that nothing was resumed
     # a missing or unreadable --init fails before the corpus is prepared and run.dir is written; read once
-    weights = read_weights(Path(init)) if init is not None else None
+    weights, init_model = read_weights_and_model(Path(init)) if init is not None else (None, None)
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
     for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
         if (start_phase and not resume) or not is_complete(run_dir, n):
@@ -859,6 +860,11 @@ def run_phases(
     if weights is not None:  # weights that do not fit are refused before run.dir is written and --phase deletes phases
         load_weights(model, weights, where=init)
         log(f"initial weights from {init}")
+        first = names[names.index(start_phase) if start_phase else 0]
+        if init_model is not None and (differ := model_differences(init_model, pcfgs[first].model)):
+            log(f"note: these weights were trained with another model config than phase '{first}' trains with:\n  "
+                + "\n  ".join(differ) + "\nthey start it all the same (what --init allows: a change of position "
+                "encoding, say); check the config if that is not what you meant")  # fmt: skip
         weights = None  # (the model holds copies: not a second set of them through training)
     start = names.index(start_phase) if start_phase else 0
     # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted --phase

@@ -163,9 +163,9 @@ def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir
 def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir, train_here, monkeypatch):
     from minilm.training import checkpoint, phases
 
-    reads, read = [], checkpoint.read_weights  # the --init file is read once (a GPT-2-small step checkpoint: 1.5 GB)
+    reads, read = [], checkpoint.read_weights_and_model  # the --init file is read once (GPT-2-small's .ckpt: 1.5 GB)
     for module in (checkpoint, phases):
-        monkeypatch.setattr(module, "read_weights", lambda path: reads.append(path) or read(path))
+        monkeypatch.setattr(module, "read_weights_and_model", lambda path: reads.append(path) or read(path))
     train = train_here
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=4)
     base = tmp_path / "base"
@@ -185,6 +185,9 @@ def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir, train_he
     out = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "short",
                 "phases.long.carry_optimizer=false").stdout
     assert "initial weights from" in out and not (ext / "short").exists()
+    # weights of another position config start the phase (what --init is for), and the log says so
+    assert "note: these weights were trained with another model config than phase 'long'" in out, out
+    assert '"base": 40000.0' in out.split("model.position: trained with", 1)[1].split("\n")[0], out
     assert [str(p) for p in reads].count(str(base / "short")) == 1, reads
     assert (ext / "long" / "complete.json").is_file()
     # --phase without finished earlier phases and without --init: a clear error
