@@ -586,7 +586,7 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
         raise ChangedPhaseError(
             f"{flag}: phase '{phase}' finished with {_as_set(diff[0], phase, set_in)} = {_shown(diff[1])} ({path}), "
             f"the config now says {_shown(diff[2])}; retrain it and the phases after it with --phase {phase}, start "
-            "from other weights with --init, or set run.name for a new run"
+            "from other weights with --init, or start a new run (run.name / run.dir)"
         )
 
 
