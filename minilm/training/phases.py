@@ -830,6 +830,18 @@ def _check_held_out_record(corpus, run_dir: Path, kept: list[str], trains: bool,
     return None
 
 
+def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Optional[dict], model_cfg, phase: str,
+               log: Callable[[str], None]) -> None:
+    """Load the --init ``weights`` (``trained``: the model section they record) into the model of ``phase``; weights
+    of another model section start it all the same, and a note names each difference."""
+    load_weights(model, weights, where=init)
+    log(f"initial weights from {init}")
+    if trained is not None and (differ := model_differences(trained, model_cfg)):
+        log(f"note: these weights were trained with another model config than phase '{phase}' trains with:\n  "
+            + "\n  ".join(differ) + "\nthey start it all the same (what --init allows: a change of position "
+            "encoding, say); check the config if that is not what you meant")  # fmt: skip
+
+
 def run_phases(
     cfg,
     *,
@@ -858,13 +870,8 @@ def run_phases(
                 log(f"note: {msg}")
     model = _new_model(cfg, pcfgs, corpus.tokenizer.vocab_size, log)
     if weights is not None:  # weights that do not fit are refused before run.dir is written and --phase deletes phases
-        load_weights(model, weights, where=init)
-        log(f"initial weights from {init}")
-        first = names[names.index(start_phase) if start_phase else 0]
-        if init_model is not None and (differ := model_differences(init_model, pcfgs[first].model)):
-            log(f"note: these weights were trained with another model config than phase '{first}' trains with:\n  "
-                + "\n  ".join(differ) + "\nthey start it all the same (what --init allows: a change of position "
-                "encoding, say); check the config if that is not what you meant")  # fmt: skip
+        first = start_phase or names[0]
+        _load_init(model, weights, init, init_model, pcfgs[first].model, first, log)
         weights = None  # (the model holds copies: not a second set of them through training)
     start = names.index(start_phase) if start_phase else 0
     # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted --phase
