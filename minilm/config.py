@@ -590,6 +590,21 @@ PHASE_TO_SECTION = {
 }  # fmt: skip
 
 
+def key_as_set(key: str, phase: str, set_in) -> str:
+    """A phase config's dotted ``key`` as the run config sets it: ``phases.<phase>.<key>`` where the phase's own
+    section ``set_in`` (``cfg.phases.get(phase)``; None: not known, or a run without phases) gives it (a phase's lr
+    is optim.lr in its config, phases.long.lr in the run's), else ``key`` itself. Messages about a phase name keys
+    with it, so that the advice is what the user sets (``phases.b.data.long_fraction=0.5``)."""
+    section, _, rest = key.partition(".")
+    if PHASE_TO_SECTION.get(rest) == section or (section == "model" and rest.startswith("position.")):
+        own = rest
+    elif section == "data":
+        own = key
+    else:
+        return key
+    return f"phases.{phase}.{own}" if set_in is not None and OmegaConf.select(set_in, own) is not None else key
+
+
 # id(a read-only run config) -> {phase name: its phase config}; an entry goes with its config (weakref.finalize)
 _PHASE_CONFIGS: Dict[int, Dict[str, DictConfig]] = {}
 

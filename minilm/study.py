@@ -327,7 +327,7 @@ def _check_data(cfgs: dict[str, DictConfig], todo: list[StudyRun]) -> None:
             if key not in corpora:
                 corpora[key] = load_corpus(cfg.data)
             for p in phase_names(cfg):
-                check_phase_data(corpora[key], phase_config(cfg, p), p)
+                check_phase_data(corpora[key], phase_config(cfg, p), p, cfg.phases.get(p))
         except MinilmError as e:
             raise type(e)(f"'{r.label}': {e}") from None
 

@@ -68,7 +68,7 @@ def report(config: str | None, overrides: list[str], progress: bool = True) -> N
         print(f"  phase {name}: seq_len {t.seq_len}, long_fraction {d.long_fraction}: "
               f"{long_share(store, min_tokens, sampled):.1%} of the train tokens of {', '.join(sampled)} are in "
               f"the {n_long} docs >= {min_tokens} tokens")  # fmt: skip
-        check_phase_data(corpus, pcfg, name)  # what training checks before any phase starts
+        check_phase_data(corpus, pcfg, name, cfg.phases.get(name))  # what training checks before any phase starts
 
 
 if __name__ == "__main__":

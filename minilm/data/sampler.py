@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from minilm.config import SYNTHETIC_LOSSES
+from minilm.config import SYNTHETIC_LOSSES, key_as_set
 from minilm.data.prepare import Corpus, TokenStore
 from minilm.data.sources import parse_sources
 from minilm.data.synthetic import make_sample
@@ -97,8 +97,11 @@ class Sampler:
                  long_fraction: float = 0.0, long_min_tokens: Optional[int] = None, document_mask: bool = False,
                  restart_positions: bool = False, synthetic_fraction: float = 0.0,
                  synthetic_tasks: tuple = (), synthetic_style: str = "code", synthetic_loss: str = "all",
-                 split: str = "train") -> None:  # fmt: skip
-        self.corpus, self.store, self.split = corpus, store, split
+                 split: str = "train", set_in: Any = None) -> None:  # fmt: skip
+        """``set_in``: the phase's own section of the run config (``cfg.phases.get(phase)``; None: a run without
+        phases, or not known), so that an error names each key as the run config sets it
+        (``phases.b.data.long_fraction``), not as the phase's resolved config holds it (``data.long_fraction``)."""
+        self.corpus, self.store, self.split, self.set_in = corpus, store, split, set_in
         self.seq_len, self.batch_size, self.seed, self.phase = int(seq_len), int(batch_size), int(seed), str(phase)
         self.rank, self.world_size = int(rank), int(world_size)
         self.long_fraction, self.synthetic_fraction = float(long_fraction), float(synthetic_fraction)
@@ -106,7 +109,8 @@ class Sampler:
         self.document_mask, self.restart_positions = bool(document_mask), bool(restart_positions)
         self.synthetic_tasks, self.synthetic_style = tuple(synthetic_tasks), synthetic_style
         if synthetic_loss not in SYNTHETIC_LOSSES:
-            raise DataError(f"data.synthetic.loss: must be one of {SYNTHETIC_LOSSES}, got {synthetic_loss!r}")
+            raise DataError(f"{self._key('data.synthetic.loss')}: must be one of {SYNTHETIC_LOSSES}, "
+                            f"got {synthetic_loss!r}")
         self.synthetic_loss = synthetic_loss
         if store.n_tokens == 0:  # (held_out: only a source of 2+ documents gives one up; raising val_fraction won't)
             why = (": documents are held out only from a source of two or more documents, and each source here has "
@@ -121,10 +125,11 @@ class Sampler:
         if self.long_fraction > 0 and not self._long:
             sampled = self._weights[store.doc_source] > 0  # (D,) documents of the sources this phase draws from
             longest = int(store.doc_lengths[sampled].max()) if sampled.any() else 0
+            fraction, min_tokens = self._key("data.long_fraction"), self._key("data.long_min_tokens")
             raise DataError(
-                f"data.long_fraction={self.long_fraction} but no {split} document (of a source with weight > 0) "
-                f"has at least {self.long_min_tokens} tokens (longest: {longest}); lower data.long_fraction or "
-                f"data.long_min_tokens, or add a source with longer documents"
+                f"{fraction}={self.long_fraction} but no {split} document (of a source with weight > 0) "
+                f"has at least {self.long_min_tokens} tokens (longest: {longest}); lower {fraction} or "
+                f"{min_tokens}, or add a source with longer documents"
             )
         short_mask = ~is_long if self.long_fraction > 0 else np.ones(store.n_docs, bool)
         self._short = self._pools(short_mask)
@@ -153,10 +158,17 @@ class Sampler:
                 try:
                     self._synthetic_row(rng, self.seq_len + 1, task)
                 except DataError as e:
-                    raise DataError(f"data.synthetic.tasks: a '{task}' sample does not fit a row of seq_len "
-                                    f"{self.seq_len} ({e}); raise train.seq_len, or drop '{task}' from "
-                                    f"data.synthetic.tasks or set data.synthetic.fraction to 0 for this "
-                                    f"phase") from None  # fmt: skip
+                    tasks = self._key("data.synthetic.tasks")
+                    # (a remedy for this phase alone: the phase's own key where the run has phases)
+                    fraction = (f"phases.{self.phase}.data.synthetic.fraction" if self.set_in is not None
+                                else "data.synthetic.fraction")  # fmt: skip
+                    raise DataError(f"{tasks}: a '{task}' sample does not fit a row of seq_len "
+                                    f"{self.seq_len} ({e}); raise {self._key('train.seq_len')}, or drop '{task}' "
+                                    f"from {tasks} or set {fraction} to 0 for this phase") from None  # fmt: skip
+
+    def _key(self, key: str) -> str:
+        """``key`` of the phase's config as the run config sets it (``set_in``)."""
+        return key_as_set(key, self.phase, self.set_in)
 
     def _pools(self, mask: np.ndarray) -> Dict[int, _Pool]:
         """source index -> pool of that source's documents selected by ``mask`` (sources with weight 0 left out)."""
@@ -282,11 +294,11 @@ def _collate(rows, document_mask: bool, restart_positions: bool) -> Dict[str, to
 # ---------------------------------------------------------------------------------------------- public API
 
 
-def _weights(data_cfg: Any, corpus: Corpus) -> Dict[str, float]:
+def _weights(data_cfg: Any, corpus: Corpus, key: str = "data.sources") -> Dict[str, float]:
     specs = parse_sources(data_cfg.sources)
     missing = [n for n, s in specs.items() if s.weight > 0 and n not in corpus.source_names]
     if missing:
-        raise DataError(f"data.sources: {missing} are not in the prepared corpus ({corpus.source_names}); a phase "
+        raise DataError(f"{key}: {missing} are not in the prepared corpus ({corpus.source_names}); a phase "
                         f"can change the weights of the run's sources but not add sources")  # fmt: skip
     w = {n: specs[n].weight if n in specs else 0.0 for n in corpus.source_names}
     total = sum(w.values())
@@ -306,11 +318,13 @@ def synthetic_style(data_cfg: Any) -> str:
 
 
 def make_sampler(corpus: Corpus, split: str, data_cfg: Any, seq_len: int, batch_size: int, seed: int, phase: str,
-                 rank: int = 0, world_size: int = 1) -> Sampler:  # fmt: skip
+                 rank: int = 0, world_size: int = 1, set_in: Any = None) -> Sampler:  # fmt: skip
+    """``split``'s sampler of phase ``phase``; ``set_in``: the phase's own section of the run config, as ``Sampler``
+    takes it (its errors name the keys as the run config sets them)."""
     if split not in ("train", "val"):
         raise DataError(f"split must be 'train' or 'val', got {split!r}")
     store = corpus.train if split == "train" else corpus.val
-    weights = _weights(data_cfg, corpus)
+    weights = _weights(data_cfg, corpus, key_as_set("data.sources", phase, set_in))
     need = batch_size * (seq_len + 1)
     # the tokens of the sources sampled (weight > 0): a few sentences of one's own beside the embedded corpus at
     # weight 0 passed a check of the whole corpus, and every row repeated those few tokens over and over
@@ -321,7 +335,8 @@ def make_sampler(corpus: Corpus, split: str, data_cfg: Any, seq_len: int, batch_
               else f"the sources sampled ({', '.join(sampled)}) have")  # fmt: skip
         raise DataError(f"{of} {n_tokens} training tokens, fewer than one batch "
                         f"(batch_size {batch_size} x (seq_len {seq_len} + 1) = {need}); add documents or lower "
-                        f"train.batch_size / train.seq_len")  # fmt: skip
+                        f"{key_as_set('train.batch_size', phase, set_in)} / "
+                        f"{key_as_set('train.seq_len', phase, set_in)}")  # fmt: skip
     syn = data_cfg.synthetic
     return Sampler(
         corpus, store, seq_len=seq_len, batch_size=batch_size, seed=seed, phase=phase, rank=rank,
@@ -329,7 +344,7 @@ def make_sampler(corpus: Corpus, split: str, data_cfg: Any, seq_len: int, batch_
         long_min_tokens=data_cfg.long_min_tokens, document_mask=data_cfg.document_mask,
         restart_positions=data_cfg.restart_positions, synthetic_fraction=syn.fraction,
         synthetic_tasks=tuple(syn.tasks), synthetic_style=synthetic_style(data_cfg), synthetic_loss=syn.loss,
-        split=split,
+        split=split, set_in=set_in,
     )  # fmt: skip
 
 
@@ -361,14 +376,16 @@ def validation_batches(corpus: Corpus, data_cfg: Any, seq_len: int, batch_size: 
     return [s.batch(i) for i in range(n_batches)]
 
 
-def check_phase_data(corpus: Corpus, pcfg: Any, phase: str) -> None:
+def check_phase_data(corpus: Corpus, pcfg: Any, phase: str, set_in: Any = None) -> None:
     """Build phase ``phase``'s samplers once (``pcfg``: its config, minilm.config.phase_config), so that what only
     its data can refuse (too few tokens for a batch, no document long enough for its long_fraction, every source
     weighted 0) fails before any phase trains — in train.py, a study and prepare_data.py alike — not when the phase
-    is reached after the earlier ones have run."""
+    is reached after the earlier ones have run. ``set_in``: the phase's own section of the run config
+    (``cfg.phases.get(phase)``), so that the errors name each key as the run config sets it
+    (``phases.b.data.long_fraction=0.5``, not the phase config's ``data.long_fraction``)."""
     t = pcfg.train
     try:
-        make_sampler(corpus, "train", pcfg.data, t.seq_len, t.batch_size, pcfg.run.seed, phase)
+        make_sampler(corpus, "train", pcfg.data, t.seq_len, t.batch_size, pcfg.run.seed, phase, set_in=set_in)
         validation_batches(corpus, pcfg.data, t.seq_len, t.batch_size, 0, pcfg.run.seed)
     except DataError as e:
         raise DataError(f"phase '{phase}': {e}") from None

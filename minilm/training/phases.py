@@ -31,7 +31,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
 
 from minilm.config import (
-    PHASE_TO_SECTION,
+    key_as_set,
     micro_batch_size,
     phase_config,
     phase_names,
@@ -418,18 +418,20 @@ def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, l
     return ckpt, saved
 
 
-def _check_resumed_sampler(corpus, pcfg, phase: str, ckpt: Path, saved: Optional[dict], world_size: int) -> None:
+def _check_resumed_sampler(corpus, pcfg, phase: str, ckpt: Path, saved: Optional[dict], world_size: int,
+                           set_in=None) -> None:  # fmt: skip
     """The data sampler of interrupted phase ``phase`` (its state ``saved`` in checkpoint ``ckpt``; None: a checkpoint
     written before the sampler's identity was saved) must be the one the config draws from the corpus now (seed,
     sampling settings, corpus), checked before run.dir's config.yaml is rewritten. Lightning checks it again when it
-    restores the checkpoint (PhaseData.load_state_dict)."""
+    restores the checkpoint (PhaseData.load_state_dict). ``set_in``: the phase's own section of the run config (its
+    errors name keys as the run config sets them)."""
     from minilm.data import make_sampler
 
     if saved is None:
         return
     t = pcfg.train
     sampler = make_sampler(corpus, "train", pcfg.data, t.seq_len, t.batch_size, pcfg.run.seed, phase,
-                           world_size=world_size)  # fmt: skip
+                           world_size=world_size, set_in=set_in)  # fmt: skip
     try:
         sampler.load_state_dict(PhaseData.as_split_now(saved, sampler))
     except MinilmError as e:
@@ -466,7 +468,8 @@ def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, t
                                                                  (*PHASE_LENGTH, "train.batch_size")))), None)
     redo = f"or retrain the phase with --phase {phase}"
     if diff:
-        raise MinilmError(f"--resume: phase '{phase}' was interrupted training with {_as_set(diff[0], phase, set_in)} "
+        key = key_as_set(diff[0], phase, set_in)
+        raise MinilmError(f"--resume: phase '{phase}' was interrupted training with {key} "
                           f"= {_shown(diff[1])} ({ckpt}), the config now says {_shown(diff[2])}; resume with the value "
                           f"it trained with, {redo}")  # fmt: skip
     was_global, now_global = was_t["batch_size"] * trained_world, now_t["batch_size"] * world_size
@@ -485,7 +488,7 @@ def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, t
     was_micro = was_t["micro_batch_size"] or was_t["batch_size"]
     micro = micro_batch_size(pcfg.train)
     if was_t["batch_size"] // was_micro != now_t["batch_size"] // micro:
-        accum, key = was_t["batch_size"] // was_micro, _as_set("train.micro_batch_size", phase, set_in)
+        accum, key = was_t["batch_size"] // was_micro, key_as_set("train.micro_batch_size", phase, set_in)
         raise MinilmError(
             f"--resume: phase '{phase}' was interrupted training with {key} = {was_micro!r} "
             f"({accum} micro-batch(es) per step of train.batch_size {was_t['batch_size']}) ({ckpt}), the config now "
@@ -584,24 +587,10 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
     diff = next((d for d in diffs if d), None)
     if diff:
         raise ChangedPhaseError(
-            f"{flag}: phase '{phase}' finished with {_as_set(diff[0], phase, set_in)} = {_shown(diff[1])} ({path}), "
+            f"{flag}: phase '{phase}' finished with {key_as_set(diff[0], phase, set_in)} = {_shown(diff[1])} ({path}), "
             f"the config now says {_shown(diff[2])}; retrain it and the phases after it with --phase {phase}, start "
             "from other weights with --init, or start a new run (run.name / run.dir)"
         )
-
-
-def _as_set(key: str, phase: str, set_in) -> str:
-    """A phase config's dotted ``key`` as the run config sets it: ``phases.<phase>.<key>`` where the phase's own
-    section ``set_in`` (None: not known) gives it (a phase's lr is optim.lr in its config, phases.long.lr in the
-    run's), else ``key`` itself."""
-    section, _, rest = key.partition(".")
-    if PHASE_TO_SECTION.get(rest) == section or (section == "model" and rest.startswith("position.")):
-        own = rest
-    elif section == "data":
-        own = key
-    else:
-        return key
-    return f"phases.{phase}.{own}" if set_in is not None and OmegaConf.select(set_in, own) is not None else key
 
 
 def _shown(value) -> str:
@@ -744,9 +733,9 @@ def _check_with_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase:
     names = list(pcfgs)
     corpus = load_corpus(cfg.data)
     for n in names[names.index(start_phase) if start_phase else 0:]:
-        check_phase_data(corpus, pcfgs[n], n)
+        check_phase_data(corpus, pcfgs[n], n, cfg.phases.get(n))
     for n, (ckpt, sampler) in resume_from.items():
-        _check_resumed_sampler(corpus, pcfgs[n], n, ckpt, sampler, world_size)
+        _check_resumed_sampler(corpus, pcfgs[n], n, ckpt, sampler, world_size, cfg.phases.get(n))
     trains = not resume or not all(is_complete(run_dir, n) for n in names)
     flag = "--resume" if resume else f"--phase {start_phase}"
     _check_run_tokenizer(corpus, run_dir, kept, flag)

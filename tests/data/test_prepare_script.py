@@ -45,9 +45,14 @@ def test_bad_input_exits_2_with_a_message(script, tmp_path, tiny_text_dir, capsy
     err = capsys.readouterr().err
     assert "data.sources.tiny.paths" in err and "Traceback" not in err
     assert script.main(["--config", cfg, "--quiet", "phases.long.data.long_min_tokens=100000"]) == 2
-    assert "phase 'long': data.long_fraction=0.5 but no train document" in capsys.readouterr().err
+    # each key named as the config sets it: the phase's own long_fraction and seq_len, the run's batch_size
+    err = capsys.readouterr().err
+    assert "phase 'long': phases.long.data.long_fraction=0.5 but no train document" in err
+    assert "lower phases.long.data.long_fraction or phases.long.data.long_min_tokens," in err
     assert script.main(["--config", cfg, "--quiet", "phases.long.seq_len=100000"]) == 2  # as training refuses it
-    assert "phase 'long': the sources sampled (tiny) have" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "phase 'long': the sources sampled (tiny) have" in err
+    assert "lower train.batch_size / phases.long.seq_len" in err
 
 
 def test_long_share_and_check_count_only_the_sources_a_phase_samples(script, tmp_path, tiny_text_dir, capsys):
@@ -58,7 +63,7 @@ def test_long_share_and_check_count_only_the_sources_a_phase_samples(script, tmp
     assert script.main(["--config", cfg, "--quiet", f"phases.long.seq_len={longest}"]) == 2
     out, err = capsys.readouterr()
     assert f"phase long: seq_len {longest}, long_fraction 0.5: 0.0% of the train tokens of tiny are in the 0 docs" in out
-    assert "phase 'long': data.long_fraction=0.5 but no train document" in err
+    assert "phase 'long': phases.long.data.long_fraction=0.5 but no train document" in err
     shown = int(err.split("(longest: ")[1].split(")")[0])
     assert shown < longest  # the longest *tiny* document, not a stdlib file
 

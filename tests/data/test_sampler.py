@@ -208,3 +208,22 @@ def test_a_seq_len_too_short_for_a_synthetic_task_fails_when_the_sampler_is_made
     with pytest.raises(DataError, match="data.synthetic.tasks: a 'kv' sample does not fit a row of seq_len 16"):
         make_sampler(corpus, "train", cfg, seq_len=16, batch_size=2, seed=0, phase="p")
     make_sampler(corpus, "train", cfg, seq_len=256, batch_size=2, seed=0, phase="p").batch(0)
+
+
+def test_a_phase_sampler_names_each_key_as_the_run_config_sets_it(files_cfg):
+    """A phase's errors named the keys of its resolved config (data.synthetic.tasks, train.seq_len), so a user whose
+    phase sets them was told to change keys the run's sections hold: ``set_in`` (the phase's own section) names the
+    ones the phase sets as ``phases.<name>.…``, and a remedy for the phase alone as the phase's key."""
+    from omegaconf import OmegaConf
+
+    cfg = files_cfg(**{"synthetic.fraction": 0.1, "synthetic.tasks": ["kv"]})
+    corpus = load_corpus(cfg, progress=False)
+    own = OmegaConf.create({"seq_len": 16, "data": {"synthetic": {"tasks": ["kv"]}}})
+    with pytest.raises(DataError) as e:
+        make_sampler(corpus, "train", cfg, seq_len=16, batch_size=2, seed=0, phase="p", set_in=own)
+    assert str(e.value).startswith("phases.p.data.synthetic.tasks: a 'kv' sample does not fit a row of seq_len 16")
+    assert "raise phases.p.seq_len, or drop 'kv' from phases.p.data.synthetic.tasks or set " \
+           "phases.p.data.synthetic.fraction to 0 for this phase" in str(e.value)
+    with pytest.raises(DataError, match=r"lower phases\.p\.batch_size / train\.seq_len$"):
+        make_sampler(corpus, "train", cfg, seq_len=16, batch_size=100000, seed=0, phase="p",
+                     set_in=OmegaConf.create({"batch_size": 100000}))

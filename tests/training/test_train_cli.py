@@ -79,7 +79,7 @@ def test_twenty_steps_write_events_weights_and_config(tmp_path, tiny_text_dir, t
         (["run.dir={tmp}/run", "--init", "{tmp}/nope.safetensors"], "no weights at"),  # before run.dir is written
         # a later phase's data is checked before the first phase trains
         (["phases.a.steps=2", "phases.b.steps=2", "phases.b.data.long_fraction=0.5",
-          "phases.b.data.long_min_tokens=1000000"], "phase 'b': data.long_fraction=0.5"),
+          "phases.b.data.long_min_tokens=1000000"], "phase 'b': phases.b.data.long_fraction=0.5"),
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(tmp_path, tiny_text_dir, args, message, train_here):
