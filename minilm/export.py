@@ -402,26 +402,48 @@ def export_model(model, cfg, tokenizer, out_dir: str | Path, verify: Optional[Ca
     check_exportable(cfg.model, model)
     out = Path(out_dir)
     _check_out_dir(out)
-    created = not out.exists()
+    created = _missing_dirs(out)  # out and the parents it needs that do not exist yet, innermost first
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        _remove_stale_staging(out)
-        staged = Path(tempfile.mkdtemp(prefix=STAGING.format(pid=os.getpid()), suffix=".tmp", dir=out))
-    except OSError as e:  # a file on the way, no permission: bad input, not a crash
-        raise MinilmError(
-            f"{out}: cannot create the export directory ({e.strerror}); give a directory path to write (created "
-            "if missing, an earlier export in it replaced)"
-        ) from None
-    try:
-        _write_export(model, cfg, tokenizer, staged)
-        if verify is not None:
-            verify(staged)
-        _install(staged, out)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
-        if created and not any(out.iterdir()):  # a failed first export leaves no empty directory behind
-            out.rmdir()
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            _remove_stale_staging(out)
+            staged = Path(tempfile.mkdtemp(prefix=STAGING.format(pid=os.getpid()), suffix=".tmp", dir=out))
+        except OSError as e:  # a file on the way, no permission: bad input, not a crash
+            raise MinilmError(
+                f"{out}: cannot create the export directory ({e.strerror}); give a directory path to write (created "
+                "if missing, an earlier export in it replaced)"
+            ) from None
+        try:
+            _write_export(model, cfg, tokenizer, staged)
+            if verify is not None:
+                verify(staged)
+            _install(staged, out)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+    except BaseException:
+        _remove_created(created)
+        raise
     return out
+
+
+def _missing_dirs(out: Path) -> list[Path]:
+    """``out`` and each of its parents that does not exist, innermost first: what ``mkdir(parents=True)`` creates."""
+    missing = []
+    for d in (out, *out.parents):
+        if os.path.lexists(d):
+            break
+        missing.append(d)
+    return missing
+
+
+def _remove_created(created: list[Path]) -> None:
+    """A failed export leaves no directory it created behind (the output and the parents it made for it, innermost
+    first), and never one that existed before: each only while empty (another process may have written into it)."""
+    for d in created:
+        try:
+            d.rmdir()
+        except OSError:  # not empty, or already gone: leave it, and the ones holding it
+            break
 
 
 def export_run(path: str | Path, out_dir: str | Path, phase: Optional[str] = None,

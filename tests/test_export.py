@@ -324,7 +324,27 @@ def test_failed_first_export_leaves_no_directory(tmp_path):
 
     with pytest.raises(MinilmError):
         export_model(model, cfg, None, tmp_path / "new" / "hf", verify=fail)
-    assert not (tmp_path / "new" / "hf").exists()
+    # the parents it created for the output go too (they were left behind, empty), never one that existed
+    assert not (tmp_path / "new").exists() and tmp_path.is_dir()
+    (tmp_path / "old").mkdir()
+    with pytest.raises(MinilmError):
+        export_model(model, cfg, None, tmp_path / "old" / "a" / "b" / "hf", verify=fail)
+    assert (tmp_path / "old").is_dir() and not list((tmp_path / "old").iterdir())
+
+
+def test_an_export_that_cannot_create_its_directory_leaves_the_parents_it_made(tmp_path, monkeypatch):
+    """The staging directory could not be made (here: mkdtemp fails as on a full disk): the error names the output,
+    and the parents created for it are removed as after any failed export."""
+    import minilm.export
+
+    def no_space(**kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(minilm.export.tempfile, "mkdtemp", no_space)
+    model, cfg = tiny()
+    with pytest.raises(MinilmError, match="cannot create the export directory"):
+        export_model(model, cfg, None, tmp_path / "new" / "hf")
+    assert not (tmp_path / "new").exists()
 
 
 def test_refuses_installed_training_free_method(tmp_path):
