@@ -292,8 +292,47 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
         if not isinstance(base, str) or not base.strip():
             raise ConfigError(f"{path}: 'base' must be a path to a YAML file, got {base!r}")
         layers = _read_yaml(path.parent / base, chain + [path])
+    glued = _glued_colon(raw)
+    if glued:
+        line = next((i for i, t in enumerate(text.splitlines(), 1) if glued[1] in t), None)
+        _check_glued_colon(raw, f"in {path}" + (f", line {line}" if line else ""))
     layers.append((str(path), OmegaConf.create(raw)))
     return layers
+
+
+# 'kind:files' (no space after the colon) is one plain scalar in YAML, so '{kind:files}' is a mapping holding the key
+# 'kind:files' with no value, and the error came later and elsewhere ("kind: must be one of ..., got None")
+_GLUED_COLON = re.compile(r"[A-Za-z_][\w.-]*:[^\s:].*")
+
+
+def _glued_colon(node: Any, key: str = "") -> Optional[tuple[str, str]]:
+    """(dotted key of the mapping, its key) of the first key written 'name:value' with no space after the colon (a
+    key with no value), in a plain container or an OmegaConf one; None where there is none."""
+    if isinstance(node, (dict, DictConfig)):
+        items = node.items_ex(resolve=False) if isinstance(node, DictConfig) else node.items()
+        for k, v in items:
+            if v is None and isinstance(k, str) and _GLUED_COLON.fullmatch(k):
+                return key, k
+            found = _glued_colon(v, f"{key}.{k}" if key else str(k))
+            if found:
+                return found
+    elif isinstance(node, (list, ListConfig)):
+        for i, v in enumerate(node):
+            found = _glued_colon(v, f"{key}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _check_glued_colon(layer: Any, label: str) -> None:
+    """Refuse a flow mapping written without a space after a colon (``data.sources.mine={kind:files}``), naming
+    the key, where it was set (``label``) and the fix, before the config reads 'kind:files' as a key."""
+    found = _glued_colon(layer)
+    if found:
+        key, glued = found
+        name, _, value = glued.partition(":")
+        raise ConfigError(f"{key or 'config'}: '{glued}' is read as one key with no value ({label}): YAML needs a "
+                          f"space after the colon of a mapping; write '{name}: {value}'")  # fmt: skip
 
 
 def _scaling_type(block: Any) -> Optional[str]:
@@ -325,7 +364,10 @@ def _shape_errors(node: DictConfig, prefix: str = "") -> List[str]:
             if isinstance(v, DictConfig):
                 out += _shape_errors(v, key + ".")
             else:
-                out.append(f"'{key}' must be a mapping of keys, got {shown!r}")
+                # (data.sources given as a list of sources, as other frameworks take them: say the mapping's shape)
+                what = (" (a name for each source: data.sources.NAME={kind: files, paths: [...]})"
+                        if key == "data.sources" else "")  # fmt: skip
+                out.append(f"'{key}' must be a mapping of keys{what}, got {shown!r}")
         elif typing.get_origin(t) is list and v is not None and not isinstance(v, ListConfig):
             out.append(f"'{key}' must be a list such as [a, b], got {shown!r}")
         elif t is bool and not isinstance(v, bool) and (isinstance(v, (int, float)) or _number_text(v)):
@@ -415,6 +457,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
             where = f"override '{bad}'" if bad else "overrides"
             raise ConfigError(f"command line: cannot parse {where} (values are YAML: write "
                               f"'key={{a: 1, b: [x, y]}}' with a space after each colon): {e}") from None
+        _check_glued_colon(dot, "on the command line")
         _check_phase_names(cfg, dot, path)
         cfg = _merge_layer(cfg, dot, "command line")
         _check_shadowed(cfg, dot)

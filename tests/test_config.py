@@ -496,6 +496,34 @@ def test_a_nested_key_of_the_wrong_shape_is_named(override, message):
     assert load_config(overrides=["phases.a.steps=3", "phases.a.eval_lengths=null"]).phases.a.eval_lengths is None
 
 
+@pytest.mark.parametrize("override, key, glued", [
+    ("data.sources.mine={kind:files, paths: [a.txt]}", "data.sources.mine", "kind:files"),
+    ("data.sources=[{kind:files}]", r"data.sources\[0\]", "kind:files"),
+    ("model.position={name:alibi}", "model.position", "name:alibi"),
+    ("phases.a.position={scaling: {rope_type:yarn}}", "phases.a.position.scaling", "rope_type:yarn"),
+])  # fmt: skip
+def test_a_mapping_without_a_space_after_a_colon_says_so(override, key, glued, tmp_path):
+    """YAML reads '{kind:files}' as the key 'kind:files' with no value: the error came later and read as another
+    mistake ("data.sources.mine.kind: must be one of (...), got None", "model.position.name:alibi: unknown
+    parameter"). It names the key, where it was written, and the fix."""
+    name, _, value = glued.partition(":")
+    with pytest.raises(ConfigError, match=f"^{key}: '{glued}' is read as one key with no value \\(on the command "
+                                          f"line\\): YAML needs a space after the colon of a mapping; write "
+                                          f"'{name}: {value}'$"):
+        load_config(overrides=["phases.a.steps=3", override])
+    (tmp_path / "c.yaml").write_text("data:\n  sources:\n    mine: {kind:files, paths: [a.txt]}\n")
+    with pytest.raises(ConfigError, match=r"^data.sources.mine: 'kind:files' .*\(in .*c\.yaml, line 3\)"):
+        load_config(tmp_path / "c.yaml")
+    # a colon inside a value is no key: kept as the text it is
+    assert load_config(overrides=["run.name=a:b"]).run.name == "a:b"
+
+
+def test_data_sources_given_as_a_list_says_the_mapping_it_takes():
+    with pytest.raises(ConfigError, match=r"'data.sources' must be a mapping of keys \(a name for each source: "
+                                          r"data.sources.NAME=\{kind: files, paths: \[...\]\}\), got \["):
+        load_config(overrides=["data.sources=[{kind: files, paths: [a.txt]}]"])
+
+
 def test_a_switch_is_true_or_false_not_a_number(tmp_path):
     """OmegaConf reads any nonzero number as true: ``train.compile=2`` compiled, ``compile: 0.5`` too."""
     for override in ("train.compile=2", "train.compile=0", "phases.a.carry_optimizer=1"):
