@@ -54,7 +54,7 @@ def _names(s: str) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from minilm.eval import evaluate_run, parse_extension
+    from minilm.eval import evaluate_run, parse_extension, resolve_device
 
     changes = {"samples": args.samples, "depths": args.depths, "batches": args.batches, "seed": args.seed,
                "batch_tokens": args.batch_tokens, "stride": args.stride, "needles": args.needles}  # fmt: skip
@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         extension=parse_extension(args.extension or []),
         out=args.out,
-        device=args.device,
+        device=resolve_device(args.device, name="--device"),  # (evaluate_run's own check names it 'device')
         tensorboard=not args.no_tb,
         **changes,
     )

@@ -22,6 +22,7 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -30,6 +31,8 @@ from minilm.errors import ConfigError, MinilmError  # noqa: E402
 
 
 PARAMETER = re.compile(r"^[A-Za-z_]\w*=")  # an --extension parameter: key=value, the key a name
+# generate()'s sampling arguments as this script's user gives them: its errors name the flags
+FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
 
 
 def checkpoint_after_extension(args: argparse.Namespace) -> None:
@@ -44,34 +47,41 @@ def checkpoint_after_extension(args: argparse.Namespace) -> None:
     elif words:
         raise ConfigError(f"--extension {method}: {words[0]!r} is not a parameter (those are key=value, e.g. "
                           "window=256)" + (f" and the checkpoint is {args.checkpoint!r}" if args.checkpoint else "")
-                          + f"; write: generate.py RUN --prompt TEXT --extension {method} key=value ...")  # fmt: skip
+                          + f"; write: generate.py RUN_DIR_OR_CHECKPOINT --prompt TEXT --extension {method} "
+                            "key=value ...")  # fmt: skip
     if args.checkpoint is None:
-        raise ConfigError("no run directory or checkpoint given; write: generate.py RUN --prompt TEXT ... (RUN: a "
-                          "run directory, a phase directory or a model.safetensors)")  # fmt: skip
+        raise ConfigError("no run directory or checkpoint given; write: generate.py RUN_DIR_OR_CHECKPOINT --prompt "
+                          "TEXT ... (a run directory, a phase directory or a model.safetensors)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import resolve_device
-    from minilm.model.generate import TextStream, generate
+    from minilm.model.generate import TextStream, cache_blockers, check_sampling, generate
     from minilm.runs import load_run
 
     checkpoint_after_extension(args)
-    device = resolve_device(args.device)
+    # bad flags before the run is loaded, each named as given here (generate() names its parameters: top_k)
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, names=FLAGS)
+    extension = _extension(args.extension)
+    device = resolve_device(args.device, name="--device")
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
     model = run.model
-    if args.extension:  # as scripts/evaluate.py takes it: the same flag decodes with what it evaluated
-        from minilm.eval import applied_extension, apply_extension, parse_extension
+    if extension:  # as scripts/evaluate.py takes it: the same flag decodes with what it evaluated
+        from minilm.eval import applied_extension, apply_extension
         from minilm.eval.suite import NO_EXTENSION
 
-        extension = parse_extension(args.extension)
-        if extension["name"] == NO_EXTENSION and len(extension) > 1:
-            raise ConfigError(f"--extension none takes no parameters, got {' '.join(args.extension[1:])}")
         if extension["name"] != NO_EXTENSION:  # (none: the plain model, which generate.py decodes with anyway)
             model, _ = apply_extension(model, run.cfg.model, run.tokenizer.vocab_size, extension, run.cfg.train.seq_len)
             print(f"[extension: {applied_extension(extension, int(run.cfg.train.seq_len))}]", file=sys.stderr)
     ids = run.tokenizer.encode(args.prompt)
     if not ids:
         raise MinilmError("--prompt: encodes to no tokens; give some text")
+    use_cache = not args.no_cache
+    if use_cache and cache_blockers(model):  # said here in one line: generate()'s Python warning quoted source
+        print(f"warning: {', '.join(cache_blockers(model))} ({run.cfg.model.position.name}) cannot decode with a KV "
+              "cache; decoding without one, as --no-cache does (every step recomputes the whole sequence)",
+              file=sys.stderr)  # fmt: skip
+        use_cache = False
     # printed as it is generated: the prompt with the first new token (after generate's checks of its arguments, so
     # bad input prints nothing), then each token's text; EOS, which ends decoding, is not printed
     stream = TextStream(run.tokenizer.decode)
@@ -85,25 +95,49 @@ def main(args: argparse.Namespace) -> int:
 
     generate(
         model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        greedy=args.greedy, seed=args.seed, use_cache=not args.no_cache, eos_id=run.tokenizer.eos_id, on_token=show,
+        greedy=args.greedy, seed=args.seed, use_cache=use_cache, eos_id=run.tokenizer.eos_id, on_token=show,
     )  # fmt: skip
     print("".join(pending) + stream.flush())
     return 0
+
+
+def _extension(words: Optional[list]) -> dict:
+    """--extension's words as an extension block, checked before the run is loaded; an error names the flag as
+    given (the block's own checks name its keys: extension.factor)."""
+    from minilm.eval import check_extension, parse_extension
+    from minilm.eval.suite import NO_EXTENSION
+
+    if not words:
+        return {}
+    extension = parse_extension(words)
+    if extension["name"] == NO_EXTENSION:
+        if len(extension) > 1:
+            raise ConfigError(f"--extension none takes no parameters, got {' '.join(words[1:])}")
+        return extension
+    try:
+        check_extension(extension)
+    except ConfigError as e:
+        raise ConfigError(f"--extension {' '.join(words)}: {e}") from None
+    return extension
 
 
 def parser() -> argparse.ArgumentParser:
     p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                     usage="%(prog)s RUN_DIR_OR_CHECKPOINT --prompt TEXT [options]")  # fmt: skip
     # not required for argparse: it may come after --extension's parameters, which take it (main puts it back)
-    p.add_argument("checkpoint", nargs="?", help="run directory, phase directory or model.safetensors (required)")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("checkpoint", nargs="?", metavar="RUN_DIR_OR_CHECKPOINT",
+                   help="run directory, phase directory or model.safetensors (required)")
+    p.add_argument("--prompt", required=True, help="the text to continue (printed first)")
     p.add_argument("--phase", help="a phase of the run (default: its final weights)")
-    p.add_argument("--max-new-tokens", type=int, default=100)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--seed", type=int)
-    p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores temperature / top-k / top-p)")
+    p.add_argument("--max-new-tokens", type=int, default=100, metavar="N",
+                   help="tokens to generate at most; fewer when EOS comes first (default: 100)")
+    p.add_argument("--temperature", type=float, default=1.0, metavar="T",
+                   help="softmax temperature, >= 0; 0 decodes greedily (default: 1.0)")
+    p.add_argument("--top-k", type=int, metavar="K", help="sample from the K most likely tokens (default: all)")
+    p.add_argument("--top-p", type=float, metavar="P",
+                   help="sample from the smallest set of tokens of total probability >= P, in (0, 1] (default: 1)")
+    p.add_argument("--seed", type=int, help="seed of the sampling (default: a different draw each run)")
+    p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores --temperature / --top-k / --top-p)")
     p.add_argument("--extension", nargs="+", metavar="ARG",
                    help="METHOD [key=value ...]: a training-free method or a rope_type, as scripts/evaluate.py; a "
                    "last word that is not key=value is the checkpoint")

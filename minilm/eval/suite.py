@@ -230,9 +230,10 @@ def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, A
     return scaled, lambda: None
 
 
-def resolve_device(device: Optional[str]) -> str:
+def resolve_device(device: Optional[str], name: str = "device") -> str:
     """``device`` checked (cpu, cuda, cuda:N; None: cuda when available, else cpu), so a typo or a GPU that is
-    not there is one message rather than a traceback from deep inside torch."""
+    not there is one message rather than a traceback from deep inside torch. ``name``: how the caller's user gives
+    it, which the errors name (the scripts: ``--device``)."""
     if not device:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -240,13 +241,13 @@ def resolve_device(device: Optional[str]) -> str:
     except (RuntimeError, ValueError):
         dev = None
     if dev is None or dev.type not in ("cpu", "cuda"):
-        raise ConfigError(f"device: must be cpu, cuda or cuda:N, got {device!r}")
+        raise ConfigError(f"{name}: must be cpu, cuda or cuda:N, got {device!r}")
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise ConfigError(f"device: {device!r} asked for, but this machine has no usable CUDA GPU; use cpu")
+            raise ConfigError(f"{name}: {device!r} asked for, but this machine has no usable CUDA GPU; use cpu")
         if dev.index is not None and dev.index >= count:
-            raise ConfigError(f"device: {device!r} asked for, but this machine has {count} CUDA GPU(s)")
+            raise ConfigError(f"{name}: {device!r} asked for, but this machine has {count} CUDA GPU(s)")
     return device
 
 

@@ -53,15 +53,19 @@ def filter_logits(logits: Tensor, top_k: Optional[int] = None, top_p: Optional[f
     return logits
 
 
-def _check_args(max_new_tokens, temperature, top_k, top_p) -> None:
+def check_sampling(max_new_tokens, temperature, top_k, top_p, names: Optional[dict] = None) -> None:
+    """``generate``'s sampling arguments checked; ``names`` maps an argument to how the caller's user gives it
+    (scripts/generate.py: ``{"top_k": "--top-k", ...}``), so that the error names the flag, not the parameter."""
+    name = (names or {}).get
     if max_new_tokens < 0:
-        raise MinilmError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
+        raise MinilmError(f"{name('max_new_tokens', 'max_new_tokens')}: must be >= 0, got {max_new_tokens}")
     if not (math.isfinite(temperature) and temperature >= 0):  # nan passes a plain `< 0` test
-        raise MinilmError(f"temperature: must be a finite number >= 0 (0: greedy), got {temperature}")
+        raise MinilmError(f"{name('temperature', 'temperature')}: must be a finite number >= 0 (0: greedy), "
+                          f"got {temperature}")  # fmt: skip
     if top_k is not None and top_k < 1:
-        raise MinilmError(f"top_k: must be >= 1, got {top_k}")
+        raise MinilmError(f"{name('top_k', 'top_k')}: must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise MinilmError(f"top_p: must be in (0, 1], got {top_p}")
+        raise MinilmError(f"{name('top_p', 'top_p')}: must be in (0, 1], got {top_p}")
 
 
 def _as_batch(prompt_ids: Union[Sequence[int], Tensor], device) -> Tensor:
@@ -96,7 +100,7 @@ def generate(
     ``greedy`` (or ``temperature == 0``) takes the argmax; otherwise samples from softmax(logits / temperature)
     restricted to ``top_k`` / ``top_p``, from a generator seeded with ``seed`` (None: torch's global RNG).
     ``on_token``, if given, is called with each step's new ids (B,) as soon as they are chosen (streaming)."""
-    _check_args(max_new_tokens, temperature, top_k, top_p)
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
     device = next(model.parameters()).device
     idx = _as_batch(prompt_ids, device)
     limit = max_length(model)
@@ -110,7 +114,7 @@ def generate(
         warnings.warn(
             f"{', '.join(blockers)} cannot decode with a KV cache (supports_kv_cache = False); decoding without one "
             "(every step recomputes the whole sequence)",
-            stacklevel=2,
+            stacklevel=3,  # the caller of generate (2: torch.no_grad's wrapper, which a warning then quoted)
         )
         use_cache = False
     greedy = greedy or temperature == 0

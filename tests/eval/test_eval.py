@@ -423,7 +423,7 @@ def test_scripts_give_one_message_for_bad_input(tmp_path, fake_run, capsys):
     assert run_cli(ev.main, ev.parser(), argv + ["--out", str(not_a_dir)]) == 2
     assert f"{not_a_dir}: cannot write the evaluation output there" in capsys.readouterr().err
     assert run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt", "x", "--device", "xyz"]) == 2
-    assert "device: must be cpu" in capsys.readouterr().err
+    assert "--device: must be cpu" in capsys.readouterr().err
 
     bad, listed = tmp_path / "bad.json", tmp_path / "list.json"
     bad.write_text("{bad")

@@ -107,4 +107,40 @@ def test_the_checkpoint_may_follow_the_extension_parameters(fake_run, capsys):
                        ([*head, "--extension", "logn"], "no run directory or checkpoint given")):  # fmt: skip
         assert run_cli(gen.main, gen.parser(), argv) == 2
         err = capsys.readouterr().err
-        assert said in err and "write: generate.py RUN --prompt TEXT" in err
+        assert said in err and "write: generate.py RUN_DIR_OR_CHECKPOINT --prompt TEXT" in err  # as --help says
+
+
+def test_errors_name_the_flags_as_given_before_the_run_is_loaded(tmp_path, capsys):
+    """generate()'s checks named its parameters (top_k: must be >= 1), not the flags (--top-k), and ran after the
+    model was loaded; here each names the flag, and the run (none here) is not read first."""
+    from minilm.cli import run_cli
+
+    gen = load_script("scripts/generate.py")
+    for flags, said in ((["--top-k", "0"], "error: --top-k: must be >= 1, got 0"),
+                        (["--top-p", "2"], "error: --top-p: must be in (0, 1], got 2.0"),
+                        (["--max-new-tokens", "-1"], "error: --max-new-tokens: must be >= 0, got -1"),
+                        (["--temperature", "nan"], "error: --temperature: must be a finite number >= 0"),
+                        (["--device", "xyz"], "error: --device: must be cpu, cuda or cuda:N, got 'xyz'"),
+                        (["--extension", "yarn", "factor=-1"], "error: --extension yarn factor=-1: "),
+                        (["--extension", "nope"], "error: --extension nope: ")):  # fmt: skip
+        assert run_cli(gen.main, gen.parser(), [str(tmp_path / "no_run"), "--prompt", "x", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(said), err
+    help_text = " ".join(gen.parser().format_help().split())  # (argparse wraps the lines)
+    assert "RUN_DIR_OR_CHECKPOINT" in help_text and "ignores --temperature / --top-k / --top-p" in help_text
+
+
+def test_an_encoding_without_kv_cache_is_one_warning_line(fake_run, monkeypatch, capsys):
+    """Decoding such an encoding went on without a cache under a Python warning that quoted torch's source
+    ('.../_contextlib.py:124: UserWarning: ...' then '  return func(*args, **kwargs)'): one line now, naming the flag
+    that does the same."""
+    import minilm.model.generate
+    from minilm.cli import run_cli
+
+    monkeypatch.setattr(minilm.model.generate, "cache_blockers", lambda model: ["CausalConv"])
+    gen = load_script("scripts/generate.py")
+    argv = [str(fake_run), "--prompt", "def f(x):", "--max-new-tokens", "3", "--greedy", "--device", "cpu"]
+    assert run_cli(gen.main, gen.parser(), argv) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: CausalConv (") and "as --no-cache does" in err, err
+    assert "UserWarning" not in err and err.count("\n") == 1

@@ -9,7 +9,7 @@ from minilm.config import load_config
 from minilm.errors import MinilmError
 from minilm.model import GPT
 from minilm.model.cache import KVCache
-from minilm.model.generate import cache_blockers, filter_logits, generate, max_length
+from minilm.model.generate import cache_blockers, check_sampling, filter_logits, generate, max_length
 from minilm.positions import REGISTRY
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # decoding: hundreds of tiny ops
@@ -167,8 +167,10 @@ def test_encoding_without_cache_support_falls_back():
     model = tiny("rope")
     model.blocks[0].attn.pos.supports_kv_cache = False  # as an encoding class would declare it
     prompt = torch.randint(0, V, (1, 5))
-    with pytest.warns(UserWarning, match="cannot decode with a KV cache"):
+    with pytest.warns(UserWarning, match="cannot decode with a KV cache") as caught:
         out = generate(model, prompt, 6, greedy=True)
+    # the warning points at the caller (it pointed into torch.no_grad's wrapper, and quoted its line)
+    assert caught[0].filename == __file__
     model.blocks[0].attn.pos.supports_kv_cache = True
     assert torch.equal(out, generate(model, prompt, 6, greedy=True))
 
@@ -341,3 +343,5 @@ def test_top_k_below_one_and_a_negative_token_count_are_refused():
     with pytest.raises(MinilmError, match="max_new_tokens: must be >= 0, got -1"):
         generate(model, [1, 2], -1)
     assert generate(model, [1, 2], 0).tolist() == [[1, 2]]  # zero new tokens: the prompt
+    with pytest.raises(MinilmError, match="^--top-p: must be in"):  # named as a caller's user gives it
+        check_sampling(3, 1.0, None, 2.0, names={"top_p": "--top-p"})
