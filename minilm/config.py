@@ -467,12 +467,27 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     except OmegaConfBaseException as e:
         raise ConfigError(f"cannot resolve config: {e}") from None
     _drop_null_sources(cfg.data)
+    _typed_position_values(cfg)
     OmegaConf.set_readonly(cfg, True)  # before validating: the phase configs its checks build are kept (phase_config)
     try:
         validate(cfg)
     except ConfigError as e:  # value checks name the key; say which layer gave it (a base YAML, the command line)
         raise ConfigError(f"{e}{_set_where(str(e), layers)}") from None
     return cfg
+
+
+def _typed_position_values(cfg: DictConfig) -> None:
+    """A position parameter quoted in YAML (``eps: "1e-2"``) as the number its encoding reads it as, in the run's
+    block and each phase's (minilm.positions.typed_values): validation took it for a float, but --print-config and
+    the saved config.yaml kept the text."""
+    from minilm.positions import typed_values
+
+    name = cfg.model.position.get("name")
+    blocks = [cfg.model.position] + [p.position for p in cfg.phases.values() if isinstance(p, DictConfig)]
+    for block in blocks:
+        if isinstance(block, DictConfig):
+            for key, value in typed_values(block.get("name", name), block).items():
+                block[key] = value
 
 
 def _set_where(message: str, layers: List[tuple[str, DictConfig]]) -> str:

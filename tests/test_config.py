@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from minilm.config import load_config, phase_config, phase_names, phase_steps
 from minilm.errors import ConfigError
@@ -642,3 +643,21 @@ def test_an_odd_head_size_is_refused_for_every_encoding():
 def test_val_fraction_must_hold_out_some_documents_and_keep_some(fraction):
     with pytest.raises(ConfigError, match=r"data\.val_fraction: must be in \(0, 1\)"):
         load_config(overrides=[f"data.val_fraction={fraction}"])
+
+
+def test_a_quoted_position_parameter_is_held_as_the_number_it_is_read_as(tmp_path):
+    """``eps: "1e-2"`` passed validation as the float 0.01, but --print-config and the saved config.yaml kept the
+    text '1e-2' (model.norm_eps: "1e-5", a schema key, was converted): the config now holds the number, in the run's
+    block and a phase's; a quoted number the encoding does not read as one is refused, saying to drop the quotes."""
+    (tmp_path / "q.yaml").write_text('model:\n  position: {name: fire, eps: "1e-2"}\n'
+                                     'phases:\n  a: {steps: 1}\n'
+                                     '  b: {steps: 1, position: {}}\n')
+    cfg = load_config(tmp_path / "q.yaml")
+    assert cfg.model.position.eps == 0.01 and isinstance(cfg.model.position.eps, float)
+    assert "eps: 0.01" in OmegaConf.to_yaml(cfg)
+    phased = load_config(overrides=["phases.a.steps=1", 'phases.b.position={base: "5e4"}'])
+    assert phased.phases.b.position.base == 50000.0 and isinstance(phased.phases.b.position.base, float)
+    (tmp_path / "b.yaml").write_text('model:\n  position: {name: alibi, max_bias: "8"}\n')
+    with pytest.raises(ConfigError, match=r"model.position.max_bias: must be float, got the string '8'; write it "
+                                          r"without quotes \(set in .*b\.yaml\)"):
+        load_config(tmp_path / "b.yaml")

@@ -128,6 +128,27 @@ def validate_position(
     return params
 
 
+def typed_values(name: Any, block: Mapping[str, Any]) -> dict:
+    """The parameters of ``block`` (a position block of encoding ``name``, or a phase's, without its name) that are
+    text where their parameter is a float and that ``make_params`` reads as one ('1e-2', quoted): ``{key: float}``.
+    The config holds these as numbers (minilm.config.load_config sets them), as OmegaConf converts the schema's
+    typed keys (``model.norm_eps: "1e-5"``): else ``--print-config`` and the saved config kept the text. Any other
+    text is left for ``validate_position`` to refuse, naming the key."""
+    from dataclasses import fields
+
+    from minilm.positions.base import _yaml_float
+
+    entry = REGISTRY.get(name) if isinstance(name, str) else None
+    if entry is None:
+        return {}
+    floats = {f.name for f in fields(entry.params) if str(f.type).replace("Optional[", "").rstrip("]") == "float"}
+    out = {}
+    for key, value in block.items():
+        if key in floats and isinstance(value, str) and isinstance(_yaml_float(value), float):
+            out[key] = _yaml_float(value)
+    return out
+
+
 def build_position(cfg: Mapping[str, Any], dims: PositionDims, role: str) -> PositionEncoding:
     """The hook object for ``role`` ("attention" — one per layer — or "embedding" — one at the input)."""
     entry, params = _entry(_plain(cfg), "model.position")

@@ -183,7 +183,10 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     if target is float and isinstance(value, str):
         value = _yaml_float(value)
     if not isinstance(value, target) or (target is int and isinstance(value, bool)):
-        raise ConfigError(f"{key}: must be {ann}, got {value!r}")
+        quoted = isinstance(value, str) and target in (int, float) and _is_number(value)
+        # (a quoted number: said as the scaling block says it, minilm.positions.rope_scaling)
+        raise ConfigError(f"{key}: must be {ann}, got " + (f"the string {value!r}; write it without quotes" if quoted
+                                                             else repr(value)))  # fmt: skip
     if target is float and not math.isfinite(value):  # nan passes every "> 0" check: nan or inf positions
         raise ConfigError(f"{key}: must be a finite number, got {value!r}")
     return value
@@ -191,6 +194,14 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
 
 # What YAML 1.1 reads as a string although it is a float: an exponent without a dot (1e-6, 5E+3)
 YAML_STRING_FLOAT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _yaml_float(value: str) -> Any:
