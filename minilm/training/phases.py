@@ -192,16 +192,17 @@ def check_phase_fits(model: GPT, pcfg, phase: str) -> None:
     _check_fits([model.pos_emb, *model.position_modules()], pcfg, phase)
 
 
-def _check_phases_fit(model_cfg, pcfgs: dict) -> None:
+def _check_phases_fit(model_cfg, pcfgs: dict, phases=None) -> None:
     """Every phase's seq_len within the limits of the encoding of a model of ``model_cfg``, checked on its position
     hooks alone: before the corpus is prepared (a tokenizer trained for nothing) and run.dir is created, which the
-    model, built with the tokenizer's vocabulary, comes after."""
+    model, built with the tokenizer's vocabulary, comes after. ``phases``: the run config's, which the errors name
+    keys as (a run without phases has no phases.train.seq_len)."""
     hooks = position_hooks(model_cfg)
     for n, pcfg in pcfgs.items():
-        _check_fits(hooks, pcfg, n)
+        _check_fits(hooks, pcfg, n, (phases or {}).get(n))
 
 
-def _check_fits(hooks: list, pcfg, phase: str) -> None:
+def _check_fits(hooks: list, pcfg, phase: str, set_in=None) -> None:
     """The phase's seq_len within the limits of position ``hooks`` (a model's) as the phase configures them: a phase
     may give a rotary encoding new parameters (apply_phase), and xPos's limit follows its scale_base, so a module
     that would take new ones is measured on a copy configured with them; the hooks themselves are left as they are."""
@@ -214,8 +215,9 @@ def _check_fits(hooks: list, pcfg, phase: str) -> None:
         limits.append(m.max_length())
     limits = [x for x in limits if x is not None]
     if limits and pcfg.train.seq_len > min(limits):
+        key = key_as_set("train.seq_len", phase, set_in)
         raise MinilmError(
-            f"phases.{phase}.seq_len: {pcfg.train.seq_len} is longer than the {pcfg.model.position.name} encoding "
+            f"{key}: {pcfg.train.seq_len} is longer than the {pcfg.model.position.name} encoding "
             f"supports ({min(limits)} positions); shorten the phase or use an encoding that extrapolates "
             "(rope with scaling, alibi, ...)"
         )
@@ -702,7 +704,7 @@ def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_pha
     _check_command(names, run_dir, resume, start_phase, primary, init)
     check_writable_dir(run_dir)
     world_size = check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
-    _check_phases_fit(cfg.model, pcfgs)
+    _check_phases_fit(cfg.model, pcfgs, cfg.phases)
     if resume:
         _check_saved_model(cfg, run_dir)
     start = names.index(start_phase) if start_phase else 0

@@ -560,6 +560,12 @@ def test_a_phase_its_encoding_cannot_reach_is_refused_before_run_dir_or_the_corp
     with pytest.raises(MinilmError, match=r"phases\.b\.seq_len: 64 is longer than the learned encoding supports"):
         run_phases(cfg, log=lambda m: None)
     assert not run.exists() and not (tmp_path / "cache").exists()
+    # a run without phases names its own key (it named phases.train.seq_len, which no config has), as does a phase
+    # whose seq_len is the run's
+    plain = load_config(config, [f"run.dir={run}", "model.position={name: learned, max_positions: 32}",
+                                 "train.seq_len=64"])  # fmt: skip
+    with pytest.raises(MinilmError, match=r"^train\.seq_len: 64 is longer than the learned encoding supports"):
+        run_phases(plain, log=lambda m: None)
 
 
 def test_resume_refuses_a_changed_finished_phase_before_the_corpus_is_prepared(config, tmp_path):
