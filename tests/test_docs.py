@@ -61,3 +61,25 @@ def test_every_config_and_script_the_docs_name_exists():
             if not (REPO / m.group(1)).is_file():
                 missing.append(f"{where}: {m.group(1)}")
     assert not missing, "\n".join(missing)
+
+
+PATH = re.compile(r"(?<![\w/.~-])((?:minilm|tests|docs|scripts)/(?:[\w.<>*-]+/)*"
+                  r"(?:[\w.<>*-]+\.(?:py|md|sh|yaml|json)\b)?)")
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """README.md and docs/*.md name modules, tests and docs by path (``minilm/model/attention.py``,
+    ``tests/training/test_train_cli.py``, ``docs/scaling.md``): each must exist, as a file or a directory, so a
+    renamed module does not leave the docs pointing at nothing. A path with a placeholder (``<name>``, ``NAME``,
+    ``*``) is a pattern, not a path."""
+    missing = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for i, line in enumerate(doc.read_text().splitlines(), 1):
+            # a file (with its extension) or a directory (with its closing slash): "docs/s" in "99 docs/s" is neither
+            for m in re.finditer(PATH, line):
+                path = m.group(1)
+                if any(c in path for c in "<>*") or re.search(r"/[A-Z]+(?:/|\.|$)", path):
+                    continue
+                if not (REPO / path.rstrip("/")).exists():
+                    missing.append(f"{doc.relative_to(REPO)}:{i}: {path}")
+    assert not missing, "\n".join(missing)
