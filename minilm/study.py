@@ -483,12 +483,15 @@ def mean_sd(values: list) -> Optional[dict]:
 
 def _cell(stat: Optional[dict], digits: int, n_seeds: int, sign: str = "") -> str:
     """A mean_sd as a table cell: the mean (``sign="+"``: signed, for differences), with seeds ± sd and (n=k) where
-    runs are missing."""
+    runs are missing. A mean of one value has no spread: no ± (``± 0.00`` read as seeds that agreed exactly)."""
     if stat is None:
         return "–"
     text = f"{stat['mean']:{sign}.{digits}f}"
     if n_seeds > 1:
-        text += f" ± {stat['sd']:.{digits}f}" + (f" (n={stat['n']})" if stat["n"] < n_seeds else "")
+        if stat["n"] > 1:
+            text += f" ± {stat['sd']:.{digits}f}"
+        if stat["n"] < n_seeds:
+            text += f" (n={stat['n']})"
     return text
 
 

@@ -187,15 +187,15 @@ def test_seeds_give_one_run_per_variant_and_seed_and_mean_sd_tables(tmp_path, st
     write_summary(study, out, cfgs, {}, log=lambda msg: None)
     md = (out / "study.md").read_text()
     assert "| a | – | – | 4.1000 ± 0.1414 | 4.1000 ± 0.1414 |" in md
-    assert "| b | `phases.long.lr=0.001` | – | 3.9000 ± 0.0000 (n=1) |" in md
-    assert "| a | 11.00 ± 1.41 |" in md and "| b | 9.00 ± 0.00 (n=1) |" in md
+    assert "| b | `phases.long.lr=0.001` | – | 3.9000 (n=1) |" in md
+    assert "| a | 11.00 ± 1.41 |" in md and "| b | 9.00 (n=1) |" in md
     report = json.loads((out / "study.json").read_text())
     assert report["variants"][0]["evaluation"]["ppl"]["32"] == {"mean": 11.0, "sd": pytest.approx(2**0.5), "n": 2}
     assert "| a | 11.00 |" in (out / "compare.md").read_text()  # the figure and compare.md show the means
     # b against a, seed by seed: only seed 1 has both (b 3.9 / 9 vs a 4.0 / 10)
     assert report["variants"][1]["vs_first"]["val_loss"] == {"mean": pytest.approx(-0.1), "sd": 0.0, "n": 1}
     paired = md.split("## Difference from a, paired by seed")[1]
-    assert "| b | -0.1000 ± 0.0000 (n=1) | -1.00 ± 0.00 (n=1) |" in paired
+    assert "| b | -0.1000 (n=1) | -1.00 (n=1) |" in paired
 
 
 def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_file, capsys):
@@ -258,7 +258,7 @@ def test_seeds_summary_compares_only_each_runs_last_phase_evaluation(tmp_path, s
         atomic_write_text(out / label / phases[-1] / "eval" / "results.json", json.dumps(results))
     write_summary(study, out, cfgs, {}, log=lambda msg: None)
     md = (out / "study.md").read_text()
-    assert "| b | 9.00 ± 0.00 (n=1) |" in md and "| a | 11.00 ± 1.41 |" in md
+    assert "| b | 9.00 (n=1) |" in md and "| a | 11.00 ± 1.41 |" in md
     assert "| b | 9.00 |" in (out / "compare.md").read_text()
 
 
@@ -555,6 +555,7 @@ def test_a_table_cell_shows_sd_and_how_many_seeds_it_averages_when_some_are_miss
     assert _cell({"mean": 1.5, "sd": 0.25, "n": 2}, 2, 3) == "1.50 ± 0.25 (n=2)"
     assert _cell({"mean": 1.5, "sd": 0.25, "n": 3}, 2, 3) == "1.50 ± 0.25"
     assert _cell({"mean": -0.5, "sd": 0.0, "n": 1}, 1, 1, sign="+") == "-0.5" and _cell(None, 2, 3) == "–"
+    assert _cell({"mean": 1.5, "sd": 0.0, "n": 1}, 2, 3) == "1.50 (n=1)"  # one value: no spread to show
 
 
 def test_paired_differences_are_other_minus_reference_per_seed_on_the_last_phase():
