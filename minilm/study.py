@@ -518,7 +518,8 @@ def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, 
             except MinilmError:
                 pass  # not evaluated (its evaluation failed, or scripts/evaluate.py has not run)
             else:
-                differ = other_settings(by_seed[r.seed], pcfgs[evaluated])
+                # (each run's own config: the seeds' runs differ in run.seed, which the evaluation reads)
+                differ = other_settings(by_seed[r.seed], phase_config(cfgs[r.label], evaluated))
                 if differ:
                     per_run[r.label]["evaluated_with_other_settings"] = {k: {"evaluated": a, "study": b}
                                                                          for k, (a, b) in differ.items()}

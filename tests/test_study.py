@@ -262,6 +262,25 @@ def test_seeds_summary_compares_only_each_runs_last_phase_evaluation(tmp_path, s
     assert "| b | 9.00 |" in (out / "compare.md").read_text()
 
 
+def test_each_seed_is_checked_against_its_own_seed_not_the_first_runs(tmp_path, study_file):
+    """A seed's run evaluates with its own run.seed (the text it reads): the check of 'other settings than the study
+    asks' compared every run with the first seed's config, so each later seed was listed, with a remedy command that
+    would have measured it on the first seed's text."""
+    from minilm.files import atomic_write_text
+
+    study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: []}\n")
+    study = load_study(study_file)
+    out = tmp_path / "out"
+    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
+    for label, seed in [("a/seed1", 1), ("a/seed2", 2)]:
+        _finished(cfgs[label], out / label, ["short", "long"])
+        results = {"lengths": [32, 64], "tasks": ["ppl"], "extension": None, "seed": seed, "ppl": {"32": 9.0},
+                   "batches": cfgs[label].eval.batches, "train_seq_len": 64, "phase": "long", "run": label}
+        atomic_write_text(out / label / "long" / "eval" / "results.json", json.dumps(results))
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    assert "other settings" not in (out / "study.md").read_text()
+
+
 def test_the_studys_compare_counts_the_prompts_of_every_seed_behind_a_mean_accuracy(tmp_path, study_file):
     """compare.md gives each accuracy the prompts it counts; a study's row is the mean over its seeds, which counts
     the prompts of every seed measured there, not the first run's alone."""
