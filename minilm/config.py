@@ -32,7 +32,7 @@ import typing
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -406,7 +406,7 @@ def _check_new_phase(cfg: DictConfig, name: str, phase: DictConfig, label: str) 
     )
 
 
-def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
+def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str, dotlist: bool = False) -> DictConfig:
     wrong = _shape_errors(layer)
     if wrong:
         raise ConfigError(f"{label}: {'; '.join(wrong)}")
@@ -422,7 +422,7 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
         for name, phase in layer_phases.items_ex(resolve=False):
             if name in cfg.phases and isinstance(phase, DictConfig):
                 _fresh_scaling(cfg.phases[name].position, phase.get("position"))
-            elif label != "command line" and len(cfg.phases) and isinstance(phase, DictConfig):
+            elif not dotlist and len(cfg.phases) and isinstance(phase, DictConfig):
                 _check_new_phase(cfg, name, phase, label)
     try:  # in place: OmegaConf.merge would deep-copy the config first, once per layer (a bad layer fails the load)
         cfg.merge_with(layer)
@@ -433,8 +433,14 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
         raise ConfigError(f"{label}: bad config key '{key}': {msg}") from None
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None) -> DictConfig:
-    """Defaults < YAML chain < CLI dotlist (``key.sub=value``); validated and read-only."""
+COMMAND_LINE = "command line"
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]] = None,
+                source: str = COMMAND_LINE, more: Sequence[tuple[str, List[str]]] = ()) -> DictConfig:  # fmt: skip
+    """Defaults < YAML chain < CLI dotlist (``key.sub=value``); validated and read-only. ``source`` says where the
+    overrides came from, for the errors that name it ("command line"; a study passes "study file X, variant 'Y'");
+    ``more``: further (source, overrides) groups merged after them, in order (a study's own command line)."""
     cfg = OmegaConf.structured(Config)
     layers: List[tuple[str, DictConfig]] = []  # (label, layer), for naming the file that set a bad value
     if path is not None and not str(path).strip():  # Path("") is the working directory
@@ -443,25 +449,10 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         for label, layer in _read_yaml(Path(path), []):
             cfg = _merge_layer(cfg, layer, label)
             layers.append((f"in {label}", layer))
-    if overrides:
-        for item in overrides:
-            key = item.partition("=")[0]
-            if "=" not in item or not all(part.strip() for part in key.split(".")):
-                hint = " (a config file is given with --config FILE)" if item.endswith((".yaml", ".yml")) else ""
-                raise ConfigError(f"command line: override '{item}' must look like key.sub=value{hint}")
-        overrides = [_keep_string(item) for item in overrides]
-        try:
-            dot = OmegaConf.from_dotlist(list(overrides))
-        except (OmegaConfBaseException, yaml.YAMLError) as e:
-            bad = next((item for item in overrides if not _parses(item)), None)
-            where = f"override '{bad}'" if bad else "overrides"
-            raise ConfigError(f"command line: cannot parse {where} (values are YAML: write "
-                              f"'key={{a: 1, b: [x, y]}}' with a space after each colon): {e}") from None
-        _check_glued_colon(dot, "on the command line")
-        _check_phase_names(cfg, dot, path)
-        cfg = _merge_layer(cfg, dot, "command line")
-        _check_shadowed(cfg, dot)
-        layers.append(("on the command line", dot))
+    for where, items in [(source, overrides), *more]:
+        if items:
+            cfg, dot = _merge_overrides(cfg, list(items), where, path)
+            layers.append((f"on the {where}" if where == COMMAND_LINE else f"in {where}", dot))
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
@@ -488,6 +479,28 @@ def _typed_position_values(cfg: DictConfig) -> None:
         if isinstance(block, DictConfig):
             for key, value in typed_values(block.get("name", name), block).items():
                 block[key] = value
+
+
+def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: Any) -> tuple[DictConfig, DictConfig]:
+    """(cfg with the dotlist ``overrides`` merged, the dotlist as a config); errors begin with ``source``."""
+    for item in overrides:
+        key = item.partition("=")[0]
+        if "=" not in item or not all(part.strip() for part in key.split(".")):
+            hint = " (a config file is given with --config FILE)" if item.endswith((".yaml", ".yml")) else ""
+            raise ConfigError(f"{source}: override '{item}' must look like key.sub=value{hint}")
+    overrides = [_keep_string(item) for item in overrides]
+    try:
+        dot = OmegaConf.from_dotlist(list(overrides))
+    except (OmegaConfBaseException, yaml.YAMLError) as e:
+        bad = next((item for item in overrides if not _parses(item)), None)
+        where = f"override '{bad}'" if bad else "overrides"
+        raise ConfigError(f"{source}: cannot parse {where} (values are YAML: write "
+                          f"'key={{a: 1, b: [x, y]}}' with a space after each colon): {e}") from None
+    _check_glued_colon(dot, f"on the {source}" if source == COMMAND_LINE else f"in {source}")
+    _check_phase_names(cfg, dot, path, source)
+    cfg = _merge_layer(cfg, dot, source, dotlist=True)
+    _check_shadowed(cfg, dot, source)
+    return cfg, dot
 
 
 def _set_where(message: str, layers: List[tuple[str, DictConfig]]) -> str:
@@ -545,7 +558,7 @@ def _keep_string(item: str) -> str:
     return f"{key}={json.dumps(raw)}" if isinstance(value, (bool, int, float)) else item
 
 
-def _check_shadowed(cfg: DictConfig, dot: DictConfig) -> None:
+def _check_shadowed(cfg: DictConfig, dot: DictConfig, source: str = COMMAND_LINE) -> None:
     """A command-line run key that every phase sets for itself changes nothing: ``train.steps=5`` on a config whose
     phases give their steps (the natural smoke test of configs/rope_yarn_tiny.yaml) trained 300, 60 and 30 steps
     without a word. Refused, naming the phase keys to set."""
@@ -562,11 +575,11 @@ def _check_shadowed(cfg: DictConfig, dot: DictConfig) -> None:
             keys = ("steps", "tokens") if own in ("steps", "tokens") else (own,)
             if all(any(phase[k] is not None for k in keys) for phase in phases.values()):
                 per_phase = ", ".join(f"phases.{n}.{own}=..." for n in phases)
-                raise ConfigError(f"command line: {section}.{key} changes nothing here: every phase sets its own "
+                raise ConfigError(f"{source}: {section}.{key} changes nothing here: every phase sets its own "
                                   f"{' or '.join(keys)}; set it per phase ({per_phase})")  # fmt: skip
 
 
-def _check_phase_names(cfg: DictConfig, dot: DictConfig, path: Any) -> None:
+def _check_phase_names(cfg: DictConfig, dot: DictConfig, path: Any, source: str = COMMAND_LINE) -> None:
     """Where the YAML declares phases, a command-line key under ``phases.`` must name one of them: a misspelled
     ``phases.extend_1K.steps=100`` would otherwise append a phase of its own and train it after the others. (A config
     without phases may declare them on the command line.)"""
@@ -576,7 +589,7 @@ def _check_phase_names(cfg: DictConfig, dot: DictConfig, path: Any) -> None:
     for name in given:
         if name not in cfg.phases:
             raise ConfigError(
-                f"command line: phases.{name}: no such phase in {path}; its phases are: "
+                f"{source}: phases.{name}: no such phase in {path}; its phases are: "
                 f"{', '.join(cfg.phases)} (a new phase is declared in the YAML file)"
             )
 

@@ -170,10 +170,13 @@ def run_config(study: Study, run: StudyRun, out_dir: Path, extra: list[str]) -> 
             where = "the command line" if item in extra else f"{study.path}: variant '{variant.name}'"
             raise ConfigError(f"{where}: override '{item}': a study names and places its runs itself (--out for the "
                               "directory" + (", seeds: for the seeds)" if key == "run.seed" else ")"))
+    # each group of overrides named as what set it: a bad value in the study file is not '(set on the command line)'
+    source = f"study file {study.path}, variant '{variant.name}'"
     try:
-        return load_config(variant.config, variant.overrides + list(extra) + own)
-    except ConfigError as e:
-        raise ConfigError(f"{study.path}: variant '{variant.name}': {e}") from None
+        return load_config(variant.config, variant.overrides, source,
+                           more=[("command line", list(extra)), ("study's --out and seeds", own)])
+    except ConfigError as e:  # (an error that already names the variant is not prefixed with it again)
+        raise ConfigError(str(e) if source in str(e) else f"{study.path}: variant '{variant.name}': {e}") from None
 
 
 # ------------------------------------------------------------------------------------------ shared phases

@@ -467,6 +467,23 @@ def test_a_bad_value_names_the_file_or_the_command_line_that_gave_it(tmp_path):
         load_config(tmp_path / "base.yaml", ["model.position.base=-1"])  # minilm.positions' checks too
 
 
+def test_overrides_from_elsewhere_than_the_command_line_are_named_as_where_they_came_from(tmp_path):
+    """A study's variant overrides come from its study file: errors in them said '(set on the command line)' and
+    'command line: ...', which sent the user to the wrong place. ``source`` names them; ``more`` adds groups."""
+    (tmp_path / "exp.yaml").write_text("model: {n_layers: 2, d_model: 64, n_heads: 2}\n")
+    where = "study file s.yaml, variant 'a'"
+    with pytest.raises(ConfigError, match=rf"model.n_layers: must be >= 1, got 0 \(set in {where}\)$"):
+        load_config(tmp_path / "exp.yaml", ["model.n_layers=0"], where)
+    with pytest.raises(ConfigError, match=rf"^{where}: bad config key 'model.n_layr'"):
+        load_config(tmp_path / "exp.yaml", ["model.n_layr=0"], where)
+    with pytest.raises(ConfigError, match=rf"^{where}: override 'model' must look like key.sub=value"):
+        load_config(tmp_path / "exp.yaml", ["model"], where)
+    with pytest.raises(ConfigError, match=r"model.n_layers: must be >= 1, got 0 \(set on the command line\)$"):
+        load_config(tmp_path / "exp.yaml", ["model.n_layers=3"], where, more=[("command line", ["model.n_layers=0"])])
+    cfg = load_config(tmp_path / "exp.yaml", ["model.n_layers=3"], where, more=[("command line", ["model.d_model=32"])])
+    assert (cfg.model.n_layers, cfg.model.d_model) == (3, 32)
+
+
 def test_a_null_value_names_the_layer_that_gave_the_null(tmp_path):
     """A layer that gave a key null was passed over as if it did not give it: the message named an earlier file that
     gave a good value (or no layer at all)."""

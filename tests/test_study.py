@@ -151,6 +151,19 @@ def test_a_bad_variant_override_exits_2_naming_the_variant_before_anything_train
     assert not (tmp_path / "out").exists()
 
 
+
+def test_a_bad_value_in_a_variant_is_said_to_be_set_in_the_study_file_not_on_the_command_line(tmp_path, study_file,
+                                                                                             capsys):  # fmt: skip
+    study_file.write_text(STUDY + "  broken: [model.n_layers=-2]\n")
+    assert _study([study_file, "--out", tmp_path / "out"]) == 2
+    err = capsys.readouterr().err
+    assert f"model.n_layers: must be >= 1, got -2 (set in study file {study_file}, variant 'broken')" in err
+    assert "command line" not in err
+    study_file.write_text(STUDY)  # on the study's own command line, it is the command line's
+    assert _study([study_file, "--out", tmp_path / "out", "model.n_layers=-2"]) == 2
+    assert "(set on the command line)" in capsys.readouterr().err
+
+
 def test_a_variant_whose_data_fails_is_refused_before_the_first_variant_trains(tmp_path, study_file, capsys):
     # config-valid, but no document reaches long_min_tokens: only building the phase's sampler can tell
     mixed = "[phases.long.data.long_fraction=0.5, phases.long.data.long_min_tokens=1000000]"
