@@ -259,9 +259,12 @@ def copy_finished_phase(src: Path, dst: Path) -> None:
 
 
 def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resume: bool = False, share: bool = True,
-              only: Optional[list[str]] = None, log: Callable[[str], None] = print) -> Path:  # fmt: skip
+              only: Optional[list[str]] = None, log: Callable[[str], None] = print,
+              again: Optional[str] = None) -> Path:  # fmt: skip
     """Train every run of the study (of ``only`` those variants), in ``study_runs`` order, then write the summary.
-    Returns ``out_dir``."""
+    Returns ``out_dir``. ``again``: the command that continues this study (scripts/study.py's, with --resume), for
+    the remedies of its refusals."""
+    again = again or "run the study again with --resume"
     names = [v.name for v in study.variants]
     unknown = [n for n in only or [] if n not in names]
     if unknown:
@@ -281,23 +284,27 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     seeds = f" × {len(study.seeds)} seeds" if study.seeds else ""
     log(f"study {study.name}: {len(todo)} runs ({len({r.variant for r in todo})} variants{seeds}) into {out_dir}; "
         "first every run's config and data are checked")  # (seconds of silence otherwise)
-    cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
+    try:
+        cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
+    except ConfigError as e:  # (checked before anything trains: the remedy is to correct it and run this again)
+        end = " " if str(e).endswith((".", "?")) else ". "
+        raise ConfigError(f"{e}{end}Nothing was trained; correct it, then: {again}") from None
 
     # (under DDP the other ranks start this study anew once rank 0 has begun the first run: not their refusal)
     if not resume and is_primary_process() and any((out_dir / r.label).exists() for r in todo):
-        raise MinilmError(f"{out_dir} already holds this study's runs; continue it with --resume, or choose --out")
+        raise MinilmError(f"{out_dir} already holds this study's runs; continue it ({again}), or choose another --out")
     plan = plan_sharing({label: phase_keys(c) for label, c in cfgs.items()}) if share else {}
     labels = {r.label for r in todo}
     for r in todo:  # a donor that --only leaves out must have finished what it lends: refused before anything trains
         if r.label in plan and plan[r.label][0] not in labels:
             _loan(out_dir, r.label, cfgs[r.label], plan[r.label])
     _check_layout(study, out_dir, todo)
-    _check_resumed_runs(out_dir, cfgs, todo, plan, data=False)  # before any corpus is prepared, what needs none
+    _check_resumed_runs(out_dir, cfgs, todo, plan, again, data=False)  # before any corpus is prepared, what needs none
     _check_data(cfgs, todo)
-    _check_resumed_runs(out_dir, cfgs, todo, plan, data=True)
+    _check_resumed_runs(out_dir, cfgs, todo, plan, again, data=True)
     try:
         for r in todo:
-            with _study_remedy(r.label):
+            with _study_remedy(r.label, cfgs, again):
                 _train_run(study, r, out_dir, cfgs[r.label], plan.get(r.label), log)
     finally:  # also when a run fails or is interrupted: the summary of what has finished
         if is_primary_process() and out_dir.is_dir():
@@ -335,12 +342,13 @@ def _check_data(cfgs: dict[str, DictConfig], todo: list[StudyRun]) -> None:
             raise type(e)(f"'{r.label}': {e}") from None
 
 
-def _check_resumed_runs(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[StudyRun], plan: dict,
+def _check_resumed_runs(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[StudyRun], plan: dict, again: str,
                         data: bool) -> None:  # fmt: skip
     """Every run the study continues (its directory exists) checked as ``run_phases`` will check it at its turn: its
     finished phases against what its variant now trains, an interrupted phase's checkpoint, and the finished phases
     it will copy from its donor; with ``data``, also its samplers, tokenizer and held-out documents against the
-    corpus. All before the first run trains, not after the hours of the runs before it."""
+    corpus. All before the first run trains, not after the hours of the runs before it. Every run whose finished
+    phase the study now trains differently is named in one refusal, with one remedy for them all."""
     from minilm.training.phases import (
         ChangedPhaseError,
         carries_optimizer,
@@ -349,25 +357,27 @@ def _check_resumed_runs(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[S
         is_complete,
     )
 
+    changed = []
     for r in todo:
         run_dir, cfg = out_dir / r.label, cfgs[r.label]
-        with _study_remedy(r.label):
-            try:
-                if run_dir.exists():
-                    check_run(cfg, resume=True, data=data)
-                donor, k = plan.get(r.label, (None, 0))
-                for p in [p for p in phase_names(cfg)[:k] if not is_complete(run_dir, p) and not data]:
-                    check_finished_phase(phase_config(cfg, p), p, out_dir / donor,  # what _train_run will copy
-                                         f"'{r.label}' starts from '{donor}'", carries_optimizer(cfg, p),
-                                         set_in=cfg.phases.get(p))  # fmt: skip
-            except ChangedPhaseError:
-                raise
-            except MinilmError as e:  # which run it is: no run has said so yet
-                raise type(e)(f"'{r.label}': {e}") from None
+        try:
+            if run_dir.exists():
+                check_run(cfg, resume=True, data=data)
+            donor, k = plan.get(r.label, (None, 0))
+            for p in [p for p in phase_names(cfg)[:k] if not is_complete(run_dir, p) and not data]:
+                check_finished_phase(phase_config(cfg, p), p, out_dir / donor,  # what _train_run will copy
+                                     f"'{r.label}' starts from '{donor}'", carries_optimizer(cfg, p),
+                                     set_in=cfg.phases.get(p))  # fmt: skip
+        except ChangedPhaseError as e:
+            changed.append((r.label, e))
+        except MinilmError as e:  # which run it is: no run has said so yet
+            raise type(e)(f"'{r.label}': {e}") from None
+    if changed:
+        raise _changed_phases(changed, cfgs, again)
 
 
 @contextlib.contextmanager
-def _study_remedy(label: str):
+def _study_remedy(label: str, cfgs: dict[str, DictConfig], again: str):
     """A finished phase the study now trains differently (ChangedPhaseError) is refused with a study's remedy, the
     run's label first: its own advice names train.py's flags."""
     from minilm.training.phases import ChangedPhaseError
@@ -375,8 +385,29 @@ def _study_remedy(label: str):
     try:
         yield
     except ChangedPhaseError as e:
-        raise MinilmError(f"'{label}': {e}. In a study: delete that phase's directory and those of the phases after it "
-                          "in the same run, then run the study with --resume") from None
+        raise _changed_phases([(label, e)], cfgs, again) from None
+
+
+def _changed_phases(changed: list, cfgs: dict[str, DictConfig], again: str) -> MinilmError:
+    """One refusal for the runs (label, ChangedPhaseError) whose finished phases the study now trains differently:
+    the first difference in full, the other runs by name, and the commands that retrain them — the changed phase's
+    directory and those of the phases after it removed, then the study continued (train.py's --phase, --init and
+    run.name, which the error's own advice names, are not a study's)."""
+    import shlex
+
+    label, first = changed[0]
+    others = [f"'{lb}' ({e.phase})" for lb, e in changed[1:]]
+    remove = []
+    for lb, e in changed:
+        names = phase_names(cfgs[lb])
+        run_dir = e.run_dir if e.run_dir is not None else Path(cfgs[lb].run.dir)
+        later = names[names.index(e.phase):] if e.phase in names else [e.phase]
+        remove += [str(run_dir / p) for p in later if (run_dir / p).exists()]
+    also = f"; so do {', '.join(others)}" if others else ""
+    fix = f"rm -r {' '.join(shlex.quote(p) for p in dict.fromkeys(remove))}" if remove else "remove those phases"
+    return MinilmError(f"'{label}': {first.what}{also}. To retrain {'them' if others else 'it'} as the study file now "
+                       f"says, delete the changed phases and the phases after them, then continue the study: {fix} && "
+                       f"{again}")
 
 
 def _loan(out_dir: Path, label: str, cfg: DictConfig, shared: tuple[str, int]) -> list[str]:

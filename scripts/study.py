@@ -14,6 +14,7 @@ gives mean ± sample standard deviation). ``tensorboard --logdir <out>`` shows a
 """
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -35,8 +36,18 @@ def main(args: argparse.Namespace) -> int:
         only = [n.strip() for n in args.only.split(",") if n.strip()]
         if not only:
             raise MinilmError(f"--only: comma-separated variant names expected, got {args.only!r}")
-    run_study(study, out, extra=tuple(args.overrides), resume=args.resume, share=not args.no_share, only=only)
+    run_study(study, out, extra=tuple(args.overrides), resume=args.resume, share=not args.no_share, only=only,
+              again=_again(args))
     return 0
+
+
+def _again(args: argparse.Namespace) -> str:
+    """This command, continuing the study (--resume): the remedies of its refusals end with it."""
+    words = ["python", "scripts/study.py", args.study]
+    for flag, value in (("--out", args.out), ("--only", args.only), ("--seeds", args.seeds)):
+        words += [flag, value] if value is not None else []
+    words += ["--no-share"] * args.no_share + ["--resume", *args.overrides]
+    return shlex.join(words)
 
 
 def _int_or_text(text: str):

@@ -159,6 +159,9 @@ def test_a_bad_value_in_a_variant_is_said_to_be_set_in_the_study_file_not_on_the
     err = capsys.readouterr().err
     assert f"model.n_layers: must be >= 1, got -2 (set in study file {study_file}, variant 'broken')" in err
     assert "command line" not in err
+    # the remedy ends it: this study again, once corrected
+    assert err.strip().endswith(f"Nothing was trained; correct it, then: python scripts/study.py {study_file} --out "
+                                f"{tmp_path / 'out'} --resume")
     study_file.write_text(STUDY)  # on the study's own command line, it is the command line's
     assert _study([study_file, "--out", tmp_path / "out", "model.n_layers=-2"]) == 2
     assert "(set on the command line)" in capsys.readouterr().err
@@ -551,9 +554,33 @@ def test_a_variant_edited_after_it_finished_is_refused_with_the_study_remedy(tmp
         save_config(phase_config(old, phase), out / "a" / phase / "config.yaml")
         atomic_write_text(out / "a" / phase / "complete.json", "{}")
     study_file.write_text("config: base.yaml\nvariants: {a: [phases.long.lr=0.01]}\n")
-    assert _study([study_file, "--out", out, "--resume"]) == 2
-    err = capsys.readouterr().err
-    assert "'a': --resume: phase 'long' finished with phases.long.lr" in err and "delete that phase's directory" in err
+    assert _study([study_file, "--out", out, "--resume", "train.log_every=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "'a': --resume: phase 'long' finished with phases.long.lr" in err and "--phase" not in err
+    # the remedy is a command to run: the changed phase removed, then this study continued
+    assert err.endswith(f"continue the study: rm -r {out / 'a' / 'long'} && python scripts/study.py {study_file} "
+                        f"--out {out} --resume train.log_every=2")
+
+
+def test_every_run_a_changed_study_file_refuses_is_named_in_one_remedy(tmp_path, study_file):
+    from minilm.config import save_config
+    from minilm.files import atomic_write_text
+    from minilm.study import run_study
+
+    study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: []}\n")
+    out = tmp_path / "out"
+    for run in study_runs(load_study(study_file)):
+        old = run_config(load_study(study_file), run, out, [])
+        for phase in ("short", "long"):
+            save_config(phase_config(old, phase), out / run.label / phase / "config.yaml")
+            atomic_write_text(out / run.label / phase / "complete.json", "{}")
+    study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: [phases.short.lr=0.01]}\n")
+    with pytest.raises(MinilmError) as e:
+        run_study(load_study(study_file), out, resume=True, log=lambda msg: None, again="AGAIN")
+    assert "'a/seed1': --resume: phase 'short' finished with phases.short.lr" in str(e.value)
+    assert "so do 'a/seed2' (short)" in str(e.value)
+    dirs = " ".join(str(out / f"a/seed{s}/{p}") for s in (1, 2) for p in ("short", "long"))
+    assert str(e.value).endswith(f"rm -r {dirs} && AGAIN")
 
 
 def test_resume_checks_every_run_it_continues_before_the_first_one_trains(tmp_path, study_file, monkeypatch):

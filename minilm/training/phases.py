@@ -512,7 +512,12 @@ def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, t
 
 
 class ChangedPhaseError(MinilmError):
-    """A finished phase that the config now trains differently (``check_finished_phase``)."""
+    """A finished phase that the config now trains differently (``check_finished_phase``): ``what`` says what
+    differs, without train.py's remedy (a study gives its own); ``phase`` and ``run_dir`` name it."""
+
+    def __init__(self, message: str, what: str = "", phase: str = "", run_dir: Optional[Path] = None):
+        super().__init__(message)
+        self.what, self.phase, self.run_dir = what or message, phase, run_dir
 
 
 PHASE_LENGTH = ("train.steps", "train.tokens")  # may change on --resume (checked against the checkpoint's step)
@@ -588,11 +593,11 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
         diffs.append(None if was == carried else (f"phases.{phase}.carry_optimizer", was, carried))
     diff = next((d for d in diffs if d), None)
     if diff:
-        raise ChangedPhaseError(
-            f"{flag}: phase '{phase}' finished with {key_as_set(diff[0], phase, set_in)} = {_shown(diff[1])} ({path}), "
-            f"the config now says {_shown(diff[2])}; retrain it and the phases after it with --phase {phase}, start "
-            "from other weights with --init, or start a new run (run.name / run.dir)"
-        )
+        what = (f"{flag}: phase '{phase}' finished with {key_as_set(diff[0], phase, set_in)} = {_shown(diff[1])} "
+                f"({path}), the config now says {_shown(diff[2])}")  # fmt: skip
+        raise ChangedPhaseError(f"{what}; retrain it and the phases after it with --phase {phase}, start from other "
+                                "weights with --init, or start a new run (run.name / run.dir)", what, phase,
+                                Path(run_dir))  # fmt: skip
 
 
 def _shown(value) -> str:
