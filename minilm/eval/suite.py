@@ -38,6 +38,13 @@ RECORDED_SETTINGS = ("seed", "batches", "batch_tokens", "sliding", "stride", "ne
 _TASK_SEED = {"ppl": 0, "passkey": 1, "needle": 2, "kv": 3}  # each task draws from its own seeded stream
 
 
+def _rng_seed(seed: int) -> int:
+    """``run.seed`` / ``--seed`` as numpy's generators take it (non-negative): any integer is a seed, as for the
+    training sampler (minilm.data.sampler), so a run trained with run.seed=-1 is evaluated too — it was a numpy
+    traceback ('expected non-negative integer'). Seeds from 0 to 2**63 - 1 are themselves."""
+    return int(seed) % 2**63
+
+
 # ------------------------------------------------------------------------------------------------------ settings
 
 
@@ -464,7 +471,7 @@ def _ppl(model, data: EvalData, s: EvalSettings, L: int, res: dict, chunk: int) 
     docs, source = eval_documents(data.val, L)
     n = s.batches * _batch_size(s, L)  # windows measured: the settings' (chunk only splits them into forwards)
     bs = chunk
-    seed = [s.seed, _TASK_SEED["ppl"], L]
+    seed = [_rng_seed(s.seed), _TASK_SEED["ppl"], L]
     r = _finite(perplexity(model, docs, L, mode="windows", n_windows=n, batch_size=bs, seed=seed, source=source))
     rs = None
     if s.sliding:  # both modes measured before either is recorded: a failure leaves the length unmeasured, whole
@@ -505,7 +512,7 @@ def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: d
     grid = {}  # depth -> accuracy, stored once every cell has been scored
     example = None
     for di, depth in cells:
-        rng = np.random.default_rng([s.seed, _TASK_SEED[task], L, di])
+        rng = np.random.default_rng([_rng_seed(s.seed), _TASK_SEED[task], L, di])
         samples = make_samples(task, tok, data.val.tokens, L, n, rng, depth=depth if depth is not None else 0.5,
                                style=data.style, needles=s.needles)  # fmt: skip
         sc = score_samples(model, samples, bs)

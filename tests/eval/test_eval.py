@@ -84,6 +84,17 @@ def test_uniform_model_through_the_suite(corpus_setup, eval_data):
         assert len(res["per_position_loss"][L]["loss"]) == int(L)
 
 
+def test_any_integer_seed_draws_the_evaluation_as_run_seed_trains_with_it(corpus_setup, eval_data):
+    """run.seed may be negative (the sampler takes any integer), and evaluate.py --seed -1 too: numpy refused it
+    with a traceback, at the end of a phase or from evaluate.py."""
+    cfg, corpus = corpus_setup
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size, seed=3)
+    s = dict(lengths=[32], tasks=["ppl", "passkey"], samples=1, depths=[0.5])
+    neg = evaluate(model, eval_data, _settings(seed=-1, **s), log=lambda *_: None)
+    same = evaluate(model, eval_data, _settings(seed=2**63 - 1, **s), log=lambda *_: None)
+    assert neg["seed"] == -1 and neg["ppl"] == same["ppl"] and neg["passkey"] == same["passkey"]
+
+
 def test_sliding_windows_score_each_token_once_with_long_context():
     """A model whose loss at a target is the target's index in the document would expose double counting:
     with stride S the scored targets of a document are exactly 1..n_windows·S (+ the first window's rest)."""
