@@ -37,10 +37,14 @@ WEIGHT_SUFFIXES = (".safetensors", ".ckpt")
 
 
 def _find_run_dir(path: Path) -> Path:
-    for p in [path, *path.parents][:3]:
+    """The run directory ``path`` (a directory or a file, as the user gave it) is or lies in."""
+    start = path if path.is_dir() else path.parent
+    for p in [start, *start.parents][:3]:
         if (p / "tokenizer.model").is_file() and (p / "config.yaml").is_file():
             return p
-    raise MinilmError(f"{path} is not inside a minilm run directory (no config.yaml + tokenizer.model found)")
+    # (the path as given: for a file, its folder's name alone — 'configs' for configs/tiny.yaml — said nothing)
+    raise MinilmError(f"{path} is not inside a minilm run directory (no config.yaml + tokenizer.model found in it or "
+                      "the two folders above it); give a run directory, a phase directory or a weights file")
 
 
 def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Optional[str], Path]:
@@ -48,7 +52,7 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     path = Path(path)
     if not path.exists():
         raise MinilmError(f"{path}: no such run directory or checkpoint")
-    run_dir = _find_run_dir(path if path.is_dir() else path.parent)
+    run_dir = _find_run_dir(path)
     names = run_phase_names(run_dir) if phase is not None else []
     if phase is not None and phase not in names:
         raise MinilmError(f"phase '{phase}': not a phase of {run_dir}; its phases: {', '.join(names)}")

@@ -55,3 +55,14 @@ def test_each_documented_path_finds_its_results(tmp_path):
         (run / name / "eval" / "results.json").unlink()
     with pytest.raises(MinilmError, match="no results.json found; run scripts/evaluate.py --run"):
         find_results(run)  # a run not evaluated yet
+
+
+def test_a_path_outside_any_run_is_named_as_given(tmp_path):
+    """evaluate.py --run configs/tiny.yaml said 'configs is not inside a minilm run directory': the folder of the
+    file, not what the user gave."""
+    from minilm.runs import resolve_run
+
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny.yaml").write_text("run: {name: x}\n")
+    with pytest.raises(MinilmError, match=rf"^{tmp_path / 'configs' / 'tiny.yaml'} is not inside a minilm run "):
+        resolve_run(tmp_path / "configs" / "tiny.yaml")
