@@ -7,6 +7,7 @@ a run directory (optionally a phase), a phase directory, or a weights file insid
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -45,6 +46,31 @@ def _find_run_dir(path: Path) -> Path:
     # (the path as given: for a file, its folder's name alone — 'configs' for configs/tiny.yaml — said nothing)
     raise MinilmError(f"{path} is not inside a minilm run directory (no config.yaml + tokenizer.model found in it or "
                       "the two folders above it); give a run directory, a phase directory or a weights file")
+
+
+STUDY_SUMMARY = "study.json"  # in a study's folder (minilm.study), beside its runs
+
+
+def study_run_dirs(folder: Path) -> Optional[list[tuple[str, Path]]]:
+    """(label, run directory) of every run of the study whose folder is ``folder``, variant by variant, as its
+    ``study.json`` lists them (``yarn``, or ``yarn/seed1`` with seeds); None if ``folder`` holds no study."""
+    try:
+        report = json.loads((Path(folder) / STUDY_SUMMARY).read_text())
+        return [(label, Path(folder) / label) for v in report["variants"] for label in v["runs"]]
+    except (OSError, ValueError, KeyError, TypeError):  # no study here (or a summary cut short: not one to read)
+        return None
+
+
+def study_label(run_dir: Path) -> Optional[str]:
+    """The label of ``run_dir`` in the study it belongs to (its variant, and its seed: ``yarn/seed1``); None for a
+    run of no study. A study's runs with seeds are all named ``seed<S>``: their folder names alone do not tell
+    which variant each one is."""
+    run_dir = Path(run_dir).resolve()
+    for folder in run_dir.parents[:2]:
+        for label, path in study_run_dirs(folder) or []:
+            if path.resolve() == run_dir:
+                return label
+    return None
 
 
 def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Optional[str], Path]:

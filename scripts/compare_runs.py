@@ -6,9 +6,9 @@
 
 Each argument is a run directory (its final phase's ``eval/``), a phase directory (its ``eval/``), an
 evaluation directory holding results.json, or a results.json file; run scripts/evaluate.py first (with the same
---lengths for every run, so the table lines up). ``--label`` names the lines (default: run/phase[+method], with as
-many parent directories of the run as it takes to tell runs of the same name apart, e.g. a study's
-``yarn/seed1/extend_2k`` and ``alibi/seed1/extend_2k``). Writes compare.png and compare.md to --out (default: the
+--lengths for every run, so the table lines up). ``--label`` names the lines (default: run/phase[+method], a
+study's run named as in its study, by its variant and seed: ``yarn/seed1/extend_2k``; runs of the same name with as
+many parent directories as it takes to tell them apart). Writes compare.png and compare.md to --out (default: the
 current directory). Evaluations made with different settings that change the numbers (run.seed, --batches,
 --batch-tokens, --stride, --samples, --depths, --needles), and perplexities of tokenizers of other vocabulary sizes,
 are named in a warning, on stderr and atop compare.md.
@@ -44,11 +44,19 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def distinct_labels(results: list[dict], args: list[str]) -> list[str]:
-    """Each evaluation's own label ("<run dir name>/<phase>[ + method]"); where several are equal, each lengthened by
-    its run's parent directories until they differ (a study's runs are all named ``seed<S>``), else the argument as
-    given: lines of one name in the legend and the table cannot be told apart."""
+def distinct_labels(results: list[dict], args: list) -> list[str]:
+    """Each evaluation's own label ("<run dir name>/<phase>[ + method]"), a study's run named by its study label
+    (``yarn/seed1/extend_2k``: its variant, not only the folder ``seed1``); where several are equal, each lengthened
+    by its run's parent directories until they differ, else the argument as given: lines of one name in the
+    legend and the table cannot be told apart."""
+    from minilm.runs import study_label
+
     labels = [r.get("label") or str(a) for r, a in zip(results, args)]
+    for j, r in enumerate(results):  # "<run dir name>/...": the run's name in its study instead
+        run = Path(str(r.get("run", "")))
+        label = study_label(run) if r.get("run") and labels[j].startswith(run.name + "/") else None
+        if label:
+            labels[j] = label + labels[j][len(run.name):]
     for label in list(labels):
         same = [j for j, other in enumerate(labels) if other == label]
         if len(same) < 2:

@@ -107,3 +107,30 @@ def test_an_evaluation_from_before_the_settings_were_recorded_still_compares_and
     assert "| old/pre | 5.00 |" in out and "| new/pre | 6.00 |" in out
     assert err == ("warning: old/pre: its results.json does not record seed, batches, batch_tokens (written by an "
                    "older minilm), so whether the others were evaluated alike cannot be checked; evaluate it again\n")
+
+
+def _study(tmp_path) -> Path:
+    """A study's folder with seeds: its study.json lists the runs; yarn/seed2 has no evaluation yet."""
+    from minilm.config import load_config, save_config
+
+    study = tmp_path / "ext"
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "rope_yarn_tiny.yaml")
+    for label in ("yarn/seed1", "yarn/seed2", "alibi/seed2"):
+        save_config(cfg, study / label / "config.yaml")
+    _evaluation(study / "yarn" / "seed1", "extend_2k", 50.0)
+    _evaluation(study / "alibi" / "seed2", "extend_2k", 40.0)
+    runs = {"yarn": ["yarn/seed1", "yarn/seed2"], "alibi": ["alibi/seed2"]}
+    variants = [{"variant": v, "runs": {label: {} for label in labels}} for v, labels in runs.items()]
+    (study / "study.json").write_text(json.dumps({"variants": variants}))
+    return study
+
+
+def test_a_run_of_a_study_is_labelled_by_its_variant_even_alone(tmp_path):
+    """A study run compared with runs of other names kept its folder's name alone, 'seed2/extend': which variant it
+    was could not be read from the legend. Its study names it."""
+    study = _study(tmp_path)
+    c = _evaluation(tmp_path / "other", "extend", 60.0)
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args([str(study / "alibi" / "seed2"), str(c), "--out", str(tmp_path)])) == 0
+    table = (tmp_path / "compare.md").read_text()
+    assert "| alibi/seed2/extend_2k | 40.00 |" in table and "| other/extend | 60.00 |" in table
