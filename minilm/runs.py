@@ -73,11 +73,29 @@ def study_label(run_dir: Path) -> Optional[str]:
     return None
 
 
+def _not_a_run(path: Path) -> Optional[str]:
+    """What a folder that is no run holds instead, and what to give: a study's folder, or a folder of runs."""
+    if not path.is_dir():
+        return None
+    runs = study_run_dirs(path)
+    if runs:
+        return (f"{path} is a study's folder ({STUDY_SUMMARY}), not a run: give one of its runs ("
+                f"{', '.join(label for label, _ in runs[:6])}{', ...' if len(runs) > 6 else ''}), e.g. "
+                f"{runs[0][1]}; scripts/compare_runs.py {path} compares them all")  # fmt: skip
+    inside = sorted(p.name for p in path.iterdir() if (p / "config.yaml").is_file())
+    if inside:
+        return (f"{path} is a folder of runs ({', '.join(inside[:6])}{', ...' if len(inside) > 6 else ''}), not a run: "
+                f"give one of them, e.g. {path / inside[0]}")
+    return None
+
+
 def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Optional[str], Path]:
     """(run_dir, phase or None, weights file) for a run dir, a phase dir or a weights file."""
     path = Path(path)
     if not path.exists():
         raise MinilmError(f"{path}: no such run directory or checkpoint")
+    if not (path / "config.yaml").is_file() and _not_a_run(path):  # (a run directory with a study inside is a run)
+        raise MinilmError(_not_a_run(path))
     run_dir = _find_run_dir(path)
     names = run_phase_names(run_dir) if phase is not None else []
     if phase is not None and phase not in names:

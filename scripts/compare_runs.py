@@ -8,7 +8,8 @@ Each argument is a run directory (its final phase's ``eval/``), a phase director
 evaluation directory holding results.json, or a results.json file; run scripts/evaluate.py first (with the same
 --lengths for every run, so the table lines up). ``--label`` names the lines (default: run/phase[+method], a
 study's run named as in its study, by its variant and seed: ``yarn/seed1/extend_2k``; runs of the same name with as
-many parent directories as it takes to tell them apart). Writes compare.png and compare.md to --out (default: the
+many parent directories as it takes to tell them apart). A study's folder stands for its runs that have an
+evaluation (each seed's its own line; the study's own compare.md has their means). Writes compare.png and compare.md to --out (default: the
 current directory). Evaluations made with different settings that change the numbers (run.seed, --batches,
 --batch-tokens, --stride, --samples, --depths, --needles), and perplexities of tokenizers of other vocabulary sizes,
 are named in a warning, on stderr and atop compare.md.
@@ -32,16 +33,44 @@ def main(args: argparse.Namespace) -> int:
     if not args.runs:  # --label (nargs="+") takes every word after it, the runs too when they come after it
         took = f" (--label took all of: {' '.join(args.label)})" if args.label else ""
         raise MinilmError(f"no runs given{took}; write the runs first: compare_runs.py RUN RUN ... --label A B ...")
-    if args.label and len(args.label) != len(args.runs):
-        raise MinilmError(f"--label: give one label per run ({len(args.runs)}), got {len(args.label)}")
-    results = [load_results(find_results(Path(r))) for r in args.runs]
-    labels = args.label or distinct_labels(results, args.runs)
+    runs = study_runs(args.runs)
+    if args.label and len(args.label) != len(runs):
+        raise MinilmError(f"--label: give one label per run ({len(runs)}" + (f": {' '.join(map(str, runs))}"
+                          if runs != args.runs else "") + f"), got {len(args.label)}")  # fmt: skip
+    results = [load_results(find_results(Path(r))) for r in runs]
+    labels = args.label or distinct_labels(results, runs)
     fig, table = compare(results, labels, Path(args.out))
     print(Path(table).read_text())
     print(f"figure: {fig}\ntable: {table}")
     for warning in setting_differences(results, labels):  # (also at the top of the table) last, where it is seen
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def study_runs(args: list[str]) -> list:
+    """The arguments with a study's folder replaced by its runs (as its study.json lists them) that have an
+    evaluation: the study's runs compared. A run without one is left out, and said so."""
+    from minilm.runs import find_results, study_run_dirs
+
+    out = []
+    for arg in args:
+        runs = study_run_dirs(Path(arg)) if not (Path(arg) / "config.yaml").is_file() else None
+        if runs is None:
+            out.append(arg)
+            continue
+        found = []
+        for label, run_dir in runs:
+            try:
+                find_results(run_dir)
+            except MinilmError:
+                print(f"note: {arg}: its run {label} has no evaluation yet; left out", file=sys.stderr)
+            else:
+                found.append(run_dir)
+        out += found
+        if not found:
+            raise MinilmError(f"{arg}: a study's folder whose runs have no evaluation yet (its runs: "
+                              f"{', '.join(label for label, _ in runs)}); run or --resume the study first")
+    return out
 
 
 def distinct_labels(results: list[dict], args: list) -> list[str]:

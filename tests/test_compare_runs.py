@@ -134,3 +134,27 @@ def test_a_run_of_a_study_is_labelled_by_its_variant_even_alone(tmp_path):
     assert cmp.main(cmp.parser().parse_args([str(study / "alibi" / "seed2"), str(c), "--out", str(tmp_path)])) == 0
     table = (tmp_path / "compare.md").read_text()
     assert "| alibi/seed2/extend_2k | 40.00 |" in table and "| other/extend | 60.00 |" in table
+
+
+def test_a_studys_folder_compares_its_evaluated_runs(tmp_path, capsys):
+    study = _study(tmp_path)
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args([str(study), "--out", str(tmp_path / "cmp")])) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| yarn/seed1/extend_2k | 50.00 |" in table and "| alibi/seed2/extend_2k | 40.00 |" in table
+    assert "yarn/seed2 has no evaluation yet; left out" in capsys.readouterr().err
+
+
+def test_evaluate_py_on_a_studys_folder_says_what_to_give_instead(tmp_path):
+    import pytest
+
+    from minilm.errors import MinilmError
+    from minilm.runs import resolve_run
+
+    study = _study(tmp_path)
+    with pytest.raises(MinilmError, match=rf"{study} is a study's folder \(study.json\), not a run: give one of its "
+                                          rf"runs \(yarn/seed1, yarn/seed2, alibi/seed2\), e.g. {study}/yarn/seed1; "
+                                          rf"scripts/compare_runs.py {study} compares them all"):
+        resolve_run(study)
+    with pytest.raises(MinilmError, match=rf"{study}/yarn is a folder of runs \(seed1, seed2\), not a run"):
+        resolve_run(study / "yarn")
