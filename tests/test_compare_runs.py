@@ -75,8 +75,27 @@ def test_the_figure_says_which_run_each_training_length_line_belongs_to(tmp_path
     closed = []
     monkeypatch.setattr(plt, "close", closed.append)  # keep the figure to read its legend
     compare(runs, ["a/pre", "b/ext"], tmp_path / "cmp")
-    legend = [t.get_text() for t in closed[0].axes[0].get_legend().get_texts()]
+    legend = [t.get_text() for t in closed[0].axes[-1].get_legend().get_texts()]
     assert "trained at 64 (a/pre)" in legend and "trained at 256 (b/ext)" in legend
+
+
+def test_the_legend_of_compare_png_lies_outside_every_panel(tmp_path, monkeypatch):
+    """The legend sat inside the first panel, over the curves it names."""
+    import matplotlib.pyplot as plt
+
+    from minilm.eval import compare
+
+    runs = [json.loads((_evaluation(tmp_path / n, "p", 5.0) / "results.json").read_text()) for n in "abc"]
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    compare(runs, ["a/p", "b/p", "c/p"], tmp_path / "cmp")
+    fig = closed[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    assert len(legends) == 1 and [t.get_text() for t in legends[0].get_texts()][:3] == ["a/p", "b/p", "c/p"]
+    box = legends[0].get_window_extent(renderer)
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
 
 
 def test_evaluations_made_with_different_settings_are_named_in_a_warning(tmp_path, capsys):

@@ -547,9 +547,12 @@ def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[st
         ax.set_xlabel("context length (tokens)")
         ax.set_title(key)
         ax.grid(alpha=0.3, which="both")
-    axes[0][0].legend(fontsize=8)
+    # one legend for every panel (each draws the runs in the same colours), right of the last one, outside the
+    # axes: inside the first panel it covered the curves it names
+    handles, names = axes[0][0].get_legend_handles_labels()
+    axes[0][-1].legend(handles, names, fontsize=8, loc="upper left", bbox_to_anchor=(1.03, 1.0), borderaxespad=0)
     fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png", bbox_inches="tight"))
     plt.close(fig)
 
 
