@@ -308,7 +308,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
                 _train_run(study, r, out_dir, cfgs[r.label], plan.get(r.label), log)
     finally:  # also when a run fails or is interrupted: the summary of what has finished
         if is_primary_process() and out_dir.is_dir():
-            write_summary(study, out_dir, cfgs, plan, log)
+            write_summary(study, out_dir, cfgs, plan, log, extra=list(extra))
     return out_dir
 
 
@@ -616,11 +616,13 @@ def _averaged(results: list[dict], entry: dict, out_dir: Path) -> dict:
     return out
 
 
-def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Callable[[str], None] = print) -> None:
+def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Callable[[str], None] = print,
+                  extra: Optional[list[str]] = None) -> None:  # fmt: skip
     """study.json and study.md (per variant: what it sets and shares, validation loss per phase, its last
     evaluation; over seeds: mean ± sample sd, and the difference from the first variant paired by seed),
     compare.png / compare.md over the variants' last evaluations (their means). Runs not finished yet count with
-    the phases they have finished."""
+    the phases they have finished. ``extra``: the overrides for every variant given on the study's command line
+    (recorded: the study file alone does not say how its runs were trained)."""
     from minilm.eval import compare
     from minilm.files import atomic_write_text
 
@@ -635,7 +637,7 @@ def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Call
         entry["vs_first"] = paired_differences((entries[0], by_seed[0]), (entry, results))
     date = datetime.datetime.now().isoformat("T", "seconds")
     report = {"study": str(study.path), "name": study.name, "date": date, "seeds": study.seeds, "out": str(out_dir),
-              "variants": entries}  # fmt: skip
+              "command_line_overrides": list(extra or []), "variants": entries}  # fmt: skip
     atomic_write_text(out_dir / "study.json", json.dumps(report, indent=2))
     if averaged:
         compare([r for _, r in averaged], [n for n, _ in averaged], out_dir)
@@ -649,6 +651,9 @@ def _markdown(study: Study, report: dict, figure: bool) -> str:
     seeds = f"seeds {', '.join(map(str, study.seeds))}: mean ± sample sd" if n > 1 else (
         f"seed {study.seeds[0]}" if study.seeds else "one seed (the config's)")
     md = [f"# Study {study.name}", "", f"`{study.path}`, {report['date']}, {seeds}.", ""]
+    if report["command_line_overrides"]:  # every variant's, beside the study file's own (the table's column)
+        md += ["Command-line overrides (every variant): "
+               + " ".join(f"`{_short(o)}`" for o in report["command_line_overrides"]) + ".", ""]
     phases = list(dict.fromkeys(p for e in entries for p in e["val_loss"]))
     md += ["| variant | overrides | shared | " + " | ".join(f"val loss {p}" for p in phases) + " |",
            "|---|---|---|" + "---:|" * len(phases)]  # fmt: skip

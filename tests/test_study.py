@@ -278,6 +278,19 @@ def test_seeds_summary_compares_only_each_runs_last_phase_evaluation(tmp_path, s
     assert "| b | 9.00 |" in (out / "compare.md").read_text()
 
 
+def test_the_summary_records_the_overrides_given_on_the_studys_command_line(tmp_path, study_file):
+    """study.md / study.json said what the study file sets, not the key=value arguments every variant was trained
+    with (phases.short.steps=50 for a quick trial read as the file's schedule)."""
+    study_file.write_text("config: base.yaml\nvariants: {a: []}\n")
+    study, out, extra = load_study(study_file), tmp_path / "out", ["phases.short.steps=5", "train.log_every=2"]
+    cfgs = {r.label: run_config(study, r, out, extra) for r in study_runs(study)}
+    _finished(cfgs["a"], out / "a", ["short", "long"])
+    write_summary(study, out, cfgs, {}, log=lambda msg: None, extra=extra)
+    assert json.loads((out / "study.json").read_text())["command_line_overrides"] == extra
+    assert "Command-line overrides (every variant): `phases.short.steps=5` `train.log_every=2`." in (
+        out / "study.md").read_text()
+
+
 def test_each_seed_is_checked_against_its_own_seed_not_the_first_runs(tmp_path, study_file):
     """A seed's run evaluates with its own run.seed (the text it reads): the check of 'other settings than the study
     asks' compared every run with the first seed's config, so each later seed was listed, with a remedy command that
