@@ -393,6 +393,16 @@ def _has_outputs(run_dir: Path, names: list[str]) -> bool:
     return any(phase_dir(run_dir, n).exists() for n in names)
 
 
+def _nothing_to_resume(run_dir: Path, first: str) -> str:
+    """What --resume says where no phase has begun: no run at all, or a run stopped before its first phase began
+    (its config, tokenizer and TensorBoard files written, no phase directory): 'holds no run yet' was not true."""
+    found = sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    if not found:
+        return f"--resume: {run_dir} holds no run yet; starting one"
+    return (f"--resume: {run_dir} holds no phase yet, only {', '.join(found)} (the run stopped before its first "
+            f"phase began training); nothing to resume, so phase '{first}' starts from step 0")
+
+
 def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, log: Callable[[str], None],
                              set_in=None) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
     """--resume into a phase that has not finished: its newest good checkpoint (returned, with the state of the data
@@ -854,7 +864,7 @@ def run_phases(
     if not primary:  # every rank runs the phases alike, and each line was printed once per process; what goes wrong
         log = silent  # on another rank is raised there, and reaches the user from it
     if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
-        log(f"--resume: {run_dir} holds no run yet; starting one")  # but say that nothing was resumed
+        log(_nothing_to_resume(run_dir, names[0]))  # but say that nothing was resumed
     # a missing or unreadable --init fails before the corpus is prepared and run.dir is written; read once
     weights, init_model = read_weights_and_model(Path(init)) if init is not None else (None, None)
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
