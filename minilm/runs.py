@@ -126,11 +126,19 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
         if not weights.is_file():  # an unfinished run: its newest finished phase
             done = [p for p in run_phase_names(run_dir) if (run_dir / p / "model.safetensors").is_file()]
             if not done:
-                raise MinilmError(f"{run_dir} has no finished phase yet (no model.safetensors)")
+                raise MinilmError(f"{run_dir} has no finished phase yet (no model.safetensors): {_finish(run_dir)}")
             phase, weights = done[-1], run_dir / done[-1] / "model.safetensors"
     if not weights.is_file():
         raise MinilmError(f"{weights}: not found (has phase '{phase}' finished?)")
     return run_dir, phase, weights
+
+
+def _finish(run_dir: Path) -> str:
+    """The remedy for a run with no finished phase: nothing can be evaluated before one finishes."""
+    import shlex  # (run.dir given: the saved config's is where the run was made, which a moved run is not in)
+
+    words = ["python", "train.py", "--config", str(run_dir / "config.yaml"), f"run.dir={run_dir}", "--resume"]
+    return f"finish its first phase with: {shlex.join(words)}"
 
 
 def load_run_config(path: Path) -> DictConfig:
@@ -202,4 +210,7 @@ def find_results(path: str | Path) -> Path:
             raise MinilmError(f"{path}: not a run but a folder of runs ({', '.join(runs[:5])}"
                               f"{', ...' if len(runs) > 5 else ''}); name them: {path}/{runs[0]} ...")
         raise MinilmError(f"{path}: not a run directory (no config.yaml) and no results.json in it")
+    if not any((path / p / "model.safetensors").is_file() for p in run_phase_names(path)):  # evaluate.py would refuse
+        raise MinilmError(f"{path}: no evaluation, and no finished phase to evaluate yet; {_finish(path)}, then "
+                          f"scripts/evaluate.py --run {path}")  # fmt: skip
     raise MinilmError(f"{path}: no results.json found; run scripts/evaluate.py --run {path} first")

@@ -53,6 +53,7 @@ def test_each_documented_path_finds_its_results(tmp_path):
     assert find_results(other.parent) == other
     for name in ("pretrain", "extend_512"):
         (run / name / "eval" / "results.json").unlink()
+    (run / "pretrain" / "model.safetensors").write_bytes(b"")  # finished, not evaluated
     with pytest.raises(MinilmError, match="no results.json found; run scripts/evaluate.py --run"):
         find_results(run)  # a run not evaluated yet
 
@@ -66,3 +67,16 @@ def test_a_path_outside_any_run_is_named_as_given(tmp_path):
     (tmp_path / "configs" / "tiny.yaml").write_text("run: {name: x}\n")
     with pytest.raises(MinilmError, match=rf"^{tmp_path / 'configs' / 'tiny.yaml'} is not inside a minilm run "):
         resolve_run(tmp_path / "configs" / "tiny.yaml")
+
+
+def test_a_run_without_a_finished_phase_is_told_to_finish_it_not_to_evaluate_it(tmp_path):
+    """compare_runs.py advised 'run scripts/evaluate.py --run RUN first', which then refused: no phase had finished."""
+    run = _run(tmp_path)
+    (run / "pretrain").mkdir()
+    with pytest.raises(MinilmError, match=r"no evaluation, and no finished phase to evaluate yet; finish its first "
+                                          rf"phase with: python train.py --config {run}/config.yaml run.dir={run} "
+                                          r"--resume, then scripts/evaluate.py"):
+        find_results(run)
+    (run / "pretrain" / "model.safetensors").write_bytes(b"")  # a finished phase: evaluate it
+    with pytest.raises(MinilmError, match=rf"no results.json found; run scripts/evaluate.py --run {run} first"):
+        find_results(run)
