@@ -54,7 +54,9 @@ def _names(s: str) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from minilm.eval import evaluate_run, parse_extension, resolve_device
+    from minilm.eval import evaluate_run, extension_from_flag, resolve_device
+
+    extension = extension_from_flag(args.extension)  # (a bad one is refused before the run is read)
 
     changes = {"samples": args.samples, "depths": args.depths, "batches": args.batches, "seed": args.seed,
                "batch_tokens": args.batch_tokens, "stride": args.stride, "needles": args.needles}  # fmt: skip
@@ -65,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
         args.phase,
         lengths=args.lengths,
         tasks=args.tasks,
-        extension=parse_extension(args.extension or []),
+        extension=extension,
         out=args.out,
         device=resolve_device(args.device, name="--device"),  # (evaluate_run's own check names it 'device')
         tensorboard=not args.no_tb,

@@ -19,10 +19,10 @@ code 2 (--debug: traceback).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
-from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -55,14 +55,14 @@ def checkpoint_after_extension(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from minilm.eval import resolve_device
+    from minilm.eval import extension_from_flag, resolve_device
     from minilm.model.generate import TextStream, cache_blockers, check_sampling, generate
     from minilm.runs import load_run
 
     checkpoint_after_extension(args)
     # bad flags before the run is loaded, each named as given here (generate() names its parameters: top_k)
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, names=FLAGS)
-    extension = _extension(args.extension)
+    extension = extension_from_flag(args.extension)
     device = resolve_device(args.device, name="--device")
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
     model = run.model
@@ -72,7 +72,9 @@ def main(args: argparse.Namespace) -> int:
 
         if extension["name"] != NO_EXTENSION:  # (none: the plain model, which generate.py decodes with anyway)
             model, _ = apply_extension(model, run.cfg.model, run.tokenizer.vocab_size, extension, run.cfg.train.seq_len)
-            print(f"[extension: {applied_extension(extension, int(run.cfg.train.seq_len))}]", file=sys.stderr)
+            applied = applied_extension(extension, int(run.cfg.train.seq_len))  # as --extension takes it:
+            words = [applied.pop("name")] + [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in applied.items()]
+            print(f"[extension: {' '.join(words)}]", file=sys.stderr)
     ids = run.tokenizer.encode(args.prompt)
     if not ids:
         raise MinilmError("--prompt: encodes to no tokens; give some text")
@@ -99,26 +101,6 @@ def main(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print("".join(pending) + stream.flush())
     return 0
-
-
-def _extension(words: Optional[list]) -> dict:
-    """--extension's words as an extension block, checked before the run is loaded; an error names the flag as
-    given (the block's own checks name its keys: extension.factor)."""
-    from minilm.eval import check_extension, parse_extension
-    from minilm.eval.suite import NO_EXTENSION
-
-    if not words:
-        return {}
-    extension = parse_extension(words)
-    if extension["name"] == NO_EXTENSION:
-        if len(extension) > 1:
-            raise ConfigError(f"--extension none takes no parameters, got {' '.join(words[1:])}")
-        return extension
-    try:
-        check_extension(extension)
-    except ConfigError as e:
-        raise ConfigError(f"--extension {' '.join(words)}: {e}") from None
-    return extension
 
 
 def parser() -> argparse.ArgumentParser:

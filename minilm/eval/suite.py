@@ -142,6 +142,24 @@ def parse_extension(tokens: Sequence[str]) -> Dict[str, Any]:
     return out
 
 
+def extension_from_flag(words: Optional[Sequence[str]]) -> Dict[str, Any]:
+    """The words of evaluate.py's / generate.py's ``--extension METHOD [key=value ...]`` as an extension block
+    (``{}`` without the flag), checked before a run is loaded; an error begins with the flag as given, as the user
+    typed it (the block's own checks name its keys, extension.yarn.factor, which no command line has)."""
+    if not words:
+        return {}
+    extension = parse_extension(words)
+    if extension["name"] == NO_EXTENSION:
+        if len(extension) > 1:
+            raise ConfigError(f"--extension none takes no parameters, got {' '.join(words[1:])}")
+        return extension
+    try:
+        check_extension(extension)
+    except ConfigError as e:
+        raise ConfigError(f"--extension {' '.join(words)}: {e}") from None
+    return extension
+
+
 # ---------------------------------------------------------------------------------------------------- extensions
 
 

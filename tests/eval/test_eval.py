@@ -321,7 +321,11 @@ def test_evaluate_script_and_compare(tmp_path, fake_run, capsys):
     assert list((tmp_path / "side" / "tb").glob("events.out.tfevents.*"))
     # bad input: one message, exit code 2
     assert run_cli(ev.main, ev.parser(), argv + ["--extension", "bogus"]) == 2
-    assert "unknown method 'bogus'" in capsys.readouterr().err
+    assert "--extension bogus: extension.name: unknown method 'bogus'" in capsys.readouterr().err
+    # the flag as given, before the run is read (a missing run would have been the first error)
+    bad = ["--run", str(tmp_path / "missing"), "--extension", "yarn", "factor=-1"]
+    assert run_cli(ev.main, ev.parser(), bad) == 2
+    assert "error: --extension yarn factor=-1: extension.factor: must be >= 1" in capsys.readouterr().err
 
     cmp = _script("compare_runs")
     assert run_cli(cmp.main, cmp.parser(), [str(fake_run), str(fake_run / "train" / "eval-dynamic"), "--out",

@@ -73,7 +73,9 @@ def test_generate_takes_the_extensions_evaluate_takes_with_the_same_defaults(fak
         assert run_cli(gen.main, gen.parser(), argv) == 0
         captured = capsys.readouterr()
         assert captured.out == prompt + run.tokenizer.decode(want) + "\n"
-        assert ("'original_max_position_embeddings': 64" if len(extension) > 1 else "'train_len': 64") in captured.err
+        # the extension applied, as the flag writes it (a Python dict was printed)
+        assert ("[extension: dynamic factor=2 original_max_position_embeddings=64]" if len(extension) > 1
+                else "[extension: logn train_len=64]") in captured.err, captured.err
 
 
 def test_extension_none_decodes_the_plain_model_as_evaluate_takes_it(fake_run, capsys):
