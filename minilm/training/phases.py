@@ -187,9 +187,10 @@ def _verify_rotary(model: GPT, params, phase: str) -> None:
             raise MinilmError(f"phase '{phase}': layer {layer} rotary frequencies do not match the phase config")
 
 
-def check_phase_fits(model: GPT, pcfg, phase: str) -> None:
-    """The phase's seq_len within the limits of the model's encoding as the phase configures it (``_check_fits``)."""
-    _check_fits([model.pos_emb, *model.position_modules()], pcfg, phase)
+def check_phase_fits(model: GPT, pcfg, phase: str, set_in=None) -> None:
+    """The phase's seq_len within the limits of the model's encoding as the phase configures it (``_check_fits``;
+    ``set_in``: the run config's section of the phase, for the key the error names)."""
+    _check_fits([model.pos_emb, *model.position_modules()], pcfg, phase, set_in)
 
 
 def _check_phases_fit(model_cfg, pcfgs: dict, phases=None) -> None:

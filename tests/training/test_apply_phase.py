@@ -58,7 +58,7 @@ def test_learned_table_too_short_for_a_phase_is_named(tmp_path):
     model = GPT(cfg.model, 64)
     check_phase_fits(model, phase_config(cfg, "short"), "short")
     with pytest.raises(MinilmError, match=r"phases\.long\.seq_len: 256 .*learned.*64"):
-        check_phase_fits(model, phase_config(cfg, "long"), "long")
+        check_phase_fits(model, phase_config(cfg, "long"), "long", cfg.phases.long)
 
 
 def test_xpos_limit_is_checked_with_the_phase_s_own_scale_base(tmp_path):
@@ -78,5 +78,5 @@ def test_xpos_limit_is_checked_with_the_phase_s_own_scale_base(tmp_path):
     model = GPT(lowered.model, 64)
     check_phase_fits(model, phase_config(lowered, "short"), "short")
     with pytest.raises(MinilmError, match=r"phases\.long\.seq_len: 200 .*xpos"):
-        check_phase_fits(model, phase_config(lowered, "long"), "long")
+        check_phase_fits(model, phase_config(lowered, "long"), "long", lowered.phases.long)
     assert model.blocks[0].attn.pos.params.scale_base == 4.0  # checking configured a copy, not the model
