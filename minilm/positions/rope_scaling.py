@@ -160,6 +160,8 @@ class YarnScaling:
     truncate: bool = True
     # The temperature: an explicit attention_factor wins; else, when mscale and mscale_all_dim are both set and
     # non-zero (transformers' rule, used by DeepSeek-V2/V3 configs), their mscale ratio; else 0.1·ln(factor) + 1.
+    # (DeepSeek's attention also multiplies its softmax scale by mscale(factor, mscale_all_dim)²; minilm's does not:
+    # docs/extension.md, "Parity".)
     attention_factor: Optional[float] = None
     mscale: Optional[float] = None
     mscale_all_dim: Optional[float] = None

@@ -3,6 +3,7 @@ same rope_type. Tiny shapes: every test runs in milliseconds."""
 
 import math
 import re
+from dataclasses import fields
 
 import pytest
 import torch
@@ -299,7 +300,7 @@ def test_parse_scaling_gives_typed_frozen_parameters():
 # parity with Hugging Face transformers (optional dependency)
 
 
-def _hf(block, head_dim=D, max_len=L):
+def _hf(block, head_dim=D, max_len=L, base=BASE):
     transformers = pytest.importorskip("transformers")
     rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
     cfg = transformers.LlamaConfig(
@@ -307,9 +308,16 @@ def _hf(block, head_dim=D, max_len=L):
         num_attention_heads=2,
         head_dim=head_dim,
         max_position_embeddings=max_len,
-        rope_parameters={"rope_theta": BASE, **block},
+        rope_parameters={"rope_theta": base, **block},
     )
     return rope_utils, cfg
+
+
+def _hf_rope(block, seq_len=None, head_dim=D, max_len=L, base=BASE):
+    """transformers' (inv_freq, attention factor) for ``block`` (its own ``ROPE_INIT_FUNCTIONS`` entry)."""
+    rope_utils, cfg = _hf(block, head_dim, max_len, base)
+    inv_freq, factor = rope_utils.ROPE_INIT_FUNCTIONS[block["rope_type"]](cfg, "cpu", seq_len=seq_len)
+    return inv_freq.float(), float(factor)
 
 
 PARITY = [
@@ -338,7 +346,37 @@ PARITY = [
         "short_factor": [1.0] * (D // 2),
         "long_factor": [3.0] * (D // 2),
     },
+    # every parameter of every shared rope_type, beyond the cases above
+    {"rope_type": "linear", "factor": 2.5},
+    {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L},
+    {"rope_type": "dynamic", "factor": 4.0, "original_max_position_embeddings": L, "partial_rotary_factor": 0.5},
+    {**YARN, "factor": 2.5, "beta_fast": 12.5, "beta_slow": 0.5},
+    {**YARN, "factor": 16.0, "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False},
+    {**YARN, "factor": 8.0, "mscale": 1.0},  # only one of the pair: the plain temperature
+    {**YARN, "factor": 8.0, "mscale_all_dim": 0.5},
+    {**YARN, "factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707},  # DeepSeek-V2's pair: a ratio of 1
+    {**YARN, "factor": 4.0, "mscale": 0.0, "mscale_all_dim": 1.0},  # a zero mscale: the plain temperature
+    {**LLAMA3, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "partial_rotary_factor": 0.5},
+    {**LLAMA3, "factor": 3.0, "low_freq_factor": 0.5, "high_freq_factor": 1.5},
+    {
+        "rope_type": "longrope",
+        "factor": 8.0,
+        "original_max_position_embeddings": L,
+        "short_factor": [1.0 + 0.1 * i for i in range(D // 4)],
+        "long_factor": [2.0 + 0.5 * i for i in range(D // 4)],
+        "partial_rotary_factor": 0.5,
+    },
+    {**LONG, "factor": 1.0, "long_factor": [2.0] * (D // 2)},  # factor 1: no temperature
 ]
+
+
+def test_parity_cases_cover_every_shared_rope_type_and_parameter():
+    """The PARITY list exercises every rope_type transformers shares with minilm and every parameter of each."""
+    shared = {"linear", "dynamic", "yarn", "llama3", "longrope"}
+    assert {b["rope_type"] for b in PARITY} == shared
+    for rope_type in shared:
+        keys = {k for b in PARITY if b["rope_type"] == rope_type for k in b} - {"rope_type"}
+        assert keys == {f.name for f in fields(ROPE_SCALING[rope_type].params)}, rope_type
 
 
 @pytest.mark.parametrize("block", PARITY, ids=lambda b: b["rope_type"])
@@ -365,6 +403,130 @@ def test_parity_default_with_transformers():
     theirs, factor = LlamaRotaryEmbedding.compute_default_rope_parameters(config=cfg, device="cpu")
     torch.testing.assert_close(default(), theirs.float(), rtol=2e-6, atol=0)
     assert factor == 1.0
+
+
+def _shared_block(rope_type, head_dim, original, factor=8.0):
+    """A block of ``rope_type`` with every parameter away from its default, for a rotary dimension ``head_dim``."""
+    n = head_dim // 2
+    return {
+        "linear": {"factor": factor},
+        "dynamic": {"factor": factor, "original_max_position_embeddings": original},
+        "yarn": {"factor": factor, "original_max_position_embeddings": original, "beta_fast": 24.0, "beta_slow": 2.0},
+        "llama3": {"factor": factor, "original_max_position_embeddings": original, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0},
+        "longrope": {"factor": factor, "original_max_position_embeddings": original,
+                     "short_factor": [1.0 + 0.02 * i for i in range(n)], "long_factor": [1.0 + i for i in range(n)]},
+    }[rope_type] | {"rope_type": rope_type}  # fmt: skip
+
+
+@pytest.mark.parametrize("rope_type", ["linear", "dynamic", "yarn", "llama3", "longrope"])
+@pytest.mark.parametrize("head_dim,base,original", [(128, 500000.0, 8192), (64, 1e6, 2048), (16, 10000.0, 256)])
+def test_parity_with_transformers_at_other_head_dims_and_bases(rope_type, head_dim, base, original):
+    """Llama-3-sized heads and bases (head_dim 128, θ 500000, 8192 tokens) as well as tiny ones."""
+    block = _shared_block(rope_type, head_dim, original)
+    for seq_len in (None, original // 2, original, original + 1, 3 * original + 5):
+        theirs, their_factor = _hf_rope(block, seq_len, head_dim, original, base)
+        ours, our_factor = compute_rope(head_dim, base, block, seq_len if rope_type in LENGTH_DEPENDENT else None)
+        torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=0)
+        assert our_factor == pytest.approx(their_factor, rel=1e-12)
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+@pytest.mark.parametrize("seq_len", [1, L, L + 1, 4 * L + 3])
+def test_parity_with_transformers_at_a_tensor_length(rope_type, seq_len):
+    """The rotary module passes the length as a 0-d tensor, as transformers' dynamic_rope_update does."""
+    block = _shared_block(rope_type, D, L, factor=3.0)
+    theirs, their_factor = _hf_rope(block, torch.tensor(seq_len))
+    ours, our_factor = compute_rope(D, BASE, block, seq_len=torch.tensor(seq_len))
+    torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=0)
+    assert float(our_factor) == pytest.approx(their_factor, rel=1e-6)
+
+
+# The three rope_types transformers does not have are compositions of its functions: checked against those.
+
+
+@pytest.mark.parametrize("factor", [2, 4, 8, 32])
+@pytest.mark.parametrize("partial", [1.0, 0.5])
+def test_ntk_equals_transformers_dynamic_ntk_at_factor_times_the_length(factor, partial):
+    """bloc97's NTK-aware base change is what dynamic NTK (factor 1) gives at L' = factor · L."""
+    block = {"rope_type": "ntk", "factor": factor, "partial_rotary_factor": partial}
+    dynamic = {"rope_type": "dynamic", "factor": 1.0, "original_max_position_embeddings": L}
+    theirs, their_factor = _hf_rope({**dynamic, "partial_rotary_factor": partial}, seq_len=factor * L)
+    ours, our_factor = compute_rope(D, BASE, block)
+    torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=0)
+    assert our_factor == their_factor == 1.0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"factor": 4.0, "original_max_position_embeddings": L},
+        {"factor": 16.0, "original_max_position_embeddings": 256, "beta_fast": 16.0, "beta_slow": 2.0},
+        {"factor": 4.0, "original_max_position_embeddings": 2048, "truncate": False, "partial_rotary_factor": 0.5},
+    ],
+)
+def test_ntk_by_parts_equals_transformers_yarn_frequencies_without_temperature(params):
+    theirs, _ = _hf_rope({"rope_type": "yarn", **params})
+    ours, our_factor = compute_rope(D, BASE, {"rope_type": "ntk_by_parts", **params})
+    torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=0)
+    assert our_factor == 1.0
+
+
+@pytest.mark.parametrize("factor", [1.0, 2.0])
+@pytest.mark.parametrize("extra", [{}, {"mscale": 1.0, "mscale_all_dim": 0.5}, {"beta_fast": 8.0, "truncate": False}])
+@pytest.mark.parametrize("seq_len", [1, L // 2, L, L + 1, 3 * L + 7, 16 * L])
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_dynamic_yarn_equals_transformers_yarn_at_the_length_s_factor(factor, extra, seq_len, as_tensor):
+    """Dynamic YaRN (the YaRN repo's LlamaDynamicYaRNScaledRotaryEmbedding, with factor 1): the default up to L,
+    beyond it transformers' YaRN with the factor s·L'/L − (s − 1), frequencies and temperature both."""
+    block = {"rope_type": "dynamic_yarn", "factor": factor, "original_max_position_embeddings": L, **extra}
+    ours, our_factor = compute_rope(D, BASE, block, seq_len=torch.tensor(seq_len) if as_tensor else seq_len)
+    if seq_len <= L:
+        theirs, their_factor = compute_rope(D, BASE)
+    else:
+        effective = factor * seq_len / L - (factor - 1)
+        theirs, their_factor = _hf_rope({**block, "rope_type": "yarn", "factor": effective})
+    torch.testing.assert_close(ours, theirs, rtol=2e-6, atol=0)
+    assert float(our_factor) == pytest.approx(their_factor, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": L},
+        {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": L, "attention_factor": 0.75},
+        {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": L},
+        _shared_block("longrope", D, L, factor=4.0),
+        _shared_block("llama3", D, L),
+        {"rope_type": "linear", "factor": 4.0},
+    ],
+    ids=lambda b: b["rope_type"],
+)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("T", [L // 2, 3 * L])
+def test_rotary_module_equals_transformers_rotary_embedding(block, layout, T):
+    """Where the attention factor goes: transformers' LlamaRotaryEmbedding multiplies cos and sin by it (so q and
+    k each carry it and the logits its square), and dynamic / longrope read max(position_ids) + 1. A fresh module
+    per length (transformers' dynamic update caches the longest length seen). Interleaved is the same rotation
+    with the pairs permuted."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama import modeling_llama
+
+    _, cfg = _hf(block)
+    pos = torch.arange(T)[None]
+    g = torch.Generator().manual_seed(T)
+    q, k = torch.randn(2, 2, 3, T, D, generator=g, dtype=torch.float64).float()
+    cos, sin = modeling_llama.LlamaRotaryEmbedding(cfg)(q, pos)
+    q_hf, k_hf = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin)
+    rope = Rope(RopeParams(scaling=block, layout=layout), PositionDims(D * 2, 2, 2, D, 1))
+    half = torch.cat((torch.arange(0, D, 2), torch.arange(1, D, 2)))  # interleaved dim 2i, 2i+1 -> half i, i + D/2
+    perm = half if layout == "interleaved" else torch.arange(D)
+    inv = torch.argsort(perm)
+    q_ours, k_ours = rope.rotate(q[..., inv], k[..., inv], pos, pos)
+    # fp32 angles up to ~200 rad: one ulp of the angle is ~1.5e-5, and the float32 frequencies differ by ~1e-7
+    torch.testing.assert_close(q_ours[..., perm], q_hf, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(k_ours[..., perm], k_hf, rtol=1e-4, atol=1e-4)
+    assert transformers  # the import is the skip
 
 
 def test_reconfiguring_keeps_the_tables_on_the_model_s_device():
