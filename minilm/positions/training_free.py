@@ -234,7 +234,9 @@ class SelfExtend(_Merged):
     neighbour attention with exact relative positions r = m − n where r < w_n, grouped attention beyond it with
     query position ⌊m/G⌋ + (w_n − ⌊w_n/G⌋) and key position ⌊n/G⌋, so the grouped relative position
     ⌊m/G⌋ − ⌊n/G⌋ + w_n − ⌊w_n/G⌋ continues from about w_n. (The paper writes the shift as w_n − w_n/G; the
-    reference code uses a true division, which equals ours whenever G divides w_n — we keep positions integral.)
+    reference code (datamllab/LongLM, self_extend_patch/Llama.py) uses a true division in its prefill paths and a
+    floor division in its flash decoding path, as we do; the two agree whenever G divides w_n — we keep positions
+    integral.)
     With G = 1, or w_n >= the length, this is plain RoPE."""
 
     name = "self_extend"

@@ -409,3 +409,43 @@ def test_generation_with_a_kv_cache_matches_the_full_forward(name):
         steps = [model(x[:, :7], cache=cache), model(x[:, 7:10], cache=cache)]
         steps += [model(x[:, i : i + 1], cache=cache) for i in range(10, T_MODEL)]
     torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+
+
+EXACT = {  # method, params -> where (m, n) keeps its exact relative position m − n, by the paper's definition
+    ("rerope", (("window", 5),)): lambda m, n: m - n <= 5,  # r < w kept; r >= w becomes w, which is r at r = w
+    ("self_extend", (("group_size", 3), ("window", 6))): lambda m, n: m - n < 6,  # the neighbour window
+    # chunks of s = 7: the same chunk, and the previous chunk while s + m mod s <= chunk_size (m mod s <= 3)
+    ("dca", (("chunk_size", 10), ("local_window", 3))): lambda m, n: m // 7 == n // 7 or (
+        m // 7 - n // 7 == 1 and m % 7 <= 3
+    ),
+}
+
+
+@pytest.mark.parametrize("rope_kind", ["plain", "yarn"])
+@pytest.mark.parametrize("method,params", list(EXACT), ids=[m for m, _ in EXACT])
+def test_logits_equal_plain_rope_wherever_the_method_keeps_exact_positions(method, params, rope_kind, monkeypatch):
+    """Within ReRoPE's window, Self-Extend's neighbour window and DCA's chunk (and its local window across the
+    boundary) every logit is plain RoPE's, with a model's full set of frequencies (and YaRN's temperature); outside
+    them the logits differ."""
+    import minilm.positions.training_free as tf
+
+    captured = {}
+
+    def capture(logits, v, mask, dtype):
+        captured["logits"] = logits
+        return torch.zeros(*logits.shape[:3], v.shape[-1], dtype=dtype)
+
+    monkeypatch.setattr(tf, "_softmax_attend", capture)
+    rot = rope(**ROPES[rope_kind])
+    T = 30
+    q, k, v = qkv(T, T, seed=7)
+    pos = torch.arange(T)[None]
+    build_extension(method, dict(params)).attend(q, k, v, rot, pos, pos, AttentionMask())
+    q_rot, k_rot = rot.rotate(q, k, pos, pos)
+    plain = (q_rot @ k_rot.repeat_interleave(H // HKV, 1).transpose(-1, -2)) * rot.softmax_scale(DH)
+    exact = torch.tensor([[EXACT[(method, params)](m, n) for n in range(T)] for m in range(T)])
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    got = captured["logits"]
+    torch.testing.assert_close(got[..., exact & causal], plain[..., exact & causal], rtol=1e-5, atol=1e-5)
+    outside = ~exact & causal
+    assert outside.any() and (got[..., outside] - plain[..., outside]).abs().amax() > 1e-2
