@@ -201,7 +201,9 @@ class ReRopeParams:
 class ReRope(_Merged):
     """ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", kexue.fm/archives/9708): relative position
     r = m − n if r < w, else w. Two logit matrices — q at m with k at n, and q at w with k at 0 — merged by the
-    mask r < w (as Su's reference implementation does). With w >= the length this is plain RoPE."""
+    mask r < w (as Su's reference implementation does). Su's reference patch (bojone/rerope, rerope_patch.py) also
+    multiplies every query by log-n's max(1, log(m+1)/log L_train); this is ReRoPE alone (log-n is ``logn``), so
+    with w >= the length it is plain RoPE."""
 
     name = "rerope"
     Params = ReRopeParams
