@@ -72,6 +72,11 @@ def _plain(x: Any) -> Any:
 # ------------------------------------------------------------------------------------------------ checks
 
 
+# what a refusal says can be exported (the error named what cannot, not what to train instead)
+EXPORTABLE = ("exportable: model.position.name: rope (layout half or interleaved, fraction 1, nope_every 0) with "
+              f"scaling rope_type {', '.join(HF_ROPE_TYPES)} or none, and model.mlp: swiglu")
+
+
 def check_exportable(model_cfg, model=None) -> None:
     """Raise MinilmError naming everything of ``model_cfg`` (and an instantiated ``model``) a Llama cannot express."""
     problems = []
@@ -91,9 +96,7 @@ def check_exportable(model_cfg, model=None) -> None:
         scaling = position.get("scaling") or {}
         rope_type = scaling.get("rope_type", "default")
         if rope_type not in HF_ROPE_TYPES:
-            supported = ", ".join(HF_ROPE_TYPES)
-            problems.append(f"model.position.scaling.rope_type: {rope_type!r} — transformers has no such rope_type "
-                            f"(exportable: {supported})")  # fmt: skip
+            problems.append(f"model.position.scaling.rope_type: {rope_type!r} — transformers has no such rope_type")
         if scaling.get("partial_rotary_factor", 1.0) != 1.0:
             problems.append("model.position.scaling.partial_rotary_factor: partial rotary; transformers' Llama "
                             "rotates every head dimension")  # fmt: skip
@@ -111,7 +114,8 @@ def check_exportable(model_cfg, model=None) -> None:
                 problems.append(f"layer {i}: position module {type(b.attn.pos).__name__} is not plain RoPE")
                 break
     if problems:
-        raise MinilmError("cannot export to a transformers Llama model:\n  - " + "\n  - ".join(problems))
+        raise MinilmError("cannot export to a transformers Llama model:\n  - " + "\n  - ".join(problems)
+                          + "\n" + EXPORTABLE)
 
 
 # ------------------------------------------------------------------------------------------------ config

@@ -195,6 +195,9 @@ def test_refuses_what_llama_cannot_express(case, tmp_path):
     with pytest.raises(MinilmError, match="cannot export") as err:
         export_model(model, cfg, None, tmp_path)
     assert needle in str(err.value)
+    # and what can be exported instead: the refusal named only what cannot
+    assert "exportable: model.position.name: rope (layout half or interleaved" in str(err.value)
+    assert "rope_type default, linear, dynamic, yarn, llama3, longrope, ntk, ntk_by_parts" in str(err.value)
     assert not (tmp_path / "model.safetensors").exists()
 
 
