@@ -64,10 +64,24 @@ CASES = {
     "interleaved_yarn": ["model.position.layout=interleaved",
                          scaling(f"{{rope_type: yarn, factor: 4.0, original_max_position_embeddings: {L}}}")],
     "mha_untied": ["model.n_kv_heads=4", "model.tie_embeddings=false", "model.norm_eps=1e-6"],
+    # the optional keys of the scaling blocks, each copied to transformers' rope_parameters as it is
+    "yarn_attention_factor": [scaling(f"{{rope_type: yarn, factor: 4.0, original_max_position_embeddings: {L},"
+                                      " attention_factor: 1.3}")],  # fmt: skip
+    "yarn_no_truncate": [scaling(f"{{rope_type: yarn, factor: 4.0, original_max_position_embeddings: {L},"
+                                 " truncate: false}")],  # fmt: skip
+    "ntk_by_parts_no_truncate": [scaling(f"{{rope_type: ntk_by_parts, factor: 4.0,"
+                                         f" original_max_position_embeddings: {L}, truncate: false}}")],  # fmt: skip
+    # no factor: the temperature is given, the context length is the training length
+    "longrope_attention_factor": [scaling(f"{{rope_type: longrope, attention_factor: 1.2,"
+                                          f" original_max_position_embeddings: {L}, short_factor: {SHORT},"
+                                          f" long_factor: {LONG}}}")],  # fmt: skip
+    "mqa_d_ff": ["model.n_kv_heads=1", "model.d_ff=100"],  # one kv head for all; a d_ff not from the default rule
 }
 ROPE_TYPE = {"linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "yarn_mscale": "yarn", "llama3": "llama3",
              "llama3_defaults": "llama3",
-             "longrope": "longrope", "ntk": "ntk", "ntk_by_parts": "ntk_by_parts", "interleaved_yarn": "yarn"}
+             "longrope": "longrope", "ntk": "ntk", "ntk_by_parts": "ntk_by_parts", "interleaved_yarn": "yarn",
+             "yarn_attention_factor": "yarn", "yarn_no_truncate": "yarn", "ntk_by_parts_no_truncate": "ntk_by_parts",
+             "longrope_attention_factor": "longrope"}
 
 
 @pytest.mark.parametrize("case", list(CASES))
