@@ -495,14 +495,21 @@ def _load_from_disk(where: str, path: Path, split: str):
     except Exception as e:  # a damaged directory: FileNotFoundError, ValueError, pyarrow errors...
         raise DataError(f"{where}: datasets.load_from_disk({str(path)!r}) failed: {type(e).__name__}: "
                         f"{(str(e).splitlines() or [''])[0]}") from None  # fmt: skip
-    if isinstance(ds, datasets.DatasetDict):
-        if split not in ds:
-            raise DataError(f"{where}.split: {split!r} is not a split of {path} (splits: {', '.join(ds)})")
-        ds = ds[split]
-    elif split != "train":  # the default; another name would silently read the whole (only) dataset
-        raise DataError(f"{where}.split: {path} holds one Dataset (save_to_disk of a Dataset, no splits), so "
-                        f"split {split!r} cannot be chosen; leave split at its default 'train'")  # fmt: skip
-    return ds
+    splits = dict(ds) if isinstance(ds, datasets.DatasetDict) else {"train": ds}
+    try:  # load_dataset's split syntax: a split, a slice of one (train[:1000], train[10%:]), a sum (train+test)
+        parts = datasets.ReadInstruction.from_spec(split).to_absolute({n: len(d) for n, d in splits.items()})
+    except ValueError as e:  # a split name not there, or a malformed spec (load_from_disk took only whole splits:
+        # a slice, the syntax the hf kind documents for split, was "not a split")
+        if not isinstance(ds, datasets.DatasetDict):  # another name would silently read the whole (only) dataset
+            raise DataError(f"{where}.split: {path} holds one Dataset (save_to_disk of a Dataset, no splits), so "
+                            f"split {split!r} cannot be chosen; leave split at its default 'train' (a slice of it, "
+                            f"train[:1000] or train[:10%], is allowed)") from None  # fmt: skip
+        raise DataError(f"{where}.split: {split!r} is not a split of {path} (splits: {', '.join(ds)}), nor a slice "
+                        f"or sum of them (train[:1000], train[10%:], train+test); datasets says: {e}"
+                        ) from None  # fmt: skip
+    pieces = [splits[p.splitname].select(range(p.from_, p.to)) if (p.from_, p.to) != (0, len(splits[p.splitname]))
+              else splits[p.splitname] for p in parts]  # fmt: skip
+    return pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
 
 
 def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_files: Any, streaming: bool,

@@ -97,6 +97,30 @@ def test_hf_kind_opens_a_save_to_disk_directory(tmp_path):
     assert _texts(load_corpus(cfg, progress=False)) == set(STORIES[:10])
 
 
+@pytest.mark.parametrize("split, kept", [("train[:5]", STORIES[:5]), ("test[-50%:]", STORIES[25:]),
+                                         ("train[10:12]+test", STORIES[10:12] + STORIES[20:])])
+def test_hf_kind_takes_a_slice_of_a_save_to_disk_split(tmp_path, split, kept):
+    """``split`` takes load_dataset's syntax (``train[:1000]``, percents, sums) for a save_to_disk directory too, as
+    the hf kind documents it: a slice was refused as "not a split" of a saved DatasetDict or Dataset."""
+    import datasets
+
+    whole, one = tmp_path / "dict", tmp_path / "one"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"story": STORIES[:20]}),
+                          "test": datasets.Dataset.from_dict({"story": STORIES[20:]})}).save_to_disk(str(whole))
+    datasets.Dataset.from_dict({"story": STORIES}).save_to_disk(str(one))
+    cfg = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(whole), "split": split, "text_field": "story"}})
+    assert _texts(load_corpus(cfg, progress=False)) == set(kept)
+    if split.startswith("train["):  # a single saved Dataset is the split "train": its slices too
+        cfg = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(one), "split": split.split("+")[0],
+                                              "text_field": "story"}})  # fmt: skip
+        start, stop = (int(x or 0) for x in split.split("+")[0][6:-1].split(":"))
+        assert _texts(load_corpus(cfg, progress=False)) == set(STORIES[start:stop])
+    bad = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": str(whole), "split": "train[:5",
+                                          "text_field": "story"}})  # fmt: skip
+    with pytest.raises(DataError, match=r"data.sources.st.split: 'train\[:5' is not a split .*nor a slice or sum"):
+        load_corpus(bad, progress=False)
+
+
 @pytest.mark.parametrize("form", ["glob", "dict"])
 def test_hf_data_files_pattern_or_mapping_follows_the_files_it_matches(tmp_path, monkeypatch, form):
     """The cache key hashes the files ``data_files`` names, not the pattern: a glob gaining a file, or a file of a
