@@ -482,6 +482,15 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
     return docs
 
 
+def _column_kind(feature: Any) -> Optional[str]:
+    """What a non-text column holds (``int64``, ``a list``, ...), or None for a text column, or one of nulls alone
+    (a null record is skipped as empty, as a missing text is)."""
+    dtype = getattr(feature, "dtype", None)
+    if type(feature).__name__ == "Value":
+        return None if dtype in ("string", "large_string", "null") else f"{dtype} values"
+    return f"{type(feature).__name__} values"  # List, Sequence, a dict of features, Image, ...
+
+
 def _saved_to_disk(path: Path) -> bool:
     """A directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (load_dataset refuses those)."""
     return path.is_dir() and any((path / f).is_file() for f in ("state.json", "dataset_dict.json"))
@@ -560,6 +569,13 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix
                  if paths_key and _data_suffix(Path(file))[0] == ".json" else "")  # fmt: skip
         raise DataError(f"{key}: {text_field!r} is not a column of {file} (columns: {', '.join(columns)}); "
                         f"set text_field to one of them{other}")  # fmt: skip
+    features = getattr(ds, "features", None)
+    kind = _column_kind(features[text_field]) if features is not None and text_field in features else None
+    if kind is not None:  # a number or a list column: every record was skipped as not_text, and the error was "the
+        # source yields no documents (skipped: not_text: 400)", naming neither text_field nor the text columns
+        texts = [c for c in features if _column_kind(features[c]) is None]
+        hint = f"set text_field to a text column: {', '.join(texts)}" if texts else f"{file} has no text column"
+        raise DataError(f"{key}: column {text_field!r} of {file} holds {kind}, not text; {hint}")
     records = iter(ds.select_columns([text_field]) if columns is not None else ds)
     for i in itertools.count():
         if max_docs is not None and len(docs.texts) >= max_docs:

@@ -272,6 +272,24 @@ def test_parquet_without_the_named_field(tmp_path, parquet_file, kind):
         load_corpus(cfg, progress=False)
 
 
+@pytest.mark.parametrize("kind, form", [("files", "parquet_file"), ("hf", "parquet_file"), ("hf", "jsonl_file"),
+                                        ("hf", "streaming"), ("hf", "save_to_disk")])
+def test_a_text_field_that_is_not_text_names_the_key_and_the_text_columns(tmp_path, request, kind, form):
+    """text_field naming a number column (here ``id``): every record was skipped as not_text and the error said only
+    "the source yields no documents (skipped: not_text: 30)", naming neither the key nor the text columns."""
+    import datasets
+
+    path = request.getfixturevalue("jsonl_file" if form == "streaming" else form) if form != "save_to_disk" else None
+    if form == "save_to_disk":
+        path = tmp_path / "saved"
+        datasets.Dataset.from_dict({"id": list(range(len(STORIES))), "story": STORIES}).save_to_disk(str(path))
+    spec = {"kind": kind, "text_field": "id", **({"paths": [str(path)]} if kind == "files" else {"path": str(path)}),
+            **({"streaming": True} if form == "streaming" else {})}  # fmt: skip
+    with pytest.raises(DataError, match=r"data\.sources\.x\.text_field: column 'id' of .* holds int64 values, not "
+                                        r"text; set text_field to a text column: story"):  # fmt: skip
+        load_corpus(make_data_cfg(tmp_path, {"x": spec}), progress=False)
+
+
 def test_missing_hf_dataset(tmp_path):
     cfg = make_data_cfg(tmp_path, {"x": {"kind": "hf", "path": str(tmp_path / "no_such_dir")}})
     with pytest.raises(DataError, match=r"data\.sources\.x: datasets\.load_dataset"):
