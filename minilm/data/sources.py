@@ -472,6 +472,11 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
                             f"remove name (pick a split of a saved DatasetDict with split)")  # fmt: skip
         ds = _load_from_disk(where, Path(path), spec.split)
     else:
+        if spec.streaming and "[" in spec.split:  # datasets streams whole splits: "Bad split: train[:10%]", under
+            # the source's name alone (not its split key), and no way round it
+            raise DataError(f"{where}.split: {spec.split!r} is a slice, which datasets cannot stream (it streams "
+                            f"whole splits); give the split's name alone with max_docs: N to read its first N "
+                            f"records, or streaming: false")  # fmt: skip
         # local files: converted afresh (read_source); a Hub dataset: datasets' cache, not downloaded each time
         ds = _load_dataset(where, path, spec.name, spec.split, data_files, spec.streaming,
                            cache_dir=local_cache if _hf_local_files(spec) else None)  # fmt: skip

@@ -121,6 +121,17 @@ def test_hf_kind_takes_a_slice_of_a_save_to_disk_split(tmp_path, split, kept):
         load_corpus(bad, progress=False)
 
 
+def test_a_streamed_slice_is_refused_naming_split_and_max_docs(tmp_path, jsonl_file):
+    """datasets cannot stream a slice: its "Bad split: train[:5]" came under data.sources.st alone; the error names
+    the split key and the way to a quick run (max_docs), and the split's name alone streams."""
+    spec = {"kind": "hf", "path": str(jsonl_file), "text_field": "story", "streaming": True, "split": "train[:5]"}
+    with pytest.raises(DataError, match=r"data\.sources\.st\.split: 'train\[:5\]' is a slice, which datasets cannot "
+                                        r"stream .*max_docs: N"):  # fmt: skip
+        load_corpus(make_data_cfg(tmp_path, {"st": spec}), progress=False)
+    spec.update(split="train", max_docs=5)
+    assert len(_texts(load_corpus(make_data_cfg(tmp_path, {"st": spec}), progress=False))) == 5
+
+
 @pytest.mark.parametrize("form", ["glob", "dict"])
 def test_hf_data_files_pattern_or_mapping_follows_the_files_it_matches(tmp_path, monkeypatch, form):
     """The cache key hashes the files ``data_files`` names, not the pattern: a glob gaining a file, or a file of a
