@@ -302,9 +302,17 @@ def _weights(data_cfg: Any, corpus: Corpus, key: str = "data.sources") -> Dict[s
                         f"can change the weights of the run's sources but not add sources")  # fmt: skip
     w = {n: specs[n].weight if n in specs else 0.0 for n in corpus.source_names}
     total = sum(w.values())
-    if abs(total - 1.0) > 1e-6:
-        log.info("data.sources weights %s normalized to sum to 1", w)
-    return {n: v / total for n, v in w.items()}
+    shares = {n: v / total for n, v in w.items()}
+    said = (str(corpus.cache_dir), key, tuple(w.items()))
+    if abs(total - 1.0) > 1e-6 and said not in _NORMALIZED:  # once, not for each split's sampler
+        _NORMALIZED.add(said)
+        log.info("%s weights %s sum to %g: each source's share of the rows is %s", key,
+                 ", ".join(f"{n} {v:g}" for n, v in w.items()), total,
+                 ", ".join(f"{n} {v:.3g}" for n, v in shares.items()))  # fmt: skip
+    return shares
+
+
+_NORMALIZED: set = set()  # (corpus, key, weights) whose normalization was logged
 
 
 def synthetic_style(data_cfg: Any) -> str:

@@ -115,7 +115,7 @@ def test_doc_ids_and_positions_equal_a_reference_built_from_the_tokens(mixed_cfg
         assert torch.equal(mask, ref)
 
 
-def test_source_weights_hold_within_the_packed_part(tmp_path):
+def test_source_weights_hold_within_the_packed_part(tmp_path, caplog):
     for name, word in (("a", "alpha"), ("b", "omega")):  # each source's text is recognizable in any window
         (tmp_path / name).mkdir()
         for i in range(12):
@@ -125,7 +125,12 @@ def test_source_weights_hold_within_the_packed_part(tmp_path):
         "b": {"kind": "files", "paths": [f"{tmp_path}/b/*.txt"], "weight": 1.0},
     })  # fmt: skip
     corpus = load_corpus(cfg, progress=False)
-    s = make_sampler(corpus, "train", cfg, seq_len=16, batch_size=8, seed=0, phase="p")
+    with caplog.at_level("INFO", logger="minilm.data.sampler"):
+        s = make_sampler(corpus, "train", cfg, seq_len=16, batch_size=8, seed=0, phase="p")
+        make_sampler(corpus, "val", cfg, seq_len=16, batch_size=8, seed=0, phase="p")
+    # the normalization is said once (prepare_data.py printed it for each split) with the shares, not the weights
+    said = [r.getMessage() for r in caplog.records if "weights" in r.getMessage()]
+    assert said == ["data.sources weights a 3, b 1 sum to 4: each source's share of the rows is a 0.75, b 0.25"], said
     texts = [corpus.tokenizer.decode(r.tolist()) for i in range(100) for r in s.batch(i)["input_ids"]]
     assert all(("alpha" in t) != ("omega" in t) for t in texts)  # a row never mixes sources
     assert np.mean(["alpha" in t for t in texts]) == pytest.approx(0.75, abs=0.05)
