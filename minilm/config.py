@@ -494,8 +494,9 @@ def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: A
     except (OmegaConfBaseException, yaml.YAMLError) as e:
         bad = next((item for item in overrides if not _parses(item)), None)
         where = f"override '{bad}'" if bad else "overrides"
-        raise ConfigError(f"{source}: cannot parse {where} (values are YAML: write "
-                          f"'key={{a: 1, b: [x, y]}}' with a space after each colon): {e}") from None
+        problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]  # (not the scanner's marks)
+        raise ConfigError(f"{source}: cannot parse {where}: {problem} (values are YAML: write "
+                          f"'key={{a: 1, b: [x, y]}}' with a space after each colon)") from None
     _check_glued_colon(dot, f"on the {source}" if source == COMMAND_LINE else f"in {source}")
     _check_phase_names(cfg, dot, path, source)
     cfg = _merge_layer(cfg, dot, source, dotlist=True)

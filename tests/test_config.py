@@ -254,6 +254,11 @@ def test_a_yaml_file_reads_a_value_as_the_command_line_does(tmp_path):
 def test_an_override_that_is_not_yaml_is_named():
     with pytest.raises(ConfigError, match=r"command line: cannot parse override 'data.sources.x=\{kind:files"):
         load_config(overrides=["train.steps=3", "data.sources.x={kind:files,paths:[]}"])
+    # the parser's problem in one line, not its scanner report ('in "<unicode string>", line 1, column 1' ...)
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=["model.d_model=[1"])
+    assert str(e.value).startswith("command line: cannot parse override 'model.d_model=[1': did not find expected")
+    assert "unicode string" not in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("key, value", [("log_every", 0), ("val_every", -1), ("ckpt_every", -1),
