@@ -463,7 +463,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     try:
         validate(cfg)
     except ConfigError as e:  # value checks name the key; say which layer gave it (a base YAML, the command line)
-        raise ConfigError(f"{e}{_set_where(str(e), layers)}") from None
+        raise ConfigError(f"{e}{_set_where(str(e), layers, cfg)}") from None
     return cfg
 
 
@@ -504,18 +504,76 @@ def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: A
     return cfg, dot
 
 
-def _set_where(message: str, layers: List[tuple[str, DictConfig]]) -> str:
+def _set_where(message: str, layers: List[tuple[str, DictConfig]],
+               cfg: Optional[DictConfig] = None) -> str:  # fmt: skip
     """' (set in FILE)' / ' (set on the command line)' for the key a check's message starts with (every check
     here and in minilm.positions / minilm.eval writes 'key: what is wrong'): the last layer that gives that key, a
     null included (``model.position.base=null`` is the command line's, not the YAML's that gave 10000.0). Empty where
-    no layer gives it (a derived key such as phases.NAME.eval.lengths, or a schema default)."""
+    no layer gives it (a derived key such as phases.NAME.eval.lengths, or a schema default). With ``cfg`` (the
+    loaded config), a layer whose value is not the one ``cfg`` holds is not named: a scaling block of another
+    rope_type replaces the earlier one (``_fresh_scaling``), so the YAML's dropped ``factor`` did not set the
+    ``factor: required`` that the new block lacks: that value is said to be dropped instead."""
     key = KEY_PREFIX.match(message)
+    if not key:
+        return ""
     absent = object()
-    for label, layer in reversed(layers):
-        given = key and OmegaConf.select(layer, key.group(1), default=absent, throw_on_resolution_failure=False)
-        if key and given is not absent:
+    final = absent if cfg is None else OmegaConf.select(cfg, key.group(1), default=absent,
+                                                        throw_on_resolution_failure=False)  # fmt: skip
+    dropped = ""
+    for i in reversed(range(len(layers))):
+        label, layer = layers[i]
+        given = OmegaConf.select(layer, key.group(1), default=absent, throw_on_resolution_failure=False)
+        if given is absent:
+            continue
+        if cfg is None or _kept(layer, key.group(1), given, final, absent):
             return f" (set {label})"
-    return ""
+        if final is absent and not dropped and not OmegaConf.is_config(given):  # why a value given is missing
+            dropped = f" (the {given!r} set {label} was dropped: {_replaced_by(key.group(1), layers[i + 1:])})"
+    return dropped
+
+
+def _replaced_by(key: str, later: List[tuple[str, DictConfig]]) -> str:
+    """Which of the ``later`` layers replaced the block that held ``key`` (the last that gives a block above it)."""
+    absent = object()
+    parent = key.rpartition(".")[0]
+    while parent:
+        for label, layer in reversed(later):
+            if OmegaConf.select(layer, parent, default=absent, throw_on_resolution_failure=False) is not absent:
+                return f"the {parent} given {label} replaced the block that held it"
+        parent = parent.rpartition(".")[0]
+    return "a later layer replaced the block that held it"
+
+
+def _kept(layer: DictConfig, key: str, given: Any, final: Any, absent: Any) -> bool:
+    """Whether the value a layer gives ``key`` is still the loaded config's ``final`` one (absent: the key was
+    dropped). A mapping is kept if each key it gives is (other layers add theirs); an interpolation, which the
+    layer alone cannot resolve, and a text the schema converted (``lr: "1e-3"``, ``compile: "yes"``) count as
+    kept."""
+    if final is absent:
+        return False
+    parent, _, last = key.rpartition(".")
+    node = OmegaConf.select(layer, parent, default=None, throw_on_resolution_failure=False) if parent else layer
+    if isinstance(node, DictConfig) and last in node and OmegaConf.is_interpolation(node, last):
+        return True
+    if isinstance(given, DictConfig):
+        return isinstance(final, DictConfig) and all(
+            _kept(given, k, given.get(k), final.get(k, absent), absent) for k in given.keys())
+    if OmegaConf.is_config(given) or OmegaConf.is_config(final):
+        try:
+            given, final = (OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+                            for v in (given, final))  # fmt: skip
+        except OmegaConfBaseException:
+            return True
+    if isinstance(given, str) and not isinstance(final, str):
+        from minilm.positions.base import YAML_STRING_FLOAT  # (1e-3: a string to YAML 1.1, a float to the schema)
+
+        try:
+            given = yaml.safe_load(given)
+        except yaml.YAMLError:
+            return True
+        if isinstance(final, float) and isinstance(given, str) and YAML_STRING_FLOAT.fullmatch(given.strip()):
+            given = float(given)
+    return given == final  # (10000 == 10000.0 and 1 == True, as the schema converts them)
 
 
 KEY_PREFIX = re.compile(r"([A-Za-z_][\w-]*(?:\.[\w-]+)*): ")

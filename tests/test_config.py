@@ -683,3 +683,27 @@ def test_a_quoted_position_parameter_is_held_as_the_number_it_is_read_as(tmp_pat
     with pytest.raises(ConfigError, match=r"model.position.max_bias: must be float, got the string '8'; write it "
                                           r"without quotes \(set in .*b\.yaml\)"):
         load_config(tmp_path / "b.yaml")
+
+
+def test_a_value_a_later_block_replaced_is_not_named_as_where_the_bad_value_was_set(tmp_path):
+    """A scaling block of another rope_type replaces the YAML's (its factor is not inherited): 'factor: required'
+    said '(set in exp.yaml)', naming the file whose factor was dropped as if it had set the missing value. It says
+    the value was dropped and which layer's block replaced it; the study's variants and train.py alike."""
+    (tmp_path / "exp.yaml").write_text(
+        "phases:\n  pretrain: {steps: 3}\n  extend:\n    steps: 3\n"
+        "    position: {scaling: {rope_type: yarn, factor: 4.0, original_max_position_embeddings: 64}}\n")
+    linear = "phases.extend.position.scaling={rope_type: linear}"
+    dropped = r"\(the 4.0 set in .*exp\.yaml was dropped: the phases.extend.position.scaling given {} replaced"
+    with pytest.raises(ConfigError, match=r"scaling.factor: required for rope_type 'linear' "
+                                          + dropped.format("on the command line")) as e:
+        load_config(tmp_path / "exp.yaml", [linear])
+    assert "(set in" not in str(e.value)
+    where = "study file s.yaml, variant 'pi'"
+    with pytest.raises(ConfigError, match=dropped.format(re.escape(f"in {where}"))):
+        load_config(tmp_path / "exp.yaml", [linear], where)
+    # a value the final config holds is still named where it was set, a merged block's or a converted number's
+    with pytest.raises(ConfigError, match=r"scaling.factor: must be >= 1, got 0.5 \(set on the command line\)$"):
+        load_config(tmp_path / "exp.yaml", ["phases.extend.position.scaling.factor=0.5"])
+    (tmp_path / "b.yaml").write_text("base: exp.yaml\nphases: {extend: {position: {scaling: {factor: 5e-1}}}}\n")
+    with pytest.raises(ConfigError, match=r"scaling.factor: must be >= 1, got 0.5 \(set in .*b\.yaml\)$"):
+        load_config(tmp_path / "b.yaml")
