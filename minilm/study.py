@@ -274,6 +274,11 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
 
     if not is_primary_process():  # under DDP every rank runs the study alike: each line was printed once per rank
         log = silent  # (what goes wrong on another rank is raised there, and reaches the user from it)
+    first = out_dir.parts[0] if out_dir.parts else ""
+    if first.startswith("~"):  # else each run's run.dir check advised run.dir=$HOME/..., refused here
+        home = f"$HOME{str(out_dir)[1:]}" if first == "~" else "/full/path"
+        raise MinilmError(f"--out {str(out_dir)!r}: '~' is not expanded (quoted, or after '='): it names a directory "
+                          f"called {first!r}; write the full path, e.g. --out {home}")  # fmt: skip
     check_writable_dir(out_dir, "--out")  # else each run's run.dir check advises setting run.dir, refused here
     if is_primary_process():  # a kill while the summary was written left its temporary file (.study.json.<pid>.tmp,
         remove_stale_temporaries(out_dir)  # compare.png's): never read, and beside the outputs for good otherwise

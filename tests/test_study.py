@@ -235,6 +235,17 @@ def test_an_out_that_is_a_file_exits_2_naming_out_before_anything_runs(tmp_path,
     assert f"--out {tmp_path / 'out' / 'sub'} is not writable" in err and "run.dir" not in err
 
 
+@pytest.mark.parametrize("out, remedy", [("~/x", "--out $HOME/x"), ("~", "--out $HOME")])
+def test_an_out_with_a_tilde_names_out_in_its_remedy(tmp_path, study_file, capsys, monkeypatch, out, remedy):
+    """--out '~/x' (quoted, or --out=~/x) was refused by each run's run.dir check, whose advice was run.dir=$HOME/...
+    '(set in study's --out and seeds)': a study refuses run.dir. The remedy names --out."""
+    monkeypatch.chdir(tmp_path)
+    assert _study([study_file, "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert f"--out '{out}': '~' is not expanded" in err and err.strip().endswith(f"e.g. {remedy}")
+    assert "run.dir" not in err and not (tmp_path / "~").exists()
+
+
 @pytest.mark.parametrize("flag, message", [("--only=", "--only: comma-separated variant names expected"),
                                            ("--only=,", "--only: comma-separated variant names expected"),
                                            ("--seeds=", "--seeds: a non-empty list of integer seeds")])
