@@ -450,7 +450,9 @@ def _train_run(study: Study, run: StudyRun, out_dir: Path, cfg: DictConfig, shar
                                  carries_optimizer(cfg, p), set_in=cfg.phases.get(p))
         for p in missing:
             copy_finished_phase(phase_dir(out_dir / donor, p), phase_dir(run_dir, p))
-        log(f"study {study.name}: '{run.label}' starts from '{donor}' after {', '.join(phases)}")
+        if missing:  # (a resumed run that has them copies nothing: not said)
+            some = "" if missing == phases else f" (copied {', '.join(missing)}; it had the others)"
+            log(f"study {study.name}: '{run.label}' starts from '{donor}' after {', '.join(phases)}{some}")
     if shared is not None:
         _wait_for_rank_zero()  # every rank must find the copied phases finished, or they would train different ones
     overrides = next(v.overrides for v in study.variants if v.name == run.variant)

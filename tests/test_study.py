@@ -60,6 +60,7 @@ def _study(argv) -> int:
 def test_a_study_trains_every_variant_shares_pretraining_exactly_and_compares(tmp_path, study_file, capsys):
     out = tmp_path / "out"
     assert _study([study_file, "--out", out, "--only", "yarn,pi"]) == 0  # alibi later, by --resume
+    assert "'pi' starts from 'yarn' after short" in capsys.readouterr().out
     pi, yarn = out / "pi", out / "yarn"
     # pi's first phase is yarn's, copied (no checkpoints: it was not trained there); its second phase trained
     assert (pi / "short" / "complete.json").is_file() and not (pi / "short" / "checkpoints").exists()
@@ -82,7 +83,7 @@ def test_a_study_trains_every_variant_shares_pretraining_exactly_and_compares(tm
     assert "--resume" in capsys.readouterr().err
     assert _study([study_file, "--out", out, "--resume"]) == 0
     printed = capsys.readouterr().out
-    assert "'pi' starts from 'yarn' after short" in printed
+    assert "starts from" not in printed  # pi had its copy of yarn's short: nothing copied, nothing said
     # said before the seconds of checking every run's config and data: how many runs, and where
     assert printed.startswith(f"study {study_file.stem}: 3 runs (3 variants) into {out}; first every run's"), printed
     assert (out / "alibi" / "short" / "checkpoints").is_dir()  # a different model: nothing shared
@@ -430,8 +431,11 @@ def test_plan_a_run_copies_only_the_shared_phases_it_lacks_and_checks_the_donors
     pi = next(r for r in study_runs(study) if r.variant == "pi")
     # pi has its own finished pretraining (say from --no-share) and yarn none: nothing to copy, pi continues
     _finished(cfgs["pi"], out / "pi", ["short"])
-    _train_run(study, pi, out, cfgs["pi"], ("yarn", 1), log=lambda msg: None)
+    logged = []
+    _train_run(study, pi, out, cfgs["pi"], ("yarn", 1), log=logged.append)
     assert trained == ["pi"]
+    # nothing copied, nothing said: "'pi' starts from 'yarn' after short" was logged on every --resume
+    assert not any("starts from" in line for line in logged), logged
     # yarn's finished pretraining was trained otherwise than pi's config says (an edited study, --only pi):
     # refused before a stale copy lands in pi's run directory
     shutil.rmtree(out / "pi")
@@ -440,6 +444,12 @@ def test_plan_a_run_copies_only_the_shared_phases_it_lacks_and_checks_the_donors
     with pytest.raises(MinilmError, match=r"'pi' starts from 'yarn': phase 'short' finished with optim.lr = 0.01"):
         _train_run(study, pi, out, cfgs["pi"], ("yarn", 1), log=lambda msg: None)
     assert not (out / "pi" / "short").exists() and trained == ["pi"]
+    # a donor that finished them as pi's config says: copied, and said
+    shutil.rmtree(out / "yarn")
+    _finished(cfgs["yarn"], out / "yarn", ["short"])
+    _train_run(study, pi, out, cfgs["pi"], ("yarn", 1), log=logged.append)
+    assert (out / "pi" / "short" / "complete.json").is_file() and trained == ["pi", "pi"]
+    assert logged[-2] == f"study {study.name}: 'pi' starts from 'yarn' after short"
 
 
 def test_plan_a_donor_left_out_by_only_is_checked_before_anything_trains(tmp_path, study_file, monkeypatch):
