@@ -18,8 +18,9 @@ phase names, data, schedule, seed, position, evaluation and optimizer carrying â
 once, in the first such variant, and the later variants start from a copy of their finished phase directories
 (hard links where the file system allows, checkpoints left out). Usually every RoPE variant shares the pretraining.
 
-At the end, ``<out>/study.md`` and ``study.json`` hold one row per variant (what it sets, what it shared, the
-validation loss after each phase) and, from the evaluation of each variant's last evaluating phase (runs that have
+At the end, ``<out>/study.md`` and ``study.json`` list the overrides of every variant once (the study file's, the
+command line's) and hold one row per variant (what it sets itself, what it shared, the validation loss after each
+phase) and, from the evaluation of each variant's last evaluating phase (runs that have
 not finished that phase do not count), ``compare.png`` / ``compare.md`` (minilm.eval.compare). A study stopped at
 any moment continues with ``--resume``.
 """
@@ -53,6 +54,7 @@ class Variant:
     name: str
     config: Path  # the config it starts from
     overrides: list[str] = field(default_factory=list)  # the study's common overrides, then its own
+    own: list[str] = field(default_factory=list)  # its own alone (the tables show the common ones once)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class Study:
     name: str
     variants: list[Variant]
     seeds: list[int] = field(default_factory=list)  # empty: one run per variant, with its config's run.seed
+    overrides: list[str] = field(default_factory=list)  # the study file's for every variant (each Variant has them)
 
 
 @dataclass(frozen=True)
@@ -141,10 +144,11 @@ def load_study(path: str | Path) -> Study:
             if extra:
                 raise ConfigError(f"{where}: unknown key '{extra[0]}'; a variant takes: config, overrides")
             vconfig = _config_path(path, spec["config"], f"{where}.config") if "config" in spec else config
-            out.append(Variant(vname, vconfig, common + _overrides(spec.get("overrides"), f"{where}.overrides")))
+            own = _overrides(spec.get("overrides"), f"{where}.overrides")
         else:
-            out.append(Variant(vname, config, common + _overrides(spec, where)))
-    return Study(path, name, out, check_seeds(raw.get("seeds"), f"{path}: seeds"))
+            vconfig, own = config, _overrides(spec, where)
+        out.append(Variant(vname, vconfig, common + own, own))
+    return Study(path, name, out, check_seeds(raw.get("seeds"), f"{path}: seeds"), common)
 
 
 def check_seeds(value, where: str) -> list[int]:
@@ -568,7 +572,7 @@ def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, 
     evaluation = {key: {L: mean_sd([res.get(key, {}).get(L) for res in results])
                         for L in sorted({L for res in results for L in res.get(key, {})}, key=int)}
                   for key in SCALARS if any(res.get(key) for res in results)}  # fmt: skip
-    entry = {"variant": variant.name, "config": str(variant.config), "overrides": variant.overrides,
+    entry = {"variant": variant.name, "config": str(variant.config), "overrides": variant.own,
              "runs": per_run, "val_loss": {p: mean_sd([x["val_loss"][p] for x in per_run.values()]) for p in phases},
              "not_validated": [p for p in phases if pcfgs[p].train.val_batches == 0],  # val_loss null by design
              "evaluated_phase": evaluated, "evaluation": evaluation}  # fmt: skip
@@ -644,7 +648,8 @@ def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Call
         entry["vs_first"] = paired_differences((entries[0], by_seed[0]), (entry, results))
     date = datetime.datetime.now().isoformat("T", "seconds")
     report = {"study": str(study.path), "name": study.name, "date": date, "seeds": study.seeds, "out": str(out_dir),
-              "command_line_overrides": list(extra or []), "variants": entries}  # fmt: skip
+              "overrides": study.overrides, "command_line_overrides": list(extra or []),
+              "variants": entries}  # fmt: skip
     atomic_write_text(out_dir / "study.json", json.dumps(report, indent=2))
     if averaged:
         compare([r for _, r in averaged], [n for n, _ in averaged], out_dir)
@@ -658,9 +663,11 @@ def _markdown(study: Study, report: dict, figure: bool) -> str:
     seeds = f"seeds {', '.join(map(str, study.seeds))}: mean Â± sample sd" if n > 1 else (
         f"seed {study.seeds[0]}" if study.seeds else "one seed (the config's)")
     md = [f"# Study {study.name}", "", f"`{study.path}`, {report['date']}, {seeds}.", ""]
-    if report["command_line_overrides"]:  # every variant's, beside the study file's own (the table's column)
-        md += ["Command-line overrides (every variant): "
-               + " ".join(f"`{_short(o)}`" for o in report["command_line_overrides"]) + ".", ""]
+    # the overrides of every variant, once: each variant's own are in the table's column
+    for what, key in (("The study file's overrides", "overrides"),
+                      ("Command-line overrides", "command_line_overrides")):  # fmt: skip
+        if report.get(key):
+            md += [f"{what} (every variant): " + " ".join(f"`{_short(o)}`" for o in report[key]) + ".", ""]
     phases = list(dict.fromkeys(p for e in entries for p in e["val_loss"]))
     md += ["| variant | overrides | shared | " + " | ".join(f"val loss {p}" for p in phases) + " |",
            "|---|---|---|" + "---:|" * len(phases)]  # fmt: skip

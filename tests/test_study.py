@@ -303,6 +303,27 @@ def test_the_summary_records_the_overrides_given_on_the_studys_command_line(tmp_
         out / "study.md").read_text()
 
 
+def test_the_studys_common_overrides_are_listed_once_above_the_table_not_in_every_variants_cell(tmp_path,
+                                                                                               study_file):
+    """The study file's `overrides:` were repeated in each variant's cell of study.md's table (nine quick-trial
+    overrides made every row a wall of text): listed once above the table, each cell keeps the variant's own."""
+    study_file.write_text("config: base.yaml\noverrides: [phases.short.steps=5, train.log_every=2]\n"
+                          "variants: {a: [], b: [phases.long.lr=0.001]}\n")  # fmt: skip
+    study, out = load_study(study_file), tmp_path / "out"
+    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
+    assert phase_steps(phase_config(cfgs["b"], "short")) == 5 and cfgs["b"].phases.long.lr == 0.001
+    for label in ("a", "b"):
+        _finished(cfgs[label], out / label, ["short", "long"])
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    md = (out / "study.md").read_text()
+    assert "The study file's overrides (every variant): `phases.short.steps=5` `train.log_every=2`." in md
+    assert md.count("phases.short.steps=5") == 1
+    assert "| a | – |" in md and "| b | `phases.long.lr=0.001` |" in md
+    report = json.loads((out / "study.json").read_text())
+    assert report["overrides"] == ["phases.short.steps=5", "train.log_every=2"]
+    assert [e["overrides"] for e in report["variants"]] == [[], ["phases.long.lr=0.001"]]
+
+
 def test_each_seed_is_checked_against_its_own_seed_not_the_first_runs(tmp_path, study_file):
     """A seed's run evaluates with its own run.seed (the text it reads): the check of 'other settings than the study
     asks' compared every run with the first seed's config, so each later seed was listed, with a remedy command that
