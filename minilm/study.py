@@ -64,6 +64,7 @@ class Study:
     variants: list[Variant]
     seeds: list[int] = field(default_factory=list)  # empty: one run per variant, with its config's run.seed
     overrides: list[str] = field(default_factory=list)  # the study file's for every variant (each Variant has them)
+    config: Optional[Path] = None  # the study file's config (a variant may name another)
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def load_study(path: str | Path) -> Study:
         else:
             vconfig, own = config, _overrides(spec, where)
         out.append(Variant(vname, vconfig, common + own, own))
-    return Study(path, name, out, check_seeds(raw.get("seeds"), f"{path}: seeds"), common)
+    return Study(path, name, out, check_seeds(raw.get("seeds"), f"{path}: seeds"), common, config)
 
 
 def check_seeds(value, where: str) -> list[int]:
@@ -293,6 +294,9 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     seeds = f" × {len(study.seeds)} seeds" if study.seeds else ""
     log(f"study {study.name}: {len(todo)} runs ({len({r.variant for r in todo})} variants{seeds}) into {out_dir}; "
         "first every run's config and data are checked")  # (seconds of silence otherwise)
+    for what, items in (("the study file's", study.overrides), ("the command line's", list(extra))):
+        if items:  # once here: each run's line names its variant's own
+            log(f"study {study.name}: every variant with {what} overrides: {' '.join(items)}")
     try:
         cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
     except ConfigError as e:  # (checked before anything trains: the remedy is to correct it and run this again)
@@ -459,8 +463,10 @@ def _train_run(study: Study, run: StudyRun, out_dir: Path, cfg: DictConfig, shar
             log(f"study {study.name}: '{run.label}' starts from '{donor}' after {', '.join(phases)}{some}")
     if shared is not None:
         _wait_for_rank_zero()  # every rank must find the copied phases finished, or they would train different ones
-    overrides = next(v.overrides for v in study.variants if v.name == run.variant)
-    log(f"study {study.name}: '{run.label}' ({' '.join(overrides) or 'the config as is'})")
+    variant = next(v for v in study.variants if v.name == run.variant)
+    own = " ".join(variant.own) or "no overrides of its own"
+    other = "" if variant.config == study.config else f"config {variant.config}; "
+    log(f"study {study.name}: '{run.label}' ({other}{own})")
     run_phases(cfg, resume=run_dir.exists(), log=log)
 
 

@@ -324,6 +324,28 @@ def test_the_studys_common_overrides_are_listed_once_above_the_table_not_in_ever
     assert [e["overrides"] for e in report["variants"]] == [[], ["phases.long.lr=0.001"]]
 
 
+def test_each_runs_line_names_its_variants_own_overrides_and_the_common_ones_once(tmp_path, study_file,
+                                                                                  monkeypatch):  # fmt: skip
+    """Each run's line repeated the overrides common to every variant (nine for a quick trial), and a variant
+    with none of its own was 'the config as is' although the common ones changed it."""
+    import minilm.training.phases as phases_mod
+    from minilm.study import run_study
+
+    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log: None)
+    (tmp_path / "other.yaml").write_text("base: base.yaml\nmodel: {n_layers: 2}\n")
+    study_file.write_text("config: base.yaml\noverrides: [phases.short.steps=5]\n"
+                          "variants: {a: [], b: [phases.long.lr=0.001], c: {config: other.yaml}}\n")  # fmt: skip
+    logged = []
+    run_study(load_study(study_file), tmp_path / "out", extra=("train.log_every=2",), share=False, log=logged.append)
+    name = load_study(study_file).name
+    assert f"study {name}: every variant with the study file's overrides: phases.short.steps=5" in logged
+    assert f"study {name}: every variant with the command line's overrides: train.log_every=2" in logged
+    assert f"study {name}: 'a' (no overrides of its own)" in logged
+    assert f"study {name}: 'b' (phases.long.lr=0.001)" in logged
+    assert f"study {name}: 'c' (config {tmp_path / 'other.yaml'}; no overrides of its own)" in logged
+    assert sum("phases.short.steps=5" in line for line in logged) == 1
+
+
 def test_each_seed_is_checked_against_its_own_seed_not_the_first_runs(tmp_path, study_file):
     """A seed's run evaluates with its own run.seed (the text it reads): the check of 'other settings than the study
     asks' compared every run with the first seed's config, so each later seed was listed, with a remedy command that
