@@ -654,7 +654,7 @@ def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Call
         entry["vs_first"] = paired_differences((entries[0], by_seed[0]), (entry, results))
     date = datetime.datetime.now().isoformat("T", "seconds")
     report = {"study": str(study.path), "name": study.name, "date": date, "seeds": study.seeds, "out": str(out_dir),
-              "overrides": study.overrides, "command_line_overrides": list(extra or []),
+              "config": str(study.config), "overrides": study.overrides, "command_line_overrides": list(extra or []),
               "variants": entries}  # fmt: skip
     atomic_write_text(out_dir / "study.json", json.dumps(report, indent=2))
     if averaged:
@@ -681,8 +681,10 @@ def _markdown(study: Study, report: dict, figure: bool) -> str:
         first = next(iter(e["runs"].values()))["shared"]
         shared = f"{', '.join(first['phases'])} from {first['from'].split('/')[0]}" if first else "–"
         cells = ["no validation" if p in e["not_validated"] else _cell(e["val_loss"].get(p), 4, n) for p in phases]
-        md.append(f"| {e['variant']} | {'<br>'.join(f'`{_short(o)}`' for o in e['overrides']) or '–'} | {shared} | "
-                  + " | ".join(cells) + " |")  # fmt: skip
+        own = [f"`{_short(o)}`" for o in e["overrides"]]
+        if e["config"] != report.get("config"):  # a variant that starts from another config: which
+            own.insert(0, f"config `{os.path.relpath(e['config'], Path(report['study']).resolve().parent)}`")
+        md.append(f"| {e['variant']} | {'<br>'.join(own) or '–'} | {shared} | " + " | ".join(cells) + " |")
     for key in SCALARS:
         lengths = sorted({L for e in entries for L in e["evaluation"].get(key, {})}, key=int)
         if not lengths:

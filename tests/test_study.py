@@ -324,6 +324,22 @@ def test_the_studys_common_overrides_are_listed_once_above_the_table_not_in_ever
     assert [e["overrides"] for e in report["variants"]] == [[], ["phases.long.lr=0.001"]]
 
 
+def test_a_variant_that_starts_from_another_config_says_which_in_the_table(tmp_path, study_file):
+    """`other: {config: ../alibi.yaml}` showed '–' in study.md's overrides column: read as the study's config as
+    is."""
+    (tmp_path / "other.yaml").write_text("base: base.yaml\nmodel: {n_layers: 2}\n")
+    study_file.write_text("config: base.yaml\nvariants:\n  a: []\n"
+                          "  c: {config: other.yaml, overrides: [optim.lr=0.01]}\n")  # fmt: skip
+    study, out = load_study(study_file), tmp_path / "out"
+    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
+    for label in ("a", "c"):
+        _finished(cfgs[label], out / label, ["short", "long"])
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    md = (out / "study.md").read_text()
+    assert "| a | – |" in md and "| c | config `other.yaml`<br>`optim.lr=0.01` |" in md
+    assert json.loads((out / "study.json").read_text())["config"] == str(tmp_path / "base.yaml")
+
+
 def test_each_runs_line_names_its_variants_own_overrides_and_the_common_ones_once(tmp_path, study_file,
                                                                                   monkeypatch):  # fmt: skip
     """Each run's line repeated the overrides common to every variant (nine for a quick trial), and a variant
