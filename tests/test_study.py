@@ -366,36 +366,40 @@ def test_each_seed_is_checked_against_its_own_seed_not_the_first_runs(tmp_path, 
     """A seed's run evaluates with its own run.seed (the text it reads): the check of 'other settings than the study
     asks' compared every run with the first seed's config, so each later seed was listed, with a remedy command that
     would have measured it on the first seed's text."""
+    def results(label, cfg):
+        return {"lengths": [32, 64], "tasks": ["ppl"], "extension": None, "seed": cfg.run.seed, "ppl": {"32": 9.0},
+                "batches": cfg.eval.batches, "train_seq_len": 64, "phase": "long", "run": label}  # fmt: skip
+
+    out = _summarized_two_seed_study(tmp_path, study_file, results)
+    assert "other settings" not in (out / "study.md").read_text()
+
+
+def _summarized_two_seed_study(tmp_path, study_file, results) -> Path:
+    """A study of one variant 'a' at seeds 1 and 2, whose runs' last phase evaluated to ``results(label, cfg)``,
+    summarized; returns its folder."""
     from minilm.files import atomic_write_text
 
     study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: []}\n")
     study = load_study(study_file)
     out = tmp_path / "out"
     cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
-    for label, seed in [("a/seed1", 1), ("a/seed2", 2)]:
-        _finished(cfgs[label], out / label, ["short", "long"])
-        results = {"lengths": [32, 64], "tasks": ["ppl"], "extension": None, "seed": seed, "ppl": {"32": 9.0},
-                   "batches": cfgs[label].eval.batches, "train_seq_len": 64, "phase": "long", "run": label}
-        atomic_write_text(out / label / "long" / "eval" / "results.json", json.dumps(results))
+    for label, cfg in cfgs.items():
+        _finished(cfg, out / label, ["short", "long"])
+        atomic_write_text(out / label / "long" / "eval" / "results.json", json.dumps(results(label, cfg)))
     write_summary(study, out, cfgs, {}, log=lambda msg: None)
-    assert "other settings" not in (out / "study.md").read_text()
+    return out
 
 
 def test_the_studys_compare_counts_the_prompts_of_every_seed_behind_a_mean_accuracy(tmp_path, study_file):
     """compare.md gives each accuracy the prompts it counts; a study's row is the mean over its seeds, which counts
     the prompts of every seed measured there, not the first run's alone."""
-    from minilm.files import atomic_write_text
+    accuracy = {"a/seed1": 0.5, "a/seed2": 0.25}
 
-    study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: []}\n")
-    study = load_study(study_file)
-    out = tmp_path / "out"
-    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
-    for label, acc in [("a/seed1", 0.5), ("a/seed2", 0.25)]:
-        _finished(cfgs[label], out / label, ["short", "long"])
-        results = {"lengths": [32], "passkey": {"32": acc}, "details": {"passkey": {"32": {"samples": 4}}},
-                   "train_seq_len": 32, "phase": "long", "run": label}  # fmt: skip
-        atomic_write_text(out / label / "long" / "eval" / "results.json", json.dumps(results))
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    def results(label, cfg):
+        return {"lengths": [32], "passkey": {"32": accuracy[label]}, "details": {"passkey": {"32": {"samples": 4}}},
+                "train_seq_len": 32, "phase": "long", "run": label}  # fmt: skip
+
+    out = _summarized_two_seed_study(tmp_path, study_file, results)
     table = (out / "compare.md").read_text()
     assert "prompts per length: a 8." in table and "| a | 0.38 [0.14, 0.69] |" in table  # 3 of 8
 
