@@ -542,8 +542,33 @@ def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_f
                             f"{disk_full(e)}; free some space or set HF_DATASETS_CACHE to a directory on a disk with "
                             f"room") from None  # fmt: skip
         files = f", data_files={data_files!r}" if data_files is not None else ""
+        call = f"datasets.load_dataset({path!r}, name={name!r}{files})"
+        if isinstance(e, ValueError):  # datasets' error for a split it lacks ("Unknown split", "Bad split")
+            _check_split(where, path, name, split, data_files, cache_dir, call)
         raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}{files}) failed: "
                         f"{_cause(e)}") from None  # fmt: skip
+
+
+def _check_split(where: str, path: str, name: Optional[str], split: str, data_files: Any,
+                 cache_dir: Optional[str], call: str) -> None:  # fmt: skip
+    """After load_dataset failed with a ValueError: raise ``DataError`` naming ``<where>.split`` and the dataset's
+    splits when ``split`` names a split it lacks or is malformed (both were reported under ``<where>`` alone, as a
+    failure of the whole source). The splits are asked of the dataset's builder, not read from datasets' message
+    text; when they cannot be had (an unreachable Hub), nothing is raised here and the caller reports ``e``."""
+    import datasets
+
+    try:
+        splits = datasets.get_dataset_split_names(path, name, data_files=data_files, cache_dir=cache_dir)
+    except Exception:  # the builder itself cannot be had: the caller's error says why
+        return
+    try:  # load_dataset's own parser of split specs; the lengths only bound slices, which any length passes
+        datasets.ReadInstruction.from_spec(split).to_absolute({s: 1 << 40 for s in splits})
+    except ValueError:
+        one = ("; a file, or a list of files, is the one split 'train' (a data_files mapping names others: "
+               "{train: a.jsonl, validation: b.jsonl})" if data_files is not None
+               and not isinstance(data_files, dict) else "")  # fmt: skip
+        raise DataError(f"{where}.split: {split!r} is not a split of {call} (splits: {', '.join(splits)}), nor a "
+                        f"slice or sum of them (train[:1000], train[10%:], train+test){one}") from None  # fmt: skip
 
 
 def _cause(e: BaseException) -> str:

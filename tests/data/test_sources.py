@@ -4,6 +4,7 @@ a clear error for each kind of bad input."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -119,6 +120,22 @@ def test_hf_kind_takes_a_slice_of_a_save_to_disk_split(tmp_path, split, kept):
                                           "text_field": "story"}})  # fmt: skip
     with pytest.raises(DataError, match=r"data.sources.st.split: 'train\[:5' is not a split .*nor a slice or sum"):
         load_corpus(bad, progress=False)
+
+
+@pytest.mark.parametrize("form, split, splits", [("file", "validation", "train"), ("file", "train[:5", "train"),
+                                                  ("mapping", "valid[:5]", "train, test"),
+                                                  ("stream", "validation", "train")])
+def test_a_split_load_dataset_lacks_is_reported_under_the_split_key(tmp_path, jsonl_file, form, split, splits):
+    """A split the dataset lacks, or a malformed one, failed under data.sources.<name> alone (as a failure of the
+    whole source, in datasets' words): the error names the split key and the dataset's splits."""
+    spec = {"kind": "hf", "path": str(jsonl_file), "text_field": "story", "split": split}
+    if form == "mapping":
+        spec.update(path="json", data_files={"train": str(jsonl_file), "test": str(jsonl_file)})
+    spec["streaming"] = form == "stream"
+    one = r".*a file, or a list of files, is the one split 'train'" if form != "mapping" else ""
+    with pytest.raises(DataError, match=rf"^data\.sources\.st\.split: '{re.escape(split)}' is not a split of "
+                                        rf".*\(splits: {splits}\), nor a slice or sum of them{one}"):  # fmt: skip
+        load_corpus(make_data_cfg(tmp_path, {"st": spec}), progress=False)
 
 
 def test_a_streamed_slice_is_refused_naming_split_and_max_docs(tmp_path, jsonl_file):
