@@ -242,6 +242,10 @@ def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
     """What the cache key hashes for a source: its settings (weight excluded: it only affects sampling) plus
     the identity of the files it reads (path, size, mtime), so editing a file invalidates the cache."""
     settings = {k: v for k, v in spec.__dict__.items() if k != "weight"}
+    if isinstance(spec, HfSource) and spec.data_files is None and _saved_to_disk(Path(spec.path)):
+        # load_from_disk memory-maps a save_to_disk directory whatever streaming says: keyed as false (the value a
+        # config that leaves it out has, so those keys stay), switching it prepared the same corpus again
+        settings["streaming"] = False
     where = f"data.sources.{name}"
     if isinstance(spec, EmbeddedSource):
         files = stdlib_files()

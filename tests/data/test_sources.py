@@ -98,6 +98,26 @@ def test_hf_kind_opens_a_save_to_disk_directory(tmp_path):
     assert _texts(load_corpus(cfg, progress=False)) == set(STORIES[:10])
 
 
+def test_streaming_is_no_part_of_a_save_to_disk_sources_key(tmp_path):
+    """A save_to_disk directory is memory-mapped whatever ``streaming`` says, but the setting was part of the
+    corpus key: switching it prepared the same corpus again. It is keyed as false, the value of a config that leaves
+    it out, so the key of such a config is the one it had."""
+    import datasets
+
+    from minilm.data.sources import source_fingerprint
+
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"story": STORIES}).save_to_disk(str(saved))
+    spec = {"kind": "hf", "path": str(saved), "text_field": "story"}
+    first = load_corpus(make_data_cfg(tmp_path, {"st": spec}), progress=False)
+    streamed = load_corpus(make_data_cfg(tmp_path, {"st": {**spec, "streaming": True}}), progress=False)
+    assert streamed.from_cache and streamed.cache_dir == first.cache_dir
+    # the settings hashed: every field as it was, streaming false, so a config without streaming keeps its key
+    settings = source_fingerprint("st", parse_sources({"st": spec})["st"])["settings"]
+    assert settings == {"kind": "hf", "path": str(saved), "name": None, "split": "train", "text_field": "story",
+                        "data_files": None, "streaming": False, "max_docs": None}
+
+
 @pytest.mark.parametrize("split, kept", [("train[:5]", STORIES[:5]), ("test[-50%:]", STORIES[25:]),
                                          ("train[10:12]+test", STORIES[10:12] + STORIES[20:])])
 def test_hf_kind_takes_a_slice_of_a_save_to_disk_split(tmp_path, split, kept):
