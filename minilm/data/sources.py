@@ -235,7 +235,13 @@ def _expand_globs(spec: FilesSource, where: str) -> List[Path]:
     # patterns, or a symlink to a parent directory (which ** follows, down to the OS's 40-link limit) would
     # otherwise train on the same text again and again; the first name in pattern then sorted order is kept
     seen: set = set()
-    return [p for p in files if not (p.resolve() in seen or seen.add(p.resolve()))]
+    files = [p for p in files if not (p.resolve() in seen or seen.add(p.resolve()))]
+    for p in files:  # (refused before any source is read: the cache key expands the globs first)
+        if _data_suffix(p) == (".parquet", True):  # as the hf kind: it was skipped as "unsupported suffix", and a
+            # source of only such files "yields no documents (skipped: not_text: 1)", naming neither file nor cause
+            raise DataError(f"{where}.paths: {p}: a compressed .parquet file is not read (parquet compresses its own "
+                            f"columns); decompress it, or leave it out of the globs")  # fmt: skip
+    return files
 
 
 def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
@@ -254,7 +260,12 @@ def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
         extra = {"files": _stat_digest(_expand_globs(spec, where))}
     else:
         _check_local_file(spec, where)  # before anything is read, not after the other sources
-        extra = {"files": _stat_digest(_hf_local_files(spec))}
+        local = _hf_local_files(spec)
+        packed = [p for p in local if _data_suffix(p) == (".parquet", True)]
+        if spec.path == "parquet" and spec.data_files is not None and packed:  # "Parquet magic bytes not found"
+            raise DataError(f"{where}.data_files: {packed[0]}: a compressed .parquet file is not read (parquet "
+                            f"compresses its own columns); decompress it")  # fmt: skip
+        extra = {"files": _stat_digest(local)}
     return {"settings": settings, **extra}
 
 

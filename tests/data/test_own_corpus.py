@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -97,6 +98,25 @@ def test_an_hf_path_to_a_compressed_text_or_parquet_file_says_what_reads_it(tmp_
     (tmp_path / "t.parquet.gz").write_bytes(gzip.compress(b"PAR1"))
     with pytest.raises(DataError, match=r"path: .*t\.parquet\.gz: a compressed \.parquet file is not read"):
         _read("mine", {"kind": "hf", "path": str(tmp_path / "t.parquet.gz")})
+
+
+@pytest.mark.parametrize("suffix", [".parquet.gz", ".parquet.xz"])
+def test_a_files_glob_matching_a_compressed_parquet_file_is_refused_as_by_the_hf_kind(tmp_path, suffix):
+    """The hf kind refuses a compressed .parquet; the files kind skipped one as "unsupported suffix", and a source
+    of only such files "yields no documents (skipped: not_text: 1)", naming neither the file nor why. Refused
+    before any source is read (a corpus is keyed by its files first)."""
+    import gzip
+
+    (tmp_path / "a.txt").write_text("a text document\n")
+    (tmp_path / f"t{suffix}").write_bytes(gzip.compress(b"PAR1"))
+    cfg = make_data_cfg(tmp_path, {"mine": {"kind": "files", "paths": [str(tmp_path / "*")]}})
+    with pytest.raises(DataError, match=rf"^data\.sources\.mine\.paths: .*t{re.escape(suffix)}: a compressed "
+                                        r"\.parquet file is not read .*decompress it"):  # fmt: skip
+        load_corpus(cfg, progress=False)
+    # the parquet builder given one in data_files: "Parquet magic bytes not found in footer" under the source alone
+    cfg = make_data_cfg(tmp_path, {"mine": {"kind": "hf", "path": "parquet", "data_files": str(tmp_path / "t*")}})
+    with pytest.raises(DataError, match=r"^data\.sources\.mine\.data_files: .*: a compressed \.parquet file is not"):
+        load_corpus(cfg, progress=False)
 
 
 def test_a_byte_order_mark_is_not_part_of_a_text_document(tmp_path):
