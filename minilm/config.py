@@ -238,6 +238,19 @@ class UniqueKeyLoader(yaml.SafeLoader):
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
+    def resolve(self, kind, value, implicit):
+        """A plain scalar that YAML 1.1 reads as a base-60 number is the text it looks like (below)."""
+        if kind is yaml.ScalarNode and implicit[0] and BASE_60.fullmatch(value):
+            return "tag:yaml.org,2002:str"
+        return super().resolve(kind, value, implicit)
+
+
+# YAML 1.1 reads 1:30 as the base-60 (sexagesimal) integer 90 and 1:30.5 as 90.5, in a file as on the command line
+# (OmegaConf's loader): eval.lengths=[1:2] became [62] and train.steps: 1:30 ninety steps, without a word. Such a
+# value is read as the text it looks like (YAML 1.2 has no base-60 numbers), so a number key refuses it naming the
+# key, and a string key keeps it (run.name: 12:30). The command line's values are quoted so (_quote_base_60).
+BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+
 
 # A file and the command line read a value alike. PyYAML reads YAML 1.1, where a float needs a dot and a signed
 # exponent: ``factor: 4e0`` (and 1e-3, 1.0e5) was a string, refused in an open block such as a scaling block or taken
@@ -430,6 +443,10 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str, dotlist: bool =
     except (OmegaConfBaseException, TypeError, ValueError) as e:  # TypeError: a list onto a mapping (phases)
         key = getattr(e, "full_key", None) or "?"
         msg = str(e).splitlines()[0]
+        value = getattr(e, "value", None)
+        if isinstance(value, str) and BASE_60.fullmatch(value) and not isinstance(yaml.safe_load(value), str):
+            msg += (f" ({value} is read as text, not as YAML 1.1's base-60 number {yaml.safe_load(value)}: write "
+                    f"the number meant)")  # fmt: skip
         raise ConfigError(f"{label}: bad config key '{key}': {msg}") from None
 
 
@@ -488,7 +505,7 @@ def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: A
         if "=" not in item or not all(part.strip() for part in key.split(".")):
             hint = " (a config file is given with --config FILE)" if item.endswith((".yaml", ".yml")) else ""
             raise ConfigError(f"{source}: override '{item}' must look like key.sub=value{hint}")
-    overrides = [_keep_string(item) for item in overrides]
+    overrides = [_keep_string(_quote_base_60(item)) for item in overrides]
     try:
         dot = OmegaConf.from_dotlist(list(overrides))
     except (OmegaConfBaseException, yaml.YAMLError) as e:
@@ -602,6 +619,31 @@ def _schema_type(key: str) -> Any:
         if typing.get_origin(t) is typing.Union and len(args) == 2 and type(None) in args:  # Optional[X] -> X
             t = next(a for a in args if a is not type(None))
     return t
+
+
+def _quote_base_60(item: str) -> str:
+    """``key=value`` with each plain scalar of the value that YAML 1.1 reads as a base-60 number quoted, so that
+    OmegaConf's loader reads it as the text, as a config file's does (``BASE_60``): ``eval.lengths=[1:2]`` is
+    ``eval.lengths=['1:2']``. The scalars are found by YAML's own parser (their positions in the value), not by
+    pattern over the whole text; a value it cannot parse is left for OmegaConf to report."""
+    key, eq, raw = item.partition("=")
+    try:
+        root = yaml.compose(raw, Loader=UniqueKeyLoader)
+    except yaml.YAMLError:
+        return item
+    spans, todo = [], [root]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, yaml.ScalarNode):
+            if node.style is None and BASE_60.fullmatch(node.value):
+                spans.append((node.start_mark.index, node.end_mark.index))
+        elif isinstance(node, yaml.SequenceNode):
+            todo.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            todo.extend(n for pair in node.value for n in pair)
+    for start, end in sorted(spans, reverse=True):
+        raw = f"{raw[:start]}'{raw[start:end]}'{raw[end:]}"
+    return f"{key}{eq}{raw}"
 
 
 def _keep_string(item: str) -> str:

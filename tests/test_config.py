@@ -251,6 +251,37 @@ def test_a_yaml_file_reads_a_value_as_the_command_line_does(tmp_path):
     assert in_file.model.position.scaling.factor == 4.0 and in_file.run.name == "2024-01-01"
 
 
+@pytest.mark.parametrize("where", ["file", "command line"])
+@pytest.mark.parametrize("key, text, value, number", [("eval.lengths", "[1:2]", "1:2", 62),
+                                                      ("train.steps", "1:30", "1:30", 90),
+                                                      ("optim.lr", "1:30.5", "1:30.5", 90.5)])
+def test_a_base_60_number_is_text_refused_by_a_number_key(tmp_path, where, key, text, value, number):
+    """YAML 1.1 reads 1:30 as the base-60 number 90, in a file (PyYAML) as on the command line (OmegaConf's loader):
+    eval.lengths=[1:2] evaluated at length 62 and train.steps: 1:30 trained 90 steps, silently. Such a value is the
+    text it looks like, which a number key refuses, naming the key, where it was set and why."""
+    section, _, last = key.partition(".")
+    if where == "file":
+        (tmp_path / "b60.yaml").write_text(f"{section}:\n  {last}: {text}\n")
+        args, label = (tmp_path / "b60.yaml", []), r".*b60\.yaml"
+    else:
+        args, label = (None, [f"{key}={text}"]), "command line"
+    with pytest.raises(ConfigError, match=rf"^{label}: bad config key '{re.escape(key)}.*'{re.escape(value)}' .*"
+                                          rf"read as text, not as YAML 1\.1's base-60 number {number}"):  # fmt: skip
+        load_config(*args)
+
+
+def test_a_base_60_looking_value_is_text_for_a_string_key_and_in_an_open_block(tmp_path):
+    """A string key keeps the text (it was '90' from a file); a position parameter and a source key refuse it as
+    not a number, naming the key (they took 90)."""
+    (tmp_path / "n.yaml").write_text("run: {name: 12:30}\n")
+    assert load_config(tmp_path / "n.yaml").run.name == "12:30"
+    assert load_config(overrides=["run.name=1:30"]).run.name == "1:30"
+    with pytest.raises(ConfigError, match=r"^model\.position\.scaling\.factor: .*'1:30'.*command line"):
+        load_config(overrides=["model.position.scaling={rope_type: linear, factor: 1:30}"])
+    with pytest.raises(ConfigError, match=r"^data\.sources\.embedded\.max_docs: .*'1:30'"):
+        load_config(overrides=["data.sources.embedded={kind: embedded, max_docs: 1:30}"])
+
+
 def test_an_override_that_is_not_yaml_is_named():
     with pytest.raises(ConfigError, match=r"command line: cannot parse override 'data.sources.x=\{kind:files"):
         load_config(overrides=["train.steps=3", "data.sources.x={kind:files,paths:[]}"])
