@@ -153,6 +153,23 @@ def hf_rope_parameters(position: dict, dh: int) -> tuple[dict, Optional[int]]:
     return params, None
 
 
+def _yarn_reads_truncate() -> bool:
+    """Whether the installed transformers' yarn reads ``truncate`` (added with gpt-oss, after 4.54): an older one
+    ignores the key, rounding the ramp's ends whatever it says. Asked of its yarn function itself (the frequencies
+    of a small config with truncate true and false differ), not of a version number."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    freqs = []
+    for truncate in (True, False):
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32,
+                "truncate": truncate}  # fmt: skip (a ramp from dimension 0.41 to 3.3 of 8: rounded, 0 to 4)
+        config = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=128,
+                             **llama_rope_kwargs(rope))  # fmt: skip
+        freqs.append(ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")[0])
+    return not torch.equal(*freqs)
+
+
 def llama_shape(m) -> dict:
     """The ``LlamaConfig`` keywords for the shape of a ``model`` section: widths, depth, heads, norm, tying and
     the fixed architecture (SiLU-gated MLP, no biases). The exporter and the benchmark's peer both build on it."""
@@ -195,6 +212,15 @@ def hf_config(cfg, vocab_size: int, tokenizer=None):
 
     m = cfg.model
     rope, max_pos = hf_rope_parameters(_plain(m.position), head_dim(m))
+    if rope["rope_type"] == "yarn" and rope.get("truncate") is False and not _yarn_reads_truncate():
+        import transformers
+
+        # (ntk_by_parts is exported as yarn: it names its own key)
+        raise MinilmError(f"model.position.scaling.truncate: false is not read by the installed transformers "
+                          f"{transformers.__version__}, whose yarn always rounds the ramp's ends (truncate: true): the "
+                          f"export's frequencies would not be the model's, and its logits differ (about 0.1 on a tiny "
+                          f"model). It needs a transformers whose yarn reads truncate (4.57.6 and 5.x do; 4.54 does "
+                          f"not): pip install -U 'transformers>=4.57.6,<6'")  # fmt: skip
     kwargs = dict(
         vocab_size=vocab_size,
         **llama_shape(m),

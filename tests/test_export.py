@@ -463,6 +463,38 @@ def test_transformers_4_tokenizer_export(tiny_text_dir, tmp_path, monkeypatch):
         assert theirs.encode(text, add_special_tokens=False) == ours.encode(text), text
 
 
+def test_a_transformers_whose_yarn_ignores_truncate_is_refused_naming_the_version(tmp_path, monkeypatch):
+    """transformers before gpt-oss (4.54 and older, which the hf extra allows) ignores yarn's ``truncate``: a
+    ``truncate: false`` model exported with rounded ramp ends, logits off by ~0.1, which the export's check reported
+    as a bare logit difference (and --no-verify not at all). Refused, naming the key and the version it needs."""
+    import importlib
+
+    rope_utils = importlib.import_module("transformers.modeling_rope_utils")
+    yarn = rope_utils.ROPE_INIT_FUNCTIONS["yarn"]
+
+    def yarn_without_truncate(config, *args, **kwargs):  # an older transformers: the key is not read
+        saved = {a: getattr(config, a, None) for a in ("rope_parameters", "rope_scaling")}
+        for a, block in saved.items():
+            if isinstance(block, dict):
+                setattr(config, a, {k: v for k, v in block.items() if k != "truncate"})
+        try:
+            return yarn(config, *args, **kwargs)
+        finally:
+            for a, block in saved.items():
+                if isinstance(block, dict):
+                    setattr(config, a, block)
+
+    monkeypatch.setitem(rope_utils.ROPE_INIT_FUNCTIONS, "yarn", yarn_without_truncate)
+    for case in ("yarn_no_truncate", "ntk_by_parts_no_truncate"):
+        model, cfg = tiny(*CASES[case])
+        with pytest.raises(MinilmError, match=r"^model\.position\.scaling\.truncate: false is not read by the "
+                                              r"installed transformers .*transformers>=4\.57\.6"):  # fmt: skip
+            export_model(model, cfg, None, tmp_path / case)
+    model, cfg = tiny(*CASES["yarn"])  # truncate: true (the default) is what such a transformers does
+    export_model(model, cfg, None, tmp_path / "yarn")
+    assert max(max_logit_difference(model, tmp_path / "yarn", [L, 4 * L]).values()) < 1e-4
+
+
 def test_transformers_4_config_names_the_longrope_original_length(monkeypatch):
     """transformers 4.x's longrope reads original_max_position_embeddings from the config itself, not rope_scaling;
     without it, it took max_position_embeddings (original · factor) as the original length: the short factors up to
