@@ -491,7 +491,9 @@ def max_logit_difference(model, hf_dir: str | Path, lengths, seed: int = 0, batc
     transformers' dynamic RoPE keeps the frequencies of the longest call so far, so give lengths ascending)."""
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    # (no dtype keyword: transformers before 4.56 named it torch_dtype and took dtype for the model's __init__;
+    # a bf16 export read in its own dtype and cast is the same fp32 values)
+    hf = AutoModelForCausalLM.from_pretrained(str(hf_dir)).float().eval()
     model = model.float().eval()
     g = torch.Generator().manual_seed(seed)
     out = {}
