@@ -6,10 +6,11 @@
 
 Each argument is a run directory (its final phase's ``eval/``), a phase directory (its ``eval/``), an
 evaluation directory holding results.json, or a results.json file; run scripts/evaluate.py first (with the same
---lengths for every run, so the table lines up). ``--label`` names the lines (default: run/phase[+method], a
-study's run named as in its study, by its variant and seed: ``yarn/seed1/extend_2k``; runs of the same name with as
-many parent directories as it takes to tell them apart). A study's folder stands for its runs that have an
-evaluation (each seed's its own line; the study's own compare.md has their means). Writes compare.png and compare.md to --out (default: the
+--lengths for every run, so the table lines up). ``--label`` names the lines (default: run.name/phase[+method], a
+study's run named as in its study, by its variant and seed: ``yarn/seed1/extend_2k``; runs of the same name by
+their folders, with as many parent directories as it takes to tell them apart). A study's folder stands for its
+runs that have an evaluation (each seed's its own line; the study's own compare.md has their means). Writes
+compare.png and compare.md to --out (default: the
 current directory). Evaluations made with different settings that change the numbers (run.seed, --batches,
 --batch-tokens, --stride, --samples, --depths, --needles), and perplexities of tokenizers of other vocabulary sizes,
 are named in a warning, on stderr and atop compare.md.
@@ -74,27 +75,28 @@ def study_runs(args: list[str]) -> list:
 
 
 def distinct_labels(results: list[dict], args: list) -> list[str]:
-    """Each evaluation's own label ("<run dir name>/<phase>[ + method]"), a study's run named by its study label
-    (``yarn/seed1/extend_2k``: its variant, not only the folder ``seed1``); where several are equal, each lengthened
-    by its run's parent directories until they differ, else the argument as given: lines of one name in the
-    legend and the table cannot be told apart."""
+    """Each evaluation's own label ("<run.name>/<phase>[ + method]"; the run directory's name in a results.json of
+    an older minilm), a study's run named by its study label (``yarn/seed1/extend_2k``: its variant and seed, as
+    study.json lists it); where several are equal, each lengthened by its run's parent directories until they
+    differ, else the argument as given: lines of one name in the legend and the table cannot be told apart."""
     from minilm.runs import study_label
 
     labels = [r.get("label") or str(a) for r, a in zip(results, args)]
-    for j, r in enumerate(results):  # "<run dir name>/...": the run's name in its study instead
-        run = Path(str(r.get("run", "")))
-        label = study_label(run) if r.get("run") and labels[j].startswith(run.name + "/") else None
+    runs = [Path(str(r.get("run", ""))) for r in results]
+    names = [str(r.get("name") or run.name) for r, run in zip(results, runs)]  # what each label starts with
+    for j, r in enumerate(results):  # "<run name>/...": the run's name in its study instead
+        label = study_label(runs[j]) if r.get("run") and labels[j].startswith(names[j] + "/") else None
         if label:
-            labels[j] = label + labels[j][len(run.name):]
+            labels[j] = label + labels[j][len(names[j]):]
+            names[j] = label
     for label in list(labels):
         same = [j for j, other in enumerate(labels) if other == label]
         if len(same) < 2:
             continue
-        runs = {j: Path(str(results[j].get("run", ""))) for j in same}
         longer = {j: str(args[j]) for j in same}  # the fallback: a label not of the form <run name>/...
-        if all(labels[j].startswith(runs[j].name + "/") for j in same):
-            for depth in range(2, max(len(r.parts) for r in runs.values()) + 1):
-                tried = {j: "/".join(runs[j].parts[-depth:]).lstrip("/") + labels[j][len(runs[j].name):] for j in same}
+        if all(labels[j].startswith(names[j] + "/") for j in same):
+            for depth in range(1, max(len(runs[j].parts) for j in same) + 1):
+                tried = {j: "/".join(runs[j].parts[-depth:]).lstrip("/") + labels[j][len(names[j]):] for j in same}
                 if len(set(tried.values())) == len(same):
                     longer = tried
                     break

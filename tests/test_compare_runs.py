@@ -6,12 +6,15 @@ from pathlib import Path
 from conftest import load_script
 
 
-def _evaluation(run_dir: Path, phase: str, ppl: float) -> Path:
-    """A results.json as scripts/evaluate.py writes it for ``run_dir``'s ``phase`` (label: run dir name/phase)."""
+def _evaluation(run_dir: Path, phase: str, ppl: float, name: str | None = None) -> Path:
+    """A results.json as scripts/evaluate.py writes it for ``run_dir``'s ``phase`` (label: run.name/phase); without
+    ``name`` as an older minilm wrote it (label: run dir name/phase, no "name")."""
     out = run_dir / phase / "eval"
     out.mkdir(parents=True)
-    results = {"run": str(run_dir), "phase": phase, "label": f"{run_dir.name}/{phase}", "lengths": [64],
+    results = {"run": str(run_dir), "phase": phase, "label": f"{name or run_dir.name}/{phase}", "lengths": [64],
                "train_seq_len": 64, "position": {"name": "rope"}, "ppl": {"64": ppl}}  # fmt: skip
+    if name:
+        results["name"] = name
     (out / "results.json").write_text(json.dumps(results))
     return out
 
@@ -153,6 +156,23 @@ def test_a_run_of_a_study_is_labelled_by_its_variant_even_alone(tmp_path):
     assert cmp.main(cmp.parser().parse_args([str(study / "alibi" / "seed2"), str(c), "--out", str(tmp_path)])) == 0
     table = (tmp_path / "compare.md").read_text()
     assert "| alibi/seed2/extend_2k | 40.00 |" in table and "| other/extend | 60.00 |" in table
+
+
+def test_runs_labelled_by_their_run_name_keep_the_study_label_and_tell_alike_names_apart(tmp_path):
+    """An evaluation is labelled by run.name (a study's run: 'yarn-seed1/extend_2k'): compared, a study's run is still
+    named as in its study, and two runs of one run.name in other folders by their folders."""
+    study = tmp_path / "study"
+    run = _evaluation(study / "yarn" / "seed1", "extend_2k", 50.0, name="yarn-seed1")
+    variants = [{"variant": "yarn", "runs": {"yarn/seed1": {}}}]
+    (study / "study.json").write_text(json.dumps({"variants": variants}))
+    a = _evaluation(tmp_path / "a", "train", 60.0, name="tiny")
+    b = _evaluation(tmp_path / "b", "train", 70.0, name="tiny")
+    cmp = load_script("scripts/compare_runs.py")
+    args = [str(run), str(a), str(b), "--out", str(tmp_path / "cmp")]
+    assert cmp.main(cmp.parser().parse_args(args)) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| yarn/seed1/extend_2k | 50.00 |" in table
+    assert "| a/train | 60.00 |" in table and "| b/train | 70.00 |" in table
 
 
 def test_a_studys_folder_compares_its_evaluated_runs(tmp_path, capsys):

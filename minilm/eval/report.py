@@ -2,7 +2,8 @@
 
 ``results.json`` (keys of per-length mappings are the lengths as strings; ``null`` = not measured there)::
 
-    run, phase, step, label, weights, extension, position, train_seq_len, vocab_size, lengths, depths, tasks, samples
+    run, name (run.name), phase, step, label (name/phase...: titles the report and every figure), weights, extension,
+    position, train_seq_len, vocab_size, lengths, depths, tasks, samples
     seed, batches, batch_tokens, sliding, stride, needles   (the settings; absent from files of older versions)
     ppl            {L: perplexity, non-overlapping windows}      loss  {L: mean nats/token, same windows}
     ppl_sliding    {L: perplexity, sliding windows}
@@ -169,6 +170,12 @@ def load_results(path: Path) -> dict:
 # ------------------------------------------------------------------------------------------------------ figures
 
 
+def _title(results: dict, title: str) -> str:
+    """``title`` and, below it, which run and phase (and extension) it shows — results' label: every figure of a
+    study's runs was titled alike ('Per-position loss'), so two opened side by side could not be told apart."""
+    return title + (f"\n{results['label']}" if results.get("label") else "")  # (a long label fits on a line of its own)
+
+
 def _mark_train_len(ax, results: dict) -> None:
     n = results.get("train_seq_len")
     if n:
@@ -194,7 +201,7 @@ def _ppl_figure(results: dict):
     ax.set_yscale("log")
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")
-    ax.set_title("Perplexity vs length" + (f"\n{results['label']}" if results.get("label") else ""))  # a long one fits
+    ax.set_title(_title(results, "Perplexity vs length"))
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
@@ -210,7 +217,7 @@ def _position_figure(results: dict):
     _mark_train_len(ax, results)
     ax.set_xlabel("token position t")
     ax.set_ylabel("mean loss at t (nats)")
-    ax.set_title("Per-position loss")
+    ax.set_title(_title(results, "Per-position loss"))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -227,8 +234,10 @@ def _heatmap_figure(results: dict, task: str):
             v = (grid.get(str(L)) or {}).get(_depth_key(d))
             if v is not None:
                 data[i, j] = v
-    # wide enough for the title and the axis label whatever the lengths: with two (1.2 + 0.9 * 2 inches) both were cut
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 + 0.9 * len(lengths)), 1.6 + 0.55 * max(len(depths), 2)))
+    # wide enough for the title and the axis label whatever the lengths: with two (1.2 + 0.9 * 2 inches) both were cut;
+    # and for the run's label under the title (~0.09 inch a character)
+    width = max(4.0, 1.2 + 0.9 * len(lengths), 1.6 + 0.09 * len(results.get("label") or ""))
+    fig, ax = plt.subplots(figsize=(width, 1.6 + 0.55 * max(len(depths), 2)))
     import matplotlib
 
     cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="lightgrey")
@@ -247,7 +256,7 @@ def _heatmap_figure(results: dict, task: str):
         ax.set_xlabel(f"context length (tokens)\ntrained at {n}" + (" (dashed)" if 0 < inside < len(lengths) else ""))
     ax.set_ylabel("depth of the key")
     n = results.get("samples")
-    ax.set_title(f"{task} accuracy" + (f"\n({plural(n, 'prompt')} per cell)" if n else ""))
+    ax.set_title(_title(results, f"{task} accuracy" + (f"\n({plural(n, 'prompt')} per cell)" if n else "")))
     fig.colorbar(im, ax=ax, fraction=0.046)
     fig.tight_layout()
     return fig
@@ -272,7 +281,7 @@ def _retrieval_figure(results: dict):
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("exact-match accuracy")
-    ax.set_title("Retrieval vs length")
+    ax.set_title(_title(results, "Retrieval vs length"))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -564,9 +564,12 @@ def _meta(cfg, run_dir, phase, step, extension, weights: Optional[Path] = None, 
     if extension:  # as applied: with the parameters filled in from the training length, so the report says them
         extension = applied_extension(extension, int(cfg.train.seq_len))
     at = f" @ step {step}" if mid_phase else ""
+    # labelled by run.name, not the folder's name: a study's runs with seeds all sit in folders named seed<S>, and
+    # their reports and figures were titled 'seed1/extend' alike; a study names each run '<variant>-seed<S>'
+    name = str(cfg.run.name)
     return {
-        "run": str(run_dir), "phase": phase, "step": int(step),
-        "label": f"{Path(str(run_dir)).name}/{phase}{at}" + (f" + {extension['name']}" if extension else ""),
+        "run": str(run_dir), "name": name, "phase": phase, "step": int(step),
+        "label": f"{name}/{phase}{at}" + (f" + {extension['name']}" if extension else ""),
         **({"weights": str(weights)} if weights is not None else {}),
         "extension": extension or None,
         "position": OmegaConf.to_container(cfg.model.position, resolve=True),

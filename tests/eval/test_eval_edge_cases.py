@@ -403,3 +403,27 @@ def test_an_option_given_twice_is_refused_not_the_last_one_taken(fake_run, capsy
     except SystemExit as e:
         code = e.code
     assert code == 2 and said in capsys.readouterr().err
+
+
+def test_a_study_runs_report_and_every_figure_name_its_variant_and_seed(fake_run, tmp_path):
+    """A study's runs with seeds sit in folders named seed<S> (yarn/seed1, pi/seed1): their report.md was titled
+    'Evaluation: seed1/train' and their figures 'Per-position loss' alike, so two opened side by side could not be
+    told apart. The label is the run's name, which a study sets to '<variant>-seed<S>'."""
+    import shutil
+
+    from minilm.config import load_config, save_config
+    from minilm.eval import evaluate_run
+    from minilm.eval import report as rep
+
+    run = tmp_path / "study" / "yarn" / "seed1"
+    shutil.copytree(fake_run, run)
+    for path in (run / "config.yaml", run / "train" / "config.yaml"):
+        save_config(load_config(path, ["run.name=yarn-seed1", f"run.dir={run}"]), path)
+    res, out = evaluate_run(run, lengths=[32], tasks=["ppl", "passkey"], batches=1, batch_tokens=64, samples=1,
+                            depths=[0.5], tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
+    assert res["label"] == "yarn-seed1/train" and res["name"] == "yarn-seed1"
+    assert (out / "report.md").read_text().startswith("# Evaluation: yarn-seed1/train\n")
+    figures = [rep._ppl_figure(res), rep._position_figure(res), rep._heatmap_figure(res, "passkey"),
+               rep._retrieval_figure(res)]  # fmt: skip
+    for fig in figures:
+        assert fig.axes[0].get_title().endswith("\nyarn-seed1/train"), fig.axes[0].get_title()

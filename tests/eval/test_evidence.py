@@ -85,11 +85,12 @@ def test_the_retrieval_figure_draws_intervals_and_the_heatmap_marks_the_training
 def test_one_prompt_is_one_prompt_and_every_title_and_axis_label_fits_its_figure():
     """With 2 lengths the heatmap was 3 inches wide: its title and axis label were cut at both edges. The
     perplexity figure's title ran off with a long label; and one sample read "1 prompts"."""
-    from minilm.eval.report import _heatmap_figure, _ppl_figure, markdown
+    from minilm.eval.report import _heatmap_figure, _position_figure, _ppl_figure, _retrieval_figure, markdown
 
     res = _retrieval_results({"64": 1.0, "128": 0.5}, samples=1)
     res.update(label="rope_yarn_tiny/extend_512 @ step 200 + self_extend", ppl={"64": 30.0, "128": 40.0})
-    for fig in (_heatmap_figure(res, "passkey"), _ppl_figure(res)):
+    # (every figure's title names the run under it: the heatmap, narrower, is widened for it)
+    for fig in (_heatmap_figure(res, "passkey"), _ppl_figure(res), _position_figure(res), _retrieval_figure(res)):
         fig.canvas.draw()
         ax = fig.axes[0]
         for text in (ax.title, ax.xaxis.label, ax.yaxis.label):
