@@ -79,7 +79,31 @@ def test_the_figure_says_which_run_each_training_length_line_belongs_to(tmp_path
     monkeypatch.setattr(plt, "close", closed.append)  # keep the figure to read its legend
     compare(runs, ["a/pre", "b/ext"], tmp_path / "cmp")
     legend = [t.get_text() for t in closed[0].axes[-1].get_legend().get_texts()]
-    assert "trained at 64 (a/pre)" in legend and "trained at 256 (b/ext)" in legend
+    assert "trained at 64 (a/pre)" in legend  # (both were evaluated at 64 alone: 256 lies past it)
+    assert "trained at 256 (b/ext)\n(past the lengths shown: no line)" in legend
+
+
+def test_a_training_length_past_the_evaluated_lengths_does_not_stretch_the_axis_and_the_legend_says_so(
+        tmp_path, monkeypatch):  # fmt: skip
+    """Trained at 4096, evaluated at 128..2048: the training length's line stretched every panel's length axis to
+    4096, crowding the curves into its left part. The axis spans the evaluated lengths; the line is drawn only where
+    it falls within them, and the legend says where it is not."""
+    import matplotlib.pyplot as plt
+
+    from minilm.eval import compare
+
+    lengths = [128, 512, 2048]
+    run = {"run": "r", "phase": "p", "lengths": lengths, "train_seq_len": 4096, "position": {"name": "rope"},
+           "ppl": {str(L): 5.0 + i for i, L in enumerate(lengths)}}  # fmt: skip
+    inside = {**run, "run": "s", "train_seq_len": 512}
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    compare([run, inside], ["long", "short"], tmp_path / "cmp")
+    fig = closed[0]
+    assert fig.axes[0].get_xlim()[1] < 3000
+    assert [line.get_xdata()[0] for line in fig.axes[0].get_lines() if line.get_color() == "grey"] == [512]
+    legend = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
+    assert "trained at 4096 (long)\n(past the lengths shown: no line)" in legend and "trained at 512 (short)" in legend
 
 
 def test_the_legend_of_compare_png_lies_outside_every_panel(tmp_path, monkeypatch):

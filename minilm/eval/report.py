@@ -176,10 +176,36 @@ def _title(results: dict, title: str) -> str:
     return title + (f"\n{results['label']}" if results.get("label") else "")  # (a long label fits on a line of its own)
 
 
-def _mark_train_len(ax, results: dict) -> None:
+def _train_len_line(ax, n: int, shown: Sequence[float], ls: str = "--") -> None:
+    """A line at the training length ``n``, drawn only where it falls within ``shown`` (the x values the panel
+    plots): a training length past them (trained at 4096, evaluated at 128..2048) stretched the axis to it,
+    crowding the curves into its left part."""
+    if shown and min(shown) <= n <= max(shown):
+        ax.axvline(n, color="grey", ls=ls, lw=1)
+
+
+def _train_len_handle(n: int, shown: Sequence[float], label: str, ls: str = "--"):
+    """The legend entry of _train_len_line, which says when the line is not drawn and why."""
+    from matplotlib.lines import Line2D
+
+    if shown and not min(shown) <= n <= max(shown):
+        label += f"\n({'past' if n > max(shown) else 'below'} the lengths shown: no line)"
+    return Line2D([], [], color="grey", ls=ls, lw=1, label=label)
+
+
+def _mark_train_len(ax, results: dict, shown: Sequence[float]) -> list:
+    """The training length's line (where it falls within ``shown``); its legend handle, in a list (none if the
+    results do not say it)."""
     n = results.get("train_seq_len")
-    if n:
-        ax.axvline(n, color="grey", ls="--", lw=1, label=f"train length {n}")
+    if not n:
+        return []
+    _train_len_line(ax, n, shown)
+    return [_train_len_handle(n, shown, f"train length {n}")]
+
+
+def _legend(ax, extra: list, **kw) -> None:
+    handles, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=extra + handles, **kw)
 
 
 def _length_axis(ax, lengths) -> None:
@@ -196,14 +222,15 @@ def _ppl_figure(results: dict):
         xs = _lengths(results, key)
         if xs:
             ax.plot(xs, [results[key][str(x)] for x in xs], style, label=label)
-    _mark_train_len(ax, results)
-    _length_axis(ax, _lengths(results, "ppl") + _lengths(results, "ppl_sliding"))
+    shown = _lengths(results, "ppl") + _lengths(results, "ppl_sliding")
+    train = _mark_train_len(ax, results, shown)
+    _length_axis(ax, shown)
     ax.set_yscale("log")
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("perplexity")
     ax.set_title(_title(results, "Perplexity vs length"))
     ax.grid(alpha=0.3, which="both")
-    ax.legend()
+    _legend(ax, train)
     fig.tight_layout()
     return fig
 
@@ -214,12 +241,12 @@ def _position_figure(results: dict):
     for L in sorted(int(k) for k in curves):
         c = curves[str(L)]
         ax.plot(c["positions"], c["loss"], label=f"L={L}", lw=1.2)
-    _mark_train_len(ax, results)
+    train = _mark_train_len(ax, results, [0, *map(int, curves)] if curves else [])  # (positions 0 .. L - 1)
     ax.set_xlabel("token position t")
     ax.set_ylabel("mean loss at t (nats)")
     ax.set_title(_title(results, "Per-position loss"))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, train, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -276,14 +303,15 @@ def _retrieval_figure(results: dict):
                 ax.errorbar(xs, ys, yerr=err, fmt="o-", capsize=3, label=label)
             else:
                 ax.plot(xs, ys, "o-", label=label)
-    _mark_train_len(ax, results)
-    _length_axis(ax, [L for task in RETRIEVAL for L in _lengths(results, task)])
+    shown = [L for task in RETRIEVAL for L in _lengths(results, task)]
+    train = _mark_train_len(ax, results, shown)
+    _length_axis(ax, shown)
     ax.set_ylim(-0.05, 1.05)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("exact-match accuracy")
     ax.set_title(_title(results, "Retrieval vs length"))
     ax.grid(alpha=0.3)
-    ax.legend()
+    _legend(ax, train)
     fig.tight_layout()
     return fig
 
@@ -537,16 +565,21 @@ def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[st
     """One panel per metric, one line per run, a vertical line at each training length."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
     train_lens = sorted({r.get("train_seq_len") for r in runs if r.get("train_seq_len")})
+    every = [L for key in panels for r in runs for L in _lengths(r, key)]  # the legend's note: of every panel
+    train = []
     for ax, key in zip(axes[0], panels):
         for r, label in zip(runs, labels):
             xs = _lengths(r, key)
             if xs:
                 ax.plot(xs, [r[key][str(x)] for x in xs], "o-", label=label)
+        shown = [L for r in runs for L in _lengths(r, key)]
         for i, n in enumerate(train_lens):  # named in the legend: with several, which run was trained where
             who = [lb for r, lb in zip(runs, labels) if r.get("train_seq_len") == n]
             text = f"trained at {n}" + (f" ({', '.join(who)})" if len(train_lens) > 1 else "")
-            ax.axvline(n, color="grey", ls=("--", ":", "-.")[i % 3], lw=1, label=text if ax is axes[0][0] else None)
-        _length_axis(ax, [L for r in runs for L in _lengths(r, key)])
+            _train_len_line(ax, n, shown, ls=("--", ":", "-.")[i % 3])
+            if ax is axes[0][0]:
+                train.append(_train_len_handle(n, every, text, ls=("--", ":", "-.")[i % 3]))
+        _length_axis(ax, shown)
         if key.startswith("ppl"):
             ax.set_yscale("log")
             ax.set_ylabel("perplexity")
@@ -558,8 +591,9 @@ def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[st
         ax.grid(alpha=0.3, which="both")
     # one legend for every panel (each draws the runs in the same colours), right of the last one, outside the
     # axes: inside the first panel it covered the curves it names
-    handles, names = axes[0][0].get_legend_handles_labels()
-    axes[0][-1].legend(handles, names, fontsize=8, loc="upper left", bbox_to_anchor=(1.03, 1.0), borderaxespad=0)
+    handles, _ = axes[0][0].get_legend_handles_labels()
+    axes[0][-1].legend(handles=handles + train, fontsize=8, loc="upper left", bbox_to_anchor=(1.03, 1.0),
+                       borderaxespad=0)
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png", bbox_inches="tight"))
     plt.close(fig)

@@ -170,3 +170,22 @@ def test_a_run_whose_tokenizer_the_prepared_corpus_lacks_names_both_causes(fake_
         eval_data(cfg, fake_run)
     assert "source files changed" in str(err.value) and "FORMAT_VERSION" in str(err.value)
     assert "data.tokenizer.model_file" in str(err.value)
+
+
+def test_a_training_length_past_the_evaluated_lengths_does_not_stretch_a_reports_figures():
+    """Trained at 4096, evaluated at 128..2048: the dashed training-length line stretched the length axis of the
+    perplexity, retrieval and per-position figures to 4096. Drawn only within the lengths shown; the legend says so."""
+    from minilm.eval.report import _position_figure, _ppl_figure, _retrieval_figure
+
+    res = _retrieval_results({"128": 1.0, "2048": 0.5}, samples=1)
+    res.update(train_seq_len=4096, ppl={"128": 30.0, "2048": 40.0},
+               per_position_loss={"2048": {"positions": [0.0, 1024.0, 2047.0], "loss": [5.0, 4.0, 4.0]}})
+    for fig in (_ppl_figure(res), _retrieval_figure(res), _position_figure(res)):
+        ax = fig.axes[0]
+        assert ax.get_xlim()[1] < 3000, ax.get_title()
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "train length 4096\n(past the lengths shown: no line)" in texts, texts
+    res["train_seq_len"] = 1024  # within: drawn, as before
+    ax = _ppl_figure(res).axes[0]
+    assert 1024 in [line.get_xdata()[0] for line in ax.get_lines()]
+    assert "train length 1024" in [t.get_text() for t in ax.get_legend().get_texts()]
