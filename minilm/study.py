@@ -534,10 +534,14 @@ def mean_sd(values: list) -> Optional[dict]:
 
 def _cell(stat: Optional[dict], digits: int, n_seeds: int, sign: str = "") -> str:
     """A mean_sd as a table cell: the mean (``sign="+"``: signed, for differences), with seeds ± sd and (n=k) where
-    runs are missing. A mean of one value has no spread: no ± (``± 0.00`` read as seeds that agreed exactly)."""
+    runs are missing. A mean of one value has no spread: no ± (``± 0.00`` read as seeds that agreed exactly). A
+    mean that rounds to zero is written without a sign: ``-0.0000`` (a tiny negative difference) read as a
+    difference in one direction, which the digits shown do not say."""
     if stat is None:
         return "–"
     text = f"{stat['mean']:{sign}.{digits}f}"
+    if float(text) == 0:
+        text = f"{0.0:.{digits}f}"
     if n_seeds > 1:
         if stat["n"] > 1:
             text += f" ± {stat['sd']:.{digits}f}"

@@ -714,6 +714,19 @@ def test_a_table_cell_shows_sd_and_how_many_seeds_it_averages_when_some_are_miss
     assert _cell({"mean": 1.5, "sd": 0.0, "n": 1}, 2, 3) == "1.50 (n=1)"  # one value: no spread to show
 
 
+def test_a_difference_that_rounds_to_zero_has_no_sign():
+    """The paired-difference table printed '-0.0000 ± 0.0001' for a tiny negative mean: a sign the digits do not
+    support. Zero as shown is '0.0000'; real signs stay."""
+    from minilm.study import _cell
+
+    assert _cell({"mean": -0.00004, "sd": 0.0001, "n": 3}, 4, 3, sign="+") == "0.0000 ± 0.0001"
+    assert _cell({"mean": 0.00004, "sd": 0.0001, "n": 3}, 4, 3, sign="+") == "0.0000 ± 0.0001"
+    assert _cell({"mean": -0.004, "sd": 0.01, "n": 3}, 2, 3, sign="+") == "0.00 ± 0.01"
+    assert _cell({"mean": -0.00006, "sd": 0.0001, "n": 3}, 4, 3, sign="+") == "-0.0001 ± 0.0001"
+    assert _cell({"mean": 0.0002, "sd": 0.0, "n": 1}, 4, 1, sign="+") == "+0.0002"
+    assert _cell({"mean": -0.001, "sd": 0.0, "n": 1}, 2, 1) == "0.00"
+
+
 def test_paired_differences_are_other_minus_reference_per_seed_on_the_last_phase():
     from minilm.study import paired_differences
 
