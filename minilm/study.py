@@ -315,6 +315,8 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     _check_resumed_runs(out_dir, cfgs, todo, plan, again, data=False)  # before any corpus is prepared, what needs none
     _check_data(cfgs, todo)
     _check_resumed_runs(out_dir, cfgs, todo, plan, again, data=True)
+    for line in study_phase_notes(out_dir, cfgs, todo):  # once each here, not once per run that trains it
+        log(line)
     try:
         for r in todo:
             with _study_remedy(r.label, cfgs, again):
@@ -323,6 +325,22 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
         if is_primary_process() and out_dir.is_dir():
             write_summary(study, out_dir, cfgs, plan, log, extra=list(extra))
     return out_dir
+
+
+def study_phase_notes(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[StudyRun]) -> list[str]:
+    """Each distinct warning or note (``phase_notes``: a warmup longer than its phase, say) on the phases the runs
+    ``todo`` have not finished (trained or copied from another run), once, naming the runs it concerns unless it is
+    every one of them: each run's own run_phases said it again (a study of 5 runs of 3 short phases printed the
+    same 3 warnings 5 times)."""
+    from minilm.training.phases import is_complete, phase_notes
+
+    runs: dict[str, list[str]] = {}
+    for r in todo:
+        names = phase_names(cfgs[r.label])
+        for line in phase_notes(cfgs[r.label], [n for n in names if not is_complete(out_dir / r.label, n)]):
+            runs.setdefault(line, []).append(r.label)
+    return [line + ("" if len(todo) == 1 else " (every run)" if len(who) == len(todo) else f" (runs {', '.join(who)})")
+            for line, who in runs.items()]
 
 
 def _check_layout(study: Study, out_dir: Path, todo: list[StudyRun]) -> None:
@@ -467,7 +485,7 @@ def _train_run(study: Study, run: StudyRun, out_dir: Path, cfg: DictConfig, shar
     own = " ".join(variant.own) or "no overrides of its own"
     other = "" if variant.config == study.config else f"config {variant.config}; "
     log(f"study {study.name}: '{run.label}' ({other}{own})")
-    run_phases(cfg, resume=run_dir.exists(), log=log)
+    run_phases(cfg, resume=run_dir.exists(), log=log, notes=False)  # (run_study said them, once for every run)
 
 
 def _wait_for_rank_zero() -> None:

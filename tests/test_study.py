@@ -347,7 +347,7 @@ def test_each_runs_line_names_its_variants_own_overrides_and_the_common_ones_onc
     import minilm.training.phases as phases_mod
     from minilm.study import run_study
 
-    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log: None)
+    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log, notes: None)
     (tmp_path / "other.yaml").write_text("base: base.yaml\nmodel: {n_layers: 2}\n")
     study_file.write_text("config: base.yaml\noverrides: [phases.short.steps=5]\n"
                           "variants: {a: [], b: [phases.long.lr=0.001], c: {config: other.yaml}}\n")  # fmt: skip
@@ -487,7 +487,7 @@ def test_plan_a_run_copies_only_the_shared_phases_it_lacks_and_checks_the_donors
     from minilm.study import _train_run
 
     trained = []
-    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log: trained.append(cfg.run.name))
+    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log, notes: trained.append(cfg.run.name))
     study = load_study(study_file)
     out = tmp_path / "out"
     cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
@@ -523,7 +523,7 @@ def test_plan_a_donor_left_out_by_only_is_checked_before_anything_trains(tmp_pat
     study_file.write_text("config: base.yaml\nvariants: {yarn: [], alibi: [model.position.name=alibi], "
                           "pi: [phases.long.lr=0.001]}\n")  # fmt: skip
     trained = []
-    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log: trained.append(cfg.run.name))
+    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log, notes: trained.append(cfg.run.name))
     with pytest.raises(MinilmError, match="'pi' shares short with 'yarn', which has not finished them"):
         run_study(load_study(study_file), tmp_path / "out", only=["pi", "alibi"], log=lambda msg: None)
     assert trained == []  # not alibi first, then the refusal
@@ -688,7 +688,7 @@ def test_resume_checks_every_run_it_continues_before_the_first_one_trains(tmp_pa
     from minilm.study import run_study
 
     trained = []
-    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log: trained.append(cfg.run.name))
+    monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log, notes: trained.append(cfg.run.name))
     study_file.write_text("config: base.yaml\nvariants: {yarn: [], pi: [phases.long.lr=0.001]}\n")
     out = tmp_path / "out"
     older = load_config(study_file.parent / "base.yaml", ["phases.long.lr=0.002", f"run.dir={out / 'pi'}"])
@@ -818,3 +818,26 @@ def test_a_mean_over_seeds_records_every_seed_it_averages(tmp_path):
     assert setting_differences([both, alike], ["a", "b"]) == []
     [warning] = setting_differences([both, first], ["a", "c"])
     assert warning.startswith("evaluated with different seed: [1, 2] (a); 1 (c).")
+
+
+def test_a_warning_on_every_runs_phases_is_said_once_before_the_first_run_not_once_per_run(tmp_path, study_file):
+    """A study trained with few steps printed the same warmup warning for every run (5 runs × 3 phases: 15 lines).
+    It now says each distinct warning once, before training, naming the runs it concerns unless they are all; the
+    runs' own run_phases do not repeat it (train.py still says it: run_phases' notes=True)."""
+    from minilm.study import run_study
+
+    study_file.write_text("config: base.yaml\nvariants: {a: [], b: [train.log_every=3]}\n")
+    logged = []
+    extra = ("optim.warmup_steps=7", "phases.long.warmup_steps=20", "train.val_every=0",
+             "phases.short.eval_lengths=[]", "phases.long.eval_lengths=[]")  # fmt: skip
+    out = run_study(load_study(study_file), tmp_path / "out", extra=extra, log=logged.append)
+    short = [line for line in logged if "optim.warmup_steps = 7 is longer than phase 'short'" in line]
+    long = [line for line in logged if "phases.long.warmup_steps = 20 is longer than phase 'long'" in line]
+    assert len(short) == 1 and short[0].startswith("warning: ") and short[0].endswith(" (every run)"), short
+    assert len(long) == 1 and long[0].endswith(" (every run)"), long
+    assert logged.index(short[0]) < next(i for i, line in enumerate(logged) if "'a' (" in line)  # before training
+    # b/long alone left to train: b's warning alone is said, without '(every run)' of one run
+    shutil.rmtree(out / "b" / "long")
+    logged.clear()
+    run_study(load_study(study_file), out, extra=extra, resume=True, log=logged.append)
+    assert [line for line in logged if "is longer than" in line] == [long[0][: -len(" (every run)")] + " (runs b)"]

@@ -849,6 +849,18 @@ def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Option
             "encoding, say); check the config if that is not what you meant")  # fmt: skip
 
 
+def phase_notes(cfg, names) -> list[str]:
+    """The warnings and notes on phases ``names`` of run config ``cfg`` (a warmup longer than the phase, a phase
+    shorter than the one before), each a line as logged before those phases train."""
+    out = []
+    for n in names:
+        if msg := warmup_warning(cfg, n):
+            out.append(f"warning: {msg}")
+        if msg := shorter_phase_note(cfg, n):
+            out.append(f"note: {msg}")
+    return out
+
+
 def run_phases(
     cfg,
     *,
@@ -856,8 +868,11 @@ def run_phases(
     start_phase: Optional[str] = None,
     init: Optional[str] = None,
     log: Callable[[str], None] = print,
+    notes: bool = True,
 ) -> Path:
-    """Train every phase of ``cfg`` in order; returns the run directory."""
+    """Train every phase of ``cfg`` in order; returns the run directory. ``notes``: log ``phase_notes`` of the
+    phases that will train (a study says them once, before its first run, for all its runs: else each run
+    repeated the same warning)."""
     run_dir = Path(cfg.run.dir)
     names = phase_names(cfg)
     pcfgs = {n: phase_config(cfg, n) for n in names}
@@ -869,12 +884,10 @@ def run_phases(
     # a missing or unreadable --init fails before the corpus is prepared and run.dir is written; read once
     weights, init_model = read_weights_and_model(Path(init)) if init is not None else (None, None)
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
-    for n in names[names.index(start_phase) if start_phase else 0:]:  # said before training, of what will train
-        if (start_phase and not resume) or not is_complete(run_dir, n):
-            if msg := warmup_warning(cfg, n):
-                log(f"warning: {msg}")
-            if msg := shorter_phase_note(cfg, n):
-                log(f"note: {msg}")
+    if notes:  # said before training, of what will train
+        for line in phase_notes(cfg, [n for n in names[names.index(start_phase) if start_phase else 0:]
+                                      if (start_phase and not resume) or not is_complete(run_dir, n)]):  # fmt: skip
+            log(line)
     model = _new_model(cfg, pcfgs, corpus.tokenizer.vocab_size, log)
     if weights is not None:  # weights that do not fit are refused before run.dir is written and --phase deletes phases
         first = start_phase or names[0]
