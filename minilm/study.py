@@ -691,13 +691,13 @@ def _markdown(study: Study, report: dict, figure: bool) -> str:
     seeds = f"seeds {', '.join(map(str, study.seeds))}: mean ± sample sd" if n > 1 else (
         f"seed {study.seeds[0]}" if study.seeds else "one seed (the config's)")
     md = [f"# Study {study.name}", "", f"`{study.path}`, {report['date']}, {seeds}.", ""]
-    # the overrides of every variant, once: each variant's own are in the table's column
+    # the overrides of every variant, once: each variant's own are in the table's 'own overrides' column
     for what, key in (("The study file's overrides", "overrides"),
                       ("Command-line overrides", "command_line_overrides")):  # fmt: skip
         if report.get(key):
             md += [f"{what} (every variant): " + " ".join(f"`{_short(o)}`" for o in report[key]) + ".", ""]
     phases = list(dict.fromkeys(p for e in entries for p in e["val_loss"]))
-    md += ["| variant | overrides | shared | " + " | ".join(f"val loss {p}" for p in phases) + " |",
+    md += ["| variant | own overrides | shared | " + " | ".join(f"val loss {p}" for p in phases) + " |",
            "|---|---|---|" + "---:|" * len(phases)]  # fmt: skip
     for e in entries:
         first = next(iter(e["runs"].values()))["shared"]

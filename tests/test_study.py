@@ -319,6 +319,8 @@ def test_the_studys_common_overrides_are_listed_once_above_the_table_not_in_ever
     assert "The study file's overrides (every variant): `phases.short.steps=5` `train.log_every=2`." in md
     assert md.count("phases.short.steps=5") == 1
     assert "| a | – |" in md and "| b | `phases.long.lr=0.001` |" in md
+    # the column says it holds each variant's own (headed 'overrides', '–' read as no overrides at all)
+    assert "| variant | own overrides | shared | val loss short | val loss long |" in md
     report = json.loads((out / "study.json").read_text())
     assert report["overrides"] == ["phases.short.steps=5", "train.log_every=2"]
     assert [e["overrides"] for e in report["variants"]] == [[], ["phases.long.lr=0.001"]]
