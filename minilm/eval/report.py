@@ -216,6 +216,21 @@ def _length_axis(ax, lengths) -> None:
         ax.minorticks_off()
 
 
+def _ppl_axis(ax) -> None:
+    """Log y axis of perplexity, labelled with plain numbers (60, 1500, 2.5) on the ticks matplotlib labels: over
+    less than a decade, as a trained model's curves usually are, it wrote 6×10¹ and 1.52×10³."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def __call__(self, x, pos=None):
+            return (f"{x:g}" if x < 1e4 else f"{x:,.0f}") if super().__call__(x, pos) else ""
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(Plain())
+    ax.yaxis.set_minor_formatter(Plain(labelOnlyBase=False))
+    ax.set_ylabel("perplexity")
+
+
 def _ppl_figure(results: dict):
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label, style in (("ppl", "windows", "o-"), ("ppl_sliding", "sliding", "s--")):
@@ -225,9 +240,8 @@ def _ppl_figure(results: dict):
     shown = _lengths(results, "ppl") + _lengths(results, "ppl_sliding")
     train = _mark_train_len(ax, results, shown)
     _length_axis(ax, shown)
-    ax.set_yscale("log")
+    _ppl_axis(ax)
     ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("perplexity")
     ax.set_title(_title(results, "Perplexity vs length"))
     ax.grid(alpha=0.3, which="both")
     _legend(ax, train)
@@ -581,8 +595,7 @@ def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[st
                 train.append(_train_len_handle(n, every, text, ls=("--", ":", "-.")[i % 3]))
         _length_axis(ax, shown)
         if key.startswith("ppl"):
-            ax.set_yscale("log")
-            ax.set_ylabel("perplexity")
+            _ppl_axis(ax)
         else:
             ax.set_ylim(-0.05, 1.05)
             ax.set_ylabel("exact-match accuracy")

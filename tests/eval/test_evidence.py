@@ -189,3 +189,20 @@ def test_a_training_length_past_the_evaluated_lengths_does_not_stretch_a_reports
     ax = _ppl_figure(res).axes[0]
     assert 1024 in [line.get_xdata()[0] for line in ax.get_lines()]
     assert "train length 1024" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_perplexity_axes_are_labelled_with_plain_numbers(tmp_path, monkeypatch):
+    """Perplexity within less than a decade (a trained model's 52..66) was labelled 5.2×10¹, 5.4×10¹, ... on the log
+    axis of a report's figure and of compare.png; the labels are now the numbers themselves."""
+    from minilm.eval import report
+
+    res = {"lengths": [128, 512], "ppl": {"128": 52.0, "512": 66.0}, "train_seq_len": 128, "run": "r", "phase": "p"}
+    drawn, plain_axis = [], report._ppl_axis
+    monkeypatch.setattr(report, "_ppl_axis", lambda ax: drawn.append(ax) or plain_axis(ax))
+    report._compare_figure([res], ["r"], ["ppl"], tmp_path / "compare.png")
+    report._ppl_figure(res)
+    assert len(drawn) == 2  # compare.png's panel and the report's figure
+    for ax in drawn:
+        ax.figure.canvas.draw()
+        labels = [t.get_text() for t in ax.get_yticklabels(minor=True) + ax.get_yticklabels() if t.get_text()]
+        assert "60" in labels and not any("times" in t or "^" in t for t in labels), labels
