@@ -1,7 +1,7 @@
 """Which windows perplexity runs and which targets it scores, checked with a model that records its inputs: every
 full window of L + 1 tokens (the last one included), documents of at least L + 1 tokens else the packed stream,
 windows drawn without repeats, sliding windows per document (each document's first window scores all L targets,
-later ones S), the default stride L/2, documents in a seeded random order."""
+later ones S), the default stride L/2, sliding windows drawn at random across the documents."""
 
 from __future__ import annotations
 
@@ -85,14 +85,20 @@ def test_sliding_runs_at_most_n_windows_and_defaults_to_a_stride_of_half_the_len
         perplexity(model, _docs(200), 16, mode="sliding", stride=17)
 
 
-def test_sliding_takes_the_documents_in_a_seeded_random_order():
-    docs = _docs(*[20] * 6)
-    first = []
+def test_sliding_draws_its_windows_at_random_across_the_documents():
+    """Six documents of three sliding windows each, a budget of six windows: whole documents taken in turn read two
+    of them, and the number swung with which; the windows are now drawn across all, seeded, without repeats."""
+    docs = _docs(*[20] * 6)  # windows of 9 tokens every 4: starts 0, 4, 8 in each
+    spread = []
     for seed in range(12):
         model = Recorder()
-        perplexity(model, docs, 8, mode="sliding", n_windows=1, batch_size=1, stride=4, seed=seed)
-        first.append(model.rows[0][0] // 20)  # which document the only window came from
+        r = perplexity(model, docs, 8, mode="sliding", n_windows=6, batch_size=2, stride=4, seed=seed)
+        assert r.windows == 6 and len(set(model.rows)) == 6  # no window twice
+        spread.append(len({row[0] // 20 for row in model.rows}))  # the documents its windows came from
         again = Recorder()
-        perplexity(again, docs, 8, mode="sliding", n_windows=1, batch_size=1, stride=4, seed=seed)
-        assert again.rows == model.rows  # seeded: the same order every time
-    assert len(set(first)) >= 3
+        perplexity(again, docs, 8, mode="sliding", n_windows=6, batch_size=2, stride=4, seed=seed)
+        assert again.rows == model.rows  # seeded: the same windows every time
+        # a window at a document's start scores its 8 targets, any other the 4 no earlier window scores
+        firsts = sum(row[0] % 20 == 0 for row in model.rows)
+        assert r.tokens == 8 * firsts + 4 * (6 - firsts)
+    assert min(spread) >= 3 and max(spread) >= 4, spread
