@@ -23,6 +23,15 @@ def pytest_runtest_setup(item):
         pytest.skip("needs a CUDA device (marked gpu)")
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Figures a test draws and does not close (a report's _ppl_figure, looked at) are closed after it: pyplot keeps
+    them for the process, and past 20 every later figure warned, in the runs of other tests."""
+    yield
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+
+
 @pytest.fixture
 def tiny_text_dir(tmp_path: Path) -> Path:
     """A few dozen small Python-like documents: enough to train a tokenizer and a few steps, in seconds."""
