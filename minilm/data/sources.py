@@ -390,13 +390,14 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
     files = _expand_globs(spec, where)
     text_files = [p for p in files if p.suffix.lower() in TEXT_SUFFIXES]
     record_files = [p for p in files if _record_builder(p) in ("json", "parquet")]
-    other = len(files) - len(text_files) - len(record_files)
+    kept = set(text_files) | set(record_files)
+    other = [p for p in files if p not in kept]
     cap = spec.max_docs  # reading stops there: a quick run on a few documents of a large corpus reads only those
     docs = _read_text_files(name, text_files, root=None, progress=progress, max_docs=cap)
-    if other:
-        docs.skipped["not_text"] += other
-        log.warning("%s: %d file(s) with unsupported suffix skipped (allowed: %s; .jsonl/.json also compressed: "
-                    "%s)", where, other, ", ".join(TEXT_SUFFIXES + RECORD_SUFFIXES),
+    if other:  # named as the other skip reasons are: the first one
+        docs.skipped["not_text"] += len(other)
+        log.warning("%s: %d file(s) with unsupported suffix skipped (first: %s; allowed: %s; .jsonl/.json also "
+                    "compressed: %s)", where, len(other), other[0], ", ".join(TEXT_SUFFIXES + RECORD_SUFFIXES),
                     ", ".join(COMPRESSIONS))  # fmt: skip
     for builder, group in (("json", [p for p in record_files if _record_builder(p) == "json"]),
                            ("parquet", [p for p in record_files if _record_builder(p) == "parquet"])):  # fmt: skip

@@ -279,6 +279,18 @@ def test_empty_source(tmp_path):
         load_corpus(cfg, progress=False)
 
 
+def test_a_file_of_an_unsupported_suffix_is_named_in_the_skip_warning(tmp_path, caplog):
+    """The files kind named the first file of every skip reason but this one: '2 file(s) with unsupported suffix
+    skipped' sent a user looking through a glob's matches for them."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("def f():\n    return 1\n" * 20)
+    for name in ("b.rst", "c.csv"):
+        (tmp_path / "d" / name).write_text("x")
+    cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "paths": [f"{tmp_path}/d/*"]}})
+    load_corpus(cfg, progress=False)
+    assert f"2 file(s) with unsupported suffix skipped (first: {tmp_path / 'd' / 'b.rst'}; allowed:" in caplog.text
+
+
 def test_empty_and_non_utf8_record_files_are_skipped_and_counted_like_text_files(tmp_path, jsonl_file, caplog):
     """A files source skips an empty or non-UTF-8 .jsonl and counts it, as it does a .txt (an empty one stopped
     the run with 'StopIteration: StopIteration', a Latin-1 one with a bare UnicodeDecodeError traceback). The
