@@ -469,7 +469,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     for where, items in [(source, overrides), *more]:
         if items:
             cfg, dot = _merge_overrides(cfg, list(items), where, path)
-            layers.append((f"on the {where}" if where == COMMAND_LINE else f"in {where}", dot))
+            layers.append((_overrides_label(where), dot))
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
@@ -498,6 +498,11 @@ def _typed_position_values(cfg: DictConfig) -> None:
                 block[key] = value
 
 
+def _overrides_label(source: str) -> str:
+    """Where a group of overrides was set, as the errors say it: 'on the command line', 'in study file S, ...'."""
+    return f"on the {source}" if source == COMMAND_LINE else f"in {source}"
+
+
 def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: Any) -> tuple[DictConfig, DictConfig]:
     """(cfg with the dotlist ``overrides`` merged, the dotlist as a config); errors begin with ``source``."""
     for item in overrides:
@@ -514,7 +519,7 @@ def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: A
         problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]  # (not the scanner's marks)
         raise ConfigError(f"{source}: cannot parse {where}: {problem} (values are YAML: write "
                           f"'key={{a: 1, b: [x, y]}}' with a space after each colon)") from None
-    _check_glued_colon(dot, f"on the {source}" if source == COMMAND_LINE else f"in {source}")
+    _check_glued_colon(dot, _overrides_label(source))
     _check_phase_names(cfg, dot, path, source)
     cfg = _merge_layer(cfg, dot, source, dotlist=True)
     _check_shadowed(cfg, dot, source)

@@ -94,8 +94,8 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     path = Path(path)
     if not path.exists():
         raise MinilmError(f"{path}: no such run directory or checkpoint")
-    if not (path / "config.yaml").is_file() and _not_a_run(path):  # (a run directory with a study inside is a run)
-        raise MinilmError(_not_a_run(path))
+    if not (path / "config.yaml").is_file() and (instead := _not_a_run(path)):  # (a run holding a study is a run)
+        raise MinilmError(instead)
     run_dir = _find_run_dir(path)
     names = run_phase_names(run_dir) if phase is not None else []
     if phase is not None and phase not in names:

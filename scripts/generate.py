@@ -79,8 +79,8 @@ def main(args: argparse.Namespace) -> int:
     if not ids:
         raise MinilmError("--prompt: encodes to no tokens; give some text")
     use_cache = not args.no_cache
-    if use_cache and cache_blockers(model):  # said here in one line: generate()'s Python warning quoted source
-        print(f"warning: {', '.join(cache_blockers(model))} ({run.cfg.model.position.name}) cannot decode with a KV "
+    if use_cache and (blockers := cache_blockers(model)):  # said here in one line: generate()'s warning quoted source
+        print(f"warning: {', '.join(blockers)} ({run.cfg.model.position.name}) cannot decode with a KV "
               "cache; decoding without one, as --no-cache does (every step recomputes the whole sequence)",
               file=sys.stderr)  # fmt: skip
         use_cache = False

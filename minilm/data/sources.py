@@ -534,9 +534,7 @@ def _load_from_disk(where: str, path: Path, split: str):
             raise DataError(f"{where}.split: {path} holds one Dataset (save_to_disk of a Dataset, no splits), so "
                             f"split {split!r} cannot be chosen; leave split at its default 'train' (a slice of it, "
                             f"train[:1000] or train[:10%], is allowed)") from None  # fmt: skip
-        raise DataError(f"{where}.split: {split!r} is not a split of {path} (splits: {', '.join(ds)}), nor a slice "
-                        f"or sum of them (train[:1000], train[10%:], train+test); datasets says: {e}"
-                        ) from None  # fmt: skip
+        raise DataError(f"{where}.split: {_not_a_split(split, path, ds)}; datasets says: {e}") from None
     pieces = [splits[p.splitname].select(range(p.from_, p.to)) if (p.from_, p.to) != (0, len(splits[p.splitname]))
               else splits[p.splitname] for p in parts]  # fmt: skip
     return pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
@@ -565,6 +563,12 @@ def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_f
                         f"{_cause(e)}") from None  # fmt: skip
 
 
+def _not_a_split(split: str, of: Any, splits: Any) -> str:
+    """The refusal of a ``split`` spec that names no split of ``of`` (its ``splits``) in load_dataset's syntax."""
+    return (f"{split!r} is not a split of {of} (splits: {', '.join(splits)}), nor a slice or sum of them "
+            "(train[:1000], train[10%:], train+test)")
+
+
 def _check_split(where: str, path: str, name: Optional[str], split: str, data_files: Any,
                  cache_dir: Optional[str], call: str) -> None:  # fmt: skip
     """After load_dataset failed with a ValueError: raise ``DataError`` naming ``<where>.split`` and the dataset's
@@ -583,8 +587,7 @@ def _check_split(where: str, path: str, name: Optional[str], split: str, data_fi
         one = ("; a file, or a list of files, is the one split 'train' (a data_files mapping names others: "
                "{train: a.jsonl, validation: b.jsonl})" if data_files is not None
                and not isinstance(data_files, dict) else "")  # fmt: skip
-        raise DataError(f"{where}.split: {split!r} is not a split of {call} (splits: {', '.join(splits)}), nor a "
-                        f"slice or sum of them (train[:1000], train[10%:], train+test){one}") from None  # fmt: skip
+        raise DataError(f"{where}.split: {_not_a_split(split, call, splits)}{one}") from None
 
 
 def _cause(e: BaseException) -> str:

@@ -590,9 +590,10 @@ def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[st
         for i, n in enumerate(train_lens):  # named in the legend: with several, which run was trained where
             who = [lb for r, lb in zip(runs, labels) if r.get("train_seq_len") == n]
             text = f"trained at {n}" + (f" ({', '.join(who)})" if len(train_lens) > 1 else "")
-            _train_len_line(ax, n, shown, ls=("--", ":", "-.")[i % 3])
+            ls = ("--", ":", "-.")[i % 3]
+            _train_len_line(ax, n, shown, ls=ls)
             if ax is axes[0][0]:
-                train.append(_train_len_handle(n, every, text, ls=("--", ":", "-.")[i % 3]))
+                train.append(_train_len_handle(n, every, text, ls=ls))
         _length_axis(ax, shown)
         if key.startswith("ppl"):
             _ppl_axis(ax)

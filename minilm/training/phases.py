@@ -884,16 +884,15 @@ def run_phases(
     # a missing or unreadable --init fails before the corpus is prepared and run.dir is written; read once
     weights, init_model = read_weights_and_model(Path(init)) if init is not None else (None, None)
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
+    start = names.index(start_phase) if start_phase else 0
     if notes:  # said before training, of what will train
-        for line in phase_notes(cfg, [n for n in names[names.index(start_phase) if start_phase else 0:]
+        for line in phase_notes(cfg, [n for n in names[start:]
                                       if (start_phase and not resume) or not is_complete(run_dir, n)]):  # fmt: skip
             log(line)
     model = _new_model(cfg, pcfgs, corpus.tokenizer.vocab_size, log)
     if weights is not None:  # weights that do not fit are refused before run.dir is written and --phase deletes phases
-        first = start_phase or names[0]
-        _load_init(model, weights, init, init_model, pcfgs[first].model, first, log)
+        _load_init(model, weights, init, init_model, pcfgs[names[start]].model, names[start], log)
         weights = None  # (the model holds copies: not a second set of them through training)
-    start = names.index(start_phase) if start_phase else 0
     # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted --phase
     # run). Every rank decides so from the command line, not from run.dir: rank 0 deletes their old outputs, and
     # under torchrun / SLURM the other ranks start with it and looked before it had: they found the phases complete
