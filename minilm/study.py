@@ -583,7 +583,10 @@ def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, 
     per_run, by_seed = {}, {}
     for r in runs:
         donor, k = plan.get(r.label, (None, 0))
-        per_run[r.label] = {"seed": r.seed, "shared": {"from": donor, "phases": phases[:k]} if donor else None,
+        # shared once copied (its phases finished in the run's folder), not merely planned: a variant --only left
+        # untrained shares nothing yet
+        copied = donor and is_complete(out_dir / r.label, phases[k - 1])
+        per_run[r.label] = {"seed": r.seed, "shared": {"from": donor, "phases": phases[:k]} if copied else None,
                             "val_loss": _val_losses(out_dir / r.label, phases)}  # fmt: skip
         if is_complete(out_dir / r.label, evaluated):
             try:

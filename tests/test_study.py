@@ -270,6 +270,17 @@ def _finished(cfg, run_dir: Path, phases, val_loss=4.0) -> None:
         atomic_write_text(run_dir / phase / "complete.json", json.dumps({"val_loss": val_loss}))
 
 
+def test_a_variant_only_left_untrained_shares_nothing_in_the_summary(tmp_path, study_file):
+    """pi, planned to share yarn's pretraining but not trained (--only yarn), was summarized as 'short from yarn'
+    beside empty cells, as if it had been copied."""
+    out = tmp_path / "out"
+    assert _study([study_file, "--out", out, "--only", "yarn"]) == 0
+    rows = {r["variant"]: r for r in json.loads((out / "study.json").read_text())["variants"]}
+    assert rows["pi"]["runs"]["pi"]["shared"] is None
+    row = next(line for line in (out / "study.md").read_text().splitlines() if line.startswith("| pi |"))
+    assert row.split(" | ")[2] == "–", row
+
+
 def test_seeds_summary_compares_only_each_runs_last_phase_evaluation(tmp_path, study_file):
     """A run stopped after its shared pretraining holds that phase's evaluation (copied): it is not the variant's
     result, and must not be averaged with the finished seeds' last-phase numbers."""
