@@ -206,12 +206,33 @@ def llama_rope_kwargs(rope: dict) -> dict:
     return kwargs
 
 
+# the first transformers whose yarn and longrope read the original length as minilm writes it: 4.45.2 to 4.50.3 took
+# it from max_position_embeddings (the target length), and their logits differed from the model's by 0.06 to 0.33 on
+# tests/test_export.py's tiny models
+READS_ORIGINAL_LENGTH = "4.51"
+
+
+def _check_transformers_reads_original_length(rope_type: str, named: str) -> None:
+    """``rope_type``: the exported one; ``named``: the model's (ntk_by_parts is exported as yarn)."""
+    import transformers
+    from packaging.version import Version
+
+    if rope_type in ("yarn", "longrope") and Version(transformers.__version__) < Version(READS_ORIGINAL_LENGTH):
+        raise MinilmError(f"model.position.scaling: rope_type {named} needs transformers {READS_ORIGINAL_LENGTH} "
+                          f"or later to export; the installed {transformers.__version__} reads its original length "
+                          f"from max_position_embeddings, so the export's frequencies would not be the model's (its "
+                          f"logits differ by 0.06 to 0.33 on a tiny model): "
+                          f"pip install -U 'transformers>={READS_ORIGINAL_LENGTH},<6'")  # fmt: skip
+
+
 def hf_config(cfg, vocab_size: int, tokenizer=None):
     """The transformers ``LlamaConfig`` for a run config ``cfg`` (the phase's resolved config)."""
     from transformers import LlamaConfig
 
     m = cfg.model
-    rope, max_pos = hf_rope_parameters(_plain(m.position), head_dim(m))
+    position = _plain(m.position)
+    rope, max_pos = hf_rope_parameters(position, head_dim(m))
+    _check_transformers_reads_original_length(rope["rope_type"], (position.get("scaling") or {}).get("rope_type"))
     if rope["rope_type"] == "yarn" and rope.get("truncate") is False and not _yarn_reads_truncate():
         import transformers
 
@@ -339,7 +360,7 @@ def _hf_tokenizer_model(proto, model_file):
     if t.model_type == pb.TrainerSpec.BPE:
         try:  # transformers 5
             from transformers.tokenization_utils_sentencepiece import SentencePieceExtractor
-        except ImportError:  # 4.x (the hf extra allows >= 4.45): the same extractor, in another module
+        except ImportError:  # 4.x (the hf extra allows >= 4.51): the same extractor, in another module
             from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
         # merges ranked by piece score, as sentencepiece applies them (5.x ranks so by itself; 4.x when given them).

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+# (older ones are refused where their export would differ: test_an_older_transformers_is_refused_for_yarn_and_longrope)
+transformers = pytest.importorskip("transformers", minversion="4.51")
 
 from minilm.config import load_config, save_config  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
-from minilm.export import check_exportable, export_model, max_logit_difference  # noqa: E402
+from minilm.export import _yarn_reads_truncate, check_exportable, export_model, max_logit_difference  # noqa: E402
 from minilm.model import GPT  # noqa: E402
 from minilm.positions.rope_scaling import ROPE_SCALING  # noqa: E402
 
@@ -89,6 +90,8 @@ def test_logit_parity(case, tmp_path):
     rope_type = ROPE_TYPE.get(case)
     if rope_type is not None and rope_type not in ROPE_SCALING:
         pytest.skip(f"rope_type {rope_type!r} is not in minilm.positions.rope_scaling yet")
+    if case.endswith("no_truncate") and not _yarn_reads_truncate():  # refused there (a test below)
+        pytest.skip(f"transformers {transformers.__version__}'s yarn does not read truncate")
     model, cfg = tiny(*CASES[case])
     export_model(model, cfg, None, tmp_path)
     diffs = max_logit_difference(model, tmp_path, [L, 4 * L])  # ascending (transformers' dynamic RoPE keeps state)
@@ -159,7 +162,7 @@ def test_greedy_generation_matches_transformers(tmp_path):
 
     model, cfg = tiny()
     export_model(model, cfg, None, tmp_path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()  # (4.x: torch_dtype)
     prompt = torch.randint(0, V, (1, 8), generator=torch.Generator().manual_seed(3))
     ours = generate(model, prompt, 20, greedy=True)  # with minilm's KV cache
     theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False,
@@ -178,7 +181,7 @@ def test_greedy_generation_beyond_the_original_length_matches_transformers(case,
 
     model, cfg = tiny(*CASES[case])
     export_model(model, cfg, None, tmp_path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()  # (4.x: torch_dtype)
     prompt = torch.randint(0, V, (1, 8), generator=torch.Generator().manual_seed(3))
     cached = case not in ("dynamic", "longrope")
     ours = generate(model, prompt, 60, greedy=True, use_cache=cached)
@@ -445,7 +448,7 @@ class _Extractor4x:
 
 
 def test_transformers_4_tokenizer_export(tiny_text_dir, tmp_path, monkeypatch):
-    """The hf extra allows transformers >= 4.45, whose extractor lives in convert_slow_tokenizer and returns two
+    """The hf extra allows transformers >= 4.51, whose extractor lives in convert_slow_tokenizer and returns two
     values: export stopped with ModuleNotFoundError (a traceback) there. It now exports what sentencepiece encodes."""
     import importlib
 
@@ -493,6 +496,21 @@ def test_a_transformers_whose_yarn_ignores_truncate_is_refused_naming_the_versio
     model, cfg = tiny(*CASES["yarn"])  # truncate: true (the default) is what such a transformers does
     export_model(model, cfg, None, tmp_path / "yarn")
     assert max(max_logit_difference(model, tmp_path / "yarn", [L, 4 * L]).values()) < 1e-4
+
+
+@pytest.mark.parametrize("case", ["yarn", "ntk_by_parts", "longrope"])
+def test_an_older_transformers_is_refused_for_yarn_and_longrope(case, tmp_path, monkeypatch):
+    """transformers 4.45.2 to 4.50.3 (the hf extra allowed >= 4.45) take yarn's and longrope's original length from
+    max_position_embeddings: their exports of these scalings loaded, and their logits differed by 0.06 to 0.33."""
+    model, cfg = tiny(*CASES[case])
+    import importlib  # (the module now in sys.modules: transformers replaces its lazy one once models are loaded)
+
+    monkeypatch.setattr(importlib.import_module("transformers"), "__version__", "4.50.3")
+    with pytest.raises(MinilmError, match=rf"^model\.position\.scaling: rope_type {case} needs transformers "
+                                          r"4\.51 or later to export; the installed 4\.50\.3 "):  # fmt: skip
+        export_model(model, cfg, None, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    export_model(*tiny(*CASES["llama3"]), None, tmp_path / "llama3")  # which those versions export as minilm has it
 
 
 def test_transformers_4_config_names_the_longrope_original_length(monkeypatch):
