@@ -291,10 +291,21 @@ def _record_builder(path: Path) -> Optional[str]:
 def _check_local_file(spec: HfSource, where: str) -> None:
     """An hf ``path`` that names a data file is read as that local file; a missing one (a typo, another working
     directory) went to the Hub as a dataset name: 20 s of retries, then "Couldn't reach 'trian.jsonl' on the Hub".
-    A local ``.txt`` file was sent there too (only ``.jsonl/.json/.parquet/.csv`` open directly)."""
+    A local ``.txt`` file was sent there too (only ``.jsonl/.json/.parquet/.csv`` open directly), and so was an
+    existing file of any other format (``.arrow``, ``.tsv``): the same retries, naming neither the file nor why."""
     path = Path(spec.path)
     suffix, compressed = _data_suffix(path)
-    if spec.data_files is not None or suffix not in LOCAL_FILE_SUFFIXES:
+    if spec.data_files is not None:
+        return
+    if path.is_file() and suffix not in LOCAL_FILE_SUFFIXES + (".py",):  # (.py: datasets says scripts are gone)
+        ending = suffix + (path.suffix.lower() if compressed else "") or path.suffix or "suffix-less"
+        arrow = suffix == ".arrow" and not compressed
+        how = (f"for an .arrow file use path: arrow with data_files: {spec.path}" if arrow
+               else f"convert it to one of those, or give its datasets builder as path with data_files: {spec.path}")
+        raise DataError(f"{where}.path: {spec.path}: an hf source opens a local .jsonl/.json/.parquet/.csv file (json "
+                        f"and csv also compressed: {', '.join(COMPRESSIONS)}) or a save_to_disk directory, not a "
+                        f"{ending} file; {how}")  # fmt: skip
+    if suffix not in LOCAL_FILE_SUFFIXES:
         return
     if not path.exists():
         ending = suffix + (path.suffix.lower() if compressed else "")

@@ -84,6 +84,26 @@ def test_an_hf_path_naming_a_missing_or_text_file_is_refused_before_the_hub(tmp_
         _read("mine", {"kind": "hf", "path": str(tmp_path / "notes.txt")})
 
 
+@pytest.mark.parametrize("name, says", [("shard.arrow", r"not a \.arrow file; for an \.arrow file use path: arrow"),
+                                         ("corpus.tsv", r"not a \.tsv file; convert it"),
+                                         ("corpus.tsv.gz", r"not a \.tsv\.gz file")])
+def test_an_hf_path_naming_an_existing_file_of_another_format_is_refused_before_the_hub(tmp_path, monkeypatch,
+                                                                                        name, says):  # fmt: skip
+    """An existing .arrow or .tsv file as an hf path went to the Hub as a dataset name, as a missing file did: 30 s
+    of network retries, then "Couldn't reach 'shard.arrow' on the Hub", naming neither the local file nor why."""
+    import datasets
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("datasets.load_dataset called: the path was sent to the Hub")
+
+    monkeypatch.setattr(datasets, "load_dataset", no_hub)
+    (tmp_path / name).write_bytes(b"text\thello\n")
+    cfg = make_data_cfg(tmp_path, {"mine": {"kind": "hf", "path": str(tmp_path / name)}})
+    where = rf"^data\.sources\.mine\.path: .*{re.escape(name)}: an hf source opens "
+    with pytest.raises(DataError, match=where + rf".*{says}"):
+        load_corpus(cfg, progress=False)
+
+
 def test_an_hf_path_to_a_compressed_text_or_parquet_file_says_what_reads_it(tmp_path):
     """A .txt.gz was told to use kind: files, which skips compressed text files (the source then yielded no
     documents); a .parquet.gz failed in datasets with "Couldn't find any data file at" a file that exists."""
