@@ -415,8 +415,7 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
         for path in group:
             if cap is not None and len(docs.texts) >= cap:
                 break
-            # (a compressed file is checked by datasets as it decompresses: its bytes here are not text)
-            problem = _text_problem(path) if builder == "json" and not _data_suffix(path)[1] else None
+            problem = _text_problem(path) if builder == "json" else None
             if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
                 docs.skip(problem, path)
                 continue
@@ -427,23 +426,28 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
 
 
 def _text_problem(path: Path) -> Optional[str]:
-    """Why a .jsonl/.json file cannot give records, as ``_read_text_files`` counts it (None: readable). Read in
-    blocks with an incremental decoder: such files can be large. (datasets reads a non-UTF-8 record file without
-    complaint and fails with a bare UnicodeDecodeError when the record is taken; an empty one fails with
-    StopIteration.)"""
+    """Why a .jsonl/.json file (compressed too) cannot give records, as ``_read_text_files`` counts it (None:
+    readable). Read in blocks with an incremental decoder: such files can be large. (datasets reads a non-UTF-8
+    record file without complaint and fails with a bare UnicodeDecodeError when the record is taken; an empty one
+    fails with StopIteration, and so did an empty .jsonl.gz shard in a glob: the whole preparation stopped, where
+    an empty .jsonl was skipped.)"""
+    import bz2
     import codecs
+    import gzip
+    import lzma
 
     # utf-8-sig: a leading byte order mark is no content (a file of only one was "Empty JSON file" in datasets)
     decoder, blank = codecs.getincrementaldecoder("utf-8-sig")(), True
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix.lower(), open)
     try:
-        with open(path, "rb") as f:
+        with opener(path, "rb") as f:
             while block := f.read(1 << 20):
                 if b"\0" in block:
                     return "binary"
                 text = decoder.decode(block)  # every block: after `blank and ...` short-circuited, a file whose
                 blank = blank and not text.strip()  # first MB was text was never checked further
             blank = not decoder.decode(b"", final=True).strip() and blank
-    except OSError:
+    except (OSError, EOFError, lzma.LZMAError):  # (a damaged or truncated compressed file)
         return "unreadable"
     except UnicodeDecodeError:
         return "non_utf8"
@@ -490,7 +494,7 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
     if data_files is None and Path(path).is_file() and builder:
         # a local file: datasets opens it through its packaged builder of that format
         path, data_files = builder, path
-        problem = _text_problem(Path(data_files)) if path == "json" and not _data_suffix(Path(data_files))[1] else None
+        problem = _text_problem(Path(data_files)) if path == "json" else None
         if problem:  # one file and nothing to read in it: the source yields no documents (read_source says so)
             return SourceDocs([], [], Counter({problem: 1}), {problem: str(data_files)})
     if data_files is None and _saved_to_disk(Path(path)):

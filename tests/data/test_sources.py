@@ -312,6 +312,26 @@ def test_empty_and_non_utf8_record_files_are_skipped_and_counted_like_text_files
             load_corpus(one, progress=False)
 
 
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_compressed_record_files_are_skipped_and_counted_as_uncompressed_ones(tmp_path, jsonl_file, suffix):
+    """An empty .jsonl.gz shard among others in a glob stopped the whole preparation ("StopIteration: no records"),
+    a truncated one with an EOFError, and a Latin-1 one with "record 0 ... is not valid UTF-8", where the same
+    files uncompressed are skipped and counted."""
+    import bz2
+    import gzip
+    import lzma
+
+    compress = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix]
+    (tmp_path / f"empty.jsonl{suffix}").write_bytes(compress(b"\n"))
+    (tmp_path / f"latin1.jsonl{suffix}").write_bytes(compress(b'{"story": "caf\xe9"}\n'))
+    (tmp_path / f"cut.jsonl{suffix}").write_bytes(compress(jsonl_file.read_bytes())[:-8])
+    paths = [str(jsonl_file), str(tmp_path / f"*.jsonl{suffix}")]
+    cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "paths": paths, "text_field": "story"}})
+    corpus = load_corpus(cfg, progress=False)
+    assert _texts(corpus) == set(STORIES)
+    assert corpus.stats["skipped"]["f"] == {"unreadable": 1, "empty": 1, "non_utf8": 1}
+
+
 def test_hf_record_that_is_not_utf8_names_the_record(tmp_path):
     """datasets' json builder keeps invalid bytes; taking the record then fails: a DataError naming the source,
     the file and the record, not a UnicodeDecodeError traceback."""
