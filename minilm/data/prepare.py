@@ -119,6 +119,9 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
     # every source is prepared, weight 0 included: a phase may raise that weight later (phases re-weight the run's
     # sources but cannot add one), and the tokenizer must not change between phases
     specs = parse_sources(data_cfg.sources)
+    for name in [n for n, s in specs.items() if s.weight == 0]:  # (here, once a run: parse_sources reads every phase's
+        # sources, and said it a dozen times over, of a phase's weight 0 too)
+        log.info("data.sources.%s.weight is 0: prepared but not sampled (a phase may raise it)", name)
     tok_cfg = data_cfg.tokenizer
     material = {
         "format": FORMAT_VERSION,

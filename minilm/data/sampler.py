@@ -303,7 +303,7 @@ def _weights(data_cfg: Any, corpus: Corpus, key: str = "data.sources") -> Dict[s
     w = {n: specs[n].weight if n in specs else 0.0 for n in corpus.source_names}
     total = sum(w.values())
     shares = {n: v / total for n, v in w.items()}
-    said = (str(corpus.cache_dir), key, tuple(w.items()))
+    said = (str(corpus.cache_dir), tuple(w.items()))  # (not the key: validation_batches names no phase's)
     if abs(total - 1.0) > 1e-6 and said not in _NORMALIZED:  # once, not for each split's sampler
         _NORMALIZED.add(said)
         log.info("%s weights %s sum to %g: each source's share of the rows is %s", key,
@@ -312,7 +312,7 @@ def _weights(data_cfg: Any, corpus: Corpus, key: str = "data.sources") -> Dict[s
     return shares
 
 
-_NORMALIZED: set = set()  # (corpus, key, weights) whose normalization was logged
+_NORMALIZED: set = set()  # (corpus, weights) whose normalization was logged
 
 
 def synthetic_style(data_cfg: Any) -> str:

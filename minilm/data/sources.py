@@ -97,9 +97,6 @@ def parse_sources(sources: Any) -> Dict[str, SourceSpec]:
     weights = {n: s.weight for n, s in specs.items()}
     if all(w == 0 for w in weights.values()):
         raise DataError(f"data.sources: all weights are zero ({weights}); give at least one source a weight > 0")
-    for n, w in weights.items():
-        if w == 0:
-            log.info("data.sources.%s.weight is 0: prepared but not sampled (a phase may raise it)", n)
     return specs
 
 

@@ -83,3 +83,16 @@ def test_a_bad_weight_in_a_phase_is_named_with_the_phase_as_train_py_names_it(sc
                            ("phases.long.data.sources.tiny.weight=0", "data.sources: all weights are zero")):
         assert script.main(["--config", cfg, "--quiet", override]) == 2  # refused by the config's check, as train.py
         assert f"error: phases.long.{says}" in capsys.readouterr().err
+
+
+def test_weights_are_said_once_not_for_each_phase_and_check(script, tmp_path, tiny_text_dir, caplog):
+    """parse_sources said "data.sources.embedded.weight is 0: prepared but not sampled" each time it read the sources
+    (the config's checks, the corpus, each phase's samplers and its style: 7 times for two phases), and a phase's
+    normalized weights were said twice, once under phases.long.data.sources and once under data.sources."""
+    cfg = _yaml(tmp_path, tiny_text_dir)
+    with caplog.at_level("INFO"):
+        assert script.main(["--config", cfg, "--quiet", "phases.long.data.sources.tiny.weight=2"]) == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("embedded.weight is 0: prepared but not sampled" in m for m in said) == 1, said
+    assert [m for m in said if "sum to" in m] == ["phases.long.data.sources weights embedded 0, tiny 2 sum to 2: each "
+                                                  "source's share of the rows is embedded 0, tiny 1"], said
