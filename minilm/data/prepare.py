@@ -125,7 +125,7 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
     tok_cfg = data_cfg.tokenizer
     material = {
         "format": FORMAT_VERSION,
-        "sources": {n: source_fingerprint(n, s) for n, s in specs.items()},
+        "sources": {n: source_fingerprint(n, s, Path(data_cfg.cache_dir)) for n, s in specs.items()},
         # a model_file is its content: its path and the training settings it makes unused are not in the key (they
         # gave one corpus per path or vocab_size, all alike)
         "tokenizer": None if tok_cfg.model_file else _plain(tok_cfg),
@@ -314,7 +314,7 @@ def _prepare(data_cfg: Any, specs: Dict[str, Any], material: dict, tmp: Path, ou
     source_of: List[int] = []
     skipped: Dict[str, Dict[str, int]] = {}
     for si, (name, spec) in enumerate(specs.items()):
-        docs: SourceDocs = read_source(name, spec, progress=progress, scratch=tmp)
+        docs: SourceDocs = read_source(name, spec, progress=progress, scratch=tmp, cache_dir=out.parent)
         names += [f"{name}/{n}" for n in docs.names]
         texts += docs.texts
         source_of += [si] * len(docs.texts)

@@ -218,7 +218,7 @@ def stdlib_files() -> List[Path]:
     return sorted(out)
 
 
-def _expand_globs(spec: FilesSource, where: str) -> List[Path]:
+def _expand_globs(spec: FilesSource, where: str, cache_dir: Optional[Path] = None) -> List[Path]:
     files: List[Path] = []
     for pattern in spec.paths:
         found = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True))
@@ -233,6 +233,11 @@ def _expand_globs(spec: FilesSource, where: str) -> List[Path]:
     # otherwise train on the same text again and again; the first name in pattern then sorted order is kept
     seen: set = set()
     files = [p for p in files if not (p.resolve() in seen or seen.add(p.resolve()))]
+    if cache_dir is not None:  # never minilm's own prepared corpora, their locks and the one being built: a glob over
+        # data/**/* covers the default data.cache_dir, data/cache, and each run keyed, and read, the previous one's
+        # files (meta.json "is not a column" of its records)
+        cache = Path(cache_dir).resolve()
+        files = [p for p in files if not p.resolve().is_relative_to(cache)]
     for p in files:  # (refused before any source is read: the cache key expands the globs first)
         if _data_suffix(p) == (".parquet", True):  # as the hf kind: it was skipped as "unsupported suffix", and a
             # source of only such files "yields no documents (skipped: not_text: 1)", naming neither file nor cause
@@ -241,9 +246,10 @@ def _expand_globs(spec: FilesSource, where: str) -> List[Path]:
     return files
 
 
-def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
+def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = None) -> Dict[str, Any]:
     """What the cache key hashes for a source: its settings (weight excluded: it only affects sampling) plus
-    the identity of the files it reads (path, size, mtime), so editing a file invalidates the cache."""
+    the identity of the files it reads (path, size, mtime), so editing a file invalidates the cache. ``cache_dir``:
+    ``data.cache_dir``, whose files a files source never reads."""
     settings = {k: v for k, v in spec.__dict__.items() if k != "weight"}
     if isinstance(spec, HfSource) and spec.data_files is None and _saved_to_disk(Path(spec.path)):
         # load_from_disk memory-maps a save_to_disk directory whatever streaming says: keyed as false (the value a
@@ -254,7 +260,7 @@ def source_fingerprint(name: str, spec: SourceSpec) -> Dict[str, Any]:
         files = stdlib_files()
         extra: Any = {"python": sys.version, "stdlib": _stat_digest(files)}
     elif isinstance(spec, FilesSource):
-        extra = {"files": _stat_digest(_expand_globs(spec, where))}
+        extra = {"files": _stat_digest(_expand_globs(spec, where, cache_dir))}
     else:
         _check_local_file(spec, where)  # before anything is read, not after the other sources
         local = _hf_local_files(spec)
@@ -370,14 +376,16 @@ def _as_list(x: Any) -> List[str]:
     return [x] if isinstance(x, str) else list(x)
 
 
-def read_source(name: str, spec: SourceSpec, *, progress: bool = True, scratch: Optional[Path] = None) -> SourceDocs:
+def read_source(name: str, spec: SourceSpec, *, progress: bool = True, scratch: Optional[Path] = None,
+                cache_dir: Optional[Path] = None) -> SourceDocs:  # fmt: skip
     """All documents of one source. Raises ``DataError`` if it yields none (never a silent empty dataset).
 
     Local data files read through ``datasets`` are converted to Arrow in a temporary directory (under ``scratch``,
     the corpus being built, when given), deleted once their records are read, not in datasets' own cache: that
     cache keys a local file by its mtime alone, so a file replaced by another one with the same mtime (unpacked
     from an archive, ``cp -p``) gave the old records to a corpus prepared again because the file's size changed.
-    A private directory also keeps ranks that prepare at once from rewriting one shared conversion."""
+    A private directory also keeps ranks that prepare at once from rewriting one shared conversion. A files source
+    reads no file under ``cache_dir`` (``data.cache_dir``)."""
     where = f"data.sources.{name}"
     if isinstance(spec, EmbeddedSource):
         docs = _read_text_files(name, stdlib_files()[: spec.max_docs], root=sysconfig.get_paths()["stdlib"],
@@ -385,7 +393,7 @@ def read_source(name: str, spec: SourceSpec, *, progress: bool = True, scratch: 
     else:
         with tempfile.TemporaryDirectory(prefix="datasets-", dir=scratch) as local_cache, _datasets_bars(progress):
             if isinstance(spec, FilesSource):
-                docs = _read_files_source(name, spec, where, progress, local_cache)
+                docs = _read_files_source(name, spec, where, progress, local_cache, cache_dir)
             else:
                 docs = _read_hf(name, spec, where, local_cache)
     if not docs.texts:
@@ -394,8 +402,9 @@ def read_source(name: str, spec: SourceSpec, *, progress: bool = True, scratch: 
     return docs
 
 
-def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool, local_cache: str) -> SourceDocs:
-    files = _expand_globs(spec, where)
+def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool, local_cache: str,
+                       cache_dir: Optional[Path] = None) -> SourceDocs:  # fmt: skip
+    files = _expand_globs(spec, where, cache_dir)
     text_files = [p for p in files if p.suffix.lower() in TEXT_SUFFIXES]
     record_files = [p for p in files if _record_builder(p) in ("json", "parquet")]
     kept = set(text_files) | set(record_files)

@@ -32,6 +32,19 @@ def test_a_file_reached_through_symlinks_is_read_once(tmp_path):
     assert docs.names == [str(root / "a.txt"), str(root / "sub" / "b.md")]  # the first name in sorted order
 
 
+def test_a_glob_over_the_cache_dir_reads_none_of_its_files(tmp_path, tiny_text_dir):
+    """A corpus in data/ read with paths: [data/**/*] covers the default data.cache_dir, data/cache: the first
+    preparation read its own lock file (skipped as 'unsupported suffix'), the next one keyed the cache's files into
+    its key (a corpus prepared again on every run) and read the first corpus's meta.json as records, an error."""
+    cache = tiny_text_dir / "cache"
+    cfg = make_data_cfg(tmp_path, {"mine": {"kind": "files", "paths": [f"{tiny_text_dir}/**/*"]}},
+                        cache_dir=str(cache))  # fmt: skip
+    first = load_corpus(cfg, progress=False)
+    assert first.stats["skipped"]["mine"] == {}
+    again = load_corpus(cfg, progress=False)
+    assert again.from_cache and again.cache_dir == first.cache_dir
+
+
 @pytest.mark.parametrize("kind", ["files", "hf"])
 def test_a_record_file_rewritten_with_its_old_mtime_is_read_afresh(tmp_path, kind):
     """datasets caches a local file's records keyed by its mtime alone: a .jsonl replaced by another one with the
