@@ -17,6 +17,7 @@ Merge rule for ``model.position``: a layer that sets a different ``name`` starts
 RoPE scaling blocks (every phase's ``position`` starts fresh too: same schedule, new encoding). Likewise a
 ``scaling`` block (in ``model.position`` or a phase's ``position``, and a phase's over the run's) that names a
 different ``rope_type`` replaces the inherited one: PI does not inherit YaRN's ``original_max_position_embeddings``.
+A source under ``data.sources`` that names a different ``kind`` replaces the inherited one, too.
 """
 
 from __future__ import annotations
@@ -362,6 +363,19 @@ def _fresh_scaling(old: Any, new: Any) -> None:
         old["scaling"] = None
 
 
+def _fresh_sources(old: Any, new: Any) -> None:
+    """A source that names another ``kind`` replaces the one of that name in ``old`` instead of merging onto it:
+    ``data.sources.mine={kind: files, paths: [...]}`` over a YAML's ``mine: {kind: embedded, max_docs: 100}`` kept
+    max_docs (read 100 files), and over an hf source failed on its ``path``."""
+    if not isinstance(new, DictConfig) or not isinstance(old, DictConfig):
+        return
+    for name, source in new.items_ex(resolve=False):
+        kind = source.get("kind") if isinstance(source, DictConfig) else None
+        before = old.get(name)
+        if kind is not None and isinstance(before, DictConfig) and before.get("kind") != kind:
+            old[name] = {}
+
+
 def _shape_errors(node: DictConfig, prefix: str = "") -> List[str]:
     """Keys of a layer whose value has the wrong shape for the schema: not a mapping where a section or mapping is
     expected (``model.position=[1]`` was a traceback), not a list where a list is (OmegaConf's message for
@@ -430,6 +444,8 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str, dotlist: bool =
             phase.position = {}
     _fresh_scaling(cfg.model.position,
                    OmegaConf.select(layer, "model.position", default=None, throw_on_resolution_failure=False))
+    _fresh_sources(cfg.data.sources,
+                   OmegaConf.select(layer, "data.sources", default=None, throw_on_resolution_failure=False))
     layer_phases = OmegaConf.select(layer, "phases", default=None, throw_on_resolution_failure=False)
     if isinstance(layer_phases, DictConfig):
         for name, phase in layer_phases.items_ex(resolve=False):

@@ -149,6 +149,23 @@ def test_a_scaling_block_of_another_rope_type_replaces_the_inherited_one(tmp_pat
     assert dict(phase_config(cfg, "ext").model.position.scaling)["original_max_position_embeddings"] == 64
 
 
+def test_a_source_of_another_kind_replaces_the_inherited_one(tmp_path):
+    """data.sources.mine={kind: files, paths: [...]} over a YAML's {kind: embedded, max_docs: 100} kept max_docs
+    (a files source reading 100 files, said nowhere), and over an hf source failed on its path; a source of the same
+    kind still merges, and a YAML file extending another replaces alike."""
+    base = tmp_path / "base.yaml"
+    base.write_text("data:\n  sources:\n    embedded: null\n    mine: {kind: embedded, max_docs: 100, weight: 2.0}\n"
+                    "    hub: {kind: hf, path: org/name}\n")  # fmt: skip
+    files = "{kind: files, paths: [a.txt]}"
+    cfg = load_config(base, [f"data.sources.mine={files}", f"data.sources.hub={files}"])
+    assert dict(cfg.data.sources.mine) == dict(cfg.data.sources.hub) == {"kind": "files", "paths": ["a.txt"]}
+    assert dict(load_config(base, ["data.sources.mine={kind: embedded, max_docs: 7}"]).data.sources.mine) == {
+        "kind": "embedded", "max_docs": 7, "weight": 2.0}  # fmt: skip
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: base.yaml\ndata:\n  sources:\n    mine: {files}\n")
+    assert dict(load_config(child).data.sources.mine) == {"kind": "files", "paths": ["a.txt"]}
+
+
 def test_phase_overrides_and_errors(tmp_path):
     y = tmp_path / "p.yaml"
     y.write_text(
