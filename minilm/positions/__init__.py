@@ -83,7 +83,7 @@ def _entry(cfg: Mapping[str, Any], where: str) -> tuple[PositionEntry, Any]:
     if "name" not in cfg:
         raise ConfigError(f"{where}.name: missing; registered encodings: {', '.join(REGISTRY)}")
     name = cfg["name"]
-    if name not in REGISTRY:
+    if not isinstance(name, str) or name not in REGISTRY:  # (a list or mapping: not hashable, a TypeError)
         raise ConfigError(f"{where}.name: unknown encoding {name!r}; registered encodings: {', '.join(REGISTRY)}")
     entry = REGISTRY[name]
     values = {k: v for k, v in dict(cfg).items() if k != "name"}

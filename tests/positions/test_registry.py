@@ -22,6 +22,13 @@ def test_unknown_name_lists_the_registered_names():
     assert all(name in msg for name in NAMES)
 
 
+@pytest.mark.parametrize("name", [["alibi"], {"a": 1}, 3])
+def test_a_name_that_is_not_text_is_named(name):
+    """``model.position.name=[alibi]`` was a TypeError traceback (a list is no dict key), not the registry's error."""
+    with pytest.raises(ConfigError, match=r"model\.position\.name: unknown encoding .*registered encodings: learned"):
+        validate_position({"name": name})
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_unknown_parameter_is_named(name):
     with pytest.raises(ConfigError, match=r"model\.position\.not_a_param"):
