@@ -61,6 +61,9 @@ class RopeParams:
             raise ValueError(f"layout: must be one of {LAYOUTS}, got {self.layout!r}")
         if self.nope_every < 0:
             raise ValueError(f"nope_every: must be >= 0, got {self.nope_every}")
+        if self.nope_every == 1:  # NoPE under RoPE's name: its base, scaling and phase changes would do nothing
+            raise ValueError("nope_every: 1 leaves every layer unrotated; use name: none for that, or 0 (every layer "
+                             "rotates) or n >= 2 (layers n-1, 2n-1, ... unrotated)")
         if self.scaling is not None:
             if not isinstance(self.scaling, Mapping):
                 raise ValueError(

@@ -336,7 +336,7 @@ def test_transformer_xl_embeds_distances_with_its_base():
 
 def test_logn_scales_the_queries_of_a_layer_that_does_not_rotate():
     # NoPE layers of nope_every get plain attention, but log-n still multiplies their queries by max(1, log n/log L)
-    rope = Rope(RopeParams(nope_every=1), PositionDims(16, 2, 2, 8, 1))
+    rope = Rope(RopeParams(nope_every=2), PositionDims(16, 2, 2, 8, 2, layer=1))
     assert not rope.rotates
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 12, 8, generator=g) for _ in range(3))

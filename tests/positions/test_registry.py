@@ -49,6 +49,7 @@ def test_unknown_parameter_is_named(name):
         ({"name": "fire", "init_c": 0.0}, "init_c"),
         ({"name": "multiplicative", "amplitude": 1.5}, "amplitude"),
         ({"name": "rope", "nope_every": -1}, "nope_every"),
+        ({"name": "xpos", "nope_every": 1}, "nope_every: 1 leaves every layer unrotated; use name: none"),
         ({"name": "rope", "scaling": "yarn"}, "scaling: must be a mapping"),
         ({"name": "rope", "scaling": [1, 2]}, "scaling: must be a mapping"),
         ({"name": "rope", "scaling": {"rope_type": "yarn", "factr": 4.0}}, r"scaling\.factr"),

@@ -85,8 +85,9 @@ def reference(q, k, v, q_pos, k_pos, allowed, rel, rot_dim, scaling=None, q_scal
 
 
 def rope(fraction=1.0, scaling=None, nope_every=0):
-    kwargs = {"nope_every": nope_every} if nope_every else {}
-    return Rope(RopeParams(fraction=fraction, scaling=scaling, **kwargs), PositionDims(H * DH, H, HKV, DH, 1))
+    kwargs = {"nope_every": nope_every} if nope_every else {}  # (a layer of nope_every n is the model's last, n − 1)
+    dims = PositionDims(H * DH, H, HKV, DH, max(1, nope_every), layer=max(0, nope_every - 1))
+    return Rope(RopeParams(fraction=fraction, scaling=scaling, **kwargs), dims)
 
 
 def qkv(T, S, seed=0):
@@ -199,7 +200,7 @@ def test_rope_scaling_extension_equals_a_model_configured_with_that_scaling():
 
 def test_non_rotating_layers_get_plain_attention():
     """On the NoPE layers of ``nope_every`` the remapping is the identity: plain unrotated attention."""
-    rot = rope(nope_every=1)
+    rot = rope(nope_every=2)
     assert not rot.rotates
     T = 16
     q, k, v = qkv(T, T, seed=5)
