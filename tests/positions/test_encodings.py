@@ -447,6 +447,21 @@ def test_floater_reproduces_positions_at_any_length():
     assert torch.equal(emb.embed(x[:, :16], torch.arange(16)[None]), emb.embed(x, torch.arange(64)[None])[:, :16])
 
 
+def test_floater_goes_on_from_its_cached_trajectory():
+    """KV-cache decoding asks for one position more per token: the trajectory cached for the same parameters is
+    continued (RK4's four evaluations of h per step and position), not integrated again from t = 0 — which made each
+    decoded token cost the whole trajectory — and equals a fresh one bit for bit."""
+    emb = embedding_hook("floater", hidden=8, substeps=2)
+    integrate, calls = emb.dynamics, []
+    emb.dynamics = lambda t, p: calls.append(t) or integrate(t, p)
+    with torch.no_grad():
+        emb.trajectory(10)
+        calls.clear()
+        longer = emb.trajectory(13)
+        assert len(calls) == 3 * 2 * 4  # 3 new positions, 2 substeps each
+        assert torch.equal(longer, emb._integrate(13)) and torch.equal(emb.trajectory(5), longer[:5])
+
+
 def test_floater_cache_is_not_kept_across_a_fused_optimizer_step():
     """The fused AdamW the trainer uses does not bump a parameter's _version: the trajectory cached by one
     validation was read again by the next one (and by the end-of-phase evaluation) after training steps."""
