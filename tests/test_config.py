@@ -149,6 +149,15 @@ def test_a_scaling_block_of_another_rope_type_replaces_the_inherited_one(tmp_pat
     assert dict(phase_config(cfg, "ext").model.position.scaling)["original_max_position_embeddings"] == 64
 
 
+def test_a_nope_every_past_the_last_layer_is_refused():
+    """nope_every: 5 with 4 layers unrotated layer 4, which does not exist: a NoPE pattern that did nothing."""
+    with pytest.raises(ConfigError, match=r"^model\.position\.nope_every: 5 leaves no layer of the 4 "):
+        load_config(REPO / "configs/tiny.yaml", ["model.position.nope_every=5"])
+    with pytest.raises(ConfigError, match=r"^phases\.extend_2k\.position\.nope_every: 9 leaves no layer"):
+        load_config(REPO / "configs/rope_yarn_tiny.yaml", ["phases.extend_2k.position.nope_every=9"])
+    assert load_config(REPO / "configs/tiny.yaml", ["model.position.nope_every=4"]).model.position.nope_every == 4
+
+
 def test_a_source_of_another_kind_replaces_the_inherited_one(tmp_path):
     """data.sources.mine={kind: files, paths: [...]} over a YAML's {kind: embedded, max_docs: 100} kept max_docs
     (a files source reading 100 files, said nowhere), and over an hf source failed on its path; a source of the same
