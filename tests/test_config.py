@@ -495,7 +495,8 @@ def test_a_phase_shorter_than_the_one_before_it_gets_a_one_line_note():
     ("run.name=''", "run.name: must not be empty"),  # trained into runs/ itself
     ("data.cache_dir=''", "data.cache_dir: must not be empty"),
     ("train.compile_mode=reduce-overhead", r"train.compile_mode: must be one of \('default', 'max-autotune-no"),
-    ("model.sdpa_kernel=fa3", r"model.sdpa_kernel: must be one of \(.auto., .flash., .cudnn., .efficient.\), got .fa3."),
+    ("model.sdpa_kernel=fa3",
+     r"model.sdpa_kernel: must be one of \(.auto., .flash., .cudnn., .efficient.\), got .fa3."),
 ])  # fmt: skip
 def test_model_and_optimizer_values_are_checked_at_load(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -62,7 +62,8 @@ def test_long_share_and_check_count_only_the_sources_a_phase_samples(script, tmp
     longest = max(len(p.read_text()) for p in tiny_text_dir.glob("*.py"))  # >= tokens of the longest tiny doc
     assert script.main(["--config", cfg, "--quiet", f"phases.long.seq_len={longest}"]) == 2
     out, err = capsys.readouterr()
-    assert f"phase long: seq_len {longest}, long_fraction 0.5: 0.0% of the train tokens of tiny are in the 0 docs" in out
+    said = f"phase long: seq_len {longest}, long_fraction 0.5: 0.0% of the train tokens of tiny are in the 0 docs"
+    assert said in out
     assert "phase 'long': phases.long.data.long_fraction=0.5 but no train document" in err
     shown = int(err.split("(longest: ")[1].split(")")[0])
     assert shown < longest  # the longest *tiny* document, not a stdlib file

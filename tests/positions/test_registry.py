@@ -58,7 +58,8 @@ def test_unknown_parameter_is_named(name):
         ({"name": "rope", "base": float("nan")}, "base: must be a finite number"),
         ({"name": "alibi", "max_bias": float("inf")}, "max_bias: must be a finite number"),
         ({"name": "fire", "init_L": float("nan")}, "init_L: must be a finite number"),
-        ({"name": "rope", "scaling": {"rope_type": "linear", "factor": float("inf")}}, r"scaling\.factor: must be a fin"),
+        ({"name": "rope", "scaling": {"rope_type": "linear", "factor": float("inf")}},
+         r"scaling\.factor: must be a fin"),
         # base 1: every pair one frequency, and the YaRN ramp divided by ln(base) (a ZeroDivisionError traceback)
         ({"name": "rope", "base": 1.0}, "base: must be > 1"),
         ({"name": "xpos", "base": 0.5}, "base: must be > 1"),
