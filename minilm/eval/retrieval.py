@@ -182,15 +182,17 @@ def score_samples(model, samples: Sequence[Sample], batch_size: int) -> Scores:
 @torch.inference_mode()
 def greedy_decode(model, prompt: Sequence[int], n_new: int) -> List[int]:
     """The ``n_new`` greedy tokens after ``prompt``: with ``minilm.model.cache.KVCache`` when the model takes
-    one (one forward of the prompt, then one token per step), else by full recomputation."""
+    one (a GPT: one forward of the prompt, then one token per step), else by full recomputation — also for an
+    encoding that declares ``supports_kv_cache = False`` (``conv``), whose cached decode reads zeros and continued
+    with other tokens than the verdict scored, as generate() decodes it."""
+    from minilm.model import GPT
+    from minilm.model.cache import KVCache
+    from minilm.model.generate import cache_blockers
+
     device = model_device(model)
     x = torch.tensor([list(prompt)], device=device)  # (1, T)
-    try:
-        from minilm.model.cache import KVCache
-    except ImportError:  # pragma: no cover - the cache is part of the model package
-        KVCache = None
     out: List[int] = []
-    if KVCache is not None and hasattr(model, "blocks"):
+    if isinstance(model, GPT) and not cache_blockers(model):
         cache = KVCache.for_model(model, max_length=len(prompt) + n_new)
         with autocast(device):
             logits = model(x, cache=cache)

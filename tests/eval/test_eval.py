@@ -180,6 +180,22 @@ def test_teacher_forced_verdict_equals_greedy_decoding(corpus_setup, eval_data):
     assert out == good[2][1]
 
 
+def test_greedy_example_of_an_encoding_without_kv_cache_is_recomputed(corpus_setup, eval_data):
+    """conv declares supports_kv_cache = False: decoded with a cache its taps read zeros, and the report's greedy
+    continuation was not the one the exact-match verdict scored."""
+    cfg, corpus = corpus_setup
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size, seed=0, name="conv", kernel_size=4)
+    with torch.no_grad():
+        model.pos_emb.weight.mul_(200)  # a taps-dominated model: the cached decode then goes elsewhere at once
+    prompt = [int(t) for t in eval_data.val.tokens[:40]]
+    x, out = torch.tensor([prompt]), []
+    with torch.no_grad():
+        for _ in range(8):
+            out.append(int(model(x)[0, -1].argmax()))
+            x = torch.cat([x, torch.tensor([[out[-1]]])], 1)
+    assert greedy_decode(model, prompt, 8) == out
+
+
 # ------------------------------------------------------------------------------------------ outputs and limits
 
 
