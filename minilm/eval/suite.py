@@ -397,6 +397,7 @@ def _oom_types() -> tuple:
 def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[dict] = None,
              log: Callable[[str], None] = print) -> dict:  # fmt: skip
     """Every task of ``settings`` at every length; returns the results dict (see minilm/eval/report.py)."""
+    settings.validate()  # settings built in Python are checked too: samples=0 was an IndexError after the scoring
     meta = dict(meta or {})
     res: Dict[str, Any] = {**meta, "lengths": list(settings.lengths), "tasks": list(settings.tasks),
                            "depths": [float(d) for d in settings.depths], "samples": settings.samples,

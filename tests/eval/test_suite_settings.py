@@ -7,9 +7,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
+from minilm.errors import ConfigError
 from minilm.eval import EvalData, EvalSettings, evaluate
 from minilm.eval.suite import default_lengths, length_limit
 
@@ -109,3 +111,12 @@ def test_ppl_runs_batches_of_batch_tokens_worth_of_windows():
                    log=lambda *_: None)  # fmt: skip
     assert res["details"]["ppl"]["32"]["windows"]["windows"] == 8
     assert res["details"]["ppl"]["32"]["windows"]["tokens"] == 8 * 32
+
+
+@pytest.mark.parametrize("bad", [dict(samples=0), dict(lengths=[96, 96]), dict(depths=[0.5, 2.0])])
+def test_settings_given_in_python_are_checked_before_anything_runs(bad):
+    """evaluate(model, data, settings) is public (docs/evaluation.md): EvalSettings(samples=0) was an IndexError
+    after the scoring, a repeated length ran twice into one cell, a depth of 2 put every key at the end."""
+    key = next(iter(bad))
+    with pytest.raises(ConfigError, match=f"eval.{key}"):
+        evaluate(Digits(), data(), settings(**bad), log=lambda *_: None)
