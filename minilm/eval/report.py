@@ -413,10 +413,23 @@ def _summary_lines(results: dict) -> list[str]:
                  for c in cols]  # fmt: skip
         lines.append(f"| {L} | " + " | ".join(cells) + " |")
     counts = _prompt_counts(results, [c for c in cols if c in RETRIEVAL])
-    return lines + ["", "ppl: non-overlapping windows; ppl_sliding: sliding windows (after a document's first "
-                    "window, every scored token has at least L − stride tokens of context); retrieval: exact-match "
-                    "accuracy of greedy decoding" + (f" over n prompts per length ({counts}), in brackets its 95 % "
-                                                     "Wilson interval" if counts else "") + ".", ""]  # fmt: skip
+    lines += ["", "ppl: non-overlapping windows; ppl_sliding: sliding windows (after a document's first "
+              "window, every scored token has at least L − stride tokens of context); retrieval: exact-match "
+              "accuracy of greedy decoding" + (f" over n prompts per length ({counts}), in brackets its 95 % "
+                                               "Wilson interval" if counts else "") + ".", ""]  # fmt: skip
+    packed = _packed_lengths(results)
+    if packed:  # (results.json said so in details only: the table showed them as any other length's)
+        lines += [f"Perplexity at {', '.join(map(str, packed))}: no held-out document holds L + 1 tokens, so it was "
+                  "measured on the packed held-out stream (documents back to back): its windows cross document "
+                  "boundaries, and the context they add is other documents' text.", ""]  # fmt: skip
+    return lines
+
+
+def _packed_lengths(results: dict) -> List[int]:
+    """The lengths whose perplexity read the packed held-out stream (``details.ppl.L.<mode>.source``)."""
+    per_length = (results.get("details") or {}).get("ppl") or {}
+    return sorted(int(L) for L, modes in per_length.items()
+                  if any(isinstance(m, dict) and m.get("source") == "packed" for m in (modes or {}).values()))
 
 
 def _grid_lines(results: dict) -> list[str]:

@@ -66,6 +66,25 @@ def test_the_report_says_how_many_prompts_an_accuracy_counts_and_its_interval(tm
     assert "| rope | 0.40 [0.17, 0.69] | 0.00 [0.00, 0.28] |" in text and "prompts per length: rope 10." in text
 
 
+def test_the_report_says_which_perplexities_read_the_packed_stream(corpus_setup, eval_data):
+    """Past the longest held-out document perplexity reads the packed stream, across document boundaries; only
+    results.json's details said so, and report.md's table showed those lengths as any other."""
+    from minilm.eval import EvalSettings, evaluate
+    from minilm.eval.report import markdown
+
+    from .conftest import tiny_gpt
+
+    cfg, corpus = corpus_setup
+    longest = int(max(eval_data.val.doc_lengths))
+    lengths = [32, longest + 8]  # (the second longer than any held-out document, shorter than the stream)
+    settings = EvalSettings(lengths=lengths, tasks=["ppl"], batches=1, batch_tokens=64, sliding=True)
+    res = evaluate(tiny_gpt(cfg, corpus.tokenizer.vocab_size), eval_data, settings, log=lambda *_: None)
+    assert res["details"]["ppl"][str(lengths[1])]["windows"]["source"] == "packed"
+    report = markdown(res, {})
+    assert f"Perplexity at {lengths[1]}: no held-out document holds L + 1 tokens" in report
+    assert "Perplexity at 32" not in report
+
+
 def test_the_retrieval_figure_draws_intervals_and_the_heatmap_marks_the_training_length():
     """The heatmap used to have no mark of the training length (the other figures do), so the columns beyond it
     could not be told from those within; the retrieval curves had no error bars and no n."""
