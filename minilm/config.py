@@ -866,7 +866,7 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
     _check_nope_every(merged.model, f"phases.{name}.position")
     from minilm.eval import validate_eval
 
-    validate_eval(merged.eval, where=f"phases.{name}.eval")
+    validate_eval(merged.eval, where=f"phases.{name}.eval", position=merged.model.position)
     OmegaConf.set_readonly(merged, True)
     return merged
 
@@ -1054,7 +1054,7 @@ def validate(cfg: DictConfig) -> None:
 
     validate_position(cfg.model.position, where="model.position", head_dim=head_dim(cfg.model))
     _check_nope_every(cfg.model, "model.position")
-    validate_eval(cfg.eval)
+    validate_eval(cfg.eval, position=cfg.model.position)
     _validate_phases(cfg)
 
 

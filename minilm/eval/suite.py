@@ -104,13 +104,29 @@ class EvalSettings:
               f"needs a 'name' (a training-free method or a rope_type), got {dict(self.extension)}")  # fmt: skip
 
 
-def validate_eval(eval_cfg, where: str = "eval") -> None:
-    """Check an ``eval`` config section (so a bad value fails when the config loads, not after training)."""
+def validate_eval(eval_cfg, where: str = "eval", position=None) -> None:
+    """Check an ``eval`` config section (so a bad value fails when the config loads, not after training); with
+    ``position`` (the config's ``model.position``, already checked), that its ``eval.extension`` fits the encoding."""
     ev = OmegaConf.to_container(eval_cfg, resolve=True) if OmegaConf.is_config(eval_cfg) else dict(eval_cfg)
     known = {f.name for f in fields(EvalSettings)}
     EvalSettings(**{k: v for k, v in ev.items() if k in known}).validate(where)
     if ev.get("extension"):
         check_extension(dict(ev["extension"]), f"{where}.extension")
+        if position is not None:
+            _check_extension_fits(ev["extension"]["name"], position["name"], f"{where}.extension.name")
+
+
+def _check_extension_fits(name: str, position_name: str, where: str) -> None:
+    """Every extension needs a plain RoPE model: the training-free methods remap Rope's rotation
+    (minilm.positions.training_free.supports; xPos's rotate is not it) and a rope_type becomes its scaling block. An
+    ALiBi config with an eval.extension trained whole phases, then failed each one's evaluation (eval/error.txt)."""
+    from minilm.positions import REGISTRY
+    from minilm.positions.rotary import Rope
+
+    rotary = REGISTRY[position_name].attention
+    if not (isinstance(rotary, type) and issubclass(rotary, Rope) and rotary.rotate is Rope.rotate):
+        raise ConfigError(f"{where}: {name!r} needs a RoPE model (model.position.name: rope); this config's "
+                          f"encoding is {position_name!r}")  # fmt: skip
 
 
 def default_lengths(train_seq_len: int) -> List[int]:

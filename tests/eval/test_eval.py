@@ -415,6 +415,20 @@ def test_good_extensions_pass_config_validation(extension):
     validate_eval({"lengths": [64], "extension": extension})  # training-length defaults are filled in later
 
 
+@pytest.mark.parametrize("position", ["alibi", "xpos", "learned"])
+@pytest.mark.parametrize("extension", ["{name: yarn, factor: 2}", "{name: logn}"])
+def test_an_extension_the_encoding_cannot_take_fails_when_the_config_loads(position, extension):
+    """Every extension needs plain RoPE: an ALiBi config with eval.extension trained its phases, then failed the
+    evaluation at the end of each (eval/error.txt)."""
+    from minilm.config import load_config
+    from tests.conftest import REPO
+
+    tiny = REPO / "configs/tiny.yaml"
+    with pytest.raises(ConfigError, match=f"eval.extension.name: .* needs a RoPE model .* '{position}'"):
+        load_config(tiny, [f"model.position={{name: {position}}}", f"eval.extension={extension}"])
+    load_config(tiny, [f"eval.extension={extension}"])  # (tiny.yaml's RoPE takes it)
+
+
 def test_a_scaling_extension_cannot_change_its_rope_type(corpus_setup):
     cfg, corpus = corpus_setup
     model = tiny_gpt(cfg, corpus.tokenizer.vocab_size)
