@@ -2,7 +2,8 @@
 
 ``results.json`` (keys of per-length mappings are the lengths as strings; ``null`` = not measured there)::
 
-    run, name (run.name), phase, step, label (name/phase...: titles the report and every figure), weights, extension,
+    run, name (run.name), phase, step (global), phase_step (a step checkpoint's, in its phase), label (name/phase...:
+    titles the report and every figure), weights, extension,
     position, train_seq_len, vocab_size, lengths, depths, tasks, samples
     seed, batches, batch_tokens, sliding, stride, needles   (the settings; absent from files of older versions)
     ppl            {L: perplexity, non-overlapping windows}      loss  {L: mean nats/token, same windows}
@@ -381,7 +382,8 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
     lines = [
         f"# Evaluation: {results.get('label') or results.get('run', '')}",
         "",
-        f"- run: `{results.get('run')}`, phase: `{results.get('phase')}`, step {results.get('step')}",
+        f"- run: `{results.get('run')}`, phase: `{results.get('phase')}`, step {results.get('step')}"
+        + (f" (step {results['phase_step']} of the phase)" if results.get("phase_step") is not None else ""),
         f"- position: `{json.dumps(results.get('position'))}`, trained at length {results.get('train_seq_len')}",
         f"- extension at evaluation: `{json.dumps(ext) if ext else 'none'}`",
         f"- tasks: {', '.join(results.get('tasks', []))}; depths: {results.get('depths')}; "

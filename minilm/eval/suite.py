@@ -575,17 +575,21 @@ def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: d
 # -------------------------------------------------------------------------------------------------- entry points
 
 
-def _meta(cfg, run_dir, phase, step, extension, weights: Optional[Path] = None, mid_phase: bool = False) -> dict:
-    """What results.json says of the weights it measured; ``weights``: the file evaluated, when given by path;
-    ``mid_phase``: a step checkpoint's, not the phase's end."""
+def _meta(cfg, run_dir, phase, step, extension, weights: Optional[Path] = None,
+          phase_step: Optional[int] = None) -> dict:  # fmt: skip
+    """What results.json says of the weights it measured; ``step``: the run's global step (TensorBoard's axis);
+    ``weights``: the file evaluated, when given by path; ``phase_step``: a step checkpoint's step in its phase."""
     if extension:  # as applied: with the parameters filled in from the training length, so the report says them
         extension = applied_extension(extension, int(cfg.train.seq_len))
-    at = f" @ step {step}" if mid_phase else ""
+    # a step checkpoint by its step in the phase, as its file (step-00000005.ckpt) and folder are named: labelled by
+    # the global step, a later phase's checkpoint read 'extend_512 @ step 25' of a phase of 10 steps
+    at = f" @ step {phase_step}" if phase_step is not None else ""
     # labelled by run.name, not the folder's name: a study's runs with seeds all sit in folders named seed<S>, and
     # their reports and figures were titled 'seed1/extend' alike; a study names each run '<variant>-seed<S>'
     name = str(cfg.run.name)
     return {
         "run": str(run_dir), "name": name, "phase": phase, "step": int(step),
+        **({"phase_step": int(phase_step)} if phase_step is not None else {}),
         "label": f"{name}/{phase}{at}" + (f" + {extension['name']}" if extension else ""),
         **({"weights": str(weights)} if weights is not None else {}),
         "extension": extension or None,
@@ -712,8 +716,9 @@ def evaluate_run(
     stem = f"eval-{loaded.weights.stem}" if mid_phase else "eval"
     out_dir = Path(out) if out else loaded.run_dir / phase / f"{stem}{suffix}"
     make_output_dir(out_dir)  # before the evaluation, not after it
-    log(f"evaluating {loaded.weights} (phase {phase}, step {step}) at lengths {settings.lengths} on {device}")
-    meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights, mid_phase)
+    at = f"step {step}" + (f", step {loaded.step} of the phase" if mid_phase else "")
+    log(f"evaluating {loaded.weights} (phase {phase}, {at}) at lengths {settings.lengths} on {device}")
+    meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights, loaded.step)
     results = evaluate(model, data, settings, meta=meta, log=log)
     if all(v is None for task in TASKS for v in results.get(task, {}).values()):  # keep what the folder holds
         raise MinilmError(f"nothing could be measured at any length, so nothing was written to {out_dir}: "

@@ -301,6 +301,30 @@ def test_a_step_checkpoint_is_evaluated_into_its_own_folder_at_its_own_step(fake
     assert final["step"] > 3 and final["label"] == "run/train"
 
 
+def test_a_later_phases_step_checkpoint_is_labelled_by_its_step_in_the_phase(fake_run):
+    """A checkpoint of the second phase, step-00000003.ckpt, was labelled '.../b @ step 10' (the global step: 7 steps
+    of the first phase before it) in its report, every figure and compare_runs' legend, beside its folder
+    eval-step-00000003. The global step stays the results' step (TensorBoard's axis)."""
+    from omegaconf import OmegaConf
+    from safetensors.torch import load_file
+
+    from minilm.config import save_config
+    from minilm.eval import evaluate_run
+
+    cfg = OmegaConf.load(fake_run / "config.yaml")
+    cfg.phases = {"train": {"steps": 7}, "b": {"steps": 5}}
+    save_config(cfg, fake_run / "config.yaml")
+    ckpt = fake_run / "b" / "checkpoints" / "step-00000003.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    state = load_file(str(fake_run / "train" / "model.safetensors"))
+    torch.save({"state_dict": {f"model.{k}": v for k, v in state.items()}, "global_step": 3}, ckpt)
+    res, out = evaluate_run(ckpt, lengths=[32], tasks=["ppl"], batches=1, batch_tokens=64, sliding=False,
+                            tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
+    assert out == fake_run / "b" / "eval-step-00000003"
+    assert res["label"] == "run/b @ step 3" and res["step"] == 10 and res["phase_step"] == 3
+    assert "phase: `b`, step 10 (step 3 of the phase)" in (out / "report.md").read_text()
+
+
 def test_a_renamed_step_checkpoint_is_read_once_and_evaluated_at_its_step(fake_run, monkeypatch):
     """A .ckpt not named step-N.ckpt says its step inside: evaluate_run loaded the whole file (weights and optimizer
     state) a second time only to read it. Its folder, label and step are those of a step checkpoint."""
