@@ -4,7 +4,8 @@
     python scripts/compare_runs.py runs/pos_rope runs/pos_alibi runs/pos_learned --out /tmp/cmp
     python scripts/compare_runs.py runs/tiny/train/eval-dynamic runs/tiny/train/eval-yarn runs/tiny/train/eval
 
-Each argument is a run directory (its final phase's ``eval/``), a phase directory (its ``eval/``), an
+Each argument is a run directory (its last phase's ``eval/``; when that phase has none, the last phase's that
+has one, said on stderr), a phase directory (its ``eval/``), an
 evaluation directory holding results.json, or a results.json file; run scripts/evaluate.py first (with the same
 --lengths for every run, so the table lines up). ``--label`` names the lines (default: run.name/phase[+method], a
 study's run named as in its study, by its variant and seed: ``yarn/seed1/extend_2k``; runs of the same name by
@@ -38,7 +39,11 @@ def main(args: argparse.Namespace) -> int:
     if args.label and len(args.label) != len(runs):
         raise MinilmError(f"--label: give one label per run ({len(runs)}" + (f": {' '.join(map(str, runs))}"
                           if runs != args.runs else "") + f"), got {len(args.label)}")  # fmt: skip
-    results = [load_results(find_results(Path(r))) for r in runs]
+    found = [find_results(Path(r)) for r in runs]
+    for r, path in zip(runs, found):
+        if note := earlier_phase_note(Path(r), path):
+            print(f"note: {note}", file=sys.stderr)
+    results = [load_results(path) for path in found]
     labels = args.label or distinct_labels(results, runs)
     fig, table = compare(results, labels, Path(args.out))
     print(Path(table).read_text())
@@ -46,6 +51,24 @@ def main(args: argparse.Namespace) -> int:
     for warning in setting_differences(results, labels):  # (also at the top of the table) last, where it is seen
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def earlier_phase_note(run: Path, found: Path) -> str | None:
+    """What to say when a run directory stands for an earlier phase's evaluation than its last phase's (that one
+    not evaluated, or its end-of-phase evaluation failed): the line was labelled by that phase, said nowhere else,
+    and set beside other runs' last phases, trained at other lengths."""
+    from minilm.runs import run_phase_names
+    from minilm.eval.suite import PHASE_ERROR
+
+    if not (run / "config.yaml").is_file() or not found.is_relative_to(run):
+        return None
+    last = run_phase_names(run)[-1]
+    if found.parent == run / last / "eval" or found.parent == run:
+        return None
+    error = run / last / "eval" / PHASE_ERROR
+    why = f"its evaluation failed ({error})" if error.is_file() else "it has no evaluation"
+    return (f"{run}: its last phase '{last}' is not compared: {why}; compared instead: phase "
+            f"'{found.parent.parent.name}' ({found}); scripts/evaluate.py --run {run} evaluates '{last}'")
 
 
 def study_runs(args: list[str]) -> list:

@@ -221,3 +221,23 @@ def test_evaluate_py_on_a_studys_folder_says_what_to_give_instead(tmp_path):
         resolve_run(study)
     with pytest.raises(MinilmError, match=rf"{study}/yarn is a folder of runs \(seed1, seed2\), not a run"):
         resolve_run(study / "yarn")
+
+
+def test_a_run_whose_last_phase_has_no_evaluation_says_which_phase_it_stands_for(tmp_path, capsys):
+    """A run directory whose last phase was not evaluated (or whose end-of-phase evaluation failed, eval/error.txt)
+    stood silently for an earlier phase's evaluation, beside other runs' last phases trained at other lengths."""
+    from minilm.config import load_config, save_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "rope_yarn_tiny.yaml")
+    a, b = tmp_path / "a", tmp_path / "b"
+    for run in (a, b):
+        save_config(cfg, run / "config.yaml")
+        _evaluation(run, "extend_512", 50.0)
+    _evaluation(a, "extend_2k", 40.0)
+    (b / "extend_2k" / "eval").mkdir(parents=True)
+    (b / "extend_2k" / "eval" / "error.txt").write_text("boom\n")
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args([str(a), str(b), "--out", str(tmp_path / "cmp")])) == 0
+    err = capsys.readouterr().err
+    assert f"note: {b}: its last phase 'extend_2k' is not compared: its evaluation failed" in err
+    assert "compared instead: phase 'extend_512'" in err and f"note: {a}" not in err
