@@ -715,14 +715,20 @@ def evaluate_run(
     suffix = f"-{extension['name']}" if extension else ""
     stem = f"eval-{loaded.weights.stem}" if mid_phase else "eval"
     out_dir = Path(out) if out else loaded.run_dir / phase / f"{stem}{suffix}"
+    new_dir = not out_dir.exists()
     make_output_dir(out_dir)  # before the evaluation, not after it
     at = f"step {step}" + (f", step {loaded.step} of the phase" if mid_phase else "")
     log(f"evaluating {loaded.weights} (phase {phase}, {at}) at lengths {settings.lengths} on {device}")
     meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights, loaded.step)
-    results = evaluate(model, data, settings, meta=meta, log=log)
-    if all(v is None for task in TASKS for v in results.get(task, {}).values()):  # keep what the folder holds
-        raise MinilmError(f"nothing could be measured at any length, so nothing was written to {out_dir}: "
-                          + "; ".join(not_measured(results)))
+    try:
+        results = evaluate(model, data, settings, meta=meta, log=log)
+        if all(v is None for task in TASKS for v in results.get(task, {}).values()):  # keep what the folder holds
+            raise MinilmError(f"nothing could be measured at any length, so nothing was written to {out_dir}: "
+                              + "; ".join(not_measured(results)))
+    except BaseException:  # (Ctrl-C too) an eval-METHOD/ made for it and left empty read as an evaluation there
+        if new_dir and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
     figures = write_report(results, out_dir)
     _clear_phase_error(out_dir, loaded.run_dir / phase)
     if tensorboard:

@@ -408,6 +408,9 @@ def test_an_evaluation_that_measures_nothing_writes_nothing(fake_run, capsys):
     err = capsys.readouterr().err
     assert "nothing could be measured at any length, so nothing was written" in err and "at 100000000: skipped" in err
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    # nor a folder made for it: an empty eval-logn/ beside the phase's eval/ read as an evaluation with logn
+    assert run_cli(ev.main, ev.parser(), _evaluate_argv(fake_run, lengths="100000000") + ["--extension", "logn"]) == 2
+    assert not (fake_run / "train" / "eval-logn").exists()
 
 
 @pytest.mark.parametrize("script, argv, said", [
