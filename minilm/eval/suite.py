@@ -125,7 +125,7 @@ def _check_extension_fits(name: str, position_name: str, where: str) -> None:
 
     rotary = REGISTRY[position_name].attention
     if not (isinstance(rotary, type) and issubclass(rotary, Rope) and rotary.rotate is Rope.rotate):
-        raise ConfigError(f"{where}: {name!r} needs a RoPE model (model.position.name: rope); this config's "
+        raise ConfigError(f"{where}: {name!r} needs a RoPE model (model.position.name: rope); this model's "
                           f"encoding is {position_name!r}")  # fmt: skip
 
 
@@ -252,6 +252,8 @@ def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, A
 
     _check_extension_name(extension["name"], "extension")
     check_extension(extension, f"extension.{extension['name']}")
+    # by the encoding's name: a learned table's layers said their encoding was 'Identity'
+    _check_extension_fits(extension["name"], model_cfg.position.name, "extension.name")
     name, params = _with_length_defaults(extension, train_seq_len)
     if name in EXTENSIONS:
         install_extension(model, name, **params)
@@ -260,9 +262,6 @@ def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, A
     from minilm.positions import validate_position
 
     mcfg = OmegaConf.to_container(model_cfg, resolve=True)
-    if mcfg["position"].get("name") != "rope":
-        raise ConfigError(f"extension.name: {name!r} is a RoPE scaling; this model's encoding is "
-                          f"{mcfg['position'].get('name')!r}")  # fmt: skip
     mcfg["position"] = {**mcfg["position"], "scaling": {"rope_type": name, **params}}
     validate_position(mcfg["position"], where="extension")
     scaled = GPT(OmegaConf.create(mcfg), vocab_size)

@@ -429,6 +429,19 @@ def test_an_extension_the_encoding_cannot_take_fails_when_the_config_loads(posit
     load_config(tiny, [f"eval.extension={extension}"])  # (tiny.yaml's RoPE takes it)
 
 
+@pytest.mark.parametrize("extension", [{"name": "logn"}, {"name": "yarn", "factor": 2}])
+def test_an_extension_on_a_model_without_rope_names_its_encoding(corpus_setup, extension):
+    """A learned table's attention layers hold an Identity position module: --extension logn said the encoding was
+    'Identity', which no config names."""
+    from omegaconf import OmegaConf
+
+    cfg, corpus = corpus_setup
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size, name="learned", max_positions=128)
+    model_cfg = OmegaConf.merge(cfg.model, {"position": {"name": "learned", "max_positions": 128}})
+    with pytest.raises(ConfigError, match="needs a RoPE model .*this model's encoding is 'learned'"):
+        apply_extension(model, model_cfg, corpus.tokenizer.vocab_size, extension, 64)
+
+
 def test_a_scaling_extension_cannot_change_its_rope_type(corpus_setup):
     cfg, corpus = corpus_setup
     model = tiny_gpt(cfg, corpus.tokenizer.vocab_size)
