@@ -150,7 +150,8 @@ def perplexity(
     inputs of ``length`` tokens. ``windows``: a seeded random choice among all non-overlapping windows.
     ``sliding``: a seeded random choice among all windows ``stride`` apart (default L/2) in every document; each
     scores the targets no earlier window of its document would (a document's first window: all of them), so a
-    choice of all the windows is the whole recipe, and every scored target has at least L − stride of context."""
+    choice of all the windows is the recipe — but for each document's last < stride targets, which its shorter last
+    step scores and no window here does — and every scored target has at least L − stride of context."""
     if mode not in MODES:
         raise MinilmError(f"eval.ppl_modes: unknown mode {mode!r}; allowed: {', '.join(MODES)}")
     rng = np.random.default_rng(seed)
