@@ -31,10 +31,22 @@ class _TqdmBar(_LastLoss, TQDMProgressBar):
     pass
 
 
+def _rich_bar_breaks() -> bool:
+    """Lightning before 2.5.3 pops rich's live stack at every stage start without looking, and from rich 14.1 the
+    stack is empty there: the first validation raised IndexError (lightning 2.4.0 with rich 15.0.0)."""
+    from importlib.metadata import version
+
+    import lightning
+    from packaging.version import Version
+
+    return Version(lightning.__version__) < Version("2.5.3") and Version(version("rich")) >= Version("14.1")
+
+
 def progress_bar():
-    """The bar for ``L.Trainer(callbacks=[...])``: rich's where the package is there (it raises otherwise), else
-    tqdm's."""
+    """The bar for ``L.Trainer(callbacks=[...])``: rich's where the package is there (it raises otherwise) and
+    works with this Lightning, else tqdm's."""
     try:
-        return _RichBar()
+        bar = _RichBar()
     except ModuleNotFoundError:
         return _TqdmBar()
+    return _TqdmBar() if _rich_bar_breaks() else bar
