@@ -615,12 +615,17 @@ def _cause(e: BaseException) -> str:
     """``Type: first line`` of ``e`` and of the errors it was raised from. datasets wraps a parse error of a data
     file in ``DatasetGenerationError: An error occurred while generating the dataset``: the wrapped error (``JSON
     parse error: Invalid value. in row 1``, ``Expected 2 fields in line 4, saw 3``) is the part that says what is
-    wrong. An empty JSON file ends as a bare StopIteration."""
+    wrong. An empty JSON file ends as a bare StopIteration (datasets 2.19: a SchemaInferenceError, "Please pass
+    `features` or at least one example when writing data")."""
+    from datasets.arrow_writer import SchemaInferenceError
+
     parts, seen = [], set()
     while e is not None and id(e) not in seen and len(parts) < 4:
         seen.add(id(e))
         first = (str(e).splitlines() or [""])[0] or ("no records (an empty file?)" if isinstance(e, StopIteration)
                                                      else "")  # fmt: skip
+        if isinstance(e, SchemaInferenceError):
+            first += " (no records: an empty file?)"
         parts.append(f"{type(e).__name__}: {first}" if first else type(e).__name__)
         e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     return " <- ".join(parts)
@@ -640,6 +645,12 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix
         raise DataError(f"{key}: {text_field!r} is not a column of {file} (columns: {', '.join(columns)}); "
                         f"set text_field to one of them{other}")  # fmt: skip
     features = getattr(ds, "features", None)
+    if features is None and columns is None and hasattr(ds, "take"):  # datasets before 3 streams a JSON file with
+        # no features: the head's types, as a Dataset of it infers them (datasets 2.19)
+        import datasets
+
+        head = list(ds.take(1))
+        features = datasets.Dataset.from_list(head).features if head else None
     kind = _column_kind(features[text_field]) if features is not None and text_field in features else None
     if kind is not None:  # a number or a list column: every record was skipped as not_text, and the error was "the
         # source yields no documents (skipped: not_text: 400)", naming neither text_field nor the text columns
