@@ -309,12 +309,17 @@ def test_a_base_60_looking_value_is_text_for_a_string_key_and_in_an_open_block(t
 
 
 def test_an_override_that_is_not_yaml_is_named():
-    with pytest.raises(ConfigError, match=r"command line: cannot parse override 'data.sources.x=\{kind:files"):
-        load_config(overrides=["train.steps=3", "data.sources.x={kind:files,paths:[]}"])
+    # an unclosed list, not '{kind:files,paths:[]}': omegaconf 2.3 reads that one (as the key 'kind:files', which
+    # test_a_mapping_without_a_space_after_a_colon_says_so refuses), 2.4 does not
+    with pytest.raises(ConfigError, match=r"command line: cannot parse override 'data.sources.x=\{kind: files"):
+        load_config(overrides=["train.steps=3", "data.sources.x={kind: files, paths: [}"])
     # the parser's problem in one line, not its scanner report ('in "<unicode string>", line 1, column 1' ...)
     with pytest.raises(ConfigError) as e:
         load_config(overrides=["model.d_model=[1"])
-    assert str(e.value).startswith("command line: cannot parse override 'model.d_model=[1': did not find expected")
+    # omegaconf 2.4 gets the scanner's "did not find expected ',' or ']'", 2.3 the parser's "expected ',' or ']', but
+    # got '<stream end>'"
+    assert str(e.value).startswith("command line: cannot parse override 'model.d_model=[1': ")
+    assert "expected ',' or ']'" in str(e.value)
     assert "unicode string" not in str(e.value) and "\n" not in str(e.value)
 
 
