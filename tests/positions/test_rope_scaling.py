@@ -303,12 +303,20 @@ def test_parse_scaling_gives_typed_frozen_parameters():
 def _hf(block, head_dim=D, max_len=L, base=BASE):
     transformers = pytest.importorskip("transformers")
     rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+    from minilm.export import _yarn_reads_truncate, llama_rope_kwargs
+
+    if block.get("truncate") is False and not _yarn_reads_truncate():
+        pytest.skip(f"transformers {transformers.__version__}'s yarn does not read truncate")
+    kwargs = llama_rope_kwargs({"rope_theta": base, **block})  # rope_parameters (5.x) or rope_scaling (4.x)
+    if "rope_parameters" not in kwargs:  # 4.x reads partial_rotary_factor from the config, not from rope_scaling
+        kwargs["partial_rotary_factor"] = block.get("partial_rotary_factor", 1.0)
+        original = block.get("original_max_position_embeddings")
+        if block["rope_type"] in ("yarn", "longrope") and block.get("factor") and original is not None:
+            # and its yarn and longrope take the factor as max_position_embeddings / original: given so, as the
+            # export writes it (minilm.export.hf_rope_parameters)
+            max_len = round(original * block["factor"])
     cfg = transformers.LlamaConfig(
-        hidden_size=head_dim * 2,
-        num_attention_heads=2,
-        head_dim=head_dim,
-        max_position_embeddings=max_len,
-        rope_parameters={"rope_theta": base, **block},
+        hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, max_position_embeddings=max_len, **kwargs
     )
     return rope_utils, cfg
 
@@ -391,16 +399,12 @@ def test_parity_with_transformers(block, seq_len):
 
 
 def test_parity_default_with_transformers():
-    transformers = pytest.importorskip("transformers")
+    rope_utils, cfg = _hf({"rope_type": "default"})
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    cfg = transformers.LlamaConfig(
-        hidden_size=D * 2,
-        num_attention_heads=2,
-        head_dim=D,
-        rope_parameters={"rope_type": "default", "rope_theta": BASE},
-    )
-    theirs, factor = LlamaRotaryEmbedding.compute_default_rope_parameters(config=cfg, device="cpu")
+    # 5.x moved the default type from ROPE_INIT_FUNCTIONS to the rotary class
+    compute = getattr(LlamaRotaryEmbedding, "compute_default_rope_parameters", None)
+    theirs, factor = (compute or rope_utils.ROPE_INIT_FUNCTIONS["default"])(config=cfg, device="cpu")
     torch.testing.assert_close(default(), theirs.float(), rtol=2e-6, atol=0)
     assert factor == 1.0
 
