@@ -12,7 +12,7 @@ import pytest
 import torch
 
 # (older ones are refused where their export would differ: test_an_older_transformers_is_refused_for_yarn_and_longrope)
-transformers = pytest.importorskip("transformers", minversion="4.51")
+transformers = pytest.importorskip("transformers", minversion="4.51.1")
 
 from minilm.config import load_config, save_config  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
