@@ -623,3 +623,22 @@ def test_the_logged_training_loss_under_ddp_is_the_global_batchs_mean():
     module._loss_sum, module._loss_count = torch.tensor(10.0), torch.tensor(10)  # this rank's mean: 1.0
     module.end_step(0)
     assert module.logged_loss == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("lightning_version, rich_version, rich", [
+    ("2.5.0", "15.0.0", False), ("2.5.2", "14.1.0", False), ("2.5.3", "15.0.0", True), ("2.5.0", "14.0.0", True)])
+def test_the_progress_bar_is_tqdms_where_lightnings_rich_bar_breaks(monkeypatch, lightning_version, rich_version,
+                                                                     rich):  # fmt: skip
+    """Lightning before 2.5.3 pops rich's live stack unguarded at every stage start, and from rich 14.1 it is empty
+    there: every run raised IndexError at its first validation (lightning 2.4.0 with rich 15.0.0)."""
+    import importlib.metadata
+
+    import lightning
+
+    from minilm.training import progress
+
+    pytest.importorskip("rich")
+    monkeypatch.setattr(lightning, "__version__", lightning_version)
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: rich_version if name == "rich" else real(name))
+    assert isinstance(progress.progress_bar(), progress._RichBar if rich else progress._TqdmBar)
