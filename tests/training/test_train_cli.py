@@ -149,12 +149,19 @@ def test_sigkill_mid_phase_then_resume_equals_uninterrupted(tmp_path, tiny_text_
 def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir, train_here):
     """Lightning turns Ctrl-C inside fit into a silent sys.exit(1); the run must instead stop with the CLI's
     message and exit code 130, and continue with --resume."""
-    cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=400)
+    # a phase far longer than the wait: at 400 steps a test process starved on a loaded machine once signalled a run
+    # that had already finished (exit 0)
+    cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=100_000)
     run = tmp_path / "run"
     proc = _train_until_a_long_checkpoint(cfg, run, stderr=subprocess.PIPE)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "interrupted; continue with --resume" in err, (proc.returncode, err[-2000:])
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("Ctrl-C did not stop the run within 120 s") from None
+    assert proc.returncode == 130 and "interrupted; continue with --resume" in err, (proc.returncode, err[-2000:],
+                                                                                       out[-2000:])  # fmt: skip
     assert not (run / "long" / "complete.json").exists()
     again = train_here("--config", cfg, f"run.dir={run}", "--resume", "phases.long.steps=6")
     assert "resuming from" in again.stdout and (run / "long" / "complete.json").is_file()
