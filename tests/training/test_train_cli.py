@@ -118,8 +118,11 @@ def _wait_for(path_glob: Path, pattern: str, proc: subprocess.Popen, timeout: fl
 def _train_until_a_long_checkpoint(cfg: Path, run: Path, stderr) -> subprocess.Popen:
     """train.py started as a user starts it, returned once phase 'long' has written a checkpoint."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # Ctrl-C as a terminal delivers it: a suite started in the background of a non-interactive shell (`make test &`)
+    # runs with SIGINT ignored, which its children inherit, and the run went on to exit 0
     proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--config", str(cfg), f"run.dir={run}"],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)  # fmt: skip
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     _wait_for(run / "long" / "checkpoints", "step-*.ckpt", proc)
     return proc
 
@@ -149,8 +152,7 @@ def test_sigkill_mid_phase_then_resume_equals_uninterrupted(tmp_path, tiny_text_
 def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir, train_here):
     """Lightning turns Ctrl-C inside fit into a silent sys.exit(1); the run must instead stop with the CLI's
     message and exit code 130, and continue with --resume."""
-    # a phase far longer than the wait: at 400 steps a test process starved on a loaded machine once signalled a run
-    # that had already finished (exit 0)
+    # a phase far longer than the wait: a signal that does not arrive fails below, not by a run that finished
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=100_000)
     run = tmp_path / "run"
     proc = _train_until_a_long_checkpoint(cfg, run, stderr=subprocess.PIPE)
