@@ -862,8 +862,7 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
     from minilm.positions import validate_position  # positions imports nothing from config
 
     validate_position(merged.model.position, where=f"phases.{name}.position", head_dim=head_dim(merged.model),
-                      base=cfg.model.position)  # fmt: skip
-    _check_nope_every(merged.model, f"phases.{name}.position")
+                      base=cfg.model.position, n_layers=merged.model.n_layers)  # fmt: skip
     from minilm.eval import validate_eval
 
     validate_eval(merged.eval, where=f"phases.{name}.eval", position=merged.model.position)
@@ -1052,20 +1051,10 @@ def validate(cfg: DictConfig) -> None:
     from minilm.eval import validate_eval
     from minilm.positions import validate_position
 
-    validate_position(cfg.model.position, where="model.position", head_dim=head_dim(cfg.model))
-    _check_nope_every(cfg.model, "model.position")
+    validate_position(cfg.model.position, where="model.position", head_dim=head_dim(cfg.model),
+                      n_layers=cfg.model.n_layers)  # fmt: skip
     validate_eval(cfg.eval, position=cfg.model.position)
     _validate_phases(cfg)
-
-
-def _check_nope_every(m: DictConfig, where: str) -> None:
-    """RoPE's / xPos's ``nope_every: n`` leaves layers n-1, 2n-1, ... unrotated: past n_layers, none (a pattern
-    that silently did nothing). (The position block's own check cannot see n_layers.)"""
-    n = m.position.get("nope_every") or 0
-    if isinstance(n, int) and not isinstance(n, bool) and n > m.n_layers:
-        raise ConfigError(f"{where}.nope_every: {n} leaves no layer of the {m.n_layers} (model.n_layers) unrotated "
-                          f"(it unrotates layers {n - 1}, {2 * n - 1}, ... counting from 0); give 2 to "
-                          f"{m.n_layers}, or 0 for none")  # fmt: skip
 
 
 def _validate_paths(cfg: DictConfig) -> None:

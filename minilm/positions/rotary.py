@@ -72,10 +72,17 @@ class RopeParams:
                 )
             self.scaling = dict(self.scaling)
 
-    def check_dims(self, head_dim: int, where: str) -> int:
-        """The checks that need the head size (the config validates every phase's block with it; the module again
-        when built): at least 2 rotating dimensions, and a scaling block that fits them (longrope's lists have one
-        entry per frequency). Returns the number of rotary dimensions."""
+    def check_dims(self, head_dim: int, where: str, n_layers: Optional[int] = None) -> int:
+        """The checks that need the model's size (the config validates every phase's block with it; the module
+        again when built, with the head size): at least 2 rotating dimensions, a scaling block that fits them
+        (longrope's lists have one entry per frequency), and with ``n_layers`` a ``nope_every`` that unrotates a
+        layer (past n_layers it unrotated none, a pattern that silently did nothing). Returns the number of rotary
+        dimensions."""
+        if n_layers is not None and self.nope_every > n_layers:
+            n = self.nope_every
+            raise ConfigError(f"{where}.nope_every: {n} leaves no layer of the {n_layers} (model.n_layers) unrotated "
+                              f"(it unrotates layers {n - 1}, {2 * n - 1}, ... counting from 0); give 2 to "
+                              f"{n_layers}, or 0 for none")  # fmt: skip
         rot_dim = rotary_dim(head_dim, self.fraction)
         if rot_dim < 2:  # checked before the scaling block: else its check names the wrong key
             raise ConfigError(
