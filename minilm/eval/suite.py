@@ -121,10 +121,9 @@ def _check_extension_fits(name: str, position_name: str, where: str) -> None:
     (minilm.positions.training_free.supports; xPos's rotate is not it) and a rope_type becomes its scaling block. An
     ALiBi config with an eval.extension trained whole phases, then failed each one's evaluation (eval/error.txt)."""
     from minilm.positions import REGISTRY
-    from minilm.positions.rotary import Rope
+    from minilm.positions.training_free import supports
 
-    rotary = REGISTRY[position_name].attention
-    if not (isinstance(rotary, type) and issubclass(rotary, Rope) and rotary.rotate is Rope.rotate):
+    if not supports(REGISTRY[position_name].attention):
         raise ConfigError(f"{where}: {name!r} needs a RoPE model (model.position.name: rope); this model's "
                           f"encoding is {position_name!r}")  # fmt: skip
 

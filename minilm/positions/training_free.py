@@ -47,9 +47,11 @@ from minilm.positions.rotary import Rope, apply_rotary, cos_sin_tables
 
 
 def supports(rotary: Any) -> bool:
-    """True for a RoPE module whose q/k transform is exactly Rope's (cos/sin from ``cos_sin``): subclasses that
-    change ``rotate`` (xPos's decay) are not plain rotations, so the remapping would be wrong for them."""
-    return isinstance(rotary, Rope) and type(rotary).rotate is Rope.rotate
+    """True for a RoPE module (or module class: a registry entry's) whose q/k transform is exactly Rope's (cos/sin
+    from ``cos_sin``): subclasses that change ``rotate`` (xPos's decay) are not plain rotations, so the remapping
+    would be wrong for them."""
+    cls = rotary if isinstance(rotary, type) else type(rotary)
+    return issubclass(cls, Rope) and cls.rotate is Rope.rotate
 
 
 def _length(k_pos: Tensor) -> Tensor:
