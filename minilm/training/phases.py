@@ -74,7 +74,7 @@ from minilm.training.checkpoint import (
 from minilm.training.datamodule import PhaseData
 from minilm.training.lit_module import AtomicCheckpointIO, LitGPT
 from minilm.training.optim import check_optimizer_params
-from minilm.training.precision import cpu_precision_note, resolve_precision
+from minilm.training.precision import auto_precision_note, cpu_precision_note, resolve_precision
 from minilm.training.progress import progress_bar
 
 COMPLETE = "complete.json"
@@ -957,7 +957,7 @@ def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
     first = next(iter(pcfgs.values()))  # phases share the run's trainer section and precision
     used = precision(first)
     log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {vocab_size}, precision {used}"
-        + (" (train.precision auto)" if cfg.train.precision == "auto" else "") + _compile_note(cfg.train)
+        + (auto_precision_note(_device_type(first)) if cfg.train.precision == "auto" else "") + _compile_note(cfg.train)
         + _sdpa_note(cfg.model) + cpu_precision_note(used, _device_type(first)))  # fmt: skip
     return model
 
