@@ -136,7 +136,8 @@ class TrainConfig:
     micro_batch_size: Optional[int] = None
     steps: int = 1000
     tokens: Optional[int] = None  # when set, wins over steps: steps = ceil(tokens / (batch_size · seq_len))
-    precision: str = "auto"  # auto (bf16-mixed on GPU and on CPUs with AMX, else 32) | 32 | bf16-mixed | 16-mixed
+    # auto: bf16-mixed on GPU and on CPUs with AMX or AVX512-BF16, else 32 (minilm/training/precision.py)
+    precision: str = "auto"  # auto | 32 | bf16-mixed | 16-mixed
     compile: bool = False
     # torch.compile's mode when compile is on: default | max-autotune-no-cudagraphs (inductor times its GEMM and
     # kernel configurations on the device at the first step: longer compiles). The CUDA-graph modes are not offered.

@@ -21,7 +21,7 @@ reports minilm's tokens/s over the peer's. Only for the ``rope`` encoding (the p
 both alike; tokens/s always come from the median step time over all timed steps of all repeats. A second
 ratio comes from ``paired_ratio``: both models side by side, one step each in turn, median of the per-pair ratios.
 ``--peer-precision`` trains the peer in another precision than minilm: on a CPU, say, minilm at ``auto`` (bf16-mixed
-where the CPU has AMX) against the peer in fp32, its faster precision there.
+where the CPU has AMX or AVX512-BF16) against the peer in fp32, its faster precision on an AMX Xeon.
 
 MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per token = 6·N + 12·L·d·T, where
 N = the parameters that take part in a matmul — every parameter except the input embedding table, the LM head
@@ -94,7 +94,7 @@ from minilm.config import load_config, micro_batch_size  # noqa: E402
 from minilm.export import llama_rope_kwargs, llama_shape  # noqa: E402
 from minilm.training.compile import compiled  # noqa: E402  (the trainer's torch.compile, train.compile_mode)
 from minilm.training.optim import make_adamw  # noqa: E402  (the trainer's optimizer, fused where torch has it)
-from minilm.training.precision import resolve_precision  # noqa: E402
+from minilm.training.precision import cpu_bf16_unit, resolve_precision  # noqa: E402
 from minilm.cli import flush_denormals, quiet_libraries  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 from minilm.files import atomic_write_text  # noqa: E402
@@ -624,7 +624,8 @@ def median_row(rows: list[dict], peak_flops) -> dict:
 
 
 def device_info(device) -> tuple[str, str]:
-    """(human name, file-name slug)."""
+    """(human name, file-name slug). A CPU's name says its bf16 unit, which decides ``auto``'s precision there and
+    bf16's speed (minilm/training/precision.py): two CPUs of one model name may differ in it (AMD EPYC)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
@@ -634,7 +635,7 @@ def device_info(device) -> tuple[str, str]:
                 if line.startswith("model name"):
                     name = line.split(":", 1)[1].strip()
                     break
-        name = f"CPU ({name})"
+        name = f"CPU ({name}, {cpu_bf16_unit() or 'no bf16 unit'})"
     slug = "cpu" if device.type == "cpu" else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     return name, slug
 

@@ -145,9 +145,10 @@ def _sdpa(q, k, v, allowed: Optional[Tensor], scale: float, gqa: bool) -> Tensor
 
 
 # On CPU the backward of torch's flash-attention kernel runs several times slower in bf16 than in fp32 at short
-# sequences, while its forward and the model's matmuls run faster in bf16 (AMX). Measured on the 2-core development
-# machine (Xeon with AMX, torch 2.13, SDPA forward + backward, 4096 tokens; docs/performance.md): head width 32 at
-# 128 tokens, bf16 27.3 ms, fp32 7.5 ms; the two even out near T · head width = 16K, past which bf16 is the faster.
+# sequences, while its forward and the model's matmuls run faster in bf16 (AMX, AVX512-BF16). Measured on the 2-core
+# development machine (Xeon with AMX, torch 2.13, SDPA forward + backward, 4096 tokens; docs/performance.md): head
+# width 32 at 128 tokens, bf16 27.3 ms, fp32 7.5 ms; the two even out near T · head width = 16K, past which bf16 is
+# the faster. A Zen 4 EPYC (AVX512-BF16) gave the same picture.
 CPU_FP32_BACKWARD_BELOW = 16384  # T · head width under which a bf16 SDPA on CPU takes its backward in fp32
 
 

@@ -72,8 +72,8 @@ def test_attention_in_blocks_of_queries_has_no_graph_breaks(name, monkeypatch):
 
 
 def test_loss_under_cpu_bf16_autocast_has_no_graph_breaks():
-    """bf16-mixed on CPU (train.precision auto on a CPU with AMX): attention's fp32-backward SDPA, an autograd
-    Function over torch's CPU flash-attention ops (minilm/model/attention.py), traces into the one graph."""
+    """bf16-mixed on CPU (train.precision auto on a CPU with AMX or AVX512-BF16): attention's fp32-backward SDPA, an
+    autograd Function over torch's CPU flash-attention ops (minilm/model/attention.py), traces into the one graph."""
     model = _model([])
     x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
     torch._dynamo.reset()

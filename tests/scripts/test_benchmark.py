@@ -15,6 +15,15 @@ def bench():
     return load_script("scripts/benchmark.py")
 
 
+@pytest.mark.parametrize("unit, says", [("AVX512-BF16", ", AVX512-BF16)"), ("", ", no bf16 unit)")])
+def test_a_cpus_name_says_its_bf16_unit(bench, unit, says, monkeypatch):
+    """Two CPUs of one model name (AMD EPYC: AVX2 only, or Zen 4 with AVX512-BF16) train in different precisions at
+    auto, at very different speeds: the results' device names which."""
+    monkeypatch.setattr(bench, "cpu_bf16_unit", lambda: unit)
+    name, slug = bench.device_info(torch.device("cpu"))
+    assert name.startswith("CPU (") and name.endswith(says) and slug == "cpu"
+
+
 def test_flops_formula_and_matmul_params(bench):
     assert bench.flops_per_token(1000, 2, 16, 8) == 6 * 1000 + 12 * 2 * 16 * 8
     emb = torch.nn.Embedding(10, 4)

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import local_data_yaml, run_train
 
-# precision 32: the tests compare 2 processes with 1 within fp32 rounding (auto is bf16-mixed on a CPU with AMX)
+# precision 32: the tests compare 2 processes with 1 within fp32 rounding (auto is bf16-mixed on a CPU with a bf16 unit)
 CONFIG = """
 model: {{n_layers: 2, d_model: 32, n_heads: 2}}
 {data}train: {{seq_len: 32, steps: 6, val_every: 0, val_batches: 2, log_every: 1, ckpt_every: 3, keep_checkpoints: 5,

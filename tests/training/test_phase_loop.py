@@ -262,7 +262,7 @@ def test_micro_batch_size_splits_the_same_rows(config, tmp_path):
     for micro in (4, 1):
         run = tmp_path / f"micro{micro}"
         run_phases(load_config(config, [f"run.dir={run}", f"train.micro_batch_size={micro}", "train.val_batches=2",
-                                        "train.precision=32"]),  # rounding in fp32 (bf16-mixed on a CPU with AMX)
+                                        "train.precision=32"]),  # rounding in fp32 (auto may be bf16-mixed on CPU)
                    log=lambda m: None)  # fmt: skip
         runs[micro] = (load_file(run / "model.safetensors"), json.loads((run / "train/complete.json").read_text()))
     (whole, whole_summary), (split, split_summary) = runs[4], runs[1]
@@ -288,7 +288,7 @@ def test_micro_batch_size_trains_as_the_whole_batch_when_rows_differ_in_targets(
     for micro in (4, 1):
         run = tmp_path / f"micro{micro}"
         over = [f"run.dir={run}", f"train.micro_batch_size={micro}", "train.val_batches=2", "train.seq_len=128",
-                "train.precision=32"]  # rounding in fp32 (bf16-mixed on a CPU with AMX)
+                "train.precision=32"]  # rounding in fp32 (auto: bf16-mixed on a CPU with a bf16 unit)
         run_phases(load_config(path, over), log=lambda m: None)
         runs[micro] = (load_file(run / "model.safetensors"), json.loads((run / "train/complete.json").read_text()))
     (whole, whole_summary), (split, split_summary) = runs[4], runs[1]
