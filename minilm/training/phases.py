@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import time
+import warnings
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -332,12 +333,22 @@ def check_trainer(pcfg) -> int:
     given = OmegaConf.to_container(tr, resolve=True)
     settings = ", ".join(f"trainer.{k}={v}" for k, v in given.items()) + f", train.precision={pcfg.train.precision}"
     try:
-        trainer = L.Trainer(accelerator=tr.accelerator, devices=tr.devices, strategy=tr.strategy,
-                            num_nodes=tr.num_nodes, precision=precision(pcfg), logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False)  # fmt: skip
+        with warnings.catch_warnings():  # (its word on replacing 16-mixed on a CPU: refused below instead)
+            warnings.filterwarnings("ignore", message=".*AMP with fp16 is not supported on CPU.*")
+            trainer = L.Trainer(accelerator=tr.accelerator, devices=tr.devices, strategy=tr.strategy,
+                                num_nodes=tr.num_nodes, precision=precision(pcfg), logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False)  # fmt: skip
     except (MisconfigurationException, ValueError, TypeError, RuntimeError, ImportError) as e:
         # ImportError: an accelerator whose package is missing (trainer.accelerator=tpu without torch_xla)
         raise MinilmError(f"trainer: Lightning cannot run with {settings}: {e}") from None
+    if trainer.precision != precision(pcfg):
+        # Lightning replaces what the device cannot run (16-mixed on a CPU: bf16-mixed) with a warning, while the
+        # log, config.yaml and the 16-mixed gradient-scaler handling (LitGPT) went by the precision asked for
+        raise MinilmError(f"train.precision: {pcfg.train.precision} cannot train on the "
+                          f"{type(trainer.accelerator).__name__} (trainer.accelerator={tr.accelerator}): Lightning "
+                          f"would train in {trainer.precision} instead; set train.precision to auto, 32 or bf16-mixed "
+                          "(16-mixed needs a CUDA GPU)")  # fmt: skip
     sharded = _sharded_strategy(trainer.strategy)
     if sharded:
         raise MinilmError(f"trainer.strategy={tr.strategy}: {sharded} shards the model or its optimizer state across "

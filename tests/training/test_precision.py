@@ -7,6 +7,7 @@ import torch
 
 import minilm.training.precision as precision_module
 from minilm.config import load_config
+from minilm.errors import MinilmError
 from minilm.model import GPT
 from minilm.training import phases
 from minilm.training.precision import cpu_bf16_unit, cpu_precision_note, resolve_precision
@@ -68,6 +69,17 @@ def test_bf16_named_for_a_cpu_without_a_bf16_unit_is_kept_with_a_note(unit, monk
     assert note == "" if unit else ("neither AMX nor AVX512-BF16" in note and "train.precision auto" in note)
     assert cpu_precision_note("bf16-true", "cpu") == note
     assert cpu_precision_note("32-true", "cpu") == cpu_precision_note("bf16-mixed", "cuda") == ""
+
+
+def test_a_precision_lightning_would_replace_on_the_device_is_refused_before_training(tmp_path):
+    """16-mixed on a CPU: Lightning trained in bf16-mixed instead, with a warning, while the training log and the
+    saved config said 16-mixed. Refused, naming train.precision and what runs, before run.dir is written."""
+    cfg = load_config(overrides=["trainer.accelerator=cpu", "train.precision=16-mixed",
+                                 f"run.dir={tmp_path / 'run'}"])  # fmt: skip
+    with pytest.raises(MinilmError, match=r"train\.precision: 16-mixed cannot train on the CPUAccelerator .*"
+                                          r"bf16-mixed instead; set train\.precision to auto, 32 or bf16-mixed"):
+        phases.check_run(cfg, resume=False, data=False)
+    assert phases.check_trainer(load_config(overrides=["trainer.accelerator=cpu", "train.precision=32"])) == 1
 
 
 CONFIG = """
