@@ -866,7 +866,8 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
                       base=cfg.model.position, n_layers=merged.model.n_layers)  # fmt: skip
     from minilm.eval import validate_eval
 
-    validate_eval(merged.eval, where=f"phases.{name}.eval", position=merged.model.position)
+    validate_eval(merged.eval, where=f"phases.{name}.eval", position=merged.model.position,
+                  head_dim=head_dim(merged.model), train_len=merged.train.seq_len)  # fmt: skip
     OmegaConf.set_readonly(merged, True)
     return merged
 
@@ -1054,7 +1055,7 @@ def validate(cfg: DictConfig) -> None:
 
     validate_position(cfg.model.position, where="model.position", head_dim=head_dim(cfg.model),
                       n_layers=cfg.model.n_layers)  # fmt: skip
-    validate_eval(cfg.eval, position=cfg.model.position)
+    validate_eval(cfg.eval, position=cfg.model.position, head_dim=head_dim(cfg.model), train_len=cfg.train.seq_len)
     _validate_phases(cfg)
 
 

@@ -104,9 +104,11 @@ class EvalSettings:
               f"needs a 'name' (a training-free method or a rope_type), got {dict(self.extension)}")  # fmt: skip
 
 
-def validate_eval(eval_cfg, where: str = "eval", position=None) -> None:
+def validate_eval(eval_cfg, where: str = "eval", position=None, head_dim: Optional[int] = None,
+                  train_len: Optional[int] = None) -> None:  # fmt: skip
     """Check an ``eval`` config section (so a bad value fails when the config loads, not after training); with
-    ``position`` (the config's ``model.position``, already checked), that its ``eval.extension`` fits the encoding."""
+    ``position`` (the config's ``model.position``, already checked), that its ``eval.extension`` fits the encoding,
+    and with the model's ``head_dim`` and the training length ``train_len`` too, its rotary dimensions."""
     ev = OmegaConf.to_container(eval_cfg, resolve=True) if OmegaConf.is_config(eval_cfg) else dict(eval_cfg)
     known = {f.name for f in fields(EvalSettings)}
     EvalSettings(**{k: v for k, v in ev.items() if k in known}).validate(where)
@@ -114,6 +116,24 @@ def validate_eval(eval_cfg, where: str = "eval", position=None) -> None:
         check_extension(dict(ev["extension"]), f"{where}.extension")
         if position is not None:
             _check_extension_fits(ev["extension"]["name"], position["name"], f"{where}.extension.name")
+            if head_dim is not None and train_len is not None:
+                _check_extension_dims(ev["extension"], position, head_dim, train_len, f"{where}.extension")
+
+
+def _check_extension_dims(extension: Mapping[str, Any], position, head_dim: int, train_len: int, where: str) -> None:
+    """The extension's scaling block (a rope_type, or rope_scaling's) against the rotary dimensions of the model the
+    config builds, as ``apply_extension`` applies it at ``train_len``: longrope's lists of the wrong length passed the
+    config, and each phase trained, then failed its evaluation naming model.position.scaling."""
+    from minilm.positions import validate_position
+    from minilm.positions.rope_scaling import validate_scaling
+    from minilm.positions.rotary import rotary_dim
+    from minilm.positions.training_free import EXTENSIONS
+
+    name, params = _with_length_defaults(extension, train_len)
+    if name in EXTENSIONS and name != "rope_scaling":
+        return
+    scaling = params if name == "rope_scaling" else {"rope_type": name, **params}
+    validate_scaling(scaling, rotary_dim(head_dim, validate_position(position).fraction), where)
 
 
 def _check_extension_fits(name: str, position_name: str, where: str) -> None:
@@ -219,7 +239,8 @@ def check_extension(extension: Mapping[str, Any], where: str = "extension") -> N
     """Check an extension block ``{name, ...params}`` without a model, so a bad parameter in ``eval.extension``
     fails when the config loads rather than after training. Errors name ``where.<key>``. The parameters filled
     in from the training length at evaluation time (``original_max_position_embeddings``, logn's ``train_len``)
-    get a placeholder here when absent; what needs the model (longrope's list lengths) is checked when applied."""
+    get a placeholder here when absent; what needs the model's size (longrope's list lengths) is checked by
+    ``validate_eval`` given it, and again when applied."""
     from minilm.positions.rope_scaling import parse_scaling
     from minilm.positions.training_free import EXTENSIONS
 

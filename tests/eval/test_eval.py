@@ -429,6 +429,29 @@ def test_an_extension_the_encoding_cannot_take_fails_when_the_config_loads(posit
     load_config(tiny, [f"eval.extension={extension}"])  # (tiny.yaml's RoPE takes it)
 
 
+@pytest.mark.parametrize("name", ["longrope", "rope_scaling"])
+def test_an_extension_s_lists_that_do_not_fit_the_rotary_dims_fail_when_the_config_loads(name):
+    """longrope's lists need one entry per rotary frequency of the model (tiny.yaml: head_dim 32, 16 of them; at
+    fraction 0.5, 8): a wrong list passed the config, the phase trained, and its evaluation failed naming
+    model.position.scaling.short_factor, which the config does not set."""
+    from minilm.config import load_config
+    from tests.conftest import REPO
+
+    def extension(n):
+        lists = f"short_factor: [{', '.join(['1.0'] * n)}], long_factor: [{', '.join(['1.0'] * n)}]"
+        rope_type = "rope_type: longrope, " if name == "rope_scaling" else ""
+        return f"eval.extension={{name: {name}, {rope_type}factor: 2.0, {lists}}}"
+
+    tiny = REPO / "configs/tiny.yaml"
+    with pytest.raises(ConfigError, match=r"^eval\.extension\.short_factor: .*frequency \(16\), got 2"):
+        load_config(tiny, [extension(2)])
+    with pytest.raises(ConfigError, match=r"^eval\.extension\.short_factor: .*frequency \(8\), got 16"):
+        load_config(tiny, [extension(16), "model.position.fraction=0.5"])
+    with pytest.raises(ConfigError, match=r"^phases\.b\.eval\.extension\.short_factor: .*\(8\), got 16"):
+        load_config(tiny, [extension(16), "phases.a.steps=1", "phases.b.steps=1", "phases.b.position.fraction=0.5"])
+    load_config(tiny, [extension(16)])
+
+
 @pytest.mark.parametrize("extension", [{"name": "logn"}, {"name": "yarn", "factor": 2}])
 def test_an_extension_on_a_model_without_rope_names_its_encoding(corpus_setup, extension):
     """A learned table's attention layers hold an Identity position module: --extension logn said the encoding was
