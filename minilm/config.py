@@ -866,8 +866,14 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
                       base=cfg.model.position, n_layers=merged.model.n_layers)  # fmt: skip
     from minilm.eval import validate_eval
 
-    validate_eval(merged.eval, where=f"phases.{name}.eval", position=merged.model.position,
-                  head_dim=head_dim(merged.model), train_len=merged.train.seq_len)  # fmt: skip
+    try:
+        validate_eval(merged.eval, where=f"phases.{name}.eval", position=merged.model.position,
+                      head_dim=head_dim(merged.model), train_len=merged.train.seq_len)  # fmt: skip
+    except ConfigError as e:  # a phase's own lengths are its eval_lengths (phases.NAME.eval is no key of the config)
+        own = f"phases.{name}.eval.lengths:"
+        if phase.eval_lengths is None or not str(e).startswith(own):
+            raise
+        raise ConfigError(f"phases.{name}.eval_lengths:{str(e).removeprefix(own)}") from None
     OmegaConf.set_readonly(merged, True)
     return merged
 

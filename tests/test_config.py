@@ -698,6 +698,18 @@ def test_a_phase_s_eval_lengths_replace_the_run_s():
     assert list(phase_config(cfg, "b").eval.lengths) == [32]
 
 
+def test_a_bad_phase_eval_lengths_is_named_as_the_config_sets_it(tmp_path):
+    """A phase sets its evaluation lengths as phases.NAME.eval_lengths: the error named phases.NAME.eval.lengths, a key
+    the config does not have (phases.NAME.eval is refused), and so could not say which file set it."""
+    with pytest.raises(ConfigError, match=r"^phases\.a\.eval_lengths: has repeats: \[16, 16\] \(set on the command"):
+        load_config(overrides=["phases.a.steps=1", "phases.a.eval_lengths=[16, 16]"])
+    y = tmp_path / "p.yaml"
+    y.write_text("phases:\n  a: {steps: 1}\n  b: {steps: 1, eval_lengths: [64, 1]}\n")
+    with pytest.raises(ConfigError, match=rf"^phases\.b\.eval_lengths: must be integers >= 2, got \[64, 1\] \(set in "
+                                          rf"{re.escape(str(y))}\)"):
+        load_config(y)
+
+
 def test_micro_batch_size_must_divide_the_batch():
     """Gradient accumulation splits each batch into equal micro-batches: 16 rows cannot be split into 3s."""
     with pytest.raises(ConfigError, match=r"train\.micro_batch_size: must divide batch_size \(16\), got 3"):
