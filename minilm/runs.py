@@ -77,8 +77,12 @@ def _not_a_run(path: Path) -> Optional[str]:
     """What a folder that is no run holds instead, and what to give: a study's folder, or a folder of runs."""
     if not path.is_dir():
         return None
-    runs = study_run_dirs(path)
-    if runs:
+    listed = study_run_dirs(path)
+    runs = [(label, run) for label, run in listed or [] if (run / "config.yaml").is_file()]
+    if listed and not runs:
+        return (f"{path} is a study's folder ({STUDY_SUMMARY}) whose runs have not begun: run or --resume the study "
+                "first")
+    if runs:  # (those begun: study.json lists every variant's runs, also those --only has not trained yet)
         return (f"{path} is a study's folder ({STUDY_SUMMARY}), not a run: give one of its runs ("
                 f"{', '.join(label for label, _ in runs[:6])}{', ...' if len(runs) > 6 else ''}), e.g. "
                 f"{runs[0][1]}; scripts/compare_runs.py {path} compares them all")  # fmt: skip

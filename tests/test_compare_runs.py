@@ -241,3 +241,27 @@ def test_a_run_whose_last_phase_has_no_evaluation_says_which_phase_it_stands_for
     err = capsys.readouterr().err
     assert f"note: {b}: its last phase 'extend_2k' is not compared: its evaluation failed" in err
     assert "compared instead: phase 'extend_512'" in err and f"note: {a}" not in err
+
+
+def test_evaluate_py_on_a_studys_folder_names_only_runs_that_exist(tmp_path):
+    """study.json lists every variant's runs, also those a study run with --only has not trained: the message
+    offered them (ntk/seed1, ...) as runs to give, and each was 'no such run directory'."""
+    import shutil
+
+    import pytest
+
+    from minilm.errors import MinilmError
+    from minilm.runs import resolve_run
+
+    study = _study(tmp_path)
+    summary = json.loads((study / "study.json").read_text())
+    summary["variants"].insert(0, {"variant": "ntk", "runs": {"ntk/seed1": {}, "ntk/seed2": {}}})
+    (study / "study.json").write_text(json.dumps(summary))
+    with pytest.raises(MinilmError, match=rf"give one of its runs \(yarn/seed1, yarn/seed2, alibi/seed2\), e.g. "
+                                          rf"{study}/yarn/seed1;"):
+        resolve_run(study)
+    for label in ("yarn/seed1", "yarn/seed2", "alibi/seed2"):  # none begun (a summary left by a study that failed)
+        shutil.rmtree(study / label)
+    with pytest.raises(MinilmError, match=rf"{study} is a study's folder \(study.json\) whose runs have not begun: run "
+                                          rf"or --resume the study first"):
+        resolve_run(study)
