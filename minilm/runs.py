@@ -121,6 +121,9 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     if path.is_file():
         weights, phase = path, named
     elif path != run_dir:  # a phase directory
+        if named not in (names := names or run_phase_names(run_dir)):  # tb/, or a folder of the user's
+            raise MinilmError(f"{path}: not a phase directory: '{named}' is not a phase of {run_dir}; its phases: "
+                              f"{', '.join(names)}")
         phase = named
         weights = run_dir / named / "model.safetensors"
     elif phase is not None:

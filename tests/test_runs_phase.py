@@ -54,6 +54,14 @@ def test_an_unknown_phase_lists_the_run_s_phases(run_dir):
         resolve_run(run_dir, "nope")
 
 
+def test_a_folder_of_the_run_that_is_no_phase_is_refused_as_such(run_dir):
+    """runs/tiny/tb was taken for a phase: "tb/model.safetensors: not found (has phase 'tb' finished?)"."""
+    (run_dir / "tb").mkdir()
+    with pytest.raises(MinilmError, match=r"tb: not a phase directory: 'tb' is not a phase of .*; its phases: "
+                                          r"pretrain, extend_512, extend_2k$"):
+        resolve_run(run_dir / "tb")
+
+
 def test_a_step_checkpoint_names_its_phase_not_checkpoints(run_dir):
     """A step checkpoint lies in <phase>/checkpoints/: it was taken for a phase named "checkpoints", whose config
     does not exist (a traceback), or which contradicted --phase."""
