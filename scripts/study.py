@@ -45,7 +45,8 @@ def _again(args: argparse.Namespace) -> str:
     """This command, continuing the study (--resume): the remedies of its refusals end with it."""
     words = ["python", "scripts/study.py", args.study]
     for flag, value in (("--out", args.out), ("--only", args.only), ("--seeds", args.seeds)):
-        words += [flag, value] if value is not None else []
+        if value is not None:  # (--seeds=-1,2: "--seeds -1,2" is a flag without its value to argparse)
+            words += [f"{flag}={value}"] if value.startswith("-") else [flag, value]
     words += ["--no-share"] * args.no_share + ["--resume", *args.overrides]
     return shlex.join(words)
 

@@ -2,6 +2,7 @@
 exact (a variant that starts from a copy of another's pretraining ends bitwise where it would alone)."""
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -166,6 +167,15 @@ def test_a_bad_value_in_a_variant_is_said_to_be_set_in_the_study_file_not_on_the
     study_file.write_text(STUDY)  # on the study's own command line, it is the command line's
     assert _study([study_file, "--out", tmp_path / "out", "model.n_layers=-2"]) == 2
     assert "(set on the command line)" in capsys.readouterr().err
+
+
+def test_the_command_to_run_once_corrected_keeps_negative_seeds_to_their_flag(tmp_path, study_file, capsys):
+    """It said "--seeds -1,2", which argparse reads as a flag: "argument --seeds: expected one argument"."""
+    assert _study([study_file, "--out", tmp_path / "out", "--seeds=-1,2", "model.n_layers=-2"]) == 2
+    again = capsys.readouterr().err.strip().split("correct it, then: ")[1]
+    assert again.endswith(f"--out {tmp_path / 'out'} --seeds=-1,2 --resume model.n_layers=-2")
+    mod = _script("study")
+    assert mod.parser().parse_intermixed_args(shlex.split(again)[2:]).seeds == "-1,2"
 
 
 def test_a_variant_whose_data_fails_is_refused_before_the_first_variant_trains(tmp_path, study_file, capsys):
