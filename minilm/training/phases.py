@@ -342,6 +342,12 @@ def check_trainer(pcfg) -> int:
     except (MisconfigurationException, ValueError, TypeError, RuntimeError, ImportError) as e:
         # ImportError: an accelerator whose package is missing (trainer.accelerator=tpu without torch_xla)
         raise MinilmError(f"trainer: Lightning cannot run with {settings}: {e}") from None
+    sharded = _sharded_strategy(trainer.strategy)
+    if sharded:
+        raise MinilmError(f"trainer.strategy={tr.strategy}: {sharded} shards the model or its optimizer state across "
+                          "devices, while minilm ends a phase in rank 0 alone (its weights, optimizer state for "
+                          "carry_optimizer, evaluation) and resumes from single-file checkpoints; use "
+                          "trainer.strategy=ddp (docs/scaling.md)")  # fmt: skip
     if trainer.precision != precision(pcfg):
         # Lightning replaces what the device cannot run (16-mixed on a CPU: bf16-mixed) with a warning, while the
         # log, config.yaml and the 16-mixed gradient-scaler handling (LitGPT) went by the precision asked for
@@ -349,12 +355,6 @@ def check_trainer(pcfg) -> int:
                           f"{type(trainer.accelerator).__name__} (trainer.accelerator={tr.accelerator}): Lightning "
                           f"would train in {trainer.precision} instead; set train.precision to auto, 32 or bf16-mixed "
                           "(16-mixed needs a CUDA GPU)")  # fmt: skip
-    sharded = _sharded_strategy(trainer.strategy)
-    if sharded:
-        raise MinilmError(f"trainer.strategy={tr.strategy}: {sharded} shards the model or its optimizer state across "
-                          "devices, while minilm ends a phase in rank 0 alone (its weights, optimizer state for "
-                          "carry_optimizer, evaluation) and resumes from single-file checkpoints; use "
-                          "trainer.strategy=ddp (docs/scaling.md)")  # fmt: skip
     # the launcher Lightning detected (torchrun, SLURM, ...; LightningEnvironment: none, or its own), also where the
     # strategy has none: torchrun --nproc_per_node=2 with trainer.devices=1 ran two single-device trainings, each
     # writing the run's phase outputs as its global rank 0
