@@ -33,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", action=Once,
                    help="(re)start at this phase; earlier phases must be finished, or use --init (with --resume: "
                         "continue an interrupted --phase run)")  # fmt: skip
-    p.add_argument("--init", action=Once, help="initial weights: a .safetensors / .ckpt file or a run directory")
+    p.add_argument("--init", action=Once,
+                   help="initial weights: a .safetensors / .ckpt file, a phase directory or a run directory")
     return p
 
 

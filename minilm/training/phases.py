@@ -56,7 +56,7 @@ from minilm.model import GPT
 from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
-from minilm.runs import HELD_OUT
+from minilm.runs import HELD_OUT, WEIGHT_SUFFIXES, resolve_run
 from minilm.training.checkpoint import (
     SAME_OUTPUTS,
     TRAINED_WITH,
@@ -848,6 +848,22 @@ def _check_held_out_record(corpus, run_dir: Path, kept: list[str], trains: bool,
     return None
 
 
+def _init_weights_path(init: str) -> Path:
+    """The weights file ``--init`` names: a weights file (from anywhere), or the weights of a run or phase directory
+    as evaluate.py finds them (``resolve_run``: a run's final weights, else its newest finished phase). Another file
+    (a run's config.yaml) was read as a checkpoint: 'checkpoint ... is unreadable (IndexError: ...)'."""
+    path = Path(init)
+    if path.is_file() and path.suffix not in WEIGHT_SUFFIXES:
+        raise MinilmError(f"--init {path}: not a weights file; give a run directory, a phase directory or a "
+                          f"{' / '.join(WEIGHT_SUFFIXES)} file")
+    if path.is_dir() and not (path / "model.safetensors").is_file():  # an unfinished run, tb/, a folder of runs
+        try:
+            return resolve_run(path)[2]
+        except MinilmError as e:
+            raise MinilmError(f"--init: {e}") from None
+    return path
+
+
 def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Optional[dict], model_cfg, phase: str,
                log: Callable[[str], None]) -> None:
     """Load the --init ``weights`` (``trained``: the model section they record) into the model of ``phase``; weights
@@ -893,6 +909,7 @@ def run_phases(
     if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
         log(_nothing_to_resume(run_dir, names[0]))  # but say that nothing was resumed
     # a missing or unreadable --init fails before the corpus is prepared and run.dir is written; read once
+    init = str(_init_weights_path(init)) if init is not None else None  # (logged as loaded: the phase it is)
     weights, init_model = read_weights_and_model(Path(init)) if init is not None else (None, None)
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
     start = names.index(start_phase) if start_phase else 0

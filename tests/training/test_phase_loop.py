@@ -610,6 +610,27 @@ def test_an_init_that_does_not_fit_is_refused_before_phase_removes_the_phases_it
     assert (run / "b" / "complete.json").exists() and not (run / "tokenizer.model").exists()
 
 
+def test_init_takes_what_evaluate_takes_and_names_a_file_that_is_no_weights(config, tmp_path):
+    """--init RUN/config.yaml was read as a checkpoint: 'checkpoint ... is unreadable (IndexError: list index out of
+    range)'; --init RUN of a run with no final weights yet was 'no weights at RUN/model.safetensors', where
+    evaluate.py reads its newest finished phase (minilm.runs.resolve_run). Both refused before anything is written."""
+    run, other, said = tmp_path / "run", tmp_path / "other", []
+    a, b = "phases.a={seq_len: 32, steps: 1}", "phases.b={seq_len: 32, steps: 1}"
+    run_phases(load_config(config, [f"run.dir={run}", a, b]), log=lambda m: None)
+    for path in (run / "model.safetensors", run / "b" / "model.safetensors"):  # b retraining: 'a' is the newest
+        path.unlink()
+    cfg = load_config(config, [f"run.dir={other}"])
+    for init, message in ((run / "config.yaml", r"--init .*config.yaml: not a weights file; give a run directory, a "
+                                                r"phase directory or a \.safetensors / \.ckpt file"),
+                          (run / "tb", r"--init: .*tb: not a phase directory: 'tb' is not a phase of .*a, b"),
+                          (tmp_path, r"--init: .* is a folder of runs \(run\), not a run")):  # fmt: skip
+        with pytest.raises(MinilmError, match=message):
+            run_phases(cfg, init=str(init), log=lambda m: None)
+    assert not other.exists()
+    run_phases(cfg, init=str(run), log=said.append)
+    assert f"initial weights from {run / 'a' / 'model.safetensors'}" in said, said
+
+
 def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
     """'Always pass --resume' is a normal way to requeue a job, so it is not refused; but it must not be silent
     that nothing was resumed (a mistyped run.dir would otherwise retrain from scratch without a word)."""
