@@ -394,16 +394,26 @@ def _check_out_dir(out: Path) -> None:
     if (out / "model.safetensors").is_file() and not (out / EXPORT_MARKER).is_file():
         raise MinilmError(f"{out}: holds a model.safetensors that is not a minilm export (no {EXPORT_MARKER}); "
                           "give another directory, or remove it first")  # fmt: skip
+    # any other folder with files in it (a phase's eval/, the user's own): the export's files were mixed with them.
+    # A killed export's staging directory is no content: the next export there deletes it (_remove_stale_staging)
+    if out.is_dir() and not (out / EXPORT_MARKER).is_file():
+        held = sorted(p.name for p in out.iterdir() if not p.match(STAGING_GLOB))
+        if held:
+            listed = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
+            raise MinilmError(f"{out}: is not empty ({listed}) and holds no earlier export (no {EXPORT_MARKER}); the "
+                              "export's files would be mixed with these: give a new or empty directory, or an earlier "
+                              "export to replace")  # fmt: skip
 
 
 STAGING = ".export-{pid}-"  # + mkdtemp's random part + ".tmp": a staging directory inside the output
+STAGING_GLOB = ".export-*-*.tmp"
 
 
 def _remove_stale_staging(out: Path) -> None:
     """Delete the staging directories that exports killed midway (kill -9, a lost machine) left in ``out``: each as
     large as a model, and nothing else reads or deletes them. One of a live process (another export into the same
     directory now) is kept."""
-    for d in out.glob(".export-*-*.tmp"):
+    for d in out.glob(STAGING_GLOB):
         try:
             pid = int(d.name.split("-")[1])
         except ValueError:

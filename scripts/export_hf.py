@@ -9,7 +9,8 @@ and ``AutoTokenizer.from_pretrained`` load. Before the files are moved into OUT_
 them back and prints the largest fp32 logit difference from minilm on random tokens at the training length and at
 4x it; above 1e-4 it fails and OUT_DIR is left as it was. RoPE models only (any scaling transformers can express:
 default, linear, dynamic, yarn, llama3, longrope; ntk and ntk_by_parts are rewritten exactly); anything else is
-refused with a message naming it (exit code 2), as is an OUT_DIR that is a minilm run or phase directory. Needs
+refused with a message naming it (exit code 2), as is an OUT_DIR that is a minilm run or phase directory, or any
+other non-empty directory that is not an earlier export. Needs
 transformers (pip install -e ".[hf]"). See docs/export.md.
 """
 
@@ -54,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="run directory, phase directory or model.safetensors")
-    p.add_argument("out_dir", help="directory to write (created; an earlier export in it is replaced)")
+    p.add_argument("out_dir", help="directory to write: new or empty (created if missing), or an earlier export "
+                                   "(replaced)")
     p.add_argument("--phase", help="a phase of the run (default: its final weights)")
     p.add_argument("--no-verify", action="store_true", help="skip loading the export back to compare logits")
     p.add_argument("--debug", action="store_true", help="show tracebacks")

@@ -248,6 +248,24 @@ def test_refuses_to_overwrite_a_run_or_another_model(kind, tmp_path):
     assert not (out / "config.json").exists()
 
 
+def test_refuses_a_folder_with_other_files_but_takes_an_empty_one(tmp_path):
+    """An existing folder that is no run and holds no model.safetensors (a phase's eval/, a folder of the user's)
+    was written into, the export's files mixed with what it held. An empty folder, or one holding only the staging
+    directory of an export killed there (deleted by the next one), is a new output."""
+    model, cfg = tiny()
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    with pytest.raises(MinilmError, match=r"eval: is not empty \(results.json\) and holds no earlier export "
+                                          r"\(no minilm_export.json\).*give a new or empty directory"):  # fmt: skip
+        export_model(model, cfg, None, out)
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+    (out / "results.json").unlink()
+    (out / ".export-999999999-x.tmp").mkdir()  # (no such pid: a killed export's)
+    export_model(model, cfg, None, out)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "minilm_export.json", "model.safetensors"]
+
+
 def test_reexport_replaces_an_earlier_export(tmp_path):
     model, cfg = tiny()
     export_model(model, cfg, None, tmp_path)
