@@ -799,6 +799,19 @@ def key_as_set(key: str, phase: str, set_in) -> str:
     return f"phases.{phase}.{own}" if set_in is not None and OmegaConf.select(set_in, own) is not None else key
 
 
+def _inherited(e: ConfigError, name: str, own: str, run: str, set_in: DictConfig, held: DictConfig) -> ConfigError:
+    """``e``, an error of phase ``name``'s checks, naming the key as the config sets it. The checks name the phase's
+    keys ``own.KEY`` (phases.NAME.micro_batch_size); a KEY that the phase's own section ``set_in`` does not give but
+    its config's section ``held`` holds is the run's ``run.KEY`` (train.micro_batch_size), inherited and broken by
+    what the phase sets (its batch_size): phases.NAME.KEY is then no key of the config, so the user could not find
+    it, nor _set_where the file that set it. Any other error is ``e`` itself."""
+    key, _, msg = str(e).partition(": ")
+    sub = key.removeprefix(f"{own}.")
+    if sub == key or OmegaConf.select(set_in, sub) is not None or OmegaConf.select(held, sub) is None:
+        return e
+    return ConfigError(f"{run}.{sub}: in phase '{name}' (which inherits it): {msg}")
+
+
 # id(a read-only run config) -> {phase name: its phase config}; an entry goes with its config (weakref.finalize)
 _PHASE_CONFIGS: Dict[int, Dict[str, DictConfig]] = {}
 
@@ -859,7 +872,10 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(f"phases.{name}.data: bad key '{key}': {str(e).splitlines()[0]}") from None
     _check_phase_data(cfg, merged, name)
-    _validate_train(merged, where=f"phases.{name}")
+    try:
+        _validate_train(merged, where=f"phases.{name}")
+    except ConfigError as e:  # a value the phase inherits (micro_batch_size, against its batch_size) is the run's
+        raise _inherited(e, name, f"phases.{name}", "train", phase, merged.train) from None
     from minilm.positions import validate_position  # positions imports nothing from config
 
     validate_position(merged.model.position, where=f"phases.{name}.position", head_dim=head_dim(merged.model),

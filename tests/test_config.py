@@ -718,6 +718,18 @@ def test_micro_batch_size_must_divide_the_batch():
         load_config(overrides=["train.batch_size=16", "phases.a.steps=1", "phases.a.micro_batch_size=6"])
 
 
+def test_a_run_s_micro_batch_size_that_a_phase_s_batch_does_not_take_is_named_as_set(tmp_path):
+    """A phase that sets batch_size 6 and inherits the run's train.micro_batch_size 4: the error named
+    phases.b.micro_batch_size, which the config does not set, and so could not say which file set the value."""
+    y = tmp_path / "p.yaml"
+    y.write_text("train: {micro_batch_size: 4}\nphases:\n  a: {steps: 1}\n  b: {steps: 1, batch_size: 6}\n")
+    with pytest.raises(ConfigError, match=rf"^train\.micro_batch_size: in phase 'b' \(which inherits it\): must divide "
+                                          rf"batch_size \(6\), got 4 \(set in {re.escape(str(y))}\)$"):
+        load_config(y)
+    with pytest.raises(ConfigError, match=r"^phases\.b\.micro_batch_size: must divide batch_size \(6\), got 4 \(set "):
+        load_config(y, ["train.micro_batch_size=null", "phases.b.micro_batch_size=4"])  # the phase's own: its key
+
+
 @pytest.mark.parametrize("ratio", [0.0, 1.0])
 def test_min_lr_ratio_accepts_both_ends_of_its_range(ratio):
     """[0, 1]: 0 decays to zero, 1 keeps the peak lr after warmup (no decay)."""
