@@ -799,15 +799,17 @@ def key_as_set(key: str, phase: str, set_in) -> str:
     return f"phases.{phase}.{own}" if set_in is not None and OmegaConf.select(set_in, own) is not None else key
 
 
-def _inherited(e: ConfigError, name: str, own: str, run: str, set_in: DictConfig, held: DictConfig) -> ConfigError:
+def _inherited(e: ConfigError, name: str, own: str, run: str, set_in: DictConfig,
+               held: Optional[DictConfig]) -> ConfigError:  # fmt: skip
     """``e``, an error of phase ``name``'s checks, naming the key as the config sets it. The checks name the phase's
     keys ``own.KEY`` (phases.NAME.micro_batch_size); a KEY that the phase's own section ``set_in`` does not give but
-    its config's section ``held`` holds is the run's ``run.KEY`` (train.micro_batch_size), inherited and broken by
-    what the phase sets (its batch_size): phases.NAME.KEY is then no key of the config, so the user could not find
-    it, nor _set_where the file that set it. Any other error is ``e`` itself."""
+    its config's section ``held`` holds (None: any KEY) is the run's ``run.KEY`` (train.micro_batch_size), inherited
+    and broken by what the phase sets (its batch_size): phases.NAME.KEY is then no key of the config, so the user
+    could not find it, nor _set_where the file that set it. Any other error is ``e`` itself."""
     key, _, msg = str(e).partition(": ")
     sub = key.removeprefix(f"{own}.")
-    if sub == key or OmegaConf.select(set_in, sub) is not None or OmegaConf.select(held, sub) is None:
+    unheld = held is not None and OmegaConf.select(held, sub) is None
+    if sub == key or OmegaConf.select(set_in, sub) is not None or unheld:
         return e
     return ConfigError(f"{run}.{sub}: in phase '{name}' (which inherits it): {msg}")
 
@@ -887,8 +889,8 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
                       head_dim=head_dim(merged.model), train_len=merged.train.seq_len)  # fmt: skip
     except ConfigError as e:  # a phase's own lengths are its eval_lengths (phases.NAME.eval is no key of the config)
         own = f"phases.{name}.eval.lengths:"
-        if phase.eval_lengths is None or not str(e).startswith(own):
-            raise
+        if phase.eval_lengths is None or not str(e).startswith(own):  # else the run's eval.KEY, which it inherits
+            raise _inherited(e, name, f"phases.{name}.eval", "eval", OmegaConf.create(), None) from None
         raise ConfigError(f"phases.{name}.eval_lengths:{str(e).removeprefix(own)}") from None
     OmegaConf.set_readonly(merged, True)
     return merged

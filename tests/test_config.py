@@ -710,6 +710,25 @@ def test_a_bad_phase_eval_lengths_is_named_as_the_config_sets_it(tmp_path):
         load_config(y)
 
 
+def test_a_run_s_eval_key_that_a_phase_breaks_is_named_as_set(tmp_path):
+    """The run's eval.stride longer than a phase's shortest eval_lengths, and the run's eval.extension lists that do
+    not fit the rotary dims of a phase whose fraction halves them: the errors named phases.NAME.eval.stride and
+    phases.NAME.eval.extension.short_factor, keys the config cannot have (phases.NAME.eval is refused), and so could
+    not say which file set the value."""
+    y = tmp_path / "p.yaml"
+    y.write_text("eval: {stride: 128}\nphases:\n  a: {steps: 1, eval_lengths: [64, 256]}\n")
+    with pytest.raises(ConfigError, match=rf"^eval\.stride: in phase 'a' \(which inherits it\): must be <= the "
+                                          rf"shortest length \(64\) for sliding windows, got 128 \(set in "
+                                          rf"{re.escape(str(y))}\)$"):
+        load_config(y)
+    ones = ", ".join(["1.0"] * 16)
+    extension = f"eval.extension={{name: longrope, factor: 2.0, short_factor: [{ones}], long_factor: [{ones}]}}"
+    with pytest.raises(ConfigError, match=r"^eval\.extension\.short_factor: in phase 'b' \(which inherits it\): .*"
+                                          r"\(8\), got 16 \(set on the command line\)$"):
+        load_config(REPO / "configs/tiny.yaml", [extension, "phases.a.steps=1", "phases.b.steps=1",
+                                                 "phases.b.position.fraction=0.5"])  # fmt: skip
+
+
 def test_micro_batch_size_must_divide_the_batch():
     """Gradient accumulation splits each batch into equal micro-batches: 16 rows cannot be split into 3s."""
     with pytest.raises(ConfigError, match=r"train\.micro_batch_size: must divide batch_size \(16\), got 3"):

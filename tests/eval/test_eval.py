@@ -447,7 +447,7 @@ def test_an_extension_s_lists_that_do_not_fit_the_rotary_dims_fail_when_the_conf
         load_config(tiny, [extension(2)])
     with pytest.raises(ConfigError, match=r"^eval\.extension\.short_factor: .*frequency \(8\), got 16"):
         load_config(tiny, [extension(16), "model.position.fraction=0.5"])
-    with pytest.raises(ConfigError, match=r"^phases\.b\.eval\.extension\.short_factor: .*\(8\), got 16"):
+    with pytest.raises(ConfigError, match=r"^eval\.extension\.short_factor: in phase 'b' .*\(8\), got 16"):
         load_config(tiny, [extension(16), "phases.a.steps=1", "phases.b.steps=1", "phases.b.position.fraction=0.5"])
     load_config(tiny, [extension(16)])
 
