@@ -880,8 +880,12 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
         raise _inherited(e, name, f"phases.{name}", "train", phase, merged.train) from None
     from minilm.positions import validate_position  # positions imports nothing from config
 
-    validate_position(merged.model.position, where=f"phases.{name}.position", head_dim=head_dim(merged.model),
-                      base=cfg.model.position, n_layers=merged.model.n_layers)  # fmt: skip
+    try:
+        validate_position(merged.model.position, where=f"phases.{name}.position", head_dim=head_dim(merged.model),
+                          base=cfg.model.position, n_layers=merged.model.n_layers)  # fmt: skip
+    except ConfigError as e:  # a value the phase inherits (scaling lists, against its fraction) is model.position's
+        raise _inherited(e, name, f"phases.{name}.position", "model.position", phase.position,
+                         merged.model.position) from None  # fmt: skip
     from minilm.eval import validate_eval
 
     try:

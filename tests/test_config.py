@@ -127,6 +127,23 @@ def test_checks_that_need_the_head_size_run_at_load_for_every_phase():
         load_config(REPO / "configs/tiny.yaml", ["model.position.fraction=0.03"])
 
 
+def test_a_run_s_position_key_that_a_phase_breaks_is_named_as_set(tmp_path):
+    """The run's longrope lists (16 entries, head_dim 32) inherited by a phase whose fraction 0.5 rotates 8
+    frequencies: the error named phases.b.position.scaling.short_factor, which the config does not set, and so could
+    not say which file set the value. A list the phase gives itself keeps the phase's key."""
+    ones = ", ".join(["1.0"] * 16)
+    y = tmp_path / "p.yaml"
+    y.write_text("base: " + str(REPO / "configs/tiny.yaml") + "\nmodel:\n  position:\n    name: rope\n    scaling: "
+                 f"{{rope_type: longrope, factor: 2.0, original_max_position_embeddings: 128, short_factor: [{ones}], "
+                 f"long_factor: [{ones}]}}\n"
+                 "phases:\n  a: {steps: 1}\n  b: {steps: 1, position: {fraction: 0.5}}\n")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^model\.position\.scaling\.short_factor: in phase 'b' \(which inherits "
+                                          rf"it\): .*\(8\), got 16 \(set in {re.escape(str(y))}\)$"):
+        load_config(y)
+    with pytest.raises(ConfigError, match=r"^phases\.b\.position\.scaling\.short_factor: .*\(8\), got 2 \(set on"):
+        load_config(y, ["phases.b.position.scaling.short_factor=[1.0, 1.0]"])
+
+
 def test_a_scaling_block_of_another_rope_type_replaces_the_inherited_one(tmp_path):
     """configs/rope_pi.yaml extends rope_yarn.yaml: its phases' linear scaling must not inherit YaRN's
     original_max_position_embeddings (linear takes none, so the merged block failed when the phase began). The
