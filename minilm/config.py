@@ -1127,7 +1127,11 @@ def _validate_phases(cfg: DictConfig) -> None:
         _check(PHASE_NAME.fullmatch(name) is not None and name not in RESERVED_PHASE_NAMES, "phases",
                f"bad phase name {name!r}: a phase trains in the directory run.dir/<name>, so a name has letters, "
                f"digits, '_' and '-' (not first) only, and is not {' or '.join(RESERVED_PHASE_NAMES)}")  # fmt: skip
-        _validate_data(phase_config(cfg, name).data, where=f"phases.{name}.data")
+        data = phase_config(cfg, name).data
+        try:
+            _validate_data(data, where=f"phases.{name}.data")
+        except ConfigError as e:  # a value the phase inherits (restart_positions, against its document_mask) is data's
+            raise _inherited(e, name, f"phases.{name}.data", "data", cfg.phases[name].data, data) from None
     first = next(iter(cfg.phases), None)
     _check(
         first is None or not cfg.phases[first].carry_optimizer,

@@ -727,6 +727,24 @@ def test_a_bad_phase_eval_lengths_is_named_as_the_config_sets_it(tmp_path):
         load_config(y)
 
 
+def test_a_run_s_data_key_that_a_phase_breaks_is_named_as_set(tmp_path):
+    """The run's data.restart_positions with a phase that sets document_mask false, and the run's empty
+    data.synthetic.tasks with a phase that sets a synthetic fraction: the errors named phases.a.data.restart_positions
+    and phases.a.data.synthetic.tasks, keys the phase does not set, and so could not say which file set the value."""
+    y = tmp_path / "p.yaml"
+    y.write_text("data: {document_mask: true, restart_positions: true}\n"
+                 "phases:\n  a: {steps: 1, data: {document_mask: false}}\n")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^data\.restart_positions: in phase 'a' \(which inherits it\): needs "
+                                          rf"document_mask: true .* \(set in {re.escape(str(y))}\)$"):
+        load_config(y)
+    with pytest.raises(ConfigError, match=r"^data\.synthetic\.tasks: in phase 'a' \(which inherits it\): must not be "
+                                          r"empty when fraction > 0 \(set on the command line\)$"):
+        load_config(overrides=["data.synthetic.tasks=[]", "phases.a.steps=1",
+                               "phases.a.data={synthetic: {fraction: 0.1}}"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^phases\.a\.data\.restart_positions: needs document_mask"):  # the phase's
+        load_config(overrides=["phases.a.steps=1", "phases.a.data={restart_positions: true}"])
+
+
 def test_a_run_s_eval_key_that_a_phase_breaks_is_named_as_set(tmp_path):
     """The run's eval.stride longer than a phase's shortest eval_lengths, and the run's eval.extension lists that do
     not fit the rotary dims of a phase whose fraction halves them: the errors named phases.NAME.eval.stride and
