@@ -548,7 +548,7 @@ def _set_where(message: str, layers: List[tuple[str, DictConfig]],
     """' (set in FILE)' / ' (set on the command line)' for the key a check's message starts with (every check
     here and in minilm.positions / minilm.eval writes 'key: what is wrong'): the last layer that gives that key, a
     null included (``model.position.base=null`` is the command line's, not the YAML's that gave 10000.0). Empty where
-    no layer gives it (a derived key such as phases.NAME.eval.lengths, or a schema default). With ``cfg`` (the
+    no layer gives it (a schema default, or a key no config has). With ``cfg`` (the
     loaded config), a layer whose value is not the one ``cfg`` holds is not named: a scaling block of another
     rope_type replaces the earlier one (``_fresh_scaling``), so the YAML's dropped ``factor`` did not set the
     ``factor: required`` that the new block lacks: that value is said to be dropped instead."""
