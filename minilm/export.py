@@ -381,7 +381,7 @@ EXPORT_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer
                 EXPORT_MARKER}  # fmt: skip
 
 
-def _check_out_dir(out: Path) -> None:
+def check_out_dir(out: Path) -> None:
     """Refuse an output path that is a file, or a directory whose model.safetensors is not an earlier export: a minilm
     run or phase directory (its weights would be replaced by Llama-named ones and the run would no longer load) or
     another model's directory."""
@@ -462,7 +462,7 @@ def export_model(model, cfg, tokenizer, out_dir: str | Path, verify: Optional[Ca
         raise MinilmError("export needs Hugging Face transformers: pip install transformers")
     check_exportable(cfg.model, model)
     out = Path(out_dir)
-    _check_out_dir(out)
+    check_out_dir(out)
     created = _missing_dirs(out)  # out and the parents it needs that do not exist yet, innermost first
     try:
         try:

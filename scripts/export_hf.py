@@ -29,9 +29,10 @@ TOLERANCE = 1e-4
 
 
 def main(args: argparse.Namespace) -> int:
-    from minilm.export import export_model, max_logit_difference
+    from minilm.export import check_out_dir, export_model, max_logit_difference
     from minilm.runs import load_run
 
+    check_out_dir(Path(args.out_dir))  # a refused OUT_DIR before the run loads (export_model checks it again)
     run = load_run(args.checkpoint, phase=args.phase)
     L = int(run.cfg.train.seq_len)
 

@@ -248,6 +248,22 @@ def test_refuses_to_overwrite_a_run_or_another_model(kind, tmp_path):
     assert not (out / "config.json").exists()
 
 
+def test_the_export_script_refuses_its_output_folder_before_it_loads_the_run(tmp_path, capsys, monkeypatch):
+    """scripts/export_hf.py loaded the run (its weights, its model) and only then was the output folder refused: the
+    user waited for the load to be told to give another folder. The folder is checked first."""
+    import minilm.runs
+    from minilm.cli import run_cli
+    from tests.conftest import load_script
+
+    monkeypatch.setattr(minilm.runs, "load_run", lambda *a, **k: pytest.fail("the run was loaded first"))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("{}")
+    script = load_script("scripts/export_hf.py")
+    assert run_cli(script.main, script.parser(), [str(tmp_path / "some_run"), str(out)]) == 2
+    assert "is a minilm run or phase directory" in capsys.readouterr().err
+
+
 def test_refuses_a_folder_with_other_files_but_takes_an_empty_one(tmp_path):
     """An existing folder that is no run and holds no model.safetensors (a phase's eval/, a folder of the user's)
     was written into, the export's files mixed with what it held. An empty folder, or one holding only the staging
