@@ -436,9 +436,9 @@ def _changed_phases(changed: list, cfgs: dict[str, DictConfig], again: str) -> M
         remove += [str(run_dir / p) for p in later if (run_dir / p).exists()]
     also = f"; so do {', '.join(others)}" if others else ""
     fix = f"rm -r {' '.join(shlex.quote(p) for p in dict.fromkeys(remove))}" if remove else "remove those phases"
-    return MinilmError(f"'{label}': {first.what}{also}. To retrain {'them' if others else 'it'} as the study file now "
-                       f"says, delete the changed phases and the phases after them, then continue the study: {fix} && "
-                       f"{again}")
+    return MinilmError(f"'{label}': {first.what}{also}. To retrain {'them' if others else 'it'} as the study file and "
+                       f"command line now say, delete the changed phases and the phases after them, then continue the "
+                       f"study: {fix} && {again}")
 
 
 def _loan(out_dir: Path, label: str, cfg: DictConfig, shared: tuple[str, int]) -> list[str]:

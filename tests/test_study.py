@@ -682,6 +682,24 @@ def test_a_variant_edited_after_it_finished_is_refused_with_the_study_remedy(tmp
                         f"--out {out} --resume train.log_every=2")
 
 
+def test_a_phase_a_command_line_override_changed_is_not_blamed_on_the_study_file(tmp_path, study_file, capsys):
+    """The refusal's advice said "to retrain it as the study file now says" when the change came from a key=value
+    argument, the study file unchanged: it now names both sources."""
+    from minilm.config import save_config
+    from minilm.files import atomic_write_text
+
+    study_file.write_text("config: base.yaml\nvariants: {a: []}\n")
+    out = tmp_path / "out"
+    old = run_config(load_study(study_file), study_runs(load_study(study_file))[0], out, [])
+    for phase in ("short", "long"):  # a finished run, as the study trained it
+        save_config(phase_config(old, phase), out / "a" / phase / "config.yaml")
+        atomic_write_text(out / "a" / phase / "complete.json", "{}")
+    assert _study([study_file, "--out", out, "--resume", "phases.long.lr=0.01"]) == 2  # the file as it was
+    err = capsys.readouterr().err
+    assert "'a': --resume: phase 'long' finished with phases.long.lr" in err and "study file now says" not in err
+    assert "To retrain it as the study file and command line now say, delete the changed phases" in err
+
+
 def test_every_run_a_changed_study_file_refuses_is_named_in_one_remedy(tmp_path, study_file):
     from minilm.config import save_config
     from minilm.files import atomic_write_text
