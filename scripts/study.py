@@ -33,9 +33,10 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / "studies" / study.name
     only = None
     if args.only is not None:  # given empty, an error: an empty selection would train every variant
-        only = [n.strip() for n in args.only.split(",") if n.strip()]
-        if not only:
-            raise MinilmError(f"--only: comma-separated variant names expected, got {args.only!r}")
+        only = [n.strip() for n in args.only.split(",")]
+        if "" in only:  # an empty item ('yarn,', 'yarn,,alibi'): a name went missing, not to be dropped silently
+            raise MinilmError(f"--only: comma-separated variant names expected, got {args.only!r} (an empty name); "
+                              f"variants are: {', '.join(v.name for v in study.variants)}")
     run_study(study, out, extra=tuple(args.overrides), resume=args.resume, share=not args.no_share, only=only,
               again=_again(args))
     return 0

@@ -259,9 +259,13 @@ def test_an_out_with_a_tilde_names_out_in_its_remedy(tmp_path, study_file, capsy
 
 @pytest.mark.parametrize("flag, message", [("--only=", "--only: comma-separated variant names expected"),
                                            ("--only=,", "--only: comma-separated variant names expected"),
+                                           ("--only=yarn,", "got 'yarn,' (an empty name); variants are: yarn, pi"),
+                                           ("--only=yarn,,pi", "--only: comma-separated variant names expected"),
+                                           ("--only=yarn, ,pi", "--only: comma-separated variant names expected"),
                                            ("--seeds=", "--seeds: a non-empty list of integer seeds")])
 def test_an_empty_only_or_seeds_exits_2_not_the_whole_study(tmp_path, study_file, capsys, flag, message, monkeypatch):
-    """--only '' (an unset shell variable) trained every variant, --seeds '' ran the file's seeds: silently."""
+    """--only '' (an unset shell variable) trained every variant, --seeds '' ran the file's seeds: silently. An empty
+    item of --only ('yarn,', 'yarn,,pi': a name lost to a typo or an unset variable) was dropped silently too."""
     import minilm.study
 
     monkeypatch.setattr(minilm.study, "run_study", lambda *a, **k: pytest.fail("the study ran"))
