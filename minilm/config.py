@@ -894,6 +894,8 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
     except ConfigError as e:  # a phase's own lengths are its eval_lengths (phases.NAME.eval is no key of the config)
         own = f"phases.{name}.eval.lengths:"
         if phase.eval_lengths is None or not str(e).startswith(own):  # else the run's eval.KEY, which it inherits
+            # (the run's stride, broken by the phase's eval_lengths: the message names them, the other key to change)
+            e = ConfigError(str(e).replace("the shortest length (", f"the shortest of phases.{name}.eval_lengths ("))
             raise _inherited(e, name, f"phases.{name}.eval", "eval", OmegaConf.create(), None) from None
         raise ConfigError(f"phases.{name}.eval_lengths:{str(e).removeprefix(own)}") from None
     OmegaConf.set_readonly(merged, True)

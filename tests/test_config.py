@@ -749,12 +749,12 @@ def test_a_run_s_eval_key_that_a_phase_breaks_is_named_as_set(tmp_path):
     """The run's eval.stride longer than a phase's shortest eval_lengths, and the run's eval.extension lists that do
     not fit the rotary dims of a phase whose fraction halves them: the errors named phases.NAME.eval.stride and
     phases.NAME.eval.extension.short_factor, keys the config cannot have (phases.NAME.eval is refused), and so could
-    not say which file set the value."""
+    not say which file set the value. The stride's names the phase's eval_lengths too, the other key to change."""
     y = tmp_path / "p.yaml"
     y.write_text("eval: {stride: 128}\nphases:\n  a: {steps: 1, eval_lengths: [64, 256]}\n")
     with pytest.raises(ConfigError, match=rf"^eval\.stride: in phase 'a' \(which inherits it\): must be <= the "
-                                          rf"shortest length \(64\) for sliding windows, got 128 \(set in "
-                                          rf"{re.escape(str(y))}\)$"):
+                                          rf"shortest of phases\.a\.eval_lengths \(64\) for sliding windows, got "
+                                          rf"128 \(set in {re.escape(str(y))}\)$"):
         load_config(y)
     ones = ", ".join(["1.0"] * 16)
     extension = f"eval.extension={{name: longrope, factor: 2.0, short_factor: [{ones}], long_factor: [{ones}]}}"
