@@ -274,6 +274,10 @@ def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, A
     check_extension(extension, f"extension.{extension['name']}")
     # by the encoding's name: a learned table's layers said their encoding was 'Identity'
     _check_extension_fits(extension["name"], model_cfg.position.name, "extension.name")
+    # before the model is built: a longrope block's lists of the wrong length named model.position.scaling
+    from minilm.config import head_dim
+
+    _check_extension_dims(extension, model_cfg.position, head_dim(model_cfg), train_seq_len, "extension")
     name, params = _with_length_defaults(extension, train_seq_len)
     if name in EXTENSIONS:
         install_extension(model, name, **params)

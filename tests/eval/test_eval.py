@@ -475,6 +475,23 @@ def test_a_scaling_extension_cannot_change_its_rope_type(corpus_setup):
         apply_extension(model, cfg.model, corpus.tokenizer.vocab_size, {"name": "yarn", "factor": 0.5}, 64)
 
 
+@pytest.mark.parametrize("name", ["longrope", "rope_scaling"])
+def test_an_extension_s_lists_that_do_not_fit_the_rotary_dims_name_the_extension(corpus_setup, name):
+    """--extension longrope with lists of the wrong length (checked against the model only once it is loaded) said
+    model.position.scaling.short_factor, a key of the run's config the user never set; now the extension's key."""
+    from minilm.positions.rotary import rotary_dim
+
+    cfg, corpus = corpus_setup
+    model, n = tiny_gpt(cfg, corpus.tokenizer.vocab_size), rotary_dim(cfg.model.d_model // cfg.model.n_heads, 1.0) // 2
+    extension = {"name": name, "factor": 2.0, "short_factor": [1.0, 1.0], "long_factor": [1.0, 1.0]}
+    if name == "rope_scaling":
+        extension["rope_type"] = "longrope"
+    with pytest.raises(ConfigError, match=rf"^extension\.short_factor: .*frequency \({n}\), got 2$"):
+        apply_extension(model, cfg.model, corpus.tokenizer.vocab_size, extension, 64)
+    good = {**extension, "short_factor": [1.0] * n, "long_factor": [1.0] * n}
+    apply_extension(model, cfg.model, corpus.tokenizer.vocab_size, good, 64)[1]()
+
+
 def test_resolve_device(monkeypatch):
     from minilm.eval import resolve_device
 
