@@ -121,7 +121,7 @@ def generate(
     gen = None
     if seed is not None and not greedy:
         gen = torch.Generator(device=device)
-        gen.manual_seed(seed)
+        gen.manual_seed(int(seed) % 2**64)  # any integer, as --seed of evaluate.py (torch's own range maps alike)
 
     was_training = model.training
     model.eval()

@@ -187,6 +187,16 @@ def test_sampling_is_seeded_and_filters():
     assert torch.equal(generate(model, prompt, 12, temperature=0.0), greedy)
 
 
+def test_any_integer_is_a_seed():
+    """generate.py --seed 99999999999999999999999 ended in a traceback (torch's generator takes 64 bits) where
+    evaluate.py's --seed takes any integer; the seeds torch takes keep their draws (a negative one as 2**64 + it)."""
+    model, prompt = tiny("rope"), [5, 7, 11]
+    a = generate(model, prompt, 12, seed=3)
+    assert torch.equal(generate(model, prompt, 12, seed=3 + 2**64), a)
+    assert torch.equal(generate(model, prompt, 12, seed=-1), generate(model, prompt, 12, seed=2**64 - 1))
+    assert generate(model, prompt, 12, seed=-(10**30)).shape == (1, 15)
+
+
 def test_filter_logits():
     logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
     assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[True, False, False, True]]
