@@ -93,6 +93,14 @@ def _not_a_run(path: Path) -> Optional[str]:
     return None
 
 
+def check_weights_file(path: Path) -> None:
+    """Refuse a file that is not weights (a run's config.yaml), naming what is taken: a run or phase directory, or a
+    file of WEIGHT_SUFFIXES. A directory passes."""
+    if path.is_file() and path.suffix not in WEIGHT_SUFFIXES:
+        raise MinilmError(f"{path}: not a weights file; give a run directory, a phase directory or a "
+                          f"{' / '.join(WEIGHT_SUFFIXES)} file")
+
+
 def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Optional[str], Path]:
     """(run_dir, phase or None, weights file) for a run dir, a phase dir or a weights file."""
     path = Path(path)
@@ -104,9 +112,7 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     names = run_phase_names(run_dir) if phase is not None else []
     if phase is not None and phase not in names:
         raise MinilmError(f"phase '{phase}': not a phase of {run_dir}; its phases: {', '.join(names)}")
-    if path.is_file() and path.suffix not in WEIGHT_SUFFIXES:
-        raise MinilmError(f"{path}: not a weights file; give a run directory, a phase directory or a "
-                          f"{' / '.join(WEIGHT_SUFFIXES)} file")
+    check_weights_file(path)
     # the phase a path inside the run names: its first component below run_dir (a step checkpoint lies deeper, in
     # <phase>/checkpoints/), none for the run's own final weights
     rel = path.relative_to(run_dir).parts

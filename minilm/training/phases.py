@@ -56,7 +56,7 @@ from minilm.model import GPT
 from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
-from minilm.runs import HELD_OUT, WEIGHT_SUFFIXES, resolve_run
+from minilm.runs import HELD_OUT, check_weights_file, resolve_run
 from minilm.training.checkpoint import (
     SAME_OUTPUTS,
     TRAINED_WITH,
@@ -853,9 +853,10 @@ def _init_weights_path(init: str) -> Path:
     as evaluate.py finds them (``resolve_run``: a run's final weights, else its newest finished phase). Another file
     (a run's config.yaml) was read as a checkpoint: 'checkpoint ... is unreadable (IndexError: ...)'."""
     path = Path(init)
-    if path.is_file() and path.suffix not in WEIGHT_SUFFIXES:
-        raise MinilmError(f"--init {path}: not a weights file; give a run directory, a phase directory or a "
-                          f"{' / '.join(WEIGHT_SUFFIXES)} file")
+    try:  # (a file is not given to resolve_run: --init takes weights from outside any run too)
+        check_weights_file(path)
+    except MinilmError as e:
+        raise MinilmError(f"--init {e}") from None
     if path.is_dir() and not (path / "model.safetensors").is_file():  # an unfinished run, tb/, a folder of runs
         try:
             return resolve_run(path)[2]
