@@ -888,16 +888,14 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
                          merged.model.position) from None  # fmt: skip
     from minilm.eval import validate_eval
 
+    # a phase's own lengths are its eval_lengths (phases.NAME.eval is no key of the config)
+    own_lengths = f"phases.{name}.eval_lengths" if phase.eval_lengths is not None else None
     try:
         validate_eval(merged.eval, where=f"phases.{name}.eval", position=merged.model.position,
-                      head_dim=head_dim(merged.model), train_len=merged.train.seq_len)  # fmt: skip
-    except ConfigError as e:  # a phase's own lengths are its eval_lengths (phases.NAME.eval is no key of the config)
-        own = f"phases.{name}.eval.lengths:"
-        if phase.eval_lengths is None or not str(e).startswith(own):  # else the run's eval.KEY, which it inherits
-            # (the run's stride, broken by the phase's eval_lengths: the message names them, the other key to change)
-            e = ConfigError(str(e).replace("the shortest length (", f"the shortest of phases.{name}.eval_lengths ("))
-            raise _inherited(e, name, f"phases.{name}.eval", "eval", OmegaConf.create(), None) from None
-        raise ConfigError(f"phases.{name}.eval_lengths:{str(e).removeprefix(own)}") from None
+                      head_dim=head_dim(merged.model), train_len=merged.train.seq_len,
+                      lengths_key=own_lengths)  # fmt: skip
+    except ConfigError as e:  # any other eval key is the run's, which it inherits (its stride, against eval_lengths)
+        raise _inherited(e, name, f"phases.{name}.eval", "eval", OmegaConf.create(), None) from None
     OmegaConf.set_readonly(merged, True)
     return merged
 

@@ -76,10 +76,13 @@ class EvalSettings:
         settings.validate()
         return settings
 
-    def validate(self, where: str = "eval") -> None:
+    def validate(self, where: str = "eval", lengths_key: Optional[str] = None) -> None:
+        """Errors name ``where.KEY``; the lengths' own ``lengths_key`` where they come from another key (a phase's
+        eval_lengths), which the stride's error names too: the other key to change."""
+
         def check(ok: bool, key: str, msg: str) -> None:
             if not ok:
-                raise ConfigError(f"{where}.{key}: {msg}")
+                raise ConfigError(f"{lengths_key if key == 'lengths' and lengths_key else f'{where}.{key}'}: {msg}")
 
         check(all(isinstance(L, int) and L >= 2 for L in self.lengths), "lengths",
               f"must be integers >= 2, got {list(self.lengths)}")  # fmt: skip
@@ -92,8 +95,9 @@ class EvalSettings:
         check(self.batch_tokens >= 1, "batch_tokens", f"must be >= 1, got {self.batch_tokens}")
         check(self.stride is None or self.stride >= 1, "stride", f"must be >= 1 or null, got {self.stride}")
         shortest = min(self.lengths, default=None)
+        of = f"the shortest of {lengths_key}" if lengths_key else "the shortest length"
         check(self.stride is None or not self.sliding or shortest is None or self.stride <= shortest, "stride",
-              f"must be <= the shortest length ({shortest}) for sliding windows, got {self.stride}")  # fmt: skip
+              f"must be <= {of} ({shortest}) for sliding windows, got {self.stride}")  # fmt: skip
         check(all(0 <= d <= 1 for d in self.depths) and len(self.depths) > 0, "depths",
               f"must be a non-empty list of numbers in [0, 1], got {list(self.depths)}")  # fmt: skip
         check(len({f"{float(d):g}" for d in self.depths}) == len(self.depths), "depths",
@@ -105,13 +109,14 @@ class EvalSettings:
 
 
 def validate_eval(eval_cfg, where: str = "eval", position=None, head_dim: Optional[int] = None,
-                  train_len: Optional[int] = None) -> None:  # fmt: skip
+                  train_len: Optional[int] = None, lengths_key: Optional[str] = None) -> None:  # fmt: skip
     """Check an ``eval`` config section (so a bad value fails when the config loads, not after training); with
     ``position`` (the config's ``model.position``, already checked), that its ``eval.extension`` fits the encoding,
-    and with the model's ``head_dim`` and the training length ``train_len`` too, its rotary dimensions."""
+    and with the model's ``head_dim`` and the training length ``train_len`` too, its rotary dimensions.
+    ``lengths_key``: where its lengths come from, if not ``where.lengths`` (``EvalSettings.validate``)."""
     ev = OmegaConf.to_container(eval_cfg, resolve=True) if OmegaConf.is_config(eval_cfg) else dict(eval_cfg)
     known = {f.name for f in fields(EvalSettings)}
-    EvalSettings(**{k: v for k, v in ev.items() if k in known}).validate(where)
+    EvalSettings(**{k: v for k, v in ev.items() if k in known}).validate(where, lengths_key)
     if ev.get("extension"):
         check_extension(dict(ev["extension"]), f"{where}.extension")
         if position is not None:
