@@ -122,19 +122,20 @@ def validate_eval(eval_cfg, where: str = "eval", position=None, head_dim: Option
         if position is not None:
             _check_extension_fits(ev["extension"]["name"], position["name"], f"{where}.extension.name")
             if head_dim is not None and train_len is not None:
-                _check_extension_dims(ev["extension"], position, head_dim, train_len, f"{where}.extension")
+                name, params = _with_length_defaults(ev["extension"], train_len)
+                _check_extension_dims(name, params, position, head_dim, f"{where}.extension")
 
 
-def _check_extension_dims(extension: Mapping[str, Any], position, head_dim: int, train_len: int, where: str) -> None:
+def _check_extension_dims(name: str, params: Mapping[str, Any], position, head_dim: int, where: str) -> None:
     """The extension's scaling block (a rope_type, or rope_scaling's) against the rotary dimensions of the model the
-    config builds, as ``apply_extension`` applies it at ``train_len``: longrope's lists of the wrong length passed the
-    config, and each phase trained, then failed its evaluation naming model.position.scaling."""
+    config builds; ``name, params`` as ``apply_extension`` applies them (``_with_length_defaults``): longrope's lists
+    of the wrong length passed the config, and each phase trained, then failed its evaluation naming
+    model.position.scaling."""
     from minilm.positions import validate_position
     from minilm.positions.rope_scaling import validate_scaling
     from minilm.positions.rotary import rotary_dim
     from minilm.positions.training_free import EXTENSIONS
 
-    name, params = _with_length_defaults(extension, train_len)
     if name in EXTENSIONS and name != "rope_scaling":
         return
     scaling = params if name == "rope_scaling" else {"rope_type": name, **params}
@@ -282,8 +283,8 @@ def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, A
     # before the model is built: a longrope block's lists of the wrong length named model.position.scaling
     from minilm.config import head_dim
 
-    _check_extension_dims(extension, model_cfg.position, head_dim(model_cfg), train_seq_len, "extension")
     name, params = _with_length_defaults(extension, train_seq_len)
+    _check_extension_dims(name, params, model_cfg.position, head_dim(model_cfg), "extension")
     if name in EXTENSIONS:
         install_extension(model, name, **params)
         return model, lambda: remove_extension(model)
