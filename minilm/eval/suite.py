@@ -65,24 +65,27 @@ class EvalSettings:
     seed: int = 1337
 
     @classmethod
-    def from_config(cls, cfg, **changes) -> "EvalSettings":
-        """From a full (phase) config: its ``eval`` section and ``run.seed``; ``changes`` (not None) win."""
+    def from_config(cls, cfg, names: Optional[Mapping[str, str]] = None, **changes) -> "EvalSettings":
+        """From a full (phase) config: its ``eval`` section and ``run.seed``; ``changes`` (not None) win. ``names``:
+        how the caller's user gives the changes, which the errors name (``validate``)."""
         ev = OmegaConf.to_container(cfg.eval, resolve=True) if OmegaConf.is_config(cfg.eval) else dict(cfg.eval)
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in ev.items() if k in known}
         values["seed"] = int(cfg.run.seed)
         values.update({k: v for k, v in changes.items() if v is not None})
         settings = cls(**values)
-        settings.validate()
+        settings.validate(names=names)
         return settings
 
-    def validate(self, where: str = "eval", lengths_key: Optional[str] = None) -> None:
-        """Errors name ``where.KEY``; the lengths' own ``lengths_key`` where they come from another key (a phase's
-        eval_lengths), which the stride's error names too: the other key to change."""
+    def validate(self, where: str = "eval", names: Optional[Mapping[str, str]] = None) -> None:
+        """Errors name ``where.KEY``, or ``names[KEY]`` for a value the user gave elsewhere: a phase's eval_lengths
+        (its lengths), a script's flag (``--samples``). The stride's error names the lengths' too: the other value
+        to change."""
+        names = dict(names or {})
 
         def check(ok: bool, key: str, msg: str) -> None:
             if not ok:
-                raise ConfigError(f"{lengths_key if key == 'lengths' and lengths_key else f'{where}.{key}'}: {msg}")
+                raise ConfigError(f"{names.get(key, f'{where}.{key}')}: {msg}")
 
         check(all(isinstance(L, int) and L >= 2 for L in self.lengths), "lengths",
               f"must be integers >= 2, got {list(self.lengths)}")  # fmt: skip
@@ -95,7 +98,7 @@ class EvalSettings:
         check(self.batch_tokens >= 1, "batch_tokens", f"must be >= 1, got {self.batch_tokens}")
         check(self.stride is None or self.stride >= 1, "stride", f"must be >= 1 or null, got {self.stride}")
         shortest = min(self.lengths, default=None)
-        of = f"the shortest of {lengths_key}" if lengths_key else "the shortest length"
+        of = f"the shortest of {names['lengths']}" if "lengths" in names else "the shortest length"
         check(self.stride is None or not self.sliding or shortest is None or self.stride <= shortest, "stride",
               f"must be <= {of} ({shortest}) for sliding windows, got {self.stride}")  # fmt: skip
         check(all(0 <= d <= 1 for d in self.depths) and len(self.depths) > 0, "depths",
@@ -116,7 +119,8 @@ def validate_eval(eval_cfg, where: str = "eval", position=None, head_dim: Option
     ``lengths_key``: where its lengths come from, if not ``where.lengths`` (``EvalSettings.validate``)."""
     ev = OmegaConf.to_container(eval_cfg, resolve=True) if OmegaConf.is_config(eval_cfg) else dict(eval_cfg)
     known = {f.name for f in fields(EvalSettings)}
-    EvalSettings(**{k: v for k, v in ev.items() if k in known}).validate(where, lengths_key)
+    settings = EvalSettings(**{k: v for k, v in ev.items() if k in known})
+    settings.validate(where, {"lengths": lengths_key} if lengths_key else None)
     if ev.get("extension"):
         check_extension(dict(ev["extension"]), f"{where}.extension")
         if position is not None:
@@ -703,6 +707,7 @@ def evaluate_run(
     device: Optional[str] = None,
     tensorboard: bool = True,
     log: Callable[[str], None] = print,
+    names: Optional[Mapping[str, str]] = None,
     **changes,
 ) -> tuple[dict, Path]:
     """Evaluate a run directory (or a phase of it) as scripts/evaluate.py does; returns (results, out_dir).
@@ -711,11 +716,16 @@ def evaluate_run(
     to ``RUN/PHASE/eval/`` (with the config's own ``eval.extension`` too, as at the end of the phase), or to
     ``RUN/PHASE/eval-METHOD/`` with an ``extension`` given here, or to ``out``. ``extension={"name": "none"}``
     evaluates without the config's ``eval.extension`` (to ``eval-none/``). TensorBoard: the run's ``tb/``, or
-    ``out/tb/`` with ``out``."""
+    ``out/tb/`` with ``out``. ``names``: how the caller's user gives these arguments (scripts/evaluate.py: its
+    flags, ``{"samples": "--samples", ...}``), which an error about a value given here names; a value from the run's
+    config is named by its key (``eval.samples``)."""
     from minilm.config import phase_names
     from minilm.runs import load_run, load_run_config
 
-    device = resolve_device(device)
+    given = {"lengths": lengths or None, "tasks": tasks or None, "extension": extension or None, "device": device,
+             **changes}  # fmt: skip
+    names = {k: name for k, name in (names or {}).items() if given.get(k) is not None}  # the config's: their keys
+    device = resolve_device(device, name=names.get("device", "device"))
     loaded = load_run(path, phase, map_location=device)
     cfg = loaded.cfg
     run_cfg = load_run_config(loaded.run_dir / "config.yaml")
@@ -725,12 +735,12 @@ def evaluate_run(
         raise ConfigError(f"--extension {NO_EXTENSION}: takes no parameters, got {dict(extension)}")
     settings = EvalSettings.from_config(cfg, tasks=list(tasks) if tasks else None,
                                         extension={} if plain else dict(extension) if extension else None,
-                                        **changes)  # fmt: skip
+                                        names=names, **changes)  # fmt: skip
     if lengths:
         settings = replace(settings, lengths=[int(x) for x in lengths])
     if not settings.lengths:
         settings = replace(settings, lengths=default_lengths(cfg.train.seq_len))
-    settings.validate()
+    settings.validate(names=names)
     mid_phase = loaded.step is not None  # a step checkpoint (load_run read its step with its weights)
     step = global_step(run_cfg, phase, loaded.step)
     data = eval_data(cfg, loaded.run_dir)

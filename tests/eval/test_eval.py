@@ -550,6 +550,46 @@ def test_extension_demo_labels_and_bad_input(capsys):
     assert "model.bogus" in capsys.readouterr().err
 
 
+def _set_eval(run, **values):
+    """The run's saved configs (its own and its phase's) with these ``eval`` values."""
+    from omegaconf import OmegaConf
+
+    for path in (run / "config.yaml", run / "train" / "config.yaml"):
+        cfg = OmegaConf.load(path)
+        for key, value in values.items():
+            cfg.eval[key] = value
+        path.write_text(OmegaConf.to_yaml(cfg))
+
+
+def test_evaluate_s_range_errors_name_the_flag_or_the_config_key(fake_run, capsys):
+    """evaluate.py --samples 0 said 'eval.samples: must be >= 1', a key the user never wrote: a value given by a flag
+    is named by the flag, one from the run's config by its key (a stride the config sets, against --lengths)."""
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    for flags, said in ((["--samples", "0"], "--samples: must be >= 1, got 0"),
+                        (["--needles", "0"], "--needles: must be >= 1, got 0"),
+                        (["--batches", "0"], "--batches: must be >= 1, got 0"),
+                        (["--batch-tokens", "0"], "--batch-tokens: must be >= 1, got 0"),
+                        (["--stride", "0"], "--stride: must be >= 1 or null, got 0"),
+                        (["--depths", "0,2"],
+                         "--depths: must be a non-empty list of numbers in [0, 1], got [0.0, 2.0]"),
+                        (["--lengths", "1"], "--lengths: must be integers >= 2, got [1]"),
+                        (["--tasks", "ppl,kvv"], "--tasks: unknown task(s) ['kvv']; allowed: ppl, passkey, needle, kv"),
+                        (["--lengths", "32,64", "--stride", "40"],
+                         "--stride: must be <= the shortest of --lengths (32) for sliding windows, got 40"),
+                        (["--stride", "40"],
+                         "--stride: must be <= the shortest length (32) for sliding windows, got 40"),
+                        (["--device", "xyz"], "--device: must be cpu, cuda or cuda:N, got 'xyz'")):  # fmt: skip
+        assert run_cli(ev.main, ev.parser(), ["--run", str(fake_run), "--no-tb", *flags]) == 2
+        assert capsys.readouterr().err == f"error: {said}\n"
+    _set_eval(fake_run, stride=40)
+    assert run_cli(ev.main, ev.parser(), ["--run", str(fake_run), "--no-tb", "--lengths", "32,64"]) == 2
+    assert capsys.readouterr().err == ("error: eval.stride: must be <= the shortest of --lengths (32) for sliding "
+                                       "windows, got 40\n")  # fmt: skip
+    assert not (fake_run / "train" / "eval").exists()
+
+
 def test_a_stride_longer_than_a_length_is_refused_up_front(fake_run):
     # it used to record ppl at that length and list ppl as skipped there too, with ppl_sliding null
     with pytest.raises(ConfigError, match=r"eval.stride: must be <= the shortest length \(32\) for sliding"):

@@ -196,9 +196,9 @@ def test_an_extension_value_that_is_not_yaml_is_one_message(fake_run, capsys, it
     assert "Traceback" not in err and not (fake_run / "train" / "eval-rerope").exists()
 
 
-@pytest.mark.parametrize("flag,value,message", [("--lengths", "64,64", "eval.lengths: has repeats: [64, 64]"),
-                                                  ("--depths", "0,0.5,0.50", "eval.depths: has repeats"),
-                                                  ("--tasks", "passkey,passkey", "eval.tasks: has repeats")])
+@pytest.mark.parametrize("flag,value,message", [("--lengths", "64,64", "error: --lengths: has repeats: [64, 64]"),
+                                                  ("--depths", "0,0.5,0.50", "error: --depths: has repeats"),
+                                                  ("--tasks", "passkey,passkey", "error: --tasks: has repeats")])
 def test_a_repeated_length_depth_or_task_is_refused(fake_run, capsys, flag, value, message):
     # a repeated length was evaluated twice (two summary rows); a repeated depth overwrote the first one's cell in
     # the passkey / needle grid, whose numbers then disagreed with the per-length mean next to them; a repeated task
