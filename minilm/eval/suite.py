@@ -733,11 +733,12 @@ def evaluate_run(
     plain = bool(extension) and extension.get("name") == NO_EXTENSION  # not even the config's eval.extension
     if plain and len(extension) > 1:
         raise ConfigError(f"--extension {NO_EXTENSION}: takes no parameters, got {dict(extension)}")
-    settings = EvalSettings.from_config(cfg, tasks=list(tasks) if tasks else None,
+    # the lengths given here replace the config's before anything is checked against them: a --stride was checked
+    # against the config's eval.lengths, and refused, though the lengths evaluated were --lengths
+    settings = EvalSettings.from_config(cfg, lengths=[int(x) for x in lengths] if lengths else None,
+                                        tasks=list(tasks) if tasks else None,
                                         extension={} if plain else dict(extension) if extension else None,
                                         names=names, **changes)  # fmt: skip
-    if lengths:
-        settings = replace(settings, lengths=[int(x) for x in lengths])
     if not settings.lengths:
         settings = replace(settings, lengths=default_lengths(cfg.train.seq_len))
     settings.validate(names=names)

@@ -590,6 +590,15 @@ def test_evaluate_s_range_errors_name_the_flag_or_the_config_key(fake_run, capsy
     assert not (fake_run / "train" / "eval").exists()
 
 
+def test_a_stride_is_checked_against_the_lengths_evaluated_not_the_configs(fake_run):
+    """With eval.lengths [32] in the run's config, --lengths 128 --stride 64 was refused ('must be <= the shortest
+    length (32)'): the stride was checked against the config's lengths before --lengths replaced them."""
+    _set_eval(fake_run, lengths=[32])
+    res, _ = evaluate_run(fake_run, lengths=[128], tasks=["ppl"], stride=64, batches=1, batch_tokens=128,
+                          tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
+    assert res["lengths"] == [128] and res["stride"] == 64 and res["ppl_sliding"]["128"] is not None
+
+
 def test_a_stride_longer_than_a_length_is_refused_up_front(fake_run):
     # it used to record ppl at that length and list ppl as skipped there too, with ppl_sliding null
     with pytest.raises(ConfigError, match=r"eval.stride: must be <= the shortest length \(32\) for sliding"):
