@@ -68,6 +68,8 @@ def main(args: argparse.Namespace) -> int:
                "batch_tokens": args.batch_tokens, "stride": args.stride, "needles": args.needles}  # fmt: skip
     if args.no_sliding:
         changes["sliding"] = False
+    # --extension as typed: an error about it after the run is read begins with it, as extension_from_flag's do
+    names = {**FLAGS, "extension": " ".join(["--extension", *(args.extension or [])])}
     _, out = evaluate_run(
         args.run,
         args.phase,
@@ -77,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
         out=args.out,
         device=args.device,
         tensorboard=not args.no_tb,
-        names=FLAGS,
+        names=names,
         **changes,
     )
     print(f"report: {out / 'report.md'}")  # (where nothing could be measured, evaluate_run raised: nothing written)

@@ -71,7 +71,8 @@ def main(args: argparse.Namespace) -> int:
         from minilm.eval.suite import NO_EXTENSION
 
         if extension["name"] != NO_EXTENSION:  # (none: the plain model, which generate.py decodes with anyway)
-            model, _ = apply_extension(model, run.cfg.model, run.tokenizer.vocab_size, extension, run.cfg.train.seq_len)
+            model, _ = apply_extension(model, run.cfg.model, run.tokenizer.vocab_size, extension, run.cfg.train.seq_len,
+                                       flag=" ".join(["--extension", *args.extension]))  # its errors name the flag
             applied = applied_extension(extension, int(run.cfg.train.seq_len))  # as --extension takes it:
             words = [applied.pop("name")] + [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in applied.items()]
             print(f"[extension: {' '.join(words)}]", file=sys.stderr)

@@ -267,7 +267,8 @@ def check_extension(extension: Mapping[str, Any], where: str = "extension") -> N
         raise ConfigError(f"{where}.{e}") from None
 
 
-def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, Any], train_seq_len: int):
+def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, Any], train_seq_len: int,
+                    where: str = "extension", flag: Optional[str] = None):  # fmt: skip
     """Apply a training-free method to a trained model for evaluation. Returns ``(model, undo)``.
 
     - a method of ``minilm.positions.training_free.EXTENSIONS`` (logn, rerope, self_extend, dca, rope_scaling) is
@@ -277,18 +278,32 @@ def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, A
       passed in is untouched; ``undo`` does nothing).
 
     Defaults taken from the training length when not given: ``original_max_position_embeddings`` (scalings that
-    have it) and logn's ``train_len``."""
+    have it) and logn's ``train_len``. Errors name the block's keys under ``where`` (``eval.extension.name``); with
+    ``flag``, the command-line words it came from (the scripts' ``--extension logn``), they begin with those
+    instead, as ``extension_from_flag``'s do."""
+    if flag is None:
+        return _apply_extension(model, model_cfg, vocab_size, extension, train_seq_len, where)
+    # said of the flag itself: extension.name is a key no command line has
+    _check_extension_fits(extension["name"], model_cfg.position.name, flag)
+    try:
+        return _apply_extension(model, model_cfg, vocab_size, extension, train_seq_len, where)
+    except ConfigError as e:
+        raise ConfigError(f"{flag}: {e}") from None
+
+
+def _apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, Any], train_seq_len: int,
+                     where: str):  # fmt: skip
     from minilm.positions.training_free import EXTENSIONS, install_extension, remove_extension
 
-    _check_extension_name(extension["name"], "extension")
-    check_extension(extension, f"extension.{extension['name']}")
+    _check_extension_name(extension["name"], where)
+    check_extension(extension, where)
     # by the encoding's name: a learned table's layers said their encoding was 'Identity'
-    _check_extension_fits(extension["name"], model_cfg.position.name, "extension.name")
+    _check_extension_fits(extension["name"], model_cfg.position.name, f"{where}.name")
     # before the model is built: a longrope block's lists of the wrong length named model.position.scaling
     from minilm.config import head_dim
 
     name, params = _with_length_defaults(extension, train_seq_len)
-    _check_extension_dims(name, params, model_cfg.position, head_dim(model_cfg), "extension")
+    _check_extension_dims(name, params, model_cfg.position, head_dim(model_cfg), where)
     if name in EXTENSIONS:
         install_extension(model, name, **params)
         return model, lambda: remove_extension(model)
@@ -297,7 +312,7 @@ def apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, A
 
     mcfg = OmegaConf.to_container(model_cfg, resolve=True)
     mcfg["position"] = {**mcfg["position"], "scaling": {"rope_type": name, **params}}
-    validate_position(mcfg["position"], where="extension")
+    validate_position(mcfg["position"], where=where)
     scaled = GPT(OmegaConf.create(mcfg), vocab_size)
     scaled.load_state_dict(model.state_dict())  # the same architecture: every tensor by name, strictly
     scaled.to(model_device(model)).eval()
@@ -665,7 +680,7 @@ def _evaluate_phase(model, pcfg, phase_name: str, phase_dir: Path, global_step: 
     target, undo = model, lambda: None
     if settings.extension:
         target, undo = apply_extension(model, pcfg.model, data.tokenizer.vocab_size, settings.extension,
-                                       pcfg.train.seq_len)  # fmt: skip
+                                       pcfg.train.seq_len, "eval.extension")  # fmt: skip
     try:
         results = evaluate(target, data, settings, meta=meta, log=log)
     finally:
@@ -746,9 +761,10 @@ def evaluate_run(
     step = global_step(run_cfg, phase, loaded.step)
     data = eval_data(cfg, loaded.run_dir)
     model = loaded.model
-    if settings.extension:
+    if settings.extension:  # named as given: the caller's flag (names), else this argument, else the config's key
         model, _ = apply_extension(model, cfg.model, loaded.tokenizer.vocab_size, settings.extension,
-                                   cfg.train.seq_len)  # fmt: skip
+                                   cfg.train.seq_len, "extension" if extension else "eval.extension",
+                                   names.get("extension"))  # fmt: skip
     # an extension asked for here sits next to the phase's own evaluation; the config's eval.extension IS the
     # phase's own evaluation, written to eval/ as at the end of the phase. A step checkpoint's evaluation is not the
     # phase's: it went to eval/, replacing the evaluation of the phase's final weights, and said the phase's step

@@ -80,3 +80,13 @@ def fake_run(tmp_path, corpus_setup):
     save_weights(model, run / "model.safetensors")
     save_config(cfg, run / "train" / "config.yaml")
     return run
+
+
+def configure_run(run: Path, **values) -> None:
+    """Set dotted keys (``**{"eval.stride": 40}``) in a run's saved configs, its own and its phase's. The fake run's
+    weights record no model section, so a changed encoding with the same tensors (rope -> alibi) still loads."""
+    for path in (run / "config.yaml", run / "train" / "config.yaml"):
+        cfg = OmegaConf.load(path)
+        for key, value in values.items():
+            OmegaConf.update(cfg, key, value, merge=False)
+        path.write_text(OmegaConf.to_yaml(cfg))

@@ -29,7 +29,7 @@ from minilm.eval.retrieval import greedy_decode, make_needle_sample, make_sample
 
 from tests.conftest import load_script
 
-from .conftest import tiny_gpt
+from .conftest import configure_run, tiny_gpt
 
 
 class Uniform(nn.Module):
@@ -468,11 +468,39 @@ def test_an_extension_on_a_model_without_rope_names_its_encoding(corpus_setup, e
 def test_a_scaling_extension_cannot_change_its_rope_type(corpus_setup):
     cfg, corpus = corpus_setup
     model = tiny_gpt(cfg, corpus.tokenizer.vocab_size)
-    with pytest.raises(ConfigError, match="extension.yarn.rope_type"):  # would have built a linear model as 'yarn'
+    with pytest.raises(ConfigError, match="^extension.rope_type"):  # would have built a linear model as 'yarn'
         apply_extension(model, cfg.model, corpus.tokenizer.vocab_size,
                         {"name": "yarn", "rope_type": "linear", "factor": 4}, 64)  # fmt: skip
-    with pytest.raises(ConfigError, match="extension.yarn.factor: must be >= 1"):
+    with pytest.raises(ConfigError, match="^extension.factor: must be >= 1"):
         apply_extension(model, cfg.model, corpus.tokenizer.vocab_size, {"name": "yarn", "factor": 0.5}, 64)
+    # the block's keys, under where the caller's user wrote it (evaluate_phase: the config's eval.extension)
+    with pytest.raises(ConfigError, match="^eval.extension.factor: must be >= 1"):
+        apply_extension(model, cfg.model, corpus.tokenizer.vocab_size, {"name": "yarn", "factor": 0.5}, 64,
+                        "eval.extension")  # fmt: skip
+
+
+def test_an_extension_the_run_cannot_take_is_named_where_it_was_written(fake_run, capsys):
+    """evaluate.py --extension yarn factor=2 on an ALiBi run said 'extension.name: 'yarn' needs a RoPE model', a key
+    no command line has: an error found once the run is read names the flag as typed, as the checks before it do
+    (--extension longrope with lists that do not fit the model named extension.short_factor alone). An eval.extension
+    of the run's config keeps its key."""
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    argv = ["--run", str(fake_run), "--lengths", "32", "--tasks", "ppl", "--device", "cpu", "--no-tb"]
+    lists = ["short_factor=[1,1]", "long_factor=[1,1]"]
+    assert run_cli(ev.main, ev.parser(), [*argv, "--extension", "longrope", "factor=2", *lists]) == 2
+    assert capsys.readouterr().err == ("error: --extension longrope factor=2 short_factor=[1,1] long_factor=[1,1]: "
+                                       "extension.short_factor: must have one entry per rotary frequency (8), got 2\n")
+    configure_run(fake_run, **{"model.position": {"name": "alibi"}})
+    assert run_cli(ev.main, ev.parser(), [*argv, "--extension", "yarn", "factor=2"]) == 2
+    assert capsys.readouterr().err == ("error: --extension yarn factor=2: 'yarn' needs a RoPE model "
+                                       "(model.position.name: rope); this model's encoding is 'alibi'\n")
+    configure_run(fake_run, **{"eval.extension": {"name": "logn"}})
+    assert run_cli(ev.main, ev.parser(), argv) == 2
+    assert capsys.readouterr().err == ("error: eval.extension.name: 'logn' needs a RoPE model "
+                                       "(model.position.name: rope); this model's encoding is 'alibi'\n")
+    assert not [p.name for p in (fake_run / "train").iterdir() if p.name.startswith("eval")]
 
 
 @pytest.mark.parametrize("name", ["longrope", "rope_scaling"])
@@ -550,17 +578,6 @@ def test_extension_demo_labels_and_bad_input(capsys):
     assert "model.bogus" in capsys.readouterr().err
 
 
-def _set_eval(run, **values):
-    """The run's saved configs (its own and its phase's) with these ``eval`` values."""
-    from omegaconf import OmegaConf
-
-    for path in (run / "config.yaml", run / "train" / "config.yaml"):
-        cfg = OmegaConf.load(path)
-        for key, value in values.items():
-            cfg.eval[key] = value
-        path.write_text(OmegaConf.to_yaml(cfg))
-
-
 def test_evaluate_s_range_errors_name_the_flag_or_the_config_key(fake_run, capsys):
     """evaluate.py --samples 0 said 'eval.samples: must be >= 1', a key the user never wrote: a value given by a flag
     is named by the flag, one from the run's config by its key (a stride the config sets, against --lengths)."""
@@ -583,7 +600,7 @@ def test_evaluate_s_range_errors_name_the_flag_or_the_config_key(fake_run, capsy
                         (["--device", "xyz"], "--device: must be cpu, cuda or cuda:N, got 'xyz'")):  # fmt: skip
         assert run_cli(ev.main, ev.parser(), ["--run", str(fake_run), "--no-tb", *flags]) == 2
         assert capsys.readouterr().err == f"error: {said}\n"
-    _set_eval(fake_run, stride=40)
+    configure_run(fake_run, **{"eval.stride": 40})
     assert run_cli(ev.main, ev.parser(), ["--run", str(fake_run), "--no-tb", "--lengths", "32,64"]) == 2
     assert capsys.readouterr().err == ("error: eval.stride: must be <= the shortest of --lengths (32) for sliding "
                                        "windows, got 40\n")  # fmt: skip
@@ -593,7 +610,7 @@ def test_evaluate_s_range_errors_name_the_flag_or_the_config_key(fake_run, capsy
 def test_a_stride_is_checked_against_the_lengths_evaluated_not_the_configs(fake_run):
     """With eval.lengths [32] in the run's config, --lengths 128 --stride 64 was refused ('must be <= the shortest
     length (32)'): the stride was checked against the config's lengths before --lengths replaced them."""
-    _set_eval(fake_run, lengths=[32])
+    configure_run(fake_run, **{"eval.lengths": [32]})
     res, _ = evaluate_run(fake_run, lengths=[128], tasks=["ppl"], stride=64, batches=1, batch_tokens=128,
                           tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
     assert res["lengths"] == [128] and res["stride"] == 64 and res["ppl_sliding"]["128"] is not None

@@ -132,6 +132,29 @@ def test_errors_name_the_flags_as_given_before_the_run_is_loaded(tmp_path, capsy
     assert "RUN_DIR_OR_CHECKPOINT" in help_text and "ignores --temperature / --top-k / --top-p" in help_text
 
 
+def test_an_extension_the_run_cannot_take_names_the_flag(fake_run, capsys):
+    """--extension logn on an ALiBi run said 'extension.name: 'logn' needs a RoPE model', a key the user never wrote;
+    it names the flag as typed, as the errors found before the run is read do (the checkpoint after the parameters
+    too), and so does a longrope whose lists do not fit the model."""
+    from minilm.cli import run_cli
+
+    from .conftest import configure_run
+
+    gen = load_script("scripts/generate.py")
+    head = ["--prompt", "x", "--device", "cpu"]
+    longrope = ["longrope", "factor=2", "short_factor=[1,1]", "long_factor=[1,1]"]
+    assert run_cli(gen.main, gen.parser(), [str(fake_run), *head, "--extension", *longrope]) == 2
+    assert capsys.readouterr().err == ("error: --extension longrope factor=2 short_factor=[1,1] long_factor=[1,1]: "
+                                       "extension.short_factor: must have one entry per rotary frequency (8), got 2\n")
+    configure_run(fake_run, **{"model.position": {"name": "alibi"}})
+    fits = "needs a RoPE model (model.position.name: rope); this model's encoding is 'alibi'\n"
+    assert run_cli(gen.main, gen.parser(), [str(fake_run), *head, "--extension", "logn"]) == 2
+    assert capsys.readouterr() == ("", f"error: --extension logn: 'logn' {fits}")
+    argv = [*head, "--extension", "self_extend", "group_size=4", "window=16", str(fake_run)]
+    assert run_cli(gen.main, gen.parser(), argv) == 2
+    assert capsys.readouterr().err == f"error: --extension self_extend group_size=4 window=16: 'self_extend' {fits}"
+
+
 def test_an_encoding_without_kv_cache_is_one_warning_line(fake_run, monkeypatch, capsys):
     """Decoding such an encoding went on without a cache under a Python warning that quoted torch's source
     ('.../_contextlib.py:124: UserWarning: ...' then '  return func(*args, **kwargs)'): one line now, naming the flag
