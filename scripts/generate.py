@@ -31,8 +31,9 @@ from minilm.errors import ConfigError, MinilmError  # noqa: E402
 
 
 PARAMETER = re.compile(r"^[A-Za-z_]\w*=")  # an --extension parameter: key=value, the key a name
-# generate()'s sampling arguments as this script's user gives them: its errors name the flags
-FLAGS = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}
+# generate()'s arguments as this script's user gives them: its errors name the flags
+FLAGS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
+         "top_p": "--top-p"}  # fmt: skip
 
 
 def checkpoint_after_extension(args: argparse.Namespace) -> None:
@@ -99,6 +100,7 @@ def main(args: argparse.Namespace) -> int:
     generate(
         model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         greedy=args.greedy, seed=args.seed, use_cache=use_cache, eos_id=run.tokenizer.eos_id, on_token=show,
+        names=FLAGS,
     )  # fmt: skip
     print("".join(pending) + stream.flush())
     return 0

@@ -68,6 +68,20 @@ def check_sampling(max_new_tokens, temperature, top_k, top_p, names: Optional[di
         raise MinilmError(f"{name('top_p', 'top_p')}: must be in (0, 1], got {top_p}")
 
 
+def _check_room(model, prompt_len: int, max_new_tokens: int, names: Optional[dict] = None) -> None:
+    """The prompt and the new tokens within the positions the model's encodings accept (a learned table's
+    max_positions); ``names`` as ``check_sampling``'s (scripts/generate.py: ``--prompt``, ``--max-new-tokens``)."""
+    limit = max_length(model)
+    if limit is None or prompt_len + max_new_tokens <= limit:
+        return
+    name = (names or {}).get
+    room = limit - prompt_len  # what is allowed, so the user need not work it out
+    allowed = f"at most {room} new tokens fit after this prompt" if room > 0 else "shorten the prompt"
+    raise MinilmError(f"{name('prompt', 'prompt')} ({prompt_len} tokens) + {name('max_new_tokens', 'max_new_tokens')} "
+                      f"({max_new_tokens}) exceeds the {limit} positions this model's {model.cfg.position.name} "
+                      f"encoding supports; {allowed}")  # fmt: skip
+
+
 def _as_batch(prompt_ids: Union[Sequence[int], Tensor], device) -> Tensor:
     idx = prompt_ids if isinstance(prompt_ids, Tensor) else torch.tensor(list(prompt_ids), dtype=torch.long)
     if idx.dim() == 1:
@@ -92,6 +106,7 @@ def generate(
     use_cache: bool = True,
     eos_id: Optional[int] = None,
     on_token: Optional[Callable[[Tensor], None]] = None,
+    names: Optional[dict] = None,
 ) -> Tensor:
     """Continue ``prompt_ids`` (a list of ids, a (T,) or a (B, T) tensor; rows of equal length) by up to
     ``max_new_tokens`` tokens. Returns the ids (B, T + n), prompt included; n < max_new_tokens only when every row
@@ -99,16 +114,12 @@ def generate(
 
     ``greedy`` (or ``temperature == 0``) takes the argmax; otherwise samples from softmax(logits / temperature)
     restricted to ``top_k`` / ``top_p``, from a generator seeded with ``seed`` (None: torch's global RNG).
-    ``on_token``, if given, is called with each step's new ids (B,) as soon as they are chosen (streaming)."""
-    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    ``on_token``, if given, is called with each step's new ids (B,) as soon as they are chosen (streaming).
+    ``names``: how the caller's user gives the arguments, which the errors name (``check_sampling``)."""
+    check_sampling(max_new_tokens, temperature, top_k, top_p, names)
     device = next(model.parameters()).device
     idx = _as_batch(prompt_ids, device)
-    limit = max_length(model)
-    if limit is not None and idx.shape[1] + max_new_tokens > limit:
-        raise MinilmError(
-            f"prompt ({idx.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the {limit} positions this "
-            f"model's {model.cfg.position.name} encoding supports"
-        )
+    _check_room(model, idx.shape[1], max_new_tokens, names)
     blockers = cache_blockers(model)
     if use_cache and blockers:
         warnings.warn(

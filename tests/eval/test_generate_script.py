@@ -155,6 +155,29 @@ def test_an_extension_the_run_cannot_take_names_the_flag(fake_run, capsys):
     assert capsys.readouterr().err == f"error: --extension self_extend group_size=4 window=16: 'self_extend' {fits}"
 
 
+def test_a_prompt_too_long_for_the_model_names_the_flags(fake_run, corpus_setup, capsys):
+    """A prompt and --max-new-tokens beyond a learned table's positions said 'prompt (...) + max_new_tokens (...)',
+    generate()'s parameter, not the flag typed: it names the flags, and says how many new tokens fit."""
+    from minilm.cli import run_cli
+    from minilm.training.checkpoint import save_weights
+
+    from .conftest import configure_run, tiny_gpt
+
+    cfg, corpus = corpus_setup
+    position = {"name": "learned", "max_positions": 64}
+    configure_run(fake_run, **{"model.position": position})
+    for weights in (fake_run / "model.safetensors", fake_run / "train" / "model.safetensors"):
+        save_weights(tiny_gpt(cfg, corpus.tokenizer.vocab_size, **position), weights)
+    prompt = "def main(x):\n    return x\n" * 2
+    n = len(corpus.tokenizer.encode(prompt))
+    gen = load_script("scripts/generate.py")
+    argv = [str(fake_run), "--prompt", prompt, "--max-new-tokens", "100", "--device", "cpu"]
+    assert run_cli(gen.main, gen.parser(), argv) == 2
+    said = (f"error: --prompt ({n} tokens) + --max-new-tokens (100) exceeds the 64 positions this model's learned "
+            f"encoding supports; at most {64 - n} new tokens fit after this prompt\n")
+    assert capsys.readouterr() == ("", said)
+
+
 def test_an_encoding_without_kv_cache_is_one_warning_line(fake_run, monkeypatch, capsys):
     """Decoding such an encoding went on without a cache under a Python warning that quoted torch's source
     ('.../_contextlib.py:124: UserWarning: ...' then '  return func(*args, **kwargs)'): one line now, naming the flag

@@ -333,8 +333,15 @@ def test_generation_leaves_the_model_in_the_mode_it_found():
 def test_a_bounded_encoding_decodes_up_to_its_last_position_and_no_further():
     learned = tiny("learned")  # 64 positions (SMALL)
     assert generate(learned, [1] * 60, 4, greedy=True).shape == (1, 64)
-    with pytest.raises(MinilmError, match=r"prompt \(60 tokens\) \+ max_new_tokens \(5\) exceeds the 64 positions"):
+    said = (r"^prompt \(60 tokens\) \+ max_new_tokens \(5\) exceeds the 64 positions this model's learned encoding "
+            r"supports; at most 4 new tokens fit after this prompt$")
+    with pytest.raises(MinilmError, match=said):
         generate(learned, [1] * 60, 5, greedy=True)
+    # named as a caller's user gives them (scripts/generate.py: its flags), as check_sampling's errors are
+    flags = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens"}
+    said = r"^--prompt \(64 tokens\) \+ --max-new-tokens \(1\) exceeds the 64 .*; shorten the prompt$"
+    with pytest.raises(MinilmError, match=said):
+        generate(learned, [1] * 64, 1, greedy=True, names=flags)
 
 
 def test_the_tightest_bound_of_any_position_module_limits_generation():
