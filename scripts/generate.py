@@ -61,8 +61,11 @@ def main(args: argparse.Namespace) -> int:
     from minilm.runs import load_run
 
     checkpoint_after_extension(args)
+    # --greedy ignores the sampling flags, as its help says: not used, so not checked either (a sampling command with
+    # --greedy appended decodes by argmax, whatever values it carries)
+    temperature, top_k, top_p = (1.0, None, None) if args.greedy else (args.temperature, args.top_k, args.top_p)
     # bad flags before the run is loaded, each named as given here (generate() names its parameters: top_k)
-    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, names=FLAGS)
+    check_sampling(args.max_new_tokens, temperature, top_k, top_p, names=FLAGS)
     extension = extension_from_flag(args.extension)
     device = resolve_device(args.device, name="--device")
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
@@ -98,9 +101,8 @@ def main(args: argparse.Namespace) -> int:
         pending.clear()
 
     generate(
-        model, ids, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        greedy=args.greedy, seed=args.seed, use_cache=use_cache, eos_id=run.tokenizer.eos_id, on_token=show,
-        names=FLAGS,
+        model, ids, args.max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=args.greedy,
+        seed=args.seed, use_cache=use_cache, eos_id=run.tokenizer.eos_id, on_token=show, names=FLAGS,
     )  # fmt: skip
     print("".join(pending) + stream.flush())
     return 0
@@ -122,7 +124,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, metavar="P",
                    help="sample from the smallest set of tokens of total probability >= P, in (0, 1] (default: 1)")
     p.add_argument("--seed", type=int, help="seed of the sampling (default: a different draw each run)")
-    p.add_argument("--greedy", action="store_true", help="argmax decoding (ignores --temperature / --top-k / --top-p)")
+    p.add_argument("--greedy", action="store_true",
+                   help="argmax decoding (ignores --temperature / --top-k / --top-p, unchecked, and --seed)")
     p.add_argument("--extension", nargs="+", metavar="ARG",
                    help="METHOD [key=value ...]: a training-free method or a rope_type, as scripts/evaluate.py; a "
                    "last word that is not key=value is the checkpoint")

@@ -178,6 +178,24 @@ def test_a_prompt_too_long_for_the_model_names_the_flags(fake_run, corpus_setup,
     assert capsys.readouterr() == ("", said)
 
 
+def test_greedy_ignores_the_sampling_flags_as_its_help_says(fake_run, capsys):
+    """--greedy's help says it ignores --temperature / --top-k / --top-p, yet --greedy --top-k 0 was refused
+    ('--top-k: must be >= 1'): a sampling command with --greedy appended now decodes by argmax, whatever values it
+    carries. --max-new-tokens, which --greedy reads, is still checked."""
+    from minilm.cli import run_cli
+
+    gen = load_script("scripts/generate.py")
+    argv = [str(fake_run), "--prompt", "def f(x):", "--max-new-tokens", "12", "--greedy", "--device", "cpu"]
+    assert run_cli(gen.main, gen.parser(), argv) == 0
+    greedy = capsys.readouterr()
+    sampling = ["--temperature", "-1", "--top-k", "0", "--top-p", "2", "--seed", "3"]
+    assert run_cli(gen.main, gen.parser(), [*argv, *sampling]) == 0
+    assert capsys.readouterr() == greedy
+    argv[argv.index("12")] = "-1"
+    assert run_cli(gen.main, gen.parser(), [*argv, *sampling]) == 2
+    assert capsys.readouterr().err == "error: --max-new-tokens: must be >= 0, got -1\n"
+
+
 def test_an_encoding_without_kv_cache_is_one_warning_line(fake_run, monkeypatch, capsys):
     """Decoding such an encoding went on without a cache under a Python warning that quoted torch's source
     ('.../_contextlib.py:124: UserWarning: ...' then '  return func(*args, **kwargs)'): one line now, naming the flag
