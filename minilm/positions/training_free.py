@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from minilm.errors import ConfigError
+from minilm.errors import ConfigError, MinilmError
 from minilm.model.attention import in_query_blocks
 from minilm.positions.base import make_params
 from minilm.positions.rope_scaling import parse_scaling, scaled_frequencies, validate_scaling
@@ -363,7 +363,14 @@ def build_extension(name: str, params: Optional[Mapping[str, Any]] = None, where
 
 def install_extension(model, name: str, **params) -> Extension:
     """Set ``block.attn.extension`` on every layer of a ``minilm.model.GPT`` to the method ``name`` with
-    ``params`` (checked first, so a model is never left half-installed); returns the method object."""
+    ``params`` (checked first, so a model is never left half-installed); returns the method object. A model holds
+    one method at a time: with one installed, this is refused until ``remove_extension``."""
+    # the methods do not combine (each replaces the layer's attention), and a silent swap lost the first one for
+    # good: nested `with extension(...)` blocks left the outer block's rest without its method once the inner removed
+    installed = sorted({b.attn.extension.name for b in model.blocks if b.attn.extension is not None})
+    if installed:
+        raise MinilmError(f"extension.{name}: the model already has {', '.join(map(repr, installed))} installed; "
+                          "call remove_extension(model) first (one method at a time: each replaces the attention)")
     method = build_extension(name, params)
     for i, block in enumerate(model.blocks):
         method.check(block.attn.pos, f"extension.{name} (layer {i})")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from minilm.config import load_config
-from minilm.errors import ConfigError
+from minilm.errors import ConfigError, MinilmError
 from minilm.model import GPT
 import minilm.model.attention as attention
 from minilm.model.attention import AttentionMask
@@ -276,6 +276,25 @@ def test_install_sets_and_remove_clears_every_layer():
     assert all(b.attn.extension is method for b in model.blocks)
     remove_extension(model)
     assert all(b.attn.extension is None for b in model.blocks)
+
+
+def test_a_second_method_is_refused_and_the_first_stays():
+    """A second install_extension swapped the first method out without a word; inside nested ``with extension(...)``
+    blocks, the inner block's removal then left the rest of the outer block with no method at all. One at a time."""
+    model = tiny()
+    first = install_extension(model, "rerope", window=8)
+    said = r"^extension\.logn: the model already has 'rerope' installed; call remove_extension\(model\) first"
+    with pytest.raises(MinilmError, match=said):
+        install_extension(model, "logn", train_len=8)
+    assert all(b.attn.extension is first for b in model.blocks)
+    remove_extension(model)
+    with extension(model, "self_extend", group_size=2, window=4) as outer:
+        with pytest.raises(MinilmError, match="already has 'self_extend' installed"):
+            with extension(model, "rerope", window=8):
+                pass
+        assert all(b.attn.extension is outer for b in model.blocks)
+    assert all(b.attn.extension is None for b in model.blocks)
+    install_extension(model, "logn", train_len=8)  # after removal: installs
 
 
 @pytest.mark.parametrize("position", ["none", "alibi", "xpos", "learned"])
