@@ -19,7 +19,9 @@ Conventions chosen here (implementations differ; docs/positions.md repeats them)
   range — the product q·k depends on n − m only, whatever the center. The logit of a *masked* pair (key m after
   query n) carries ζ^(−(m − n)/scale_base) whatever the center, and a kernel that adds its mask to the logits
   (SDPA with a document or KV-cache mask) turns an overflowing one into inf − inf = NaN: so positions may span at
-  most about 80·scale_base/ln(1/ζ_0) tokens (32K at the defaults), and ``rotate`` refuses a wider span.
+  most about 80·scale_base/ln(1/ζ_0) tokens (32K at the defaults), and ``rotate`` refuses a wider span; a
+  scale_base and gamma that leave no room for two positions are refused when the config loads. ζ^x is computed as
+  e^(x·ln ζ), from ln ζ in float64 (``xpos_log_zeta``): ζ itself rounds to 1 or to 0 at an extreme γ.
 """
 
 from __future__ import annotations
@@ -194,6 +196,28 @@ class Rope(PositionEncoding):
         return apply_rotary(q, cq, sq, self.layout), apply_rotary(k, ck, sk, self.layout)
 
 
+# How far a decay exponent may reach: a masked pair's logit factor ζ^(−span/scale_base) stays below e^80, which leaves
+# fp32's e^88 room for the q and k values it multiplies (the module docstring)
+XPOS_EXP_RANGE = 80.0
+
+
+def xpos_log_zeta(d: int, gamma: float) -> Tensor:
+    """ln ζ_i for the d rotated dimensions (d/2 values, float64), ζ_i = (2i/d + γ)/(1 + γ). From the logarithm, not
+    ζ: ζ rounds to 1 for a large γ (fp32 from γ ≈ 3e7, float64 from 1e16: no decay, and a span limit divided by
+    ln 1 = 0) and to 0 in fp32 for a tiny one (γ below 1e-45: 0^(−x) = inf, NaN scores); ln ζ is finite for every
+    γ > 0. 1 − ζ_i = (1 − 2i/d)/(1 + γ) is computed as that, so ln ζ = log1p(−(1 − ζ)) keeps the digits ζ near 1
+    would round away; the plain log where ζ is small (log1p(−1 + tiny) would lose them there instead)."""
+    i = torch.arange(0, d, 2, dtype=torch.float64) / d
+    gap = (1 - i) / (1 + gamma)  # 1 − ζ_i
+    return torch.where(gap < 0.5, torch.log1p(-gap), torch.log((i + gamma) / (1 + gamma)))
+
+
+def _round_up(x: float, digits: int = 3) -> float:
+    """x rounded up to ``digits`` significant digits: a printed lower bound that is itself allowed."""
+    unit = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return math.ceil(x / unit) * unit
+
+
 @dataclass
 class XposParams(RopeParams):
     gamma: float = 0.4  # ζ_i = (2i/d + γ) / (1 + γ): per-dimension decay base, in (0, 1)
@@ -205,6 +229,28 @@ class XposParams(RopeParams):
             raise ValueError(f"gamma: must be > 0, got {self.gamma}")
         if self.scale_base <= 0:
             raise ValueError(f"scale_base: must be > 0, got {self.scale_base}")
+        span = self.max_span()
+        if span is not None and span < 1:  # not even two neighbouring tokens: the scores of any two are NaN
+            raise ValueError(
+                f"scale_base: {self.scale_base:g} with gamma {self.gamma:g} fits no two positions: xPos's decay "
+                f"ζ_0^(distance/scale_base) leaves fp32's range within one token (ζ_0 = gamma/(1 + gamma)); give "
+                f"scale_base >= {_round_up(self.min_scale_base()):g}, or a larger gamma"
+            )
+
+    def log_inv_zeta0(self) -> float:
+        """ln(1/ζ_0) > 0: the decay exponent per scale_base of distance, the largest of the dimension pairs (ζ_0,
+        of pair 0, is the smallest ζ whatever the head size: γ/(1 + γ))."""
+        return -float(xpos_log_zeta(2, self.gamma)[0])
+
+    def max_span(self) -> Optional[int]:
+        """The widest span of positions whose decay stays within fp32 (``XPOS_EXP_RANGE``); None where no int64
+        position span can reach it (a huge scale_base or gamma: the decay is ~1 at every distance)."""
+        span = XPOS_EXP_RANGE * self.scale_base / self.log_inv_zeta0()  # (inf past float64: None too)
+        return int(span) if span < torch.iinfo(torch.int64).max else None
+
+    def min_scale_base(self) -> float:
+        """The scale_base at which positions one token apart fit (``max_span`` 1), at this gamma."""
+        return self.log_inv_zeta0() / XPOS_EXP_RANGE
 
 
 class Xpos(Rope):
@@ -217,28 +263,35 @@ class Xpos(Rope):
         # d: the dimensions that really rotate, one ζ per frequency — fewer than rot_dim when the scaling block
         # sets partial_rotary_factor (its rule is applied inside compute_rope)
         d = 2 * self.inv_freq.shape[0]
-        i = torch.arange(0, d, 2, dtype=torch.float64)
-        zeta = (i / d + params.gamma) / (1 + params.gamma)  # (Dr/2,)
-        self.register_buffer("zeta", zeta.float().to(self.inv_freq.device), persistent=False)
+        log_zeta = xpos_log_zeta(d, params.gamma)  # (Dr/2,): ζ^x is computed as e^(x·ln ζ) (xpos_log_zeta)
+        self.register_buffer("log_zeta", log_zeta.float().to(self.inv_freq.device), persistent=False)
         # A masked pair (key m after query n) has the logit factor ζ^(−(m − n)/scale_base) whatever the center: SDPA
         # with a dense mask computes it and adds −inf, so once it overflows fp32 (e^88, with room for the q and k
         # values it multiplies) that row is NaN. Positions may therefore span at most max_span, which also keeps
-        # every single scale (centered) within e^±40; ``rotate`` refuses a wider span.
-        self.max_span = int(80 * params.scale_base / -math.log(float(zeta.min())))
+        # every single scale (centered) within e^±40; ``rotate`` refuses a wider span. None: no limit.
+        self.max_span = params.max_span()
 
-    def max_length(self) -> int:
+    def max_length(self) -> Optional[int]:
         """Positions 0..L−1 span L − 1 <= max_span: the evaluation suite, generation and the phases read this
         instead of meeting ``rotate``'s error."""
-        return self.max_span + 1
+        return None if self.max_span is None else self.max_span + 1
 
     def decay(self, positions: Tensor, center: Tensor, sign: float) -> Tensor:
         exponent = sign * (positions - center).unsqueeze(-1).float() / self.params.scale_base  # (B, T, 1)
-        return (self.zeta**exponent).unsqueeze(1)  # (B, 1, T, Dr/2)
+        return torch.exp(exponent * self.log_zeta).unsqueeze(1)  # (B, 1, T, Dr/2): ζ^exponent
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if not self.rotates:
             return q, k
         center = (k_pos.amin(-1, keepdim=True) + k_pos.amax(-1, keepdim=True)) // 2  # (B, 1)
+        if self.max_span is not None:
+            self._check_span(q_pos, k_pos)
+        (cq, sq), (ck, sk) = self.tables(q_pos, k_pos)
+        up, down = self.decay(q_pos, center, 1.0), self.decay(k_pos, center, -1.0)
+        q = apply_rotary(q, cq * up, sq * up, self.layout)  # queries scaled up: ζ^(n/scale_base)
+        return q, apply_rotary(k, ck * down, sk * down, self.layout)  # keys down: ζ^(−m/scale_base)
+
+    def _check_span(self, q_pos: Tensor, k_pos: Tensor) -> None:
         # per row (rows may sit at different positions): (B|1,) each, broadcast
         span = (torch.maximum(q_pos.amax(-1), k_pos.amax(-1)) - torch.minimum(q_pos.amin(-1), k_pos.amin(-1))).amax()
         torch._assert_async(  # no host sync; a device-side assert on the GPU
@@ -247,10 +300,6 @@ class Xpos(Rope):
             f"pair leaves fp32's range (the scores would be NaN); inputs up to {self.max_span + 1} tokens fit: raise "
             f"model.position.scale_base (now {self.params.scale_base:g}) or gamma (now {self.params.gamma:g})",
         )
-        (cq, sq), (ck, sk) = self.tables(q_pos, k_pos)
-        up, down = self.decay(q_pos, center, 1.0), self.decay(k_pos, center, -1.0)
-        q = apply_rotary(q, cq * up, sq * up, self.layout)  # queries scaled up: ζ^(n/scale_base)
-        return q, apply_rotary(k, ck * down, sk * down, self.layout)  # keys down: ζ^(−m/scale_base)
 
 
 @dataclass

@@ -104,6 +104,23 @@ def test_xpos_refuses_inputs_whose_decay_leaves_fp32_range():
     assert torch.isfinite(far).all()
 
 
+@pytest.mark.parametrize("gamma, scale_base, limit", [(0.4, 1e30, None), (1e30, 512.0, None), (1e-46, 8.0, 7)])
+def test_xpos_at_an_extreme_gamma_or_scale_base_is_the_decay_it_defines(gamma, scale_base, limit):
+    """ζ_i^(d/scale_base) from ln ζ: a huge gamma rounded ζ_0 to 1 (the span limit divided by ln 1: a
+    ZeroDivisionError when the model was built), a huge scale_base gave a limit past int64 (an OverflowError in
+    rotate), and a gamma below fp32's smallest number rounded ζ_0 to 0 (0^(−x) = inf: NaN scores). The first two
+    have no limit (the decay is ~1 at any distance); each score is RoPE's times the float64 decay."""
+    xpos = hook("xpos", gamma=gamma, scale_base=scale_base)
+    q = k = torch.ones(1, 1, 1, 8)
+    theta = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    log_zeta = torch.log((torch.arange(0, 8, 2, dtype=torch.float64) / 8 + gamma) / (1 + gamma))
+    got = rotated_scores(xpos, q, k.expand(1, 1, 2, 8), torch.tensor([[5]]), torch.tensor([[0, 5]]))[0, 0, 0]
+    for j, d in enumerate((5, 0)):
+        want = (2 * torch.exp(d / scale_base * log_zeta) * torch.cos(d * theta)).sum().item()
+        assert got[j].item() == pytest.approx(want, rel=1e-4, abs=1e-5)
+    assert xpos.max_length() == limit
+
+
 def test_xpos_is_finite_up_to_its_max_length_with_a_dense_mask():
     """A masked pair (key m after query n) carries ζ^(−(m − n)/scale_base) whatever the center, and SDPA with a
     dense mask (document masking, queries after cached keys) adds −inf to it: past about half the old limit it

@@ -44,6 +44,9 @@ def test_unknown_parameter_is_named(name):
         ({"name": "shaw", "max_distance": 0}, "max_distance"),
         ({"name": "deberta", "max_distance": "far"}, "max_distance"),
         ({"name": "xpos", "scale_base": 0.0}, "scale_base"),
+        # a decay that leaves fp32's range within one token: a limit of 1 position, NaN scores for any two
+        ({"name": "xpos", "scale_base": 0.0156}, "scale_base: 0.0156 with gamma 0.4 fits no two positions.* >= 0.0157"),
+        ({"name": "xpos", "gamma": 1e-300, "scale_base": 8.0}, "scale_base: .*give scale_base >= 8.64, or a larger"),
         ({"name": "xpos", "layout": "diagonal"}, "layout"),
         ({"name": "cope", "npos_max": 1}, "npos_max"),
         ({"name": "fire", "init_c": 0.0}, "init_c"),
