@@ -38,6 +38,13 @@ from torch import Tensor, nn
 from minilm.errors import ConfigError
 
 
+# fp32's range, where the encodings compute: the largest finite number, and −ln of the smallest normal one (a
+# softmax weight e^−87.3 below the largest is no longer a normal number; GPU kernels flush it to 0). Parameter
+# checks bound their values with these.
+FP32_MAX = torch.finfo(torch.float32).max  # 3.4e38
+FP32_LOG_TINY = -math.log(torch.finfo(torch.float32).tiny)  # 87.3
+
+
 @dataclass(frozen=True)
 class PositionDims:
     """What an encoding may need to know about the model it sits in."""

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minilm.positions.base import FlexCoefficients, FlexPart, PositionDims, PositionEncoding
+from minilm.positions.base import FP32_LOG_TINY, FlexCoefficients, FlexPart, PositionDims, PositionEncoding
 
 
 FLEX_TABLE_COPIES = 1  # copies of each learned table a score_mod reads (the module docstring)
@@ -259,6 +259,21 @@ KERPLE_KERNELS = ("log", "power")
 KERPLE_POWER_MAX = 2.0  # the power kernel's exponent r2 lies in (0, 2]: |d|^r2 is conditionally positive definite
 
 
+def _largest_log_eps() -> float:
+    """The eps at which eps·ln(1 + eps) = FP32_LOG_TINY (bisection: the product increases with eps)."""
+    lo, hi = 0.0, FP32_LOG_TINY
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mid * math.log1p(mid) <= FP32_LOG_TINY else (lo, mid)
+    return lo
+
+
+# The log kernel's largest eps (26.38, rounded down to be printed as it is checked): with r1, r2 >= eps every key but
+# the query's own is at least eps·ln(1 + eps) below it, and past e^−87.3 its weight is no normal fp32 number, so the
+# query attends only to itself and r1, r2 take no gradient (further up, from eps ≈ 4e36, the bias overflows: NaN)
+KERPLE_LOG_EPS_MAX = math.floor(100 * _largest_log_eps()) / 100
+
+
 @dataclass
 class KerpleParams:
     eps: float = 1e-2  # lower bound of r1 and r2
@@ -271,6 +286,13 @@ class KerpleParams:
             raise ValueError(f"kernel: must be one of {KERPLE_KERNELS}, got {self.kernel!r}")
         if self.kernel == "power" and self.eps >= KERPLE_POWER_MAX:
             raise ValueError(f"eps: must be < {KERPLE_POWER_MAX:g} with kernel power (r2 in [eps, 2]), got {self.eps}")
+        if self.kernel == "log" and self.eps > KERPLE_LOG_EPS_MAX:
+            raise ValueError(
+                f"eps: must be <= {KERPLE_LOG_EPS_MAX:g} with kernel log, got {self.eps:g}: r1, r2 >= eps put every "
+                f"key but the query's own at least eps·ln(1 + eps) = {self.eps * math.log1p(self.eps):.3g} below it, "
+                f"past fp32's smallest normal weight (e^−{FP32_LOG_TINY:.1f}): the query would attend only to itself, "
+                "and r1, r2 would take no gradient"
+            )
 
 
 class Kerple(PositionEncoding):

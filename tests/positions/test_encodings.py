@@ -352,6 +352,21 @@ def test_kerple_refuses_an_unknown_kernel():
     with pytest.raises(ConfigError, match=r"model\.position\.kernel: must be one of \('log', 'power'\)"):
         hook("kerple", kernel="cubic")
 
+
+def test_kerple_log_eps_is_bounded_where_the_bias_leaves_fp32_s_range():
+    """r1, r2 >= eps: the bias at distance 1 is at most −eps·ln(1 + eps), below e^−87.3 (fp32's smallest normal
+    weight) past eps 26.38, so a query attends to itself alone and r1, r2 take no gradient; from about 4e36 the bias
+    overflowed (NaN gradients) and from 3.4e38 eps itself (a torch traceback building the model). Refused when the
+    config is checked; the largest eps allowed still trains."""
+    top = hook("kerple", eps=26.38, n_heads=4)
+    q_pos = torch.arange(8)[None]
+    top.score(None, None, q_pos, q_pos, None).sum().backward()
+    assert torch.isfinite(top.raw_r1.grad).all() and top.raw_r1.grad.abs().sum() > 0
+    for eps in (26.39, 1e37, 1e39):
+        with pytest.raises(ConfigError, match=r"model\.position\.eps: must be <= 26\.38 with kernel log, got"):
+            hook("kerple", eps=eps)
+    assert 26.38 * math.log1p(26.38) <= 87.34 < 26.39 * math.log1p(26.39)
+
 def test_fire_input_is_normalized_at_every_length():
     """ψ(i − j)/ψ(max(L, i)) lies in [0, 1] for every causal pair, however long the sequence: the MLP never sees
     an input outside its training range, which is what lets FIRE extrapolate (Li et al. 2023, §3)."""
