@@ -31,6 +31,23 @@ class SequenceTooLong(MinilmError):
     """A position beyond what a bounded encoding (a learned table) can represent."""
 
 
+class NegativePosition(MinilmError):
+    """A position below 0 given to an encoding that looks positions up by index (a learned table, FLOATER's
+    trajectory)."""
+
+
+def highest_position(positions: Tensor, name: str) -> int:
+    """The largest of ``positions``, refusing a negative one: indexing a table or trajectory with it reads a row from
+    the end (−1: the last one), a wrong position and no error. One host sync for both ends."""
+    low, high = torch.stack(torch.aminmax(positions)).tolist()
+    if low < 0:
+        raise NegativePosition(
+            f"position {low} is negative: the {name} encoding looks positions up from 0 (a negative one would read "
+            f"one from the end); give the model positions >= 0"
+        )
+    return high
+
+
 def sinusoid(positions: Tensor, dim: int, base: float = 10000.0) -> Tensor:
     """Vaswani et al. 2017, "Attention Is All You Need" (§3.5): PE(pos, 2i) = sin(pos / base^(2i/d)),
     PE(pos, 2i+1) = cos(pos / base^(2i/d)). positions (...,) -> (..., dim), fp32, computed in float64."""
@@ -64,8 +81,8 @@ class LearnedAbsolute(PositionEncoding):
         self.table = nn.Parameter(torch.randn(params.max_positions, dims.d_model) * 0.02)  # (P, D)
 
     def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
-        top = int(positions.max())
-        if top >= self.limit or int(positions.min()) < 0:
+        top = highest_position(positions, "learned")
+        if top >= self.limit:
             raise SequenceTooLong(
                 f"position {top} is beyond the learned position table (model.position.max_positions="
                 f"{self.limit}): a 'learned' model cannot read sequences longer than {self.limit} tokens; "
@@ -213,7 +230,7 @@ class Floater(PositionEncoding):
         return self.limit  # trajectory() integrates no further than cache_size positions
 
     def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
-        traj = self.trajectory(int(positions.max()) + 1)
+        traj = self.trajectory(highest_position(positions, "floater") + 1)
         return x + traj[positions].to(x.dtype)  # (B, T, D)
 
 

@@ -9,7 +9,7 @@ import torch
 from minilm.errors import ConfigError
 from minilm.model.attention import Attention, AttentionMask, reference_attention
 from minilm.positions import PositionDims, build_position, compute_rope, validate_position
-from minilm.positions.absolute import SequenceTooLong, sinusoid
+from minilm.positions.absolute import NegativePosition, sinusoid
 from minilm.positions.base import positions_like
 from minilm.positions.bias import t5_bucket
 from minilm.positions.rotary import Rope, RopeParams, apply_rotary, cos_sin_tables
@@ -27,12 +27,16 @@ def embedding_hook(name, d_model=16, seed=0, **params):
 # ------------------------------------------------------------------------------------------------ absolute
 
 
-def test_learned_table_refuses_negative_positions():
-    # a negative index would silently read the table from its end (position −1 = the last row)
-    emb = embedding_hook("learned", max_positions=8)
-    x = torch.zeros(1, 3, 16)
-    with pytest.raises(SequenceTooLong):
-        emb.embed(x, torch.tensor([[-1, 0, 1]]))
+@pytest.mark.parametrize("name, params", [("learned", {"max_positions": 8}), ("floater", {"hidden": 8})])
+@pytest.mark.parametrize("positions", [[-1, 0, 1], [-3, -2]])
+def test_encodings_that_index_by_position_refuse_negative_positions(name, params, positions):
+    """A negative index silently read the table (or FLOATER's trajectory) from its end: position −1 was the last
+    row, and FLOATER's −1 among 0, 1 was p(1); positions all negative were an IndexError from torch. The learned
+    table's refusal named the largest position as "beyond the table". Both now name the negative one."""
+    emb = embedding_hook(name, **params)
+    x = torch.zeros(1, len(positions), 16)
+    with pytest.raises(NegativePosition, match=rf"position {min(positions)} is negative: the {name} encoding .*>= 0"):
+        emb.embed(x, torch.tensor([positions]))
 
 
 def test_sinusoidal_scale_multiplies_the_table():
