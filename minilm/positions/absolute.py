@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minilm.errors import MinilmError
-from minilm.positions.base import PositionDims, PositionEncoding
+from minilm.positions.base import FP32_MAX, PositionDims, PositionEncoding
 
 
 class SequenceTooLong(MinilmError):
@@ -147,6 +147,11 @@ class FloaterParams:
             raise ValueError(f"substeps: must be >= 1, got {self.substeps}")
         if self.cache_size < 1:
             raise ValueError(f"cache_size: must be >= 1, got {self.cache_size}")
+        last = self.delta * (self.cache_size - 1)  # the time of the last position: t is an input of h, in fp32
+        if last > FP32_MAX:
+            raise ValueError(f"delta: {self.delta:g} puts position {self.cache_size - 1} (cache_size − 1) at t = "
+                             f"{last:.3g}, past fp32's largest number, and h reads t in fp32: give delta · (cache_size "
+                             f"− 1) <= {FP32_MAX:.3g}")
 
 
 class Floater(PositionEncoding):

@@ -49,6 +49,8 @@ def test_unknown_parameter_is_named(name):
         ({"name": "xpos", "gamma": 1e-300, "scale_base": 8.0}, "scale_base: .*give scale_base >= 8.64, or a larger"),
         ({"name": "xpos", "layout": "diagonal"}, "layout"),
         ({"name": "cope", "npos_max": 1}, "npos_max"),
+        # past fp32's range: a torch traceback at the first forward
+        ({"name": "floater", "delta": 1e37}, r"delta: 1e\+37 puts position 65535 \(cache_size − 1\) at t = 6.55e\+41"),
         ({"name": "fire", "init_c": 0.0}, "init_c"),
         ({"name": "multiplicative", "amplitude": 1.5}, "amplitude"),
         ({"name": "rope", "nope_every": -1}, "nope_every"),
