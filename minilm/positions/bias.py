@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minilm.positions.base import FP32_LOG_TINY, FlexCoefficients, FlexPart, PositionDims, PositionEncoding
+from minilm.positions.base import FP32_LOG_TINY, FP32_MAX, FlexCoefficients, FlexPart, PositionDims, PositionEncoding
 
 
 FLEX_TABLE_COPIES = 1  # copies of each learned table a score_mod reads (the module docstring)
@@ -430,6 +430,14 @@ class FireParams:
             raise ValueError(f"init_c: must be > 0, got {self.init_c}")
         if self.init_L <= 0:
             raise ValueError(f"init_L: must be > 0, got {self.init_L}")
+        # c and L are fp32 parameters, and ψ(L) = ln(c·L + 1) normalizes every score: an overflowing c·L makes it
+        # inf, the input 0 and the gradients NaN
+        for key, value in (("init_c", self.init_c), ("init_L", self.init_L)):
+            if value > FP32_MAX:
+                raise ValueError(f"{key}: must be at most {FP32_MAX:.3g} (fp32's largest number), got {value:g}")
+        if self.init_c * self.init_L > FP32_MAX:
+            raise ValueError(f"init_c: init_c · init_L must be at most {FP32_MAX:.3g} (fp32's largest number), got "
+                             f"{self.init_c * self.init_L:.3g}: the normalizer ψ(L) = ln(c·L + 1) would overflow")
         if self.eps <= 0:
             raise ValueError(f"eps: must be > 0, got {self.eps}")
 

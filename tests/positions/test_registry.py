@@ -51,6 +51,10 @@ def test_unknown_parameter_is_named(name):
         ({"name": "cope", "npos_max": 1}, "npos_max"),
         # past fp32's range: a torch traceback at the first forward
         ({"name": "floater", "delta": 1e37}, r"delta: 1e\+37 puts position 65535 \(cache_size − 1\) at t = 6.55e\+41"),
+        # a torch traceback building the model, or NaN gradients (ψ(L) = ln(c·L + 1) overflowed)
+        ({"name": "fire", "init_c": 1e39}, r"init_c: must be at most 3.4e\+38 \(fp32's largest number\), got 1e\+39"),
+        ({"name": "fire", "init_L": 1e39}, r"init_L: must be at most 3.4e\+38"),
+        ({"name": "fire", "init_c": 1e38}, r"init_c: init_c · init_L must be at most 3.4e\+38 .*, got 5.12e\+40"),
         ({"name": "fire", "init_c": 0.0}, "init_c"),
         ({"name": "multiplicative", "amplitude": 1.5}, "amplitude"),
         ({"name": "rope", "nope_every": -1}, "nope_every"),
