@@ -127,6 +127,20 @@ def test_checks_that_need_the_head_size_run_at_load_for_every_phase():
         load_config(REPO / "configs/tiny.yaml", ["model.position.fraction=0.03"])
 
 
+@pytest.mark.parametrize("overrides, message", [
+    # each loaded, and failed later: refused as too short a limit when training began (xpos), a traceback
+    # building the model or at its first step, or NaN gradients
+    (["model.position.name=xpos", "phases.extend_2k.position.scale_base=0.001"],
+     r"phases\.extend_2k\.position\.scale_base: 0\.001 with gamma 0\.4 fits no two positions"),
+    (["model.position.name=kerple", "model.position.eps=1e37"], r"model\.position\.eps: must be <= 26\.38"),
+    (["model.position.name=fire", "model.position.init_L=1e39"], r"model\.position\.init_L: must be at most 3\.4e\+38"),
+    (["model.position.name=floater", "model.position.delta=1e37"], r"model\.position\.delta: 1e\+37 puts position"),
+])  # fmt: skip
+def test_a_position_parameter_past_fp32_s_range_is_refused_at_load(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(REPO / "configs/rope_yarn_tiny.yaml", overrides)
+
+
 def test_a_run_s_position_key_that_a_phase_breaks_is_named_as_set(tmp_path):
     """The run's longrope lists (16 entries, head_dim 32) inherited by a phase whose fraction 0.5 rotates 8
     frequencies: the error named phases.b.position.scaling.short_factor, which the config does not set, and so could
