@@ -340,12 +340,24 @@ def resolve_device(device: Optional[str], name: str = "device") -> str:
     return device
 
 
+def _bounded_modules(model) -> list:
+    """(limit, module) for each of the model's position modules whose ``max_length()`` is not None."""
+    mods = [getattr(model, "pos_emb", None)] + [getattr(b.attn, "pos", None) for b in getattr(model, "blocks", [])]
+    mods = [m for m in mods if m is not None and hasattr(m, "max_length")]
+    return [(m.max_length(), m) for m in mods if m.max_length() is not None]
+
+
 def length_limit(model) -> Optional[int]:
     """The longest sequence the model's position modules can read (None: unbounded)."""
-    mods = [getattr(model, "pos_emb", None)] + [getattr(b.attn, "pos", None) for b in getattr(model, "blocks", [])]
-    limits = [m.max_length() for m in mods if m is not None and hasattr(m, "max_length")]
-    limits = [x for x in limits if x is not None]
-    return min(limits) if limits else None
+    return min((limit for limit, _ in _bounded_modules(model)), default=None)
+
+
+def _limit_keys(model) -> str:
+    """The parameters that raise the tightest module's limit, as an unsupported length names them: ``, model.position.
+    scale_base or gamma`` (xPos), ``, model.position.max_positions`` (learned); empty for a module that names none."""
+    bounded = _bounded_modules(model)
+    keys = getattr(min(bounded, key=lambda b: b[0])[1], "length_keys", ()) if bounded else ()
+    return f", model.position.{' or '.join(keys)}" if keys else ""
 
 
 # -------------------------------------------------------------------------------------------------------- data
@@ -490,8 +502,8 @@ def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[di
             for k in keys:
                 res[k][key] = None
             if limit is not None and L > limit:
-                res["unsupported"][key] = (f"longer than the position encoding supports ({limit} positions, "
-                                           f"model.position.max_positions)")  # fmt: skip
+                res["unsupported"][key] = (f"longer than the position encoding supports ({limit} positions"
+                                           f"{_limit_keys(model)})")  # fmt: skip
                 log(f"eval: length {L} unsupported (limit {limit})")
                 continue
             for task in settings.tasks:

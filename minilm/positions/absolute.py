@@ -74,6 +74,7 @@ class LearnedAbsolute(PositionEncoding):
     "Convolutional Sequence to Sequence Learning"). Bounded: positions >= max_positions are an error."""
 
     no_weight_decay = ("table",)
+    length_keys = ("max_positions",)
 
     def __init__(self, params: LearnedParams, dims: PositionDims):
         super().__init__()
@@ -165,6 +166,8 @@ class Floater(PositionEncoding):
     ReLU network h and RK4 steps of delta/5, on top of sinusoidal input positions (docs/positions.md).
     Without gradients the trajectory is cached until a parameter changes or a forward with gradients runs; a longer
     one goes on from its end."""
+
+    length_keys = ("cache_size",)
 
     def __init__(self, params: FloaterParams, dims: PositionDims):
         super().__init__()

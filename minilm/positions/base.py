@@ -104,6 +104,9 @@ class PositionEncoding(nn.Module):
     # no weight decay (minilm/training/optim.py), which would pull them toward "no position" (timm exempts ViT's
     # pos_embed and Swin's relative position bias table alike).
     no_weight_decay: tuple[str, ...] = ()
+    # The parameters that raise ``max_length()``, for the messages that refuse a longer input (the phases' check, the
+    # evaluation suite): naming max_positions for every bounded encoding sent an xPos user to a key it does not take.
+    length_keys: tuple[str, ...] = ()
 
     def embed(self, x: Tensor, positions: Tensor, doc_ids: Optional[Tensor] = None) -> Tensor:
         """``doc_ids`` (B, T), when attention is masked per document: an encoding that mixes neighbouring tokens

@@ -258,6 +258,8 @@ class Xpos(Rope):
     dimension pair i is also scaled by ζ_i^(n/scale_base) on queries and ζ_i^(−m/scale_base) on keys, with
     ζ_i = (2i/d + γ)/(1 + γ) < 1, so q_n·k_m carries the decay ζ^((n−m)/scale_base) and depends on n − m only."""
 
+    length_keys = ("scale_base", "gamma")  # max_length() grows with both (``XposParams.max_span``)
+
     def configure(self, params: XposParams) -> None:
         super().configure(params)
         # d: the dimensions that really rotate, one ζ per frequency — fewer than rot_dim when the scaling block

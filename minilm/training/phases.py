@@ -214,13 +214,17 @@ def _check_fits(hooks: list, pcfg, phase: str, set_in=None) -> None:
         if hasattr(m, "configure") and getattr(m, "params", params) != params:
             m = copy.deepcopy(m)  # (a rotary module: its frequency tables, not the model's weights)
             m.configure(params)
-        limits.append(m.max_length())
-    limits = [x for x in limits if x is not None]
-    if limits and pcfg.train.seq_len > min(limits):
+        if m.max_length() is not None:
+            limits.append((m.max_length(), m.length_keys))
+    if limits and pcfg.train.seq_len > min(limits)[0]:
+        limit, keys = min(limits)
         key = key_as_set("train.seq_len", phase, set_in)
+        raise_keys = ""
+        if keys:  # the parameter as the config sets it (phases.b.position.scale_base), and the others beside it
+            raise_keys = f"raise {' or '.join([key_as_set(f'model.position.{keys[0]}', phase, set_in), *keys[1:]])}, "
         raise MinilmError(
             f"{key}: {pcfg.train.seq_len} is longer than the {pcfg.model.position.name} encoding "
-            f"supports ({min(limits)} positions); shorten the phase or use an encoding that extrapolates "
+            f"supports ({limit} positions); shorten the phase, {raise_keys}or use an encoding that extrapolates "
             "(rope with scaling, alibi, ...)"
         )
 

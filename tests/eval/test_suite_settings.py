@@ -79,6 +79,19 @@ def test_a_length_equal_to_the_position_limit_runs_and_one_past_it_is_unsupporte
     assert res["passkey"]["96"] is not None and res["passkey"]["97"] is None
 
 
+def test_an_unsupported_length_names_what_raises_the_tightest_limit():
+    """It named model.position.max_positions whatever the encoding: an xPos model's limit is its scale_base's and
+    gamma's (``length_keys``); a module that declares none is named by its limit alone."""
+    model = Digits(500, 96)
+    model.blocks[0].attn.pos.length_keys = ("scale_base", "gamma")
+    model.pos_emb.length_keys = ("cache_size",)
+    res = evaluate(model, data(), settings(lengths=[97]), log=lambda *_: None)
+    assert res["unsupported"]["97"] == ("longer than the position encoding supports (96 positions, "
+                                       "model.position.scale_base or gamma)")  # fmt: skip
+    res = evaluate(Digits(96), data(), settings(lengths=[97]), log=lambda *_: None)
+    assert res["unsupported"]["97"] == "longer than the position encoding supports (96 positions)"
+
+
 def test_the_tightest_position_module_sets_the_limit():
     assert length_limit(Digits(500, 96, None)) == 96
     assert length_limit(Digits(None, None)) is None

@@ -163,6 +163,24 @@ def test_runs_at_twice_the_training_length(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_a_bounded_encoding_names_the_parameters_that_raise_its_limit(name):
+    """The refusals of a longer input (the phases' check, the evaluation suite) advise raising ``length_keys``: each
+    is a parameter of the encoding, and doubling it raises max_length(). The suite named max_positions for every
+    bounded encoding, and the phases' check none."""
+    model = tiny_model(name)
+    bounded = [m for m in [model.pos_emb, *model.position_modules()] if m.max_length() is not None]
+    if not bounded:
+        return
+    keys = bounded[0].length_keys
+    assert keys and set(keys) <= set(REGISTRY[name].params.__dataclass_fields__)
+    for key in keys:
+        params = validate_position(model.cfg.position)
+        raised = tiny_model(name, f"model.position.{key}={2 * getattr(params, key)}")
+        higher = [m for m in [raised.pos_emb, *raised.position_modules()] if m.max_length() is not None]
+        assert higher[0].max_length() > bounded[0].max_length(), key
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_learns(name):
     """30 optimizer steps on a fixed batch of a position-dependent task: the loss falls clearly (gradients reach
     every encoding's parameters without breaking the model)."""

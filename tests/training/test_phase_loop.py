@@ -566,6 +566,19 @@ def test_a_phase_its_encoding_cannot_reach_is_refused_before_run_dir_or_the_corp
                                  "train.seq_len=64"])  # fmt: skip
     with pytest.raises(MinilmError, match=r"^train\.seq_len: 64 is longer than the learned encoding supports"):
         run_phases(plain, log=lambda m: None)
+    # the advice names what raises the limit, as the config sets it: it said "use an encoding that extrapolates"
+    # alone to an xPos run, whose scale_base and gamma set its limit
+    assert "raise model.position.max_positions, or use" in str(_refusal(plain))
+    xpos = load_config(config, [f"run.dir={run}", "model.position={name: xpos, scale_base: 0.5}",
+                                "phases.a={seq_len: 16, steps: 1}", "phases.b={seq_len: 64, steps: 1}",
+                                "phases.b.position.scale_base=0.2"])  # fmt: skip
+    assert "(13 positions); shorten the phase, raise phases.b.position.scale_base or gamma, or" in str(_refusal(xpos))
+
+
+def _refusal(cfg) -> MinilmError:
+    with pytest.raises(MinilmError) as e:
+        run_phases(cfg, log=lambda m: None)
+    return e.value
 
 
 def test_resume_refuses_a_changed_finished_phase_before_the_corpus_is_prepared(config, tmp_path):
