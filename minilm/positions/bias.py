@@ -172,8 +172,12 @@ class T5Params:
         if self.num_buckets < 2 or (self.bidirectional and self.num_buckets < 4):
             raise ValueError(f"num_buckets: must be >= 2 (>= 4 bidirectional), got {self.num_buckets}")
         exact = self.num_buckets // (4 if self.bidirectional else 2)
-        if self.max_distance <= exact:
-            raise ValueError(f"max_distance: must exceed the {exact} exact buckets, got {self.max_distance}")
+        if self.max_distance <= exact:  # named with num_buckets: a user who raised that alone meets this
+            raise ValueError(
+                f"max_distance: must exceed the {exact} exact buckets of num_buckets {self.num_buckets} (the first "
+                f"{'quarter' if self.bidirectional else 'half'}), got {self.max_distance}; raise max_distance or "
+                "lower num_buckets"
+            )
 
 
 class T5Bias(PositionEncoding):

@@ -41,6 +41,9 @@ def test_unknown_parameter_is_named(name):
         ({"name": "learned", "max_positions": 0}, "max_positions"),
         ({"name": "alibi", "max_bias": -1.0}, "max_bias"),
         ({"name": "t5", "num_buckets": 32, "max_distance": 8}, "max_distance"),
+        # num_buckets raised alone: the message named max_distance only, a key the user had left at its default
+        ({"name": "t5", "num_buckets": 512}, r"max_distance: must exceed the 256 exact buckets of num_buckets 512 "
+                                             r"\(the first half\), got 128; raise max_distance or lower num_buckets"),
         ({"name": "shaw", "max_distance": 0}, "max_distance"),
         ({"name": "deberta", "max_distance": "far"}, "max_distance"),
         ({"name": "xpos", "scale_base": 0.0}, "scale_base"),
