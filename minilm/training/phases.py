@@ -501,14 +501,15 @@ def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, t
                           f"= {_shown(diff[1])} ({ckpt}), the config now says {_shown(diff[2])}; resume with the value "
                           f"it trained with, {redo}")  # fmt: skip
     was_global, now_global = was_t["batch_size"] * trained_world, now_t["batch_size"] * world_size
-    if was_global != now_global:
-        fits = (f"train.batch_size={was_global // world_size} on {world_size} process(es)"
-                if was_global % world_size == 0 else f"{trained_world} process(es) and train.batch_size="
+    if was_global != now_global:  # named as set: train.batch_size=4 where the phase sets its own changed nothing
+        key = key_as_set("train.batch_size", phase, set_in)
+        fits = (f"{key}={was_global // world_size} on {world_size} process(es)"
+                if was_global % world_size == 0 else f"{trained_world} process(es) and {key}="
                 f"{was_t['batch_size']}")  # fmt: skip
         raise MinilmError(
             f"--resume: phase '{phase}' was interrupted training with a global batch of {was_global} sequences "
-            f"(train.batch_size {was_t['batch_size']} x {trained_world} process(es)) ({ckpt}); the config now gives "
-            f"{now_global} (train.batch_size {now_t['batch_size']} x {world_size}). train.batch_size is per device: "
+            f"({key} {was_t['batch_size']} x {trained_world} process(es)) ({ckpt}); the config now gives "
+            f"{now_global} ({key} {now_t['batch_size']} x {world_size}). {key} is per device: "
             f"resume with {fits}, {redo}"
         )
     # Lightning restores its loop in micro-batches: at another count per step the restored position falls mid-step,
@@ -609,7 +610,8 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
     if split:
         was_t, now_t = saved["train"], now["train"]
         if was_t["batch_size"] * was_world != now_t["batch_size"] * world_size:
-            diffs.append(("the global batch (train.batch_size x processes)", f"{was_t['batch_size']} x {was_world}",
+            key = key_as_set("train.batch_size", phase, set_in)
+            diffs.append((f"the global batch ({key} x processes)", f"{was_t['batch_size']} x {was_world}",
                           f"{now_t['batch_size']} x {world_size}"))  # fmt: skip
         elif was_t.get("tokens") is not None and _phase_steps_of(was_t) != phase_steps(pcfg):
             diffs.append((f"train.tokens (per device: at train.batch_size {was_t['batch_size']}, "

@@ -499,6 +499,23 @@ def test_resume_refuses_an_interrupted_phase_the_config_now_trains_differently(c
     assert (run / "b" / "complete.json").is_file()
 
 
+def test_resume_names_the_batch_size_a_phase_sets_as_it_sets_it(config, tmp_path):
+    """Another batch_size in a phase that sets its own was refused as 'train.batch_size 4 x 1 ... resume with
+    train.batch_size=4': following that advice changed the other phases' batch (the finished one was then refused)
+    and left the phase's own unchanged. The interrupted phase and a finished one name phases.b.batch_size."""
+    run = tmp_path / "run"
+    over = [f"run.dir={run}", "train.ckpt_every=2", "phases.a={seq_len: 32, steps: 1}",
+            "phases.b={seq_len: 32, steps: 3, batch_size: 4}"]  # fmt: skip
+    run_phases(load_config(config, over), log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 2)
+    with pytest.raises(MinilmError, match=r"interrupted training with a global batch of 4 sequences \(phases\.b\."
+                                          r"batch_size 4 x 1.*resume with phases\.b\.batch_size=4 on 1 process"):
+        run_phases(load_config(config, [*over, "phases.b.batch_size=2"]), resume=True, log=lambda m: None)
+    run_phases(load_config(config, over), resume=True, log=lambda m: None)
+    with pytest.raises(MinilmError, match=r"phase 'b' finished with the global batch \(phases\.b\.batch_size x "):
+        run_phases(load_config(config, [*over, "phases.b.batch_size=2"]), resume=True, log=lambda m: None)
+
+
 def test_resume_takes_new_kernel_and_memory_settings(config, tmp_path):
     """The settings that change how a step computes, not what it learns (the same loss and gradients): a run that
     ran out of memory must be able to resume with the chunked loss or activation checkpointing, and one that was
