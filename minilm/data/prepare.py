@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from minilm.data.sources import SourceDocs, _plain, parse_sources, read_source, source_fingerprint
-from minilm.data.tokenizer import Tokenizer, file_digest, sample_chunks, train_tokenizer
+from minilm.data.tokenizer import Tokenizer, check_trainable, file_digest, sample_chunks, train_tokenizer
 from minilm.errors import DataError
 from minilm.files import disk_full, fsync_path, is_locked, lock_file, pid_alive
 
@@ -151,6 +151,7 @@ def load_corpus(data_cfg: Any, *, progress: bool = True) -> Corpus:
     if not from_cache:
         if tok_cfg.model_file:  # not a sentencepiece model, or one without EOS: say so before reading every source
             Tokenizer(tok_cfg.model_file)
+        check_trainable(tok_cfg)  # (a vocab too small to train, likewise)
         with _preparation_lock(out, progress):
             from_cache = (out / "meta.json").is_file()  # prepared by the process this one waited for
             if not from_cache:

@@ -191,7 +191,22 @@ def test_vocab_below_the_sample_characters_says_to_raise_it(files_cfg):
     """sentencepiece needs a piece per character it must cover: a vocab below that is too small, and the advice
     is to raise it (the generic advice, a smaller vocab, would make it worse)."""
     with pytest.raises(DataError, match=r"vocab_size \(40\) is below the characters the sample needs.*raise it$"):
-        load_corpus(files_cfg(**{"tokenizer.vocab_size": 40}), progress=False)
+        load_corpus(files_cfg(**{"tokenizer.vocab_size": 40, "tokenizer.byte_fallback": False}), progress=False)
+
+
+@pytest.mark.parametrize("vocab_size", [64, 261])
+def test_a_vocab_without_room_beside_the_byte_pieces_is_refused_before_any_reading(files_cfg, monkeypatch,
+                                                                                    vocab_size):  # fmt: skip
+    """Under byte_fallback sentencepiece reserves 256 byte pieces beside the specials and "\n": a vocab_size the
+    config accepts (>= 64) but below 262 failed only after every source had been read, saying the vocab was below
+    'the characters the sample needs (262)' of a sample with a few dozen characters."""
+    def no_reading(*a, **k):
+        raise AssertionError("sources read before the vocab size was checked")
+
+    monkeypatch.setattr(prepare_mod, "read_source", no_reading)
+    says = rf"data\.tokenizer\.vocab_size: must be > 261 with data\.tokenizer\.byte_fallback: true .*got {vocab_size}"
+    with pytest.raises(DataError, match=says):
+        load_corpus(files_cfg(**{"tokenizer.vocab_size": vocab_size}), progress=False)
 
 
 def test_cache_dir_that_cannot_be_written_is_a_data_error_before_any_reading(files_cfg, tmp_path, monkeypatch):
