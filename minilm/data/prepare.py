@@ -570,6 +570,10 @@ def format_stats(stats: Dict[str, Any], header: str = "") -> str:
         s = stats[split]
         lines.append(f"  {split}: {s['docs']} docs, {s['tokens']:,} tokens, median doc {s['median_doc_tokens']:.0f}, "
                      f"max doc {s['max_doc_tokens']:,}")  # fmt: skip
+        per_source = s.get("sources", {})  # (a cache of an older minilm may lack them)
+        if len(per_source) > 1:  # what each source gave: a glob that matched little shows here, not only in the sum
+            lines.append("    by source: " + "; ".join(f"{name} {v['docs']} docs, {v['tokens']:,} tokens"
+                                                       for name, v in per_source.items()))  # fmt: skip
     hist = {k: v for k, v in stats["train"]["length_histogram"].items() if v}
     lines.append(f"  train doc length histogram (tokens): {hist}")
     shares = ", ".join(f">={k}: {v:.1%}" for k, v in stats["train"]["long_share"].items())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.conftest import load_script
@@ -35,6 +37,8 @@ def test_prints_stats_and_long_share_per_phase(script, tmp_path, tiny_text_dir, 
     out = capsys.readouterr().out
     assert "train:" in out and "skipped files" in out
     assert "phase short: seq_len 64" in out and "phase long: seq_len 256" in out
+    # documents and tokens per source too, as docs/data.md says (they were in stats.json alone)
+    assert re.search(r"\n  train: .*\n    by source: embedded \d+ docs, [\d,]+ tokens; tiny \d+ docs, ", out)
     assert script.main(["--config", _yaml(tmp_path, tiny_text_dir), "--quiet"]) == 0
     assert "(cached)" in capsys.readouterr().out
 
