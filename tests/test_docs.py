@@ -83,3 +83,19 @@ def test_every_repository_path_the_docs_name_exists():
                 if not (REPO / path.rstrip("/")).exists():
                     missing.append(f"{doc.relative_to(REPO)}:{i}: {path}")
     assert not missing, "\n".join(missing)
+
+
+def test_the_config_form_of_an_extension_that_docs_extension_md_gives_installs_as_it_says():
+    """docs/extension.md said a config section ``{name, params}`` maps onto install_extension as
+    ``install_extension(model, cfg.name, **cfg.params)``, while eval.extension is flat (``{name: rerope, window: 8}``;
+    ``params:`` is refused as an unknown parameter): the call the page gives now runs on a loaded config as written."""
+    from minilm.model import GPT
+    from minilm.positions.training_free import install_extension
+
+    text = " ".join((REPO / "docs" / "extension.md").read_text().split())
+    call = re.search(r"maps onto it directly[^`]*`(install_extension\(model, [^`]*\))`", text).group(1)
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["model.n_layers=1", "model.d_model=32", "model.n_heads=2",
+                                                      "eval.extension={name: rerope, window: 8}"])  # fmt: skip
+    model = GPT(cfg.model, 300)
+    method = eval(call, {"install_extension": install_extension, "model": model, "cfg": cfg})
+    assert type(method).__name__ == "ReRope" and method.params.window == 8
