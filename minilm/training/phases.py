@@ -56,7 +56,7 @@ from minilm.model import GPT
 from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
-from minilm.runs import HELD_OUT, check_weights_file, resolve_run
+from minilm.runs import HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run
 from minilm.training.checkpoint import (
     SAME_OUTPUTS,
     TRAINED_WITH,
@@ -859,6 +859,9 @@ def _init_weights_path(init: str) -> Path:
     as evaluate.py finds them (``resolve_run``: a run's final weights, else its newest finished phase). Another file
     (a run's config.yaml) was read as a checkpoint: 'checkpoint ... is unreadable (IndexError: ...)'."""
     path = Path(init)
+    if not path.exists():  # (was 'no weights at PATH', the flag unnamed)
+        raise MinilmError(f"--init {path}: no such file or directory; give a run directory, a phase directory or a "
+                          f"{' / '.join(WEIGHT_SUFFIXES)} file")  # fmt: skip
     try:  # (a file is not given to resolve_run: --init takes weights from outside any run too)
         check_weights_file(path)
     except MinilmError as e:
@@ -869,6 +872,15 @@ def _init_weights_path(init: str) -> Path:
         except MinilmError as e:
             raise MinilmError(f"--init: {e}") from None
     return path
+
+
+def _read_init(init: str) -> tuple[dict, Optional[dict]]:
+    """The --init weights and the model section they record; a file that cannot be read is an error naming --init
+    (it said 'weights file X is unreadable', the flag that gave X unnamed)."""
+    try:
+        return read_weights_and_model(Path(init))
+    except MinilmError as e:
+        raise MinilmError(f"--init {e}") from None
 
 
 def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Optional[dict], model_cfg, phase: str,
@@ -917,7 +929,7 @@ def run_phases(
         log(_nothing_to_resume(run_dir, names[0]))  # but say that nothing was resumed
     # a missing or unreadable --init fails before the corpus is prepared and run.dir is written; read once
     init = str(_init_weights_path(init)) if init is not None else None  # (logged as loaded: the phase it is)
-    weights, init_model = read_weights_and_model(Path(init)) if init is not None else (None, None)
+    weights, init_model = _read_init(init) if init is not None else (None, None)
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
     start = names.index(start_phase) if start_phase else 0
     if notes:  # said before training, of what will train

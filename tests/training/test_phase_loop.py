@@ -650,10 +650,15 @@ def test_init_takes_what_evaluate_takes_and_names_a_file_that_is_no_weights(conf
     for path in (run / "model.safetensors", run / "b" / "model.safetensors"):  # b retraining: 'a' is the newest
         path.unlink()
     cfg = load_config(config, [f"run.dir={other}"])
+    (tmp_path / "empty.safetensors").write_bytes(b"")
     for init, message in ((run / "config.yaml", r"--init .*config.yaml: not a weights file; give a run directory, a "
                                                 r"phase directory or a \.safetensors / \.ckpt file"),
                           (run / "tb", r"--init: .*tb: not a phase directory: 'tb' is not a phase of .*a, b"),
-                          (tmp_path, r"--init: .* is a folder of runs \(run\), not a run")):  # fmt: skip
+                          (tmp_path, r"--init: .* is a folder of runs \(run\), not a run"),
+                          # the flag named, as for every other --init: 'no weights at X', 'weights file X is unreadable'
+                          (tmp_path / "nope.safetensors", r"^--init .*nope\.safetensors: no such file or directory; "
+                                                          r"give a run directory"),
+                          (tmp_path / "empty.safetensors", r"^--init weights file .*empty\.safetensors is unreadable")):
         with pytest.raises(MinilmError, match=message):
             run_phases(cfg, init=str(init), log=lambda m: None)
     assert not other.exists()
