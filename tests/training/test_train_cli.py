@@ -76,7 +76,8 @@ def test_twenty_steps_write_events_weights_and_config(tmp_path, tiny_text_dir, t
         (["data.sources.local.paths=[/nonexistent/*.txt]"], "data.sources.local"),
         (["run.dir={tmp}/a_file/run"], "run.dir"),
         (["data.tokenizer.model_file={tmp}/nope.model"], "data.tokenizer.model_file"),
-        (["run.dir={tmp}/run", "--init", "{tmp}/nope.safetensors"], "no weights at"),  # before run.dir is written
+        # before run.dir is written
+        (["run.dir={tmp}/run", "--init", "{tmp}/nope.safetensors"], "nope.safetensors: no such file or directory"),
         # a later phase's data is checked before the first phase trains
         (["phases.a.steps=2", "phases.b.steps=2", "phases.b.data.long_fraction=0.5",
           "phases.b.data.long_min_tokens=1000000"], "phase 'b': phases.b.data.long_fraction=0.5"),
