@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from minilm.errors import ConfigError, DataError
 from minilm.files import atomic_write_text
@@ -464,7 +464,20 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str, dotlist: bool =
         if isinstance(value, str) and BASE_60.fullmatch(value) and not isinstance(yaml.safe_load(value), str):
             msg += (f" ({value} is read as text, not as YAML 1.1's base-60 number {yaml.safe_load(value)}: write "
                     f"the number meant)")  # fmt: skip
+        if isinstance(e, ConfigKeyError) and "Did you mean" not in msg:
+            msg += _elsewhere(cfg, key)
         raise ConfigError(f"{label}: bad config key '{key}': {msg}") from None
+
+
+def _elsewhere(cfg: DictConfig, key: str) -> str:
+    """Where a key of that name does live, when it is in another section: OmegaConf suggests names within the
+    section only, so ``train.seed`` got no hint toward ``run.seed``."""
+    parts = key.split(".")
+    if parts[0] == "phases":  # (a phase's keys are their own schema's; its errors say what it takes)
+        return ""
+    found = [f"{section}.{parts[-1]}" for section, sub in cfg.items_ex(resolve=False)
+             if section != parts[0] and isinstance(sub, DictConfig) and parts[-1] in sub]  # fmt: skip
+    return f"; did you mean {' or '.join(found)}?" if found else ""
 
 
 COMMAND_LINE = "command line"

@@ -862,3 +862,15 @@ def test_a_value_a_later_block_replaced_is_not_named_as_where_the_bad_value_was_
     (tmp_path / "b.yaml").write_text("base: exp.yaml\nphases: {extend: {position: {scaling: {factor: 5e-1}}}}\n")
     with pytest.raises(ConfigError, match=r"scaling.factor: must be >= 1, got 0.5 \(set in .*b\.yaml\)$"):
         load_config(tmp_path / "b.yaml")
+
+
+def test_a_key_in_the_wrong_section_names_the_section_it_is_in(tmp_path):
+    """OmegaConf suggests names within the key's own section only: train.seed=5 said "Key 'seed' not in
+    'TrainConfig'" and nothing more, where the key is run.seed; in a YAML file as on the command line."""
+    with pytest.raises(ConfigError, match=r"bad config key 'train.seed': .*; did you mean run.seed\?$"):
+        load_config(None, ["train.seed=5"])
+    (tmp_path / "exp.yaml").write_text("optim: {seq_len: 64}\n")
+    with pytest.raises(ConfigError, match=r"exp.yaml: bad config key 'optim.seq_len': .*did you mean train.seq_len\?"):
+        load_config(tmp_path / "exp.yaml")
+    with pytest.raises(ConfigError, match=r"bad config key 'train.lrr': Key 'lrr' not in 'TrainConfig'$"):
+        load_config(None, ["train.lrr=1"])  # a name no section has: no guess
