@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from minilm.errors import ConfigError, MinilmError
+from minilm.errors import ConfigError
 from minilm.model.attention import in_query_blocks
 from minilm.positions.base import make_params
 from minilm.positions.rope_scaling import parse_scaling, scaled_frequencies, validate_scaling
@@ -124,13 +124,14 @@ class Extension:
                 raise ConfigError(f"{where}.{key}: unknown parameter; {cls.name} takes: {', '.join(allowed)}")
         return cls(make_params(cls.Params, dict(values), where))
 
-    def check(self, rotary: Any, where: str) -> None:
-        """Raise ConfigError if this method cannot apply to a layer with this position module."""
+    def check(self, rotary: Any, where: str, encoding: Optional[str] = None) -> None:
+        """Raise ConfigError if this method cannot apply to a layer with this position module. ``encoding``: the
+        model's model.position.name, which the error names (an absolute encoding's layers hold ``Identity``: the
+        message said "this layer's position encoding is Identity" of a learned model)."""
         if not supports(rotary):
-            raise ConfigError(
-                f"{where}: {self.name!r} needs a RoPE model (model.position.name: rope); this layer's position "
-                f"encoding is {type(rotary).__name__}, which it cannot remap"
-            )
+            what = f"this model's encoding is {encoding!r}" if encoding else f"this layer's is {type(rotary).__name__}"
+            raise ConfigError(f"{where}: {self.name!r} needs a RoPE model (model.position.name: rope); {what}, which "
+                              "it cannot remap")  # fmt: skip
 
     def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
         raise NotImplementedError
@@ -327,8 +328,8 @@ class RopeScaling(Extension):
         except ConfigError as e:
             raise ConfigError(f"{where}.{e}") from None
 
-    def check(self, rotary: Any, where: str) -> None:
-        super().check(rotary, where)
+    def check(self, rotary: Any, where: str, encoding: Optional[str] = None) -> None:
+        super().check(rotary, where, encoding)
         validate_scaling(self.params, rotary.rot_dim, where)  # e.g. longrope lists must match the rotary dims
 
     def _rot(self, x: Tensor, rotary: Rope, positions: Tensor, seq_len: Tensor) -> Tensor:
@@ -361,6 +362,13 @@ def build_extension(name: str, params: Optional[Mapping[str, Any]] = None, where
     return EXTENSIONS[name].from_params(dict(params or {}), f"{where}.{name}")
 
 
+def _encoding_name(model) -> Optional[str]:
+    """The model's model.position.name, where it carries its config (``minilm.model.GPT``)."""
+    cfg = getattr(model, "cfg", None)
+    position = getattr(cfg, "position", None)
+    return position.get("name") if position is not None and hasattr(position, "get") else None
+
+
 def install_extension(model, name: str, **params) -> Extension:
     """Set ``block.attn.extension`` on every layer of a ``minilm.model.GPT`` to the method ``name`` with
     ``params`` (checked first, so a model is never left half-installed); returns the method object. A model holds
@@ -369,11 +377,11 @@ def install_extension(model, name: str, **params) -> Extension:
     # good: nested `with extension(...)` blocks left the outer block's rest without its method once the inner removed
     installed = sorted({b.attn.extension.name for b in model.blocks if b.attn.extension is not None})
     if installed:
-        raise MinilmError(f"extension.{name}: the model already has {', '.join(map(repr, installed))} installed; "
+        raise ConfigError(f"extension.{name}: the model already has {', '.join(map(repr, installed))} installed; "
                           "call remove_extension(model) first (one method at a time: each replaces the attention)")
     method = build_extension(name, params)
     for i, block in enumerate(model.blocks):
-        method.check(block.attn.pos, f"extension.{name} (layer {i})")
+        method.check(block.attn.pos, f"extension.{name} (layer {i})", _encoding_name(model))
     for block in model.blocks:
         block.attn.extension = method
     return method

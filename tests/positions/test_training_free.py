@@ -284,7 +284,7 @@ def test_a_second_method_is_refused_and_the_first_stays():
     model = tiny()
     first = install_extension(model, "rerope", window=8)
     said = r"^extension\.logn: the model already has 'rerope' installed; call remove_extension\(model\) first"
-    with pytest.raises(MinilmError, match=said):
+    with pytest.raises(ConfigError, match=said):  # a ConfigError, as every other refusal here (docs/extension.md)
         install_extension(model, "logn", train_len=8)
     assert all(b.attn.extension is first for b in model.blocks)
     remove_extension(model)
@@ -300,8 +300,11 @@ def test_a_second_method_is_refused_and_the_first_stays():
 @pytest.mark.parametrize("position", ["none", "alibi", "xpos", "learned"])
 @pytest.mark.parametrize("name", list(EXTENSIONS))
 def test_clear_error_for_a_model_that_is_not_rope(position, name):
+    """Named by the model's encoding: an absolute one's layers hold Identity, and the error said "this layer's position
+    encoding is Identity" of a learned model."""
     model = tiny(f"model.position.name={position}")
-    with pytest.raises(ConfigError, match=rf"extension\.{name} \(layer 0\): '{name}' needs a RoPE model"):
+    said = rf"extension\.{name} \(layer 0\): '{name}' needs a RoPE model .*; this model's encoding is '{position}'"
+    with pytest.raises(ConfigError, match=said):
         install_extension(model, name, **LARGE[name])
     assert all(b.attn.extension is None for b in model.blocks)  # nothing half-installed
 
