@@ -419,6 +419,15 @@ def _nothing_to_resume(run_dir: Path, first: str) -> str:
             f"phase began training); nothing to resume, so phase '{first}' starts from step 0")
 
 
+def _steps_setting(pcfg, phase: str, steps: int, set_in) -> str:
+    """The setting that gives phase ``phase`` at least ``steps`` steps, by the key the config sets its length with
+    (a phase's own phases.b.steps, or train.tokens): the advice to give it more steps named neither."""
+    t = pcfg.train
+    if t.tokens is not None:  # steps = ceil(tokens / (batch_size · seq_len))
+        return f"{key_as_set('train.tokens', phase, set_in)}={steps * t.batch_size * t.seq_len}"
+    return f"{key_as_set('train.steps', phase, set_in)}={steps}"
+
+
 def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, log: Callable[[str], None],
                              set_in=None) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
     """--resume into a phase that has not finished: its newest good checkpoint (returned, with the state of the data
@@ -433,8 +442,8 @@ def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, l
         # Lightning would restore step `at` >= max_steps, train nothing, and the phase would be marked finished
         # with more steps in its weights than its config and complete.json say
         raise MinilmError(f"--resume: phase '{phase}' has a checkpoint at step {at} ({ckpt}), beyond the "
-                          f"{phase_steps(pcfg)} steps the config now gives it; give it at least {at} steps, or "
-                          f"retrain it with --phase {phase}")  # fmt: skip
+                          f"{phase_steps(pcfg)} steps the config now gives it; give it at least {at} steps "
+                          f"({_steps_setting(pcfg, phase, at, set_in)}), or retrain it with --phase {phase}")  # fmt: skip
     saved = state.get(PhaseData.__qualname__, {}).get("sampler")
     trained_world = saved.get("world_size") if saved is not None else None  # the processes that trained it
     _check_trained_with(state.get(TRAINED_WITH), pcfg, phase, ckpt, trained_world, world_size, set_in)

@@ -243,8 +243,11 @@ def test_resume_past_or_at_a_shortened_phase_end(config, tmp_path):
     over = [f"run.dir={run}", "train.ckpt_every=2", "train.val_every=0"]
     run_phases(load_config(config, [*over, "train.steps=3"]), log=lambda m: None)
     (run / "train" / "complete.json").unlink()  # as if killed after the checkpoint at step 2
-    with pytest.raises(MinilmError, match=r"checkpoint at step 2 .*beyond the 1 steps"):
+    with pytest.raises(MinilmError, match=r"checkpoint at step 2 .*beyond the 1 steps .*at least 2 steps "
+                                          r"\(train.steps=2\), or retrain"):  # the key to set, named
         run_phases(load_config(config, [*over, "train.steps=1"]), resume=True, log=lambda m: None)
+    with pytest.raises(MinilmError, match=r"at least 2 steps \(train.tokens=\d+\)"):  # a length set in tokens
+        run_phases(load_config(config, [*over, "train.tokens=1"]), resume=True, log=lambda m: None)
     run_phases(load_config(config, [*over, "train.steps=2"]), resume=True, log=lambda m: None)
     summary = json.loads((run / "train" / "complete.json").read_text())
     assert summary["steps"] == 2 and summary["val_loss"] is not None
