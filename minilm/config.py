@@ -315,6 +315,36 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
     return layers
 
 
+def yaml_line(path: Path, key: str) -> Optional[int]:
+    """The line of the dotted ``key`` (list items as ``[i]``) in the YAML file ``path``, 1-based: an error about a
+    value a file set says where in the file. None where the file cannot be read or does not hold the key."""
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    line = None
+    for part in re.findall(r"\[\d+\]|[^.\[\]]+", key):
+        if isinstance(node, yaml.SequenceNode) and part.startswith("["):
+            i = int(part[1:-1])
+            node = node.value[i] if i < len(node.value) else None
+            line = None if node is None else node.start_mark.line + 1
+        elif isinstance(node, yaml.MappingNode):
+            pair = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+            node, line = (pair[1], pair[0].start_mark.line + 1) if pair else (None, None)
+        else:
+            return None
+        if node is None:
+            return None
+    return line
+
+
+def _file_line(label: str, key: str) -> str:
+    """', line N' where ``label`` names a YAML file of the chain (as _read_yaml labels them) that holds ``key``."""
+    path = Path(label.removeprefix("in "))
+    line = yaml_line(path, key) if path.suffix in (".yaml", ".yml") and path.is_file() else None
+    return f", line {line}" if line else ""
+
+
 # 'kind:files' (no space after the colon) is one plain scalar in YAML, so '{kind:files}' is a mapping holding the key
 # 'kind:files' with no value, and the error came later and elsewhere ("kind: must be one of ..., got None")
 _GLUED_COLON = re.compile(r"[A-Za-z_][\w.-]*:[^\s:].*")
@@ -466,7 +496,8 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str, dotlist: bool =
                     f"the number meant)")  # fmt: skip
         if isinstance(e, ConfigKeyError) and "Did you mean" not in msg:
             msg += _elsewhere(cfg, key)
-        raise ConfigError(f"{label}: bad config key '{key}': {msg}") from None
+        where = label if dotlist else label + _file_line(label, key)
+        raise ConfigError(f"{where}: bad config key '{key}': {msg}") from None
 
 
 def _elsewhere(cfg: DictConfig, key: str) -> str:
@@ -578,7 +609,7 @@ def _set_where(message: str, layers: List[tuple[str, DictConfig]],
         if given is absent:
             continue
         if cfg is None or _kept(layer, key.group(1), given, final, absent):
-            return f" (set {label})"
+            return f" (set {label}{_file_line(label, key.group(1))})"
         if final is absent and not dropped and not OmegaConf.is_config(given):  # why a value given is missing
             dropped = f" (the {given!r} set {label} was dropped: {_replaced_by(key.group(1), layers[i + 1:])})"
     return dropped

@@ -152,7 +152,7 @@ def test_a_run_s_position_key_that_a_phase_breaks_is_named_as_set(tmp_path):
                  f"long_factor: [{ones}]}}\n"
                  "phases:\n  a: {steps: 1}\n  b: {steps: 1, position: {fraction: 0.5}}\n")  # fmt: skip
     with pytest.raises(ConfigError, match=r"^model\.position\.scaling\.short_factor: in phase 'b' \(which inherits "
-                                          rf"it\): .*\(8\), got 16 \(set in {re.escape(str(y))}\)$"):
+                                          rf"it\): .*\(8\), got 16 \(set in {re.escape(str(y))}, line 5\)$"):
         load_config(y)
     with pytest.raises(ConfigError, match=r"^phases\.b\.position\.scaling\.short_factor: .*\(8\), got 2 \(set on"):
         load_config(y, ["phases.b.position.scaling.short_factor=[1.0, 1.0]"])
@@ -322,7 +322,7 @@ def test_a_base_60_number_is_text_refused_by_a_number_key(tmp_path, where, key, 
         args, label = (tmp_path / "b60.yaml", []), r".*b60\.yaml"
     else:
         args, label = (None, [f"{key}={text}"]), "command line"
-    with pytest.raises(ConfigError, match=rf"^{label}: bad config key '{re.escape(key)}.*'{re.escape(value)}' .*"
+    with pytest.raises(ConfigError, match=rf"^{label}(, line 2)?: bad config key '{re.escape(key)}.*'{re.escape(value)}' .*"
                                           rf"read as text, not as YAML 1\.1's base-60 number {number}"):  # fmt: skip
         load_config(*args)
 
@@ -553,14 +553,14 @@ def test_a_phase_name_that_is_not_a_plain_directory_name_is_refused(tmp_path, na
 
 def test_a_bad_value_names_the_file_or_the_command_line_that_gave_it(tmp_path):
     """README: bad values stop with a message naming the key and the file. In a base: chain the key alone does not
-    say which of three files to edit."""
+    say which of three files to edit; the line in it, where the key sits (a phase's steps four lines down)."""
     (tmp_path / "base.yaml").write_text("model: {n_layers: 2, d_model: 64, n_heads: 2}\noptim: {decay: cosine}\n")
     (tmp_path / "exp.yaml").write_text("base: base.yaml\noptim: {decay: sometimes}\nphases:\n  a: {steps: 0}\n")
-    with pytest.raises(ConfigError, match=r"optim.decay: must be one of .* \(set in .*exp\.yaml\)$"):
+    with pytest.raises(ConfigError, match=r"optim.decay: must be one of .* \(set in .*exp\.yaml, line 2\)$"):
         load_config(tmp_path / "exp.yaml")
     with pytest.raises(ConfigError, match=r"model.n_layers: must be >= 1, got 0 \(set on the command line\)$"):
         load_config(tmp_path / "exp.yaml", ["model.n_layers=0", "optim.decay=linear"])
-    with pytest.raises(ConfigError, match=r"phases.a.steps: must be >= 1, got 0 \(set in .*exp\.yaml\)$"):
+    with pytest.raises(ConfigError, match=r"phases.a.steps: must be >= 1, got 0 \(set in .*exp\.yaml, line 4\)$"):
         load_config(tmp_path / "exp.yaml", ["optim.decay=linear"])
     with pytest.raises(ConfigError, match=r"model.position.base: must be > 1, got -1.0 \(set on the command line\)"):
         load_config(tmp_path / "base.yaml", ["model.position.base=-1"])  # minilm.positions' checks too
@@ -590,7 +590,7 @@ def test_a_null_value_names_the_layer_that_gave_the_null(tmp_path):
     (tmp_path / "exp.yaml").write_text("base: base.yaml\nmodel: {position: {base: null}}\n")
     with pytest.raises(ConfigError, match=r"model.position.base: must not be null \(set on the command line\)$"):
         load_config(tmp_path / "base.yaml", ["model.position.base=null"])
-    with pytest.raises(ConfigError, match=r"model.position.base: must not be null \(set in .*exp\.yaml\)$"):
+    with pytest.raises(ConfigError, match=r"model.position.base: must not be null \(set in .*exp\.yaml, line 2\)$"):
         load_config(tmp_path / "exp.yaml")
 
 
@@ -737,7 +737,7 @@ def test_a_bad_phase_eval_lengths_is_named_as_the_config_sets_it(tmp_path):
     y = tmp_path / "p.yaml"
     y.write_text("phases:\n  a: {steps: 1}\n  b: {steps: 1, eval_lengths: [64, 1]}\n")
     with pytest.raises(ConfigError, match=rf"^phases\.b\.eval_lengths: must be integers >= 2, got \[64, 1\] \(set in "
-                                          rf"{re.escape(str(y))}\)"):
+                                          rf"{re.escape(str(y))}, line 3\)"):
         load_config(y)
 
 
@@ -749,7 +749,7 @@ def test_a_run_s_data_key_that_a_phase_breaks_is_named_as_set(tmp_path):
     y.write_text("data: {document_mask: true, restart_positions: true}\n"
                  "phases:\n  a: {steps: 1, data: {document_mask: false}}\n")  # fmt: skip
     with pytest.raises(ConfigError, match=r"^data\.restart_positions: in phase 'a' \(which inherits it\): needs "
-                                          rf"document_mask: true .* \(set in {re.escape(str(y))}\)$"):
+                                          rf"document_mask: true .* \(set in {re.escape(str(y))}, line 1\)$"):
         load_config(y)
     with pytest.raises(ConfigError, match=r"^data\.synthetic\.tasks: in phase 'a' \(which inherits it\): must not be "
                                           r"empty when fraction > 0 \(set on the command line\)$"):
@@ -768,7 +768,7 @@ def test_a_run_s_eval_key_that_a_phase_breaks_is_named_as_set(tmp_path):
     y.write_text("eval: {stride: 128}\nphases:\n  a: {steps: 1, eval_lengths: [64, 256]}\n")
     with pytest.raises(ConfigError, match=rf"^eval\.stride: in phase 'a' \(which inherits it\): must be <= the "
                                           rf"shortest of phases\.a\.eval_lengths \(64\) for sliding windows, got "
-                                          rf"128 \(set in {re.escape(str(y))}\)$"):
+                                          rf"128 \(set in {re.escape(str(y))}, line 1\)$"):
         load_config(y)
     ones = ", ".join(["1.0"] * 16)
     extension = f"eval.extension={{name: longrope, factor: 2.0, short_factor: [{ones}], long_factor: [{ones}]}}"
@@ -792,7 +792,7 @@ def test_a_run_s_micro_batch_size_that_a_phase_s_batch_does_not_take_is_named_as
     y = tmp_path / "p.yaml"
     y.write_text("train: {micro_batch_size: 4}\nphases:\n  a: {steps: 1}\n  b: {steps: 1, batch_size: 6}\n")
     with pytest.raises(ConfigError, match=rf"^train\.micro_batch_size: in phase 'b' \(which inherits it\): must divide "
-                                          rf"batch_size \(6\), got 4 \(set in {re.escape(str(y))}\)$"):
+                                          rf"batch_size \(6\), got 4 \(set in {re.escape(str(y))}, line 1\)$"):
         load_config(y)
     with pytest.raises(ConfigError, match=r"^phases\.b\.micro_batch_size: must divide batch_size \(6\), got 4 \(set "):
         load_config(y, ["train.micro_batch_size=null", "phases.b.micro_batch_size=4"])  # the phase's own: its key
@@ -836,7 +836,7 @@ def test_a_quoted_position_parameter_is_held_as_the_number_it_is_read_as(tmp_pat
     assert phased.phases.b.position.base == 50000.0 and isinstance(phased.phases.b.position.base, float)
     (tmp_path / "b.yaml").write_text('model:\n  position: {name: alibi, max_bias: "8"}\n')
     with pytest.raises(ConfigError, match=r"model.position.max_bias: must be float, got the string '8'; write it "
-                                          r"without quotes \(set in .*b\.yaml\)"):
+                                          r"without quotes \(set in .*b\.yaml, line 2\)"):
         load_config(tmp_path / "b.yaml")
 
 
@@ -860,7 +860,7 @@ def test_a_value_a_later_block_replaced_is_not_named_as_where_the_bad_value_was_
     with pytest.raises(ConfigError, match=r"scaling.factor: must be >= 1, got 0.5 \(set on the command line\)$"):
         load_config(tmp_path / "exp.yaml", ["phases.extend.position.scaling.factor=0.5"])
     (tmp_path / "b.yaml").write_text("base: exp.yaml\nphases: {extend: {position: {scaling: {factor: 5e-1}}}}\n")
-    with pytest.raises(ConfigError, match=r"scaling.factor: must be >= 1, got 0.5 \(set in .*b\.yaml\)$"):
+    with pytest.raises(ConfigError, match=r"scaling.factor: must be >= 1, got 0.5 \(set in .*b\.yaml, line 2\)$"):
         load_config(tmp_path / "b.yaml")
 
 
@@ -870,7 +870,22 @@ def test_a_key_in_the_wrong_section_names_the_section_it_is_in(tmp_path):
     with pytest.raises(ConfigError, match=r"bad config key 'train.seed': .*; did you mean run.seed\?$"):
         load_config(None, ["train.seed=5"])
     (tmp_path / "exp.yaml").write_text("optim: {seq_len: 64}\n")
-    with pytest.raises(ConfigError, match=r"exp.yaml: bad config key 'optim.seq_len': .*did you mean train.seq_len\?"):
+    with pytest.raises(ConfigError, match=r"exp.yaml, line 1: bad config key 'optim.seq_len': .*did you mean train.seq_len\?"):
         load_config(tmp_path / "exp.yaml")
     with pytest.raises(ConfigError, match=r"bad config key 'train.lrr': Key 'lrr' not in 'TrainConfig'$"):
         load_config(None, ["train.lrr=1"])  # a name no section has: no guess
+
+
+def test_yaml_line_finds_a_dotted_key_in_block_and_flow_style(tmp_path):
+    """The line an error about a file's value names (``yaml_line``): block and flow mappings, list items by index;
+    None for a key the file does not hold, or a file that is not YAML."""
+    from minilm.config import yaml_line
+
+    y = tmp_path / "x.yaml"
+    y.write_text("# a comment\nmodel:\n  n_layers: 2\n  position: {name: rope,\n    base: 5.0e5}\neval:\n"
+                 "  lengths:\n    - 64\n    - 128\n")  # fmt: skip
+    assert [yaml_line(y, k) for k in ("model", "model.n_layers", "model.position.base", "eval.lengths[1]")] == [
+        2, 3, 5, 9]
+    assert yaml_line(y, "model.d_model") is None and yaml_line(y, "eval.lengths[5]") is None
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    assert yaml_line(tmp_path / "bad.yaml", "a") is None
