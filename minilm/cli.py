@@ -88,7 +88,7 @@ def keep_freed_memory() -> bool:
     and trims the free top of its heap back to the kernel past a threshold. It adapts both to the sizes it sees
     freed, but not for a training step's mix of sizes: each new page faults, about a microsecond per 4 KB. On the
     2-core development machine (AMD EPYC Zen 4, 2 threads) the logits' log-softmax of 512 × 2048 rows took 4.4 ms
-    with 2,529 faults and 1.0 ms with none, and the tiny config's training phase 40 s instead of 50 s
+    with 2,529 faults and 1.0 ms with none, and the tiny config's training phase a median 44 s instead of 50 s
     (docs/performance.md "Freed memory kept on CPU").
 
     This sets a static mmap threshold of 1 GiB (32 MiB where a glibc refuses more) and turns trimming off: the

@@ -70,7 +70,7 @@ def _faults(env: dict) -> int:
 def test_entry_points_keep_freed_memory_for_the_next_tensor():
     """run_cli keeps the memory freed tensors held for the next ones (minilm.cli.keep_freed_memory): glibc's default
     hands it back to the kernel, and every 4 KB of the next tensors faults in again, which cost the tiny config's CPU
-    training run a fifth of its time. Where the user set glibc's malloc variables, theirs stand."""
+    training run about an eighth of its time. Where the user set glibc's malloc variables, theirs stand."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     kept = _faults(env)
     users = _faults({**env, "MALLOC_TOP_PAD_": str(128 * 1024)})  # glibc's default pad, set by the user: untouched
