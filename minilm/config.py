@@ -933,11 +933,11 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
     from minilm.eval import validate_eval
 
     # a phase's own lengths are its eval_lengths (phases.NAME.eval is no key of the config)
-    own_lengths = f"phases.{name}.eval_lengths" if phase.eval_lengths is not None else None
+    names = {"lengths": f"phases.{name}.eval_lengths"} if phase.eval_lengths is not None else None
     try:
         validate_eval(merged.eval, where=f"phases.{name}.eval", position=merged.model.position,
                       head_dim=head_dim(merged.model), train_len=merged.train.seq_len,
-                      lengths_key=own_lengths)  # fmt: skip
+                      names=names)  # fmt: skip
     except ConfigError as e:  # any other eval key is the run's, which it inherits (its stride, against eval_lengths)
         raise _inherited(e, name, f"phases.{name}.eval", "eval", OmegaConf.create(), None) from None
     OmegaConf.set_readonly(merged, True)

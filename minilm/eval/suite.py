@@ -112,15 +112,15 @@ class EvalSettings:
 
 
 def validate_eval(eval_cfg, where: str = "eval", position=None, head_dim: Optional[int] = None,
-                  train_len: Optional[int] = None, lengths_key: Optional[str] = None) -> None:  # fmt: skip
+                  train_len: Optional[int] = None, names: Optional[Mapping[str, str]] = None) -> None:  # fmt: skip
     """Check an ``eval`` config section (so a bad value fails when the config loads, not after training); with
     ``position`` (the config's ``model.position``, already checked), that its ``eval.extension`` fits the encoding,
     and with the model's ``head_dim`` and the training length ``train_len`` too, its rotary dimensions.
-    ``lengths_key``: where its lengths come from, if not ``where.lengths`` (``EvalSettings.validate``)."""
+    ``names``: the keys given elsewhere than ``where.KEY`` (a phase's eval_lengths), as ``EvalSettings.validate``'s."""
     ev = OmegaConf.to_container(eval_cfg, resolve=True) if OmegaConf.is_config(eval_cfg) else dict(eval_cfg)
     known = {f.name for f in fields(EvalSettings)}
     settings = EvalSettings(**{k: v for k, v in ev.items() if k in known})
-    settings.validate(where, {"lengths": lengths_key} if lengths_key else None)
+    settings.validate(where, names)
     if ev.get("extension"):
         check_extension(dict(ev["extension"]), f"{where}.extension")
         if position is not None:
