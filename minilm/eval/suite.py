@@ -340,23 +340,24 @@ def resolve_device(device: Optional[str], name: str = "device") -> str:
     return device
 
 
-def _bounded_modules(model) -> list:
-    """(limit, module) for each of the model's position modules whose ``max_length()`` is not None."""
+def _model_limit(model) -> Optional[tuple[int, tuple[str, ...]]]:
+    """``tightest_limit`` of the model's position modules (a stub model of the tests may have none)."""
+    from minilm.positions.base import tightest_limit
+
     mods = [getattr(model, "pos_emb", None)] + [getattr(b.attn, "pos", None) for b in getattr(model, "blocks", [])]
-    mods = [m for m in mods if m is not None and hasattr(m, "max_length")]
-    return [(m.max_length(), m) for m in mods if m.max_length() is not None]
+    return tightest_limit(m for m in mods if m is not None and hasattr(m, "max_length"))
 
 
 def length_limit(model) -> Optional[int]:
     """The longest sequence the model's position modules can read (None: unbounded)."""
-    return min((limit for limit, _ in _bounded_modules(model)), default=None)
+    tightest = _model_limit(model)
+    return tightest[0] if tightest else None
 
 
 def _limit_keys(model) -> str:
     """The parameters that raise the tightest module's limit, as an unsupported length names them: ``, model.position.
     scale_base or gamma`` (xPos), ``, model.position.max_positions`` (learned); empty for a module that names none."""
-    bounded = _bounded_modules(model)
-    keys = getattr(min(bounded, key=lambda b: b[0])[1], "length_keys", ()) if bounded else ()
+    keys = (_model_limit(model) or (None, ()))[1]
     return f", model.position.{' or '.join(keys)}" if keys else ""
 
 

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from minilm.errors import MinilmError
 from minilm.model.cache import KVCache
+from minilm.positions.base import tightest_limit
 
 PREALLOCATE = 4096  # new tokens the KV cache makes room for before decoding starts (it doubles when full)
 
@@ -32,9 +33,8 @@ def cache_blockers(model) -> list[str]:
 
 def max_length(model) -> Optional[int]:
     """The longest sequence the model's encodings accept (None: unbounded)."""
-    limits = [m.max_length() for m in [model.pos_emb, *model.position_modules()]]
-    limits = [x for x in limits if x is not None]
-    return min(limits) if limits else None
+    tightest = tightest_limit([model.pos_emb, *model.position_modules()])
+    return tightest[0] if tightest else None
 
 
 def filter_logits(logits: Tensor, top_k: Optional[int] = None, top_p: Optional[float] = None) -> Tensor:

@@ -148,6 +148,13 @@ class PositionEncoding(nn.Module):
         return None
 
 
+def tightest_limit(modules) -> Optional[tuple[int, tuple[str, ...]]]:
+    """(the least ``max_length()`` of position ``modules``, the ``length_keys`` of the module that sets it); None where
+    none is bounded: a model's limit, as the phases' check, the evaluation suite and generation read it."""
+    bounded = [(limit, getattr(m, "length_keys", ())) for m in modules if (limit := m.max_length()) is not None]
+    return min(bounded, key=lambda b: b[0]) if bounded else None
+
+
 class Identity(PositionEncoding):
     """The hook object used where an encoding does not act (for example the embedding side of RoPE)."""
 

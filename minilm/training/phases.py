@@ -55,6 +55,7 @@ from minilm.files import (
 from minilm.model import GPT
 from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
+from minilm.positions.base import tightest_limit
 from minilm.positions.rope_scaling import compute_rope
 from minilm.runs import HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run
 from minilm.training.checkpoint import (
@@ -209,15 +210,15 @@ def _check_fits(hooks: list, pcfg, phase: str, set_in=None) -> None:
     may give a rotary encoding new parameters (apply_phase), and xPos's limit follows its scale_base, so a module
     that would take new ones is measured on a copy configured with them; the hooks themselves are left as they are."""
     params = validate_position(pcfg.model.position, where=f"phases.{phase}.position")
-    limits = []
+    configured = []
     for m in hooks:
         if hasattr(m, "configure") and getattr(m, "params", params) != params:
             m = copy.deepcopy(m)  # (a rotary module: its frequency tables, not the model's weights)
             m.configure(params)
-        if m.max_length() is not None:
-            limits.append((m.max_length(), m.length_keys))
-    if limits and pcfg.train.seq_len > min(limits)[0]:
-        limit, keys = min(limits)
+        configured.append(m)
+    tightest = tightest_limit(configured)
+    if tightest and pcfg.train.seq_len > tightest[0]:
+        limit, keys = tightest
         key = key_as_set("train.seq_len", phase, set_in)
         raise_keys = ""
         if keys:  # the parameter as the config sets it (phases.b.position.scale_base), and the others beside it
@@ -441,9 +442,10 @@ def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, l
     if (at := checkpoint_step(ckpt)) > phase_steps(pcfg):
         # Lightning would restore step `at` >= max_steps, train nothing, and the phase would be marked finished
         # with more steps in its weights than its config and complete.json say
+        more = _steps_setting(pcfg, phase, at, set_in)
         raise MinilmError(f"--resume: phase '{phase}' has a checkpoint at step {at} ({ckpt}), beyond the "
-                          f"{phase_steps(pcfg)} steps the config now gives it; give it at least {at} steps "
-                          f"({_steps_setting(pcfg, phase, at, set_in)}), or retrain it with --phase {phase}")  # fmt: skip
+                          f"{phase_steps(pcfg)} steps the config now gives it; give it at least {at} steps ({more}), "
+                          f"or retrain it with --phase {phase}")  # fmt: skip
     saved = state.get(PhaseData.__qualname__, {}).get("sampler")
     trained_world = saved.get("world_size") if saved is not None else None  # the processes that trained it
     _check_trained_with(state.get(TRAINED_WITH), pcfg, phase, ckpt, trained_world, world_size, set_in)
