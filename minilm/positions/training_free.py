@@ -380,8 +380,9 @@ def install_extension(model, name: str, **params) -> Extension:
         raise ConfigError(f"extension.{name}: the model already has {', '.join(map(repr, installed))} installed; "
                           "call remove_extension(model) first (one method at a time: each replaces the attention)")
     method = build_extension(name, params)
+    encoding = _encoding_name(model)
     for i, block in enumerate(model.blocks):
-        method.check(block.attn.pos, f"extension.{name} (layer {i})", _encoding_name(model))
+        method.check(block.attn.pos, f"extension.{name} (layer {i})", encoding)
     for block in model.blocks:
         block.attn.extension = method
     return method
