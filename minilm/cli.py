@@ -111,6 +111,13 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(M_TRIM_THRESHOLD, -1))  # -1: never trim (mallopt(3))
 
 
+def set_up_process() -> None:
+    """What every command does to the process before its work (run_cli, and the benchmark scripts, which time what
+    train.py runs): subnormals flushed, before torch starts its worker threads, and freed memory kept."""
+    flush_denormals()
+    keep_freed_memory()
+
+
 _sigterm = threading.Event()  # set once a SIGTERM arrived: what the KeyboardInterrupt that reaches run_cli was
 
 
@@ -160,8 +167,7 @@ def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argpars
     args = parser.parse_intermixed_args(argv)  # overrides may follow flags: `--config X --resume key=value`
     try:  # (torch is first imported here, a second or two: a Ctrl-C then was a KeyboardInterrupt traceback)
         with stop_on_sigterm():
-            flush_denormals()  # before anything else runs: before torch starts its worker threads
-            keep_freed_memory()
+            set_up_process()  # before anything else runs: before torch starts its worker threads
             quiet_libraries()
             return main(args) or 0
     except MinilmError as e:

@@ -95,7 +95,7 @@ from minilm.export import llama_rope_kwargs, llama_shape  # noqa: E402
 from minilm.training.compile import compiled  # noqa: E402  (the trainer's torch.compile, train.compile_mode)
 from minilm.training.optim import make_adamw  # noqa: E402  (the trainer's optimizer, fused where torch has it)
 from minilm.training.precision import cpu_bf16_unit, resolve_precision  # noqa: E402
-from minilm.cli import flush_denormals, keep_freed_memory, quiet_libraries  # noqa: E402
+from minilm.cli import quiet_libraries, set_up_process  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 from minilm.files import atomic_write_text  # noqa: E402
 
@@ -964,8 +964,7 @@ def exit_code(run_fn, args) -> int:
     measurement failed (its row says "error" and why; the traceback is in the output above), or failed and took
     the CUDA context with it (the run stops there); 2 on bad input; 130 when interrupted, with the measurements
     finished so far written."""
-    flush_denormals()  # as train.py does (run_cli), before torch starts its worker threads
-    keep_freed_memory()  # as train.py does: both models' steps without a page fault per 4 KB of each new tensor
+    set_up_process()  # as train.py does (run_cli), before torch starts its worker threads
     try:
         with sigint_flag():
             report = run_fn(args)
