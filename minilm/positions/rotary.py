@@ -201,13 +201,13 @@ class Rope(PositionEncoding):
 XPOS_EXP_RANGE = 80.0
 
 
-def xpos_log_zeta(d: int, gamma: float) -> Tensor:
+def xpos_log_zeta(d: int, gamma: float, device=None) -> Tensor:
     """ln ζ_i for the d rotated dimensions (d/2 values, float64), ζ_i = (2i/d + γ)/(1 + γ). From the logarithm, not
     ζ: ζ rounds to 1 for a large γ (fp32 from γ ≈ 3e7, float64 from 1e16: no decay, and a span limit divided by
     ln 1 = 0) and to 0 in fp32 for a tiny one (γ below 1e-45: 0^(−x) = inf, NaN scores); ln ζ is finite for every
     γ > 0. 1 − ζ_i = (1 − 2i/d)/(1 + γ) is computed as that, so ln ζ = log1p(−(1 − ζ)) keeps the digits ζ near 1
     would round away; the plain log where ζ is small (log1p(−1 + tiny) would lose them there instead)."""
-    i = torch.arange(0, d, 2, dtype=torch.float64) / d
+    i = torch.arange(0, d, 2, dtype=torch.float64, device=device) / d
     gap = (1 - i) / (1 + gamma)  # 1 − ζ_i
     return torch.where(gap < 0.5, torch.log1p(-gap), torch.log((i + gamma) / (1 + gamma)))
 
@@ -240,7 +240,8 @@ class XposParams(RopeParams):
     def log_inv_zeta0(self) -> float:
         """ln(1/ζ_0) > 0: the decay exponent per scale_base of distance, the largest of the dimension pairs (ζ_0,
         of pair 0, is the smallest ζ whatever the head size: γ/(1 + γ))."""
-        return -float(xpos_log_zeta(2, self.gamma)[0])
+        return -float(xpos_log_zeta(2, self.gamma, "cpu")[0])  # a number: on the CPU even where the model is built
+        # on the meta device (minilm.training.memory counts its parameters so)
 
     def max_span(self) -> Optional[int]:
         """The widest span of positions whose decay stays within fp32 (``XPOS_EXP_RANGE``); None where no int64

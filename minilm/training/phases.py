@@ -57,6 +57,12 @@ from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
 from minilm.positions.base import tightest_limit
 from minilm.positions.rope_scaling import compute_rope
+from minilm.training.memory import (
+    check_model_fits_host,
+    is_out_of_memory,
+    out_of_memory,
+    processes_on_this_host,
+)
 from minilm.runs import HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run
 from minilm.training.checkpoint import (
     SAME_OUTPUTS,
@@ -748,6 +754,7 @@ def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_pha
     _check_command(names, run_dir, resume, start_phase, primary, init)
     check_writable_dir(run_dir)
     world_size = check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
+    _check_model_fits(cfg, world_size, vocab_size=0)  # before the position hooks of every layer are built
     _check_phases_fit(cfg.model, pcfgs, cfg.phases)
     if resume:
         _check_saved_model(cfg, run_dir)
@@ -778,6 +785,7 @@ def _check_with_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase:
     world_size, resume_from, kept = found
     names = list(pcfgs)
     corpus = load_corpus(cfg.data)
+    _check_model_fits(cfg, world_size, corpus.tokenizer.vocab_size)
     for n in names[names.index(start_phase) if start_phase else 0:]:
         check_phase_data(corpus, pcfgs[n], n, cfg.phases.get(n))
     for n, (ckpt, sampler) in resume_from.items():
@@ -1020,6 +1028,13 @@ def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
     return model
 
 
+def _check_model_fits(cfg, world_size: int, vocab_size: int) -> None:
+    """Refuse, on the CPU, a model whose training state is larger than the machine (minilm/training/memory.py);
+    ``vocab_size`` 0: before the corpus is prepared, counting the model without its embedding and LM head."""
+    if _device_type(cfg) == "cpu":  # (phases share the run's trainer section)
+        check_model_fits_host(cfg.model, vocab_size, processes_on_this_host(world_size, cfg.trainer.num_nodes))
+
+
 def _write_run_files(cfg, corpus, run_dir: Path, names: list, held_out) -> None:
     """Rank 0's files of the run, under its lock and before any phase trains."""
     # what writes a kill cut short left beside the run's outputs (a step checkpoint's: prune_checkpoints)
@@ -1184,26 +1199,32 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
     t0 = time.perf_counter()
     if ckpt is None:  # the loss before the phase's first step: the start of the curve (and, for an extension
         # phase, the cost of the new length untrained)
-        _interruptible(trainer, trainer.validate, module, datamodule=data, verbose=False)
-    _interruptible(trainer, trainer.fit, module, datamodule=data, ckpt_path=str(ckpt) if ckpt else None)
+        _run_trainer(trainer, trainer.validate, name, module, datamodule=data, verbose=False)
+    _run_trainer(trainer, trainer.fit, name, module, datamodule=data, ckpt_path=str(ckpt) if ckpt else None)
     if trainer.global_step < steps:
         raise MinilmError(f"phase '{name}' stopped at step {trainer.global_step} of {steps}; resume with --resume")
     if module.last_val_step != steps:  # fit did not validate the last step (not a multiple of val_every, or a
         # resume from a checkpoint at the phase's last step, when fit has no step left to run)
-        _interruptible(trainer, trainer.validate, module, datamodule=data, verbose=False)
+        _run_trainer(trainer, trainer.validate, name, module, datamodule=data, verbose=False)
     if trainer.is_global_zero:
         seconds = time.perf_counter() - t0
         _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carries, log)
 
 
-def _interruptible(trainer, run, *args, **kwargs):
-    """``trainer.fit`` / ``validate``, with Ctrl-C reaching the caller as KeyboardInterrupt (the CLI then says how to
-    continue, exit 130): Lightning catches it, shuts down and calls sys.exit(1), which ended a run silently."""
+def _run_trainer(trainer, run, phase: str, *args, **kwargs):
+    """``trainer.fit`` / ``validate`` of ``phase``, with Ctrl-C reaching the caller as KeyboardInterrupt (the CLI then
+    says how to continue, exit 130): Lightning catches it, shuts down and calls sys.exit(1), which ended a run
+    silently. Running out of memory ends in a message naming the phase, the step and the settings that save memory
+    (a torch traceback before)."""
     try:
         return run(*args, **kwargs)
     except SystemExit:
         if trainer.interrupted:
             raise KeyboardInterrupt from None
+        raise
+    except Exception as e:
+        if is_out_of_memory(e):
+            raise out_of_memory(e, phase, trainer.global_step, str(trainer.strategy.root_device)) from e
         raise
 
 

@@ -416,3 +416,43 @@ def test_phase_without_its_previous_phase_is_refused_before_the_run_is_written(t
     assert proc.returncode == 2
     assert "--phase long: the previous phase 'short' has not finished" in err and "--init" in err, err
     assert not run.exists()
+
+
+def test_a_model_no_machine_holds_is_refused_before_the_corpus_is_prepared(tmp_path, tiny_text_dir, train_here):
+    """Not killed by the kernel once it has built its layers (exit 137, no word): refused, its size said, before the
+    tokenizer is trained (the test's cache stays empty) and before 100 000 layers' position hooks are built."""
+    cfg = write_config(tmp_path, tiny_text_dir)
+    proc = train_here("--config", cfg, f"run.dir={tmp_path / 'run'}", "model.n_layers=100000", "model.d_model=4096",
+                      "model.n_heads=32", check=False)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "model.n_layers=100000, model.d_model=4096: 20,159.69G parameters (not counting the embedding" in proc.stderr
+    assert "make the model smaller" in proc.stderr
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def test_running_out_of_memory_names_the_phase_and_what_to_change(tmp_path, tiny_text_dir, train_here, monkeypatch):
+    """An out-of-memory error inside a phase (here made to happen at its 4th training step) is a message naming the
+    phase, the step and the settings that save memory, exit 2, no traceback; the run resumes from its checkpoint."""
+    import torch
+
+    from minilm.model import GPT
+
+    cfg = write_config(tmp_path, tiny_text_dir)
+    run = tmp_path / "run"
+    real_loss, calls = GPT.loss, []
+
+    def loss(self, *args, **kwargs):
+        calls.append(self.training)
+        if sum(calls) == 4 and self.training:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.11 GiB total)")
+        return real_loss(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPT, "loss", loss)
+    proc = train_here("--config", cfg, f"run.dir={run}", "train.ckpt_every=2", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "phase 'train' ran out of memory on cpu at step 3 (CUDA out of memory. Tried" in proc.stderr
+    assert "--resume and model.activation_checkpointing=true" in proc.stderr
+    monkeypatch.setattr(GPT, "loss", real_loss)
+    train_here("--config", cfg, f"run.dir={run}", "train.ckpt_every=2", "model.activation_checkpointing=true",
+               "--resume")
+    assert (run / "model.safetensors").is_file()

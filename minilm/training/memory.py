@@ -1,0 +1,110 @@
+"""Memory a run cannot do without, checked before it starts, and running out of memory said plainly.
+
+``check_model_fits_host``: a model whose bare training state (fp32 weights and gradients, AdamW's two moments: 16
+bytes per parameter) is larger than the machine's memory is refused before the corpus is prepared. Without it a
+typo such as ``model.n_layers=12000`` had the kernel kill the process mid-start, with no word (exit status 137), and
+``model.d_model=1048576`` ended in a torch allocator traceback. Checked on the CPU alone, where the host's memory is
+what training uses; on a GPU, running out is torch's ``OutOfMemoryError``, which ``out_of_memory`` turns into a
+message naming the phase, the step and what to change.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Optional
+
+import torch
+from omegaconf import OmegaConf
+
+from minilm.errors import MinilmError
+
+TRAINING_BYTES_PER_PARAM = 16  # fp32 weight + gradient + AdamW exp_avg + exp_avg_sq (4 bytes each)
+SIZE_KEYS = "model.n_layers, model.d_model, model.d_ff"
+OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError  # (torch.cuda's before 2.5)
+
+
+def param_count(model_cfg, vocab_size: int) -> int:
+    """The parameters of ``GPT(model_cfg, vocab_size)``, counted on the meta device (nothing allocated) from a
+    one-block model: blocks are alike in size (a block's encoding differs by layer in behaviour, not in parameters),
+    so a 100 000-layer typo costs one block's construction, not 100 000."""
+    from minilm.model import GPT
+
+    one = OmegaConf.create({**OmegaConf.to_container(model_cfg, resolve=True), "n_layers": 1})
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Initializing zero-element tensors")  # vocab_size 0
+        model = GPT(one, vocab_size)
+    per_block = sum(p.numel() for p in model.blocks[0].parameters())
+    return sum(p.numel() for p in model.parameters()) + (model_cfg.n_layers - 1) * per_block
+
+
+MEMINFO = Path("/proc/meminfo")
+CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))  # v2, v1
+
+
+def host_memory_bytes(meminfo: Path = MEMINFO, cgroup_limits=CGROUP_LIMITS) -> Optional[int]:
+    """RAM plus swap, or the process's cgroup memory limit where that is lower; None where neither can be read
+    (not Linux)."""
+    sizes = []
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines() if ":" in line)
+        sizes.append(sum(int(fields[k].split()[0]) * 1024 for k in ("MemTotal", "SwapTotal") if k in fields))
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit in cgroup_limits:
+        try:
+            text = limit.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # v2 writes "max" for none
+            sizes.append(int(text))
+    sizes = [s for s in sizes if s > 0]
+    return min(sizes) if sizes else None
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB"
+
+
+def check_model_fits_host(model_cfg, vocab_size: int, processes: int = 1) -> None:
+    """Refuse a model whose training state, ``processes`` copies of it (DDP ranks on this machine), is larger than
+    the machine's memory: it can never train here. ``vocab_size`` 0 counts the model without its embedding and
+    head (a lower bound, before the tokenizer says its vocabulary), and the message says so."""
+    total = host_memory_bytes()
+    if total is None:
+        return
+    n = param_count(model_cfg, vocab_size)
+    need = TRAINING_BYTES_PER_PARAM * n * processes
+    if need <= total:
+        return
+    copies = f" × {processes} processes (trainer.devices)" if processes > 1 else ""
+    raise MinilmError(
+        f"model.n_layers={model_cfg.n_layers}, model.d_model={model_cfg.d_model}: {n / 1e9:,.2f}G parameters"
+        f"{' (not counting the embedding and LM head)' if vocab_size == 0 else ''}; training holds {TRAINING_BYTES_PER_PARAM} bytes per parameter (fp32 weights and gradients, "
+        f"AdamW's two moments){copies}: {_gb(need)}, more than this machine's {_gb(total)} of memory (RAM and swap, "
+        f"or the process's cgroup limit); make the model smaller ({SIZE_KEYS}) or train on a larger machine"
+    )
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """torch's CUDA out-of-memory error, or its CPU allocator failing (a RuntimeError it words its own way)."""
+    if isinstance(e, (OUT_OF_MEMORY, MemoryError)):
+        return True
+    return isinstance(e, RuntimeError) and "can't allocate memory" in str(e)
+
+
+def out_of_memory(e: BaseException, phase: str, step: int, device: str) -> MinilmError:
+    """The error a phase that ran out of memory ends with: where, torch's own first line, and what a resumed run
+    may change (the settings that save memory with the same loss and gradients: README, "Resume")."""
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return MinilmError(
+        f"phase '{phase}' ran out of memory on {device} at step {step} ({first}); continue with --resume and "
+        "model.activation_checkpointing=true or model.loss_chunk_size=4096 (the same loss and gradients in less "
+        "memory), or restart the phase (--phase " + phase + ") with a smaller train.micro_batch_size or "
+        "train.seq_len"
+    )
+
+
+def processes_on_this_host(world_size: int, num_nodes) -> int:
+    """The training processes that share this machine's memory: the world size over the nodes."""
+    return max(1, world_size // max(1, int(num_nodes or 1)))
