@@ -29,7 +29,7 @@ from minilm.cli import once_parser, run_cli  # noqa: E402
 # config keeps its key, eval.samples)
 FLAGS = {"lengths": "--lengths", "tasks": "--tasks", "depths": "--depths", "samples": "--samples",
          "needles": "--needles", "batches": "--batches", "batch_tokens": "--batch-tokens", "stride": "--stride",
-         "seed": "--seed", "device": "--device"}  # fmt: skip
+         "seed": "--seed", "device": "--device", "out": "--out"}  # fmt: skip
 
 
 def _items(s: str, kind: str) -> list[str]:

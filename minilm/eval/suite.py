@@ -195,14 +195,20 @@ def extension_from_flag(words: Optional[Sequence[str]]) -> Dict[str, Any]:
         return {}
     extension = parse_extension(words)
     if extension["name"] == NO_EXTENSION:
-        if len(extension) > 1:
-            raise ConfigError(f"--extension none takes no parameters, got {' '.join(words[1:])}")
+        _check_plain(extension, f"--extension {NO_EXTENSION}")
         return extension
     try:
         check_extension(extension)
     except ConfigError as e:
         raise ConfigError(f"--extension {' '.join(words)}: {e}") from None
     return extension
+
+
+def _check_plain(extension: Mapping[str, Any], where: str) -> None:
+    """``{"name": "none"}``, the plain model, takes no parameters (they would be ignored)."""
+    extra = " ".join(f"{k}={v}" for k, v in extension.items() if k != "name")
+    if extension.get("name") == NO_EXTENSION and extra:
+        raise ConfigError(f"{where} takes no parameters, got {extra}")
 
 
 # ---------------------------------------------------------------------------------------------------- extensions
@@ -323,7 +329,7 @@ def resolve_device(device: Optional[str], name: str = "device") -> str:
     """``device`` checked (cpu, cuda, cuda:N; None: cuda when available, else cpu), so a typo or a GPU that is
     not there is one message rather than a traceback from deep inside torch. ``name``: how the caller's user gives
     it, which the errors name (the scripts: ``--device``)."""
-    if not device:
+    if device is None:  # (an empty one is an error: --device '' took the default without a word)
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(device)
@@ -714,6 +720,19 @@ def _clear_phase_error(out_dir: Path, phase_dir: Path) -> None:
         (out_dir / PHASE_ERROR).unlink(missing_ok=True)
 
 
+def _check_given(given: Mapping[str, Any], names: Mapping[str, str]) -> None:
+    """What ``evaluate_run`` was given that is wrong whatever the run, refused before the run is loaded (its weights
+    and config, seconds to minutes): the settings by ``EvalSettings.validate`` with the others at their defaults,
+    which pass it (what depends on the run, a stride against the config's lengths, is checked again with it), an
+    empty ``out`` (it took the default folder) and ``none``'s parameters."""
+    known = {f.name for f in fields(EvalSettings)}
+    EvalSettings(**{k: v for k, v in given.items() if k in known and v is not None}).validate(names=names)
+    if given["out"] is not None and not str(given["out"]).strip():
+        flag = names.get("out", "out")
+        raise ConfigError(f"{flag}: empty; give an output directory, or leave {flag} out for RUN/PHASE/eval[-METHOD]/")
+    _check_plain(given["extension"] or {}, f"extension {NO_EXTENSION!r}")
+
+
 def global_step(cfg, phase: str, in_phase: Optional[int] = None) -> int:
     """Optimizer steps from the start of the run to the end of ``phase`` (the TensorBoard step axis), or to step
     ``in_phase`` of it (a step checkpoint's: ``LoadedRun.step``)."""
@@ -750,21 +769,20 @@ def evaluate_run(
     from minilm.config import phase_names
     from minilm.runs import load_run, load_run_config
 
-    given = {"lengths": lengths or None, "tasks": tasks or None, "extension": extension or None, "device": device,
+    lengths, tasks = [int(x) for x in lengths] if lengths else None, list(tasks) if tasks else None
+    given = {"lengths": lengths, "tasks": tasks, "extension": extension or None, "device": device, "out": out,
              **changes}  # fmt: skip
     names = {k: name for k, name in (names or {}).items() if given.get(k) is not None}  # the config's: their keys
+    _check_given(given, names)
     device = resolve_device(device, name=names.get("device", "device"))
     loaded = load_run(path, phase, map_location=device)
     cfg = loaded.cfg
     run_cfg = load_run_config(loaded.run_dir / "config.yaml")
     phase = loaded.phase or phase_names(run_cfg)[-1]
     plain = bool(extension) and extension.get("name") == NO_EXTENSION  # not even the config's eval.extension
-    if plain and len(extension) > 1:
-        raise ConfigError(f"--extension {NO_EXTENSION}: takes no parameters, got {dict(extension)}")
     # the lengths given here replace the config's before anything is checked against them: a --stride was checked
     # against the config's eval.lengths, and refused, though the lengths evaluated were --lengths
-    settings = EvalSettings.from_config(cfg, lengths=[int(x) for x in lengths] if lengths else None,
-                                        tasks=list(tasks) if tasks else None,
+    settings = EvalSettings.from_config(cfg, lengths=lengths, tasks=tasks,
                                         extension={} if plain else dict(extension) if extension else None,
                                         names=names, **changes)  # fmt: skip
     if not settings.lengths:

@@ -607,6 +607,42 @@ def test_evaluate_s_range_errors_name_the_flag_or_the_config_key(fake_run, capsy
     assert not (fake_run / "train" / "eval").exists()
 
 
+# values wrong whatever the run: refused before it is loaded
+BAD_FLAGS = [(["--samples", "0"], "--samples: must be >= 1, got 0"),
+             (["--needles", "-1"], "--needles: must be >= 1, got -1"),
+             (["--batches", "0"], "--batches: must be >= 1, got 0"),
+             (["--batch-tokens", "0"], "--batch-tokens: must be >= 1, got 0"),
+             (["--stride", "0"], "--stride: must be >= 1 or null, got 0"),
+             (["--depths", "0,2"], "--depths: must be a non-empty list of numbers in [0, 1], got [0.0, 2.0]"),
+             (["--lengths", "1"], "--lengths: must be integers >= 2, got [1]"),
+             (["--lengths", "64,64"], "--lengths: has repeats: [64, 64]"),
+             (["--tasks", "ppl,kvv"], "--tasks: unknown task(s) ['kvv']; allowed: ppl, passkey, needle, kv"),
+             (["--lengths", "32,64", "--stride", "40"],
+              "--stride: must be <= the shortest of --lengths (32) for sliding windows, got 40"),
+             (["--extension", "none", "a=1"], "--extension none takes no parameters, got a=1"),
+             (["--extension", "yarn", "factor=0.5"], "--extension yarn factor=0.5: extension.factor: must be >= 1, "
+                                                     "got 0.5"),
+             (["--out", ""], "--out: empty; give an output directory, or leave --out out for RUN/PHASE/eval[-METHOD]/"),
+             (["--device", ""], "--device: must be cpu, cuda or cuda:N, got ''")]  # fmt: skip
+
+
+@pytest.mark.parametrize("flags,said", BAD_FLAGS)
+def test_a_flag_wrong_whatever_the_run_is_refused_before_the_run_is_loaded(tmp_path, monkeypatch, capsys, flags,
+                                                                             said):  # fmt: skip
+    """--samples 0 (and every range check of the eval settings) was refused only once the run's weights and config
+    were loaded, seconds to minutes for a large run; --out '' and --device '' took the default silently."""
+    import minilm.runs
+    from minilm.cli import run_cli
+
+    def load_run(*args, **kwargs):
+        raise AssertionError("the run was loaded before its flags were checked")
+
+    monkeypatch.setattr(minilm.runs, "load_run", load_run)
+    ev = _script("evaluate")
+    assert run_cli(ev.main, ev.parser(), ["--run", str(tmp_path / "run"), "--no-tb", *flags]) == 2
+    assert capsys.readouterr().err == f"error: {said}\n"
+
+
 def test_a_stride_is_checked_against_the_lengths_evaluated_not_the_configs(fake_run):
     """With eval.lengths [32] in the run's config, --lengths 128 --stride 64 was refused ('must be <= the shortest
     length (32)'): the stride was checked against the config's lengths before --lengths replaced them."""
