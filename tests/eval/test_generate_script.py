@@ -123,6 +123,7 @@ def test_errors_name_the_flags_as_given_before_the_run_is_loaded(tmp_path, capsy
                         (["--max-new-tokens", "-1"], "error: --max-new-tokens: must be >= 0, got -1"),
                         (["--temperature", "nan"], "error: --temperature: must be a finite number >= 0"),
                         (["--device", "xyz"], "error: --device: must be cpu, cuda or cuda:N, got 'xyz'"),
+                        (["--device", ""], "error: --device: must be cpu, cuda or cuda:N, got ''"),  # was the default
                         (["--extension", "yarn", "factor=-1"], "error: --extension yarn factor=-1: "),
                         (["--extension", "nope"], "error: --extension nope: ")):  # fmt: skip
         assert run_cli(gen.main, gen.parser(), [str(tmp_path / "no_run"), "--prompt", "x", *flags]) == 2
