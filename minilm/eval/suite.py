@@ -126,24 +126,40 @@ def validate_eval(eval_cfg, where: str = "eval", position=None, head_dim: Option
         if position is not None:
             _check_extension_fits(ev["extension"]["name"], position["name"], f"{where}.extension.name")
             if head_dim is not None and train_len is not None:
-                name, params = _with_length_defaults(ev["extension"], train_len)
-                _check_extension_dims(name, params, position, head_dim, f"{where}.extension")
+                _applied_params(ev["extension"], train_len, position, head_dim, f"{where}.extension")
 
 
-def _check_extension_dims(name: str, params: Mapping[str, Any], position, head_dim: int, where: str) -> None:
-    """The extension's scaling block (a rope_type, or rope_scaling's) against the rotary dimensions of the model the
-    config builds; ``name, params`` as ``apply_extension`` applies them (``_with_length_defaults``): longrope's lists
-    of the wrong length passed the config, and each phase trained, then failed its evaluation naming
-    model.position.scaling."""
+def _applied_params(extension: Mapping[str, Any], train_len: int, position, head_dim: int,
+                    where: str) -> tuple[str, dict]:  # fmt: skip
+    """(name, parameters) of a checked extension block as applied to a model of ``position`` (its
+    ``model.position``, a RoPE one) and ``head_dim`` trained at ``train_len``: ``_with_length_defaults``, then its
+    scaling block (a rope_type's, or rope_scaling's) against the model's rotary dimensions. Its
+    ``partial_rotary_factor`` is the model's own: which dimensions rotate is fixed by the weights, and the block
+    replaces the model's own scaling block, which reset it to 1 where that one set it (PI with factor 1 changed
+    the logits); a value of its own rotated other dimensions than those trained, another model, not an extension
+    of this one. Longrope's lists of the wrong length passed the config, and each phase trained, then failed its
+    evaluation naming model.position.scaling."""
     from minilm.positions import validate_position
-    from minilm.positions.rope_scaling import validate_scaling
+    from minilm.positions.rope_scaling import parse_scaling, validate_scaling
     from minilm.positions.rotary import rotary_dim
     from minilm.positions.training_free import EXTENSIONS
 
+    name, params = _with_length_defaults(extension, train_len)
     if name in EXTENSIONS and name != "rope_scaling":
-        return
+        return name, params
+    rope = validate_position(position)
+    share = parse_scaling(rope.scaling)[1].partial_rotary_factor  # the model's: its scaling block's, else 1
+    given = params.get("partial_rotary_factor", share)
+    if given != share:
+        raise ConfigError(f"{where}.partial_rotary_factor: must be the model's own ({share:g}), got {given:g}: it "
+                          "sets which dimensions rotate, which the weights were trained with (model.position.scaling."
+                          "partial_rotary_factor; model.position.fraction), and an extension rescales their "
+                          "frequencies only; leave it out")  # fmt: skip
+    if share != 1:
+        params["partial_rotary_factor"] = share
     scaling = params if name == "rope_scaling" else {"rope_type": name, **params}
-    validate_scaling(scaling, rotary_dim(head_dim, validate_position(position).fraction), where)
+    validate_scaling(scaling, rotary_dim(head_dim, rope.fraction), where)
+    return name, params
 
 
 def _check_extension_fits(name: str, position_name: str, where: str) -> None:
@@ -308,8 +324,7 @@ def _apply_extension(model, model_cfg, vocab_size: int, extension: Mapping[str, 
     # before the model is built: a longrope block's lists of the wrong length named model.position.scaling
     from minilm.config import head_dim
 
-    name, params = _with_length_defaults(extension, train_seq_len)
-    _check_extension_dims(name, params, model_cfg.position, head_dim(model_cfg), where)
+    name, params = _applied_params(extension, train_seq_len, model_cfg.position, head_dim(model_cfg), where)
     if name in EXTENSIONS:
         install_extension(model, name, **params)
         return model, lambda: remove_extension(model)

@@ -520,6 +520,48 @@ def test_an_extension_s_lists_that_do_not_fit_the_rotary_dims_name_the_extension
     apply_extension(model, cfg.model, corpus.tokenizer.vocab_size, good, 64)[1]()
 
 
+@pytest.mark.parametrize("extension", [{"name": "yarn", "factor": 4, "partial_rotary_factor": 0.5},
+                                       {"name": "rope_scaling", "rope_type": "linear", "factor": 2,
+                                        "partial_rotary_factor": 0.5}])  # fmt: skip
+def test_an_extension_cannot_change_which_dimensions_rotate(corpus_setup, extension):
+    """--extension yarn factor=4 partial_rotary_factor=0.5 was taken, and its results filed as YaRN's: it rotated
+    half the dimensions the weights were trained to rotate (at other frequencies), another model rather than a context
+    extension of this one. Its own value (1 here) is allowed."""
+    cfg, corpus = corpus_setup
+    V = corpus.tokenizer.vocab_size
+    model = tiny_gpt(cfg, V)
+    with pytest.raises(ConfigError, match=r"^extension\.partial_rotary_factor: must be the model's own \(1\), got 0\.5"):
+        apply_extension(model, cfg.model, V, extension, 64)
+    apply_extension(model, cfg.model, V, {**extension, "partial_rotary_factor": 1.0}, 64)[1]()
+
+
+@pytest.mark.parametrize("extension", [{"name": "linear", "factor": 1}, {"name": "rope_scaling", "rope_type": "default"}])
+def test_an_extension_keeps_the_dimensions_the_model_rotates(corpus_setup, eval_data, extension):
+    """A model trained with model.position.scaling.partial_rotary_factor 0.5 rotated every dimension under any
+    extension, whose block replaced its own: PI with factor 1, which changes nothing, changed its logits."""
+    from omegaconf import OmegaConf
+
+    cfg, corpus = corpus_setup
+    V = corpus.tokenizer.vocab_size
+    position = {"name": "rope", "scaling": {"rope_type": "default", "partial_rotary_factor": 0.5}}
+    model = tiny_gpt(cfg, V, seed=1, **position)
+    model_cfg = OmegaConf.merge(cfg.model, {"position": position})
+    x = torch.from_numpy(np.asarray(eval_data.val.tokens[:64], dtype=np.int64)).unsqueeze(0)
+    with torch.no_grad():
+        ref = model(x)
+        scaled, undo = apply_extension(model, model_cfg, V, extension, 64)
+        torch.testing.assert_close(scaled(x), ref)
+        undo()
+
+
+def test_an_eval_extension_that_changes_which_dimensions_rotate_fails_when_the_config_loads():
+    from minilm.config import load_config
+    from tests.conftest import REPO
+
+    with pytest.raises(ConfigError, match=r"^eval\.extension\.partial_rotary_factor: must be the model's own \(1\)"):
+        load_config(REPO / "configs/tiny.yaml", ["eval.extension={name: yarn, factor: 2, partial_rotary_factor: 0.5}"])
+
+
 def test_resolve_device(monkeypatch):
     from minilm.eval import resolve_device
 
