@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import run_cli  # noqa: E402
+from minilm.cli import once_parser, run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 
@@ -60,7 +60,8 @@ def _int_or_text(text: str):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # (once_parser: --seeds 1,2 ... --seeds 3, a command edited from the shell history, trained seed 3 alone)
+    p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("study", help="a study YAML (configs/studies/*.yaml)")
     p.add_argument("overrides", nargs="*", help="overrides for every variant, e.g. trainer.accelerator=cpu")
     p.add_argument("--out", help="where the variants' run directories go (default runs/studies/<name>)")

@@ -231,6 +231,21 @@ def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_fi
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("flag, values", [("--seeds", ["1,2", "3"]), ("--out", ["a", "b"]), ("--only", ["yarn", "pi"])])
+def test_a_value_flag_given_twice_exits_2_not_the_last_one_silently(tmp_path, study_file, capsys, monkeypatch, flag,
+                                                                    values):  # fmt: skip
+    """`--seeds 1,2 ... --seeds 3` (a command edited from the shell history) trained seed 3 alone, without a word, as
+    --out and --only kept their last value: the other scripts refuse a flag given twice."""
+    import minilm.study
+
+    monkeypatch.setattr(minilm.study, "run_study", lambda *a, **k: pytest.fail("the study ran"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        _study([study_file, flag, values[0], flag, values[1]])
+    assert e.value.code == 2
+    assert f"{flag} given twice ({values[0]!r} and {values[1]!r})" in capsys.readouterr().err
+
+
 
 def test_an_out_that_is_a_file_exits_2_naming_out_before_anything_runs(tmp_path, study_file, capsys, monkeypatch):
     """It failed in the first run's directory check, which advised setting run.dir: a study refuses run.dir."""
