@@ -9,7 +9,8 @@ has one, said on stderr), a phase directory (its ``eval/``), an
 evaluation directory holding results.json, or a results.json file; run scripts/evaluate.py first (with the same
 --lengths for every run, so the table lines up). ``--label`` names the lines (default: run.name/phase[+method], a
 study's run named as in its study, by its variant and seed: ``yarn/seed1/extend_2k``; runs of the same name by
-their folders, with as many parent directories as it takes to tell them apart). A study's folder stands for its
+their folders, with as many parent directories as it takes to tell them apart; a label or an evaluation given twice
+is an error). A study's folder stands for its
 runs that have an evaluation (each seed's its own line; the study's own compare.md has their means). Writes
 compare.png and compare.md to --out (default: the
 current directory). Evaluations made with different settings that change the numbers (run.seed, --batches,
@@ -40,6 +41,7 @@ def main(args: argparse.Namespace) -> int:
         raise MinilmError(f"--label: give one label per run ({len(runs)}" + (f": {' '.join(map(str, runs))}"
                           if runs != args.runs else "") + f"), got {len(args.label)}")  # fmt: skip
     found = [find_results(Path(r)) for r in runs]
+    check_distinct(runs, found, args.label)
     for r, path in zip(runs, found):
         if note := earlier_phase_note(Path(r), path):
             print(f"note: {note}", file=sys.stderr)
@@ -51,6 +53,22 @@ def main(args: argparse.Namespace) -> int:
     for warning in setting_differences(results, labels):  # (also at the top of the table) last, where it is seen
         print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def check_distinct(runs: list, found: list[Path], labels: list[str] | None) -> None:
+    """Refuse an evaluation given twice (a run named twice, or a run and its study's folder) and a --label given to
+    two runs: either drew two lines, and two rows, that a reader cannot tell apart."""
+    seen: dict[Path, str] = {}
+    for run, path in zip(runs, found):
+        if path.resolve() in seen:
+            first = seen[path.resolve()]
+            also = "" if first == str(run) else f", also as {first}"
+            raise MinilmError(f"{run}: the same evaluation ({path}) given twice{also}; give each run once")
+        seen[path.resolve()] = str(run)
+    twice = next((label for label in labels or [] if labels.count(label) > 1), None)
+    if twice is not None:
+        raise MinilmError(f"--label: {twice!r} given twice ({' '.join(labels)}); each run needs its own label, which "
+                          "names its line in the figure and its row in the table")  # fmt: skip
 
 
 def earlier_phase_note(run: Path, found: Path) -> str | None:

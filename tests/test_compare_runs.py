@@ -45,6 +45,23 @@ def test_given_labels_are_kept(tmp_path):
     assert "| first | 5.00 |" in table and "| second | 6.00 |" in table
 
 
+def test_an_evaluation_or_a_label_given_twice_exits_2_before_anything_is_written(tmp_path, capsys):
+    """The same run twice (or a run and its phase directory), and --label a a, drew two lines and two rows of one
+    name that a reader could not tell apart, without a word."""
+    from minilm.cli import run_cli
+
+    run = tmp_path / "run"
+    a, b = _evaluation(run, "p", 5.0), _evaluation(tmp_path / "other", "p", 6.0)
+    cmp = load_script("scripts/compare_runs.py")
+    out = tmp_path / "cmp"
+    for argv, said in (([a, a], f"{a}: the same evaluation ({a / 'results.json'}) given twice; give each run once"),
+                       ([a, run / "p"], f"given twice, also as {a}; give each run once"),
+                       ([a, b, "--label", "x", "x"], "--label: 'x' given twice (x x); each run needs its own label")):
+        assert run_cli(cmp.main, cmp.parser(), [*map(str, argv), "--out", str(out)]) == 2
+        assert said in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_perplexities_of_tokenizers_of_other_sizes_are_named_in_a_warning():
     from minilm.eval.report import setting_differences
 
