@@ -21,8 +21,9 @@ once, in the first such variant, and the later variants start from a copy of the
 At the end, ``<out>/study.md`` and ``study.json`` list the overrides of every variant once (the study file's, the
 command line's) and hold one row per variant (what it sets itself, what it shared, the validation loss after each
 phase) and, from the evaluation of each variant's last evaluating phase (runs that have
-not finished that phase do not count), ``compare.png`` / ``compare.md`` (minilm.eval.compare). A study stopped at
-any moment continues with ``--resume``.
+not finished that phase do not count), ``compare.png`` / ``compare.md`` (minilm.eval.compare); with seeds, each
+variant's difference from the first, paired by seed; with one seed, ``study.md`` says first that no difference can be
+called significant. A study stopped at any moment continues with ``--resume``.
 """
 
 from __future__ import annotations
@@ -688,12 +689,23 @@ def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Call
     log(f"study {study.name}: {out_dir / 'study.md'}" + (f", {out_dir / 'compare.png'}" if averaged else ""))
 
 
+# what study.md says first when each variant trained once: its tables invite reading a ranking into one draw
+ONE_SEED = ("**One seed: no difference between the variants below can be called significant.** Each number is one "
+            "draw: it also moves with the seed (the initialization, the data drawn, the validation and evaluation "
+            "text), and one run per variant gives no spread to weigh a difference against. The tables show each "
+            "variant's numbers side by side; to tell a difference from noise, run the study with several seeds "
+            "(e.g. `--seeds 1,2,3`): study.md then gives mean ± sd and each variant's difference from the first, "
+            "paired by seed.")
+
+
 def _markdown(study: Study, report: dict, figure: bool) -> str:
     n = len(study.seeds) or 1
     entries = report["variants"]
     seeds = f"seeds {', '.join(map(str, study.seeds))}: mean ± sample sd" if n > 1 else (
         f"seed {study.seeds[0]}" if study.seeds else "one seed (the config's)")
     md = [f"# Study {study.name}", "", f"`{study.path}`, {report['date']}, {seeds}.", ""]
+    if n == 1 and len(entries) > 1:  # (with seeds, the paired table at the end gives each difference its spread)
+        md += [ONE_SEED, ""]
     # the overrides of every variant, once: each variant's own are in the table's 'own overrides' column
     for what, key in (("The study file's overrides", "overrides"),
                       ("Command-line overrides", "command_line_overrides")):  # fmt: skip

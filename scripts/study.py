@@ -10,7 +10,8 @@ A study file names the config every variant starts from and each variant's overr
 docs/extension.md "Studies"). Variants whose first phases are identical train them once. At the end
 ``<out>/study.md`` has a row per variant (its overrides, what it shared, the validation loss after each phase),
 and ``compare.png`` / ``compare.md`` overlay each variant's last evaluation (with seeds: their means, and study.md
-gives mean ± sample standard deviation). ``tensorboard --logdir <out>`` shows all variants' curves together.
+gives mean ± sample standard deviation and each variant's difference from the first, paired by seed; with one seed
+it says that no difference can be called significant). ``tensorboard --logdir <out>`` shows all variants' curves.
 """
 
 import argparse

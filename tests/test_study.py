@@ -521,6 +521,28 @@ def test_seeds_one_seed_is_named_and_val_batches_0_is_not_a_missing_run(tmp_path
     assert "| c | `train.val_batches=0` | – | no validation | no validation |" in md
 
 
+@pytest.mark.parametrize("seeds", ["", "seeds: [7]\n", "seeds: [7, 8]\n"])
+def test_a_one_seed_study_says_no_difference_is_significant_and_shows_the_variants_side_by_side(tmp_path, study_file,
+                                                                                                seeds):  # fmt: skip
+    """With one seed the paired table (variants paired across seeds) is left out: study.md showed its tables with
+    nothing saying that one draw per variant cannot tell a difference from noise."""
+    study_file.write_text(f"config: base.yaml\n{seeds}variants: {{a: [], b: [optim.lr=0.01]}}\n")
+    study = load_study(study_file)
+    out = tmp_path / "out"
+    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
+    for r, loss in zip(study_runs(study), (4.0, 3.5, 4.1, 3.4)):
+        _finished(cfgs[r.label], out / r.label, ["short", "long"], val_loss=loss)
+    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    md = (out / "study.md").read_text()
+    one = seeds != "seeds: [7, 8]\n"
+    assert ("no difference between the variants below can be called significant" in md) == one
+    assert ("paired by seed\n" in md) == (not one)  # the paired table's heading
+    rows = [line for line in md.splitlines() if line.startswith(("| a |", "| b |"))][:2]  # the first table's
+    assert rows == (["| a | – | – | 4.0000 | 4.0000 |", "| b | `optim.lr=0.01` | – | 3.5000 | 3.5000 |"] if one
+                    else ["| a | – | – | 4.0500 ± 0.0707 | 4.0500 ± 0.0707 |",
+                          "| b | `optim.lr=0.01` | – | 3.4500 ± 0.0707 | 3.4500 ± 0.0707 |"])  # fmt: skip
+
+
 def test_plan_a_run_copies_only_the_shared_phases_it_lacks_and_checks_the_donors_first(tmp_path, study_file,
                                                                                       monkeypatch):  # fmt: skip
     import minilm.training.phases as phases_mod
