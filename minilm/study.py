@@ -202,6 +202,19 @@ def phase_keys(cfg: DictConfig) -> list[str]:
     return keys
 
 
+def check_variants_differ(study: Study, keys: dict[str, list[str]]) -> None:
+    """Refuse two variants that train alike (``keys``: each run's ``phase_keys``; equal last keys: every phase resolves
+    to the same config, at the same seed): one of them was meant to change something (an override left out, or one
+    that sets what the config already says), and the study would train it again to report a difference of nothing."""
+    seen: dict[str, str] = {}
+    for r in study_runs(study):
+        first = seen.setdefault(keys[r.label][-1], r.variant)
+        if first != r.variant:
+            raise ConfigError(f"{study.path}: variants '{first}' and '{r.variant}' train alike: every phase of theirs "
+                              "resolves to the same config (their overrides and config files make no difference "
+                              "between them); change one of them, or remove it")  # fmt: skip
+
+
 def plan_sharing(keys: dict[str, list[str]]) -> dict[str, tuple[str, int]]:
     """variant -> (donor, number of leading phases copied from it): the earlier variant (in study order) with the
     longest run of equal leading phases, the first of those on a tie. Variants with no equal first phase are
@@ -300,6 +313,8 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
             log(f"study {study.name}: every variant with {what} overrides: {' '.join(items)}")
     try:
         cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
+        keys = {label: phase_keys(c) for label, c in cfgs.items()}
+        check_variants_differ(study, keys)
     except ConfigError as e:  # (checked before anything trains: the remedy is to correct it and run this again)
         end = " " if str(e).endswith((".", "?")) else ". "
         raise ConfigError(f"{e}{end}Nothing was trained; correct it, then: {again}") from None
@@ -307,7 +322,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     # (under DDP the other ranks start this study anew once rank 0 has begun the first run: not their refusal)
     if not resume and is_primary_process() and any((out_dir / r.label).exists() for r in todo):
         raise MinilmError(f"{out_dir} already holds this study's runs; continue it ({again}), or choose another --out")
-    plan = plan_sharing({label: phase_keys(c) for label, c in cfgs.items()}) if share else {}
+    plan = plan_sharing(keys) if share else {}
     labels = {r.label for r in todo}
     for r in todo:  # a donor that --only leaves out must have finished what it lends: refused before anything trains
         if r.label in plan and plan[r.label][0] not in labels:

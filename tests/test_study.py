@@ -154,6 +154,21 @@ def test_a_bad_variant_override_exits_2_naming_the_variant_before_anything_train
 
 
 
+@pytest.mark.parametrize("same", ["[]", "[phases.long.steps=6]", "{config: base.yaml}"])
+def test_two_variants_that_train_alike_exit_2_before_anything_trains(tmp_path, study_file, capsys, monkeypatch, same):
+    """A variant whose overrides change nothing (left out, or setting what the config says) trained the other variant
+    again and reported a difference of nothing, without a word."""
+    import minilm.study
+
+    monkeypatch.setattr(minilm.study, "_check_data", lambda *a: pytest.fail("the data was prepared"))
+    study_file.write_text(STUDY + f"  yarn_again: {same}\n")
+    for seeds in ([], ["--seeds", "1,2"]):
+        assert _study([study_file, "--out", tmp_path / "out", *seeds]) == 2
+        err = capsys.readouterr().err
+        assert "variants 'yarn' and 'yarn_again' train alike: every phase of theirs resolves to the same config" in err
+        assert "Nothing was trained" in err and not (tmp_path / "out").exists()
+
+
 def test_a_bad_value_in_a_variant_is_said_to_be_set_in_the_study_file_not_on_the_command_line(tmp_path, study_file,
                                                                                              capsys):  # fmt: skip
     study_file.write_text(STUDY + "  broken: [model.n_layers=-2]\n")
