@@ -164,6 +164,18 @@ def check_seeds(value, where: str) -> list[int]:
     return list(value)
 
 
+def check_common_overrides(study: Study) -> None:
+    """The study file's ``overrides:`` (for every variant) alone on each config the variants start from: a bad one is
+    named as set there, not as set in the first variant (whose own overrides may be none)."""
+    for config in dict.fromkeys(v.config for v in study.variants) if study.overrides else []:
+        try:
+            load_config(config, study.overrides, f"study file {study.path}, overrides (every variant)")
+        except ConfigError as e:  # (a variant's config of its own: which one)
+            names = ", ".join(v.name for v in study.variants if v.config == config)
+            which = "" if config == study.config else f" (for variant {names}, which starts from {config})"
+            raise ConfigError(f"{e}{which}") from None
+
+
 def run_config(study: Study, run: StudyRun, out_dir: Path, extra: list[str]) -> DictConfig:
     """The resolved config of one run of the study, its run directory ``out_dir/<label>``. ``extra``: overrides
     for every variant from the command line (after the study's own)."""
@@ -312,6 +324,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
         if items:  # once here: each run's line names its variant's own
             log(f"study {study.name}: every variant with {what} overrides: {' '.join(items)}")
     try:
+        check_common_overrides(study)
         cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
         keys = {label: phase_keys(c) for label, c in cfgs.items()}
         check_variants_differ(study, keys)

@@ -184,6 +184,27 @@ def test_a_bad_value_in_a_variant_is_said_to_be_set_in_the_study_file_not_on_the
     assert "(set on the command line)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("bad, said", [
+    ("train.log_evry=3", "overrides (every variant): bad config key 'train.log_evry'"),
+    ("model.n_layers=-2", "-2 (set in study file {}, overrides (every variant))"),
+])
+def test_a_bad_override_for_every_variant_is_said_to_be_the_study_files_not_the_first_variants(tmp_path, study_file,
+                                                                                              capsys, bad, said):
+    """A bad entry of the study file's `overrides:` was said to be set in "variant 'yarn'", whose own list is empty."""
+    study_file.write_text(f"overrides: [{bad}]\n" + STUDY)
+    assert _study([study_file, "--out", tmp_path / "out"]) == 2
+    err = capsys.readouterr().err
+    assert said.format(study_file) in err and "variant 'yarn'" not in err, err
+    # a variant on a config of its own, the only one that refuses it: which variant
+    (tmp_path / "other.yaml").write_text("base: base.yaml\nmodel: {position: {name: alibi}}\n")
+    study_file.write_text("overrides: ['phases.long.position.scaling.factor=3.0']\nconfig: base.yaml\n"
+                          "variants: {yarn: [], mine: {config: other.yaml}}\n")  # fmt: skip
+    assert _study([study_file, "--out", tmp_path / "out"]) == 2
+    err = capsys.readouterr().err
+    said = f"(set in study file {study_file}, overrides (every variant)) (for variant mine, which starts from "
+    assert said + f"{tmp_path / 'other.yaml'})" in err, err
+
+
 def test_the_command_to_run_once_corrected_keeps_negative_seeds_to_their_flag(tmp_path, study_file, capsys):
     """It said "--seeds -1,2", which argparse reads as a flag: "argument --seeds: expected one argument"."""
     assert _study([study_file, "--out", tmp_path / "out", "--seeds=-1,2", "model.n_layers=-2"]) == 2
