@@ -1115,6 +1115,8 @@ def validate(cfg: DictConfig) -> None:
     """Every key's value checked against what it allows (raises ConfigError naming the key): the run's paths, the
     model, data, training, position and evaluation sections, then each phase."""
     _validate_paths(cfg)
+    seed = cfg.run.seed  # torch's generators take a 64-bit seed: a larger one was a traceback at the model's init
+    _check(-(2**63) <= seed < 2**63, "run.seed", f"must be a 64-bit integer, in [-2^63, 2^63 - 1], got {seed}")
     _validate_model(cfg.model)
     d = cfg.data
     _check(d.tokenizer.vocab_size >= 64, "data.tokenizer.vocab_size", f"must be >= 64, got {d.tokenizer.vocab_size}")

@@ -889,3 +889,14 @@ def test_yaml_line_finds_a_dotted_key_in_block_and_flow_style(tmp_path):
     assert yaml_line(y, "model.d_model") is None and yaml_line(y, "eval.lengths[5]") is None
     (tmp_path / "bad.yaml").write_text("a: [1,\n")
     assert yaml_line(tmp_path / "bad.yaml", "a") is None
+
+
+@pytest.mark.parametrize("seed, ok", [(2**63 - 1, True), (-(2**63), True), (2**63, False), (-(2**63) - 1, False),
+                                      (99999999999999999999, False)])  # fmt: skip
+def test_run_seed_must_fit_64_bits(seed, ok):
+    """torch's generators take 64 bits (train.py trains at both ends); past them the model's init was a traceback."""
+    if ok:
+        load_config(None, [f"run.seed={seed}"])
+        return
+    with pytest.raises(ConfigError, match=r"run\.seed: must be a 64-bit integer, in \[-2\^63, 2\^63 - 1\], got"):
+        load_config(None, [f"run.seed={seed}"])
