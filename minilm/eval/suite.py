@@ -7,7 +7,7 @@ its keys). ``evaluate_phase`` is what training calls at the end of a phase (``ev
 
 Lengths the model cannot read (beyond a ``learned`` table's ``max_positions`` — any position module whose
 ``max_length()`` is not None) are reported in ``unsupported`` and not run; a task that fails at one length
-(no held-out text that long, a prompt that does not fit, out of GPU memory even one sequence per forward) is
+(no held-out text that long, a prompt that does not fit, out of memory even one sequence per forward) is
 reported in ``skipped`` and the suite goes on.
 """
 
@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from minilm.errors import ConfigError, MinilmError
 from minilm.files import atomic_write_text
+from minilm.training.memory import is_out_of_memory  # (torch and omegaconf only: no Lightning)
 from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
 from minilm.eval.report import log_tensorboard, make_output_dir, not_measured, plural, write_report
 from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
@@ -488,8 +489,9 @@ def _is_too_long(err: Exception) -> bool:
     return isinstance(err, SequenceTooLong)
 
 
-def _oom_types() -> tuple:
-    return (torch.OutOfMemoryError,) if hasattr(torch, "OutOfMemoryError") else (torch.cuda.OutOfMemoryError,)
+def _free_cached_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[dict] = None,
@@ -539,11 +541,12 @@ def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[di
                         res["skipped"][task][key] = str(e)
                     log(f"eval: {task} at {L} not measured: {e}")
                     continue
-                except _oom_types():
-                    if torch.cuda.is_available():
-                        torch.cuda.empty_cache()
-                    res["skipped"][task][key] = "out of GPU memory, even one sequence at a time"
-                    log(f"eval: {task} at {L} skipped: out of GPU memory")
+                except Exception as e:  # (torch's CUDA error, or its CPU allocator's RuntimeError)
+                    if not is_out_of_memory(e):
+                        raise
+                    _free_cached_memory()
+                    res["skipped"][task][key] = "out of memory, even one sequence at a time"
+                    log(f"eval: {task} at {L} skipped: out of memory")
                     continue
                 log(f"eval: {task} at {L}: {_summary(res, task, key)} ({time.perf_counter() - t0:.1f}s)")
     finally:
@@ -565,7 +568,7 @@ def _batch_size(settings: EvalSettings, L: int) -> int:
 
 
 def _run_task(model, data: EvalData, s: EvalSettings, L: int, task: str, res: dict, log) -> None:
-    """One task at one length, ``batch_tokens // L`` sequences per forward; out of GPU memory, again with half as
+    """One task at one length, ``batch_tokens // L`` sequences per forward; out of memory, again with half as
     many per forward. What is measured (the windows, the prompts) does not depend on that chunking, so the numbers
     stay those of the settings — lowering eval.batch_tokens instead would also draw fewer perplexity windows."""
     chunk = _batch_size(s, L)
@@ -574,13 +577,12 @@ def _run_task(model, data: EvalData, s: EvalSettings, L: int, task: str, res: di
             if task == "ppl":
                 return _ppl(model, data, s, L, res, chunk)
             return _retrieval(model, data, s, L, task, res, chunk)
-        except _oom_types():
-            if chunk == 1:
+        except Exception as e:
+            if chunk == 1 or not is_out_of_memory(e):
                 raise
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            _free_cached_memory()
             chunk //= 2
-            log(f"eval: {task} at {L}: out of GPU memory; again with {chunk} sequence(s) per forward")
+            log(f"eval: {task} at {L}: out of memory; again with {chunk} sequence(s) per forward")
 
 
 def _ppl(model, data: EvalData, s: EvalSettings, L: int, res: dict, chunk: int) -> None:

@@ -124,14 +124,15 @@ def test_one_prompt_is_one_prompt_and_every_title_and_axis_label_fits_its_figure
 class _SmallMemory(torch.nn.Module):
     """A model that runs out of (GPU) memory on more than ``most`` sequences per forward, else is ``model``."""
 
-    def __init__(self, model, most: int):
+    def __init__(self, model, most: int, error=None):
         super().__init__()
         self.inner, self.most = model, most
         self.lm_head = model.lm_head
+        self.error = error or torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
     def _check(self, idx):
         if idx.shape[0] > self.most:
-            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            raise self.error
 
     def hidden(self, idx, *args, **kw):
         self._check(idx)
@@ -167,7 +168,14 @@ def test_out_of_memory_retries_with_smaller_chunks_and_measures_the_same(corpus_
     assert any("again with 2 sequence(s) per forward" in m for m in logs)
     # one sequence at a time still too much: skipped, saying so
     got = evaluate(_SmallMemory(model, 0), eval_data, replace_tasks(settings, ["ppl"]), log=lambda *_: None)
-    assert got["skipped"]["ppl"]["64"] == "out of GPU memory, even one sequence at a time"
+    assert got["skipped"]["ppl"]["64"] == "out of memory, even one sequence at a time"
+    # the CPU allocator's failure (a RuntimeError) alike; any other RuntimeError is not taken for one
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: (simulated)")
+    got = evaluate(_SmallMemory(model, 2, cpu), eval_data, replace_tasks(settings, ["ppl"]), log=lambda *_: None)
+    assert got["ppl"] == pytest.approx(want["ppl"], rel=1e-5)
+    with pytest.raises(RuntimeError, match="shapes"):
+        evaluate(_SmallMemory(model, 2, RuntimeError("shapes cannot be multiplied")), eval_data,
+                 replace_tasks(settings, ["ppl"]), log=lambda *_: None)  # fmt: skip
 
 
 def replace_tasks(settings, tasks):
