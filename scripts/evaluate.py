@@ -60,6 +60,7 @@ def _names(s: str) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from minilm.errors import ConfigError
     from minilm.eval import evaluate_run, extension_from_flag
 
     extension = extension_from_flag(args.extension)  # (a bad one is refused before the run is read)
@@ -67,6 +68,9 @@ def main(args: argparse.Namespace) -> int:
     changes = {"samples": args.samples, "depths": args.depths, "batches": args.batches, "seed": args.seed,
                "batch_tokens": args.batch_tokens, "stride": args.stride, "needles": args.needles}  # fmt: skip
     if args.no_sliding:
+        if args.stride is not None:  # (a config may keep eval.stride while eval.sliding is off: not refused there)
+            raise ConfigError("--stride: sets the sliding-window perplexity's stride, which --no-sliding skips; give "
+                              "one of them")  # fmt: skip
         changes["sliding"] = False
     # --extension as typed: an error about it after the run is read begins with it, as extension_from_flag's do
     names = {**FLAGS, "extension": " ".join(["--extension", *(args.extension or [])])}

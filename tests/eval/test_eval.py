@@ -661,6 +661,8 @@ BAD_FLAGS = [(["--samples", "0"], "--samples: must be >= 1, got 0"),
              (["--tasks", "ppl,kvv"], "--tasks: unknown task(s) ['kvv']; allowed: ppl, passkey, needle, kv"),
              (["--lengths", "32,64", "--stride", "40"],
               "--stride: must be <= the shortest of --lengths (32) for sliding windows, got 40"),
+             (["--stride", "16", "--no-sliding"],
+              "--stride: sets the sliding-window perplexity's stride, which --no-sliding skips; give one of them"),
              (["--extension", "none", "a=1"], "--extension none takes no parameters, got a=1"),
              (["--extension", "yarn", "factor=0.5"], "--extension yarn factor=0.5: extension.factor: must be >= 1, "
                                                      "got 0.5"),
