@@ -285,7 +285,7 @@ def check_extension(extension: Mapping[str, Any], where: str = "extension") -> N
     if "rope_type" in params:
         raise ConfigError(f"{where}.rope_type: not a parameter here; the rope_type is the name ({name!r})")
     try:
-        parse_scaling({"rope_type": name, **params})
+        parse_scaling({"rope_type": name, **params}, named_apart=True)
     except ConfigError as e:
         raise ConfigError(f"{where}.{e}") from None
 

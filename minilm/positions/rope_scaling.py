@@ -452,9 +452,11 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     return float(value)
 
 
-def parse_scaling(scaling: Optional[Mapping[str, Any]]) -> tuple[str, Any]:
+def parse_scaling(scaling: Optional[Mapping[str, Any]], named_apart: bool = False) -> tuple[str, Any]:
     """(rope_type, typed parameters) for a scaling block; None or {} is ``default``. Raises ConfigError naming
-    the key for an unknown rope_type, an unknown or missing key, or a bad value."""
+    the key for an unknown rope_type, an unknown or missing key, or a bad value. ``named_apart``: the user gave the
+    rope_type as a name, not as a key of the block (an evaluation's extension), so the keys an unknown one is told
+    it may be do not include rope_type."""
     values = dict(scaling or {})
     # the two keys of a transformers block that are not scaling parameters here: say where they go rather than
     # "not a parameter of rope_type 'default'"
@@ -472,7 +474,8 @@ def parse_scaling(scaling: Optional[Mapping[str, Any]]) -> tuple[str, Any]:
     for key in values:
         if key not in allowed:
             raise ConfigError(
-                f"{key}: not a parameter of rope_type {rope_type!r}; it takes: rope_type, {', '.join(allowed)}"
+                f"{key}: not a parameter of rope_type {rope_type!r}; it takes: "
+                + ", ".join(allowed if named_apart else ["rope_type", *allowed])
             )
     for f in fields(cls):
         if f.default is MISSING and f.default_factory is MISSING and f.name not in values:

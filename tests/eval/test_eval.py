@@ -663,6 +663,9 @@ BAD_FLAGS = [(["--samples", "0"], "--samples: must be >= 1, got 0"),
               "--stride: must be <= the shortest of --lengths (32) for sliding windows, got 40"),
              (["--stride", "16", "--no-sliding"],
               "--stride: sets the sliding-window perplexity's stride, which --no-sliding skips; give one of them"),
+             # the keys it may be, without rope_type: the method's name is the rope_type, and rope_type=... is refused
+             (["--extension", "linear", "factr=4"], "--extension linear factr=4: extension.factr: not a parameter of "
+                                                    "rope_type 'linear'; it takes: factor, partial_rotary_factor"),
              (["--extension", "none", "a=1"], "--extension none takes no parameters, got a=1"),
              (["--extension", "yarn", "factor=0.5"], "--extension yarn factor=0.5: extension.factor: must be >= 1, "
                                                      "got 0.5"),
