@@ -28,6 +28,7 @@ CHUNK_CHARS = 4000  # sentencepiece trains on "sentences"; documents are cut int
 MODEL_TYPES = ("bpe", "unigram")
 RESERVED_PIECES = 4 + 1  # pad, unk, bos, eos, and "\n" (a user-defined piece)
 BYTE_PIECES = 256  # one piece per byte under byte_fallback
+WITH_BYTES = RESERVED_PIECES + BYTE_PIECES  # the pieces reserved under byte_fallback
 
 
 class Tokenizer:
@@ -111,7 +112,7 @@ def _keep_common_characters(chunks: List[str], tok_cfg) -> List[str]:
     counts: Counter = Counter()
     for chunk in chunks:
         counts.update(chunk)
-    room = max(1, (tok_cfg.vocab_size - RESERVED_PIECES - BYTE_PIECES) // 2)
+    room = max(1, (tok_cfg.vocab_size - WITH_BYTES) // 2)
     if len(counts) <= room:
         return chunks
     drop = {ord(c): None for c, _ in counts.most_common()[room:]}
@@ -122,9 +123,8 @@ def check_trainable(tok_cfg) -> None:
     """Refuse a vocab_size with no piece left for a character beside those sentencepiece reserves (the specials,
     "\n" and, under byte_fallback, one per byte): it failed only after every source had been read, with
     sentencepiece's count of required pieces, which the hint called the sample's characters."""
-    reserved = RESERVED_PIECES + BYTE_PIECES
-    if tok_cfg.byte_fallback and not tok_cfg.model_file and tok_cfg.vocab_size <= reserved:
-        raise DataError(f"data.tokenizer.vocab_size: must be > {reserved} with data.tokenizer.byte_fallback: true "
+    if tok_cfg.byte_fallback and not tok_cfg.model_file and tok_cfg.vocab_size <= WITH_BYTES:
+        raise DataError(f"data.tokenizer.vocab_size: must be > {WITH_BYTES} with data.tokenizer.byte_fallback: true "
                         f"({BYTE_PIECES} byte pieces, 4 special ids and '\\n' are reserved), got "
                         f"{tok_cfg.vocab_size}; raise it, or set data.tokenizer.byte_fallback: false")  # fmt: skip
 
@@ -160,7 +160,7 @@ def train_tokenizer(chunks: Iterable[str], out_file: Path, tok_cfg, num_threads:
         if "smaller than required_chars" in str(e):  # every distinct character of the sample needs a piece
             hint = (f"data.tokenizer.vocab_size ({tok_cfg.vocab_size}) is below the characters the sample needs "
                     f"(the second number: its characters and {RESERVED_PIECES} reserved pieces); raise it")
-            if not tok_cfg.byte_fallback and tok_cfg.vocab_size > RESERVED_PIECES + BYTE_PIECES:  # (room for bytes)
+            if not tok_cfg.byte_fallback and tok_cfg.vocab_size > WITH_BYTES:  # (room for bytes)
                 hint += ", or set data.tokenizer.byte_fallback: true (rare characters become bytes)"
         else:
             hint = "a larger sample or a smaller data.tokenizer.vocab_size usually fixes this"

@@ -27,10 +27,10 @@ from omegaconf import OmegaConf
 
 from minilm.errors import ConfigError, MinilmError
 from minilm.files import atomic_write_text
-from minilm.training.memory import is_out_of_memory  # (torch and omegaconf only: no Lightning)
 from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
 from minilm.eval.report import log_tensorboard, make_output_dir, not_measured, plural, write_report
 from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
+from minilm.training.memory import is_out_of_memory  # (torch and omegaconf only: no Lightning)
 
 TASKS = ("ppl", "passkey", "needle", "kv")
 # the settings that change the numbers, beyond lengths, depths and samples, recorded in results.json under these names
@@ -70,13 +70,18 @@ class EvalSettings:
         """From a full (phase) config: its ``eval`` section and ``run.seed``; ``changes`` (not None) win. ``names``:
         how the caller's user gives the changes, which the errors name (``validate``)."""
         ev = OmegaConf.to_container(cfg.eval, resolve=True) if OmegaConf.is_config(cfg.eval) else dict(cfg.eval)
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in ev.items() if k in known}
+        values = cls.fields_of(ev)
         values["seed"] = int(cfg.run.seed)
         values.update({k: v for k, v in changes.items() if v is not None})
         settings = cls(**values)
         settings.validate(names=names)
         return settings
+
+    @classmethod
+    def fields_of(cls, values: Mapping[str, Any]) -> dict:
+        """The entries of ``values`` that are settings (an ``eval`` section has keys of its own besides them)."""
+        known = {f.name for f in fields(cls)}
+        return {k: v for k, v in values.items() if k in known}
 
     def validate(self, where: str = "eval", names: Optional[Mapping[str, str]] = None) -> None:
         """Errors name ``where.KEY``, or ``names[KEY]`` for a value the user gave elsewhere: a phase's eval_lengths
@@ -119,9 +124,7 @@ def validate_eval(eval_cfg, where: str = "eval", position=None, head_dim: Option
     and with the model's ``head_dim`` and the training length ``train_len`` too, its rotary dimensions.
     ``names``: the keys given elsewhere than ``where.KEY`` (a phase's eval_lengths), as ``EvalSettings.validate``'s."""
     ev = OmegaConf.to_container(eval_cfg, resolve=True) if OmegaConf.is_config(eval_cfg) else dict(eval_cfg)
-    known = {f.name for f in fields(EvalSettings)}
-    settings = EvalSettings(**{k: v for k, v in ev.items() if k in known})
-    settings.validate(where, names)
+    EvalSettings(**EvalSettings.fields_of(ev)).validate(where, names)
     if ev.get("extension"):
         check_extension(dict(ev["extension"]), f"{where}.extension")
         if position is not None:
@@ -742,8 +745,7 @@ def _check_given(given: Mapping[str, Any], names: Mapping[str, str]) -> None:
     and config, seconds to minutes): the settings by ``EvalSettings.validate`` with the others at their defaults,
     which pass it (what depends on the run, a stride against the config's lengths, is checked again with it), an
     empty ``out`` (it took the default folder) and ``none``'s parameters."""
-    known = {f.name for f in fields(EvalSettings)}
-    EvalSettings(**{k: v for k, v in given.items() if k in known and v is not None}).validate(names=names)
+    EvalSettings(**EvalSettings.fields_of({k: v for k, v in given.items() if v is not None})).validate(names=names)
     if given["out"] is not None and not str(given["out"]).strip():
         flag = names.get("out", "out")
         raise ConfigError(f"{flag}: empty; give an output directory, or leave {flag} out for RUN/PHASE/eval[-METHOD]/")

@@ -78,9 +78,10 @@ def check_model_fits_host(model_cfg, vocab_size: int, processes: int = 1) -> Non
     if need <= total:
         return
     copies = f" × {processes} processes (trainer.devices)" if processes > 1 else ""
+    counted = " (not counting the embedding and LM head)" if vocab_size == 0 else ""
     raise MinilmError(
         f"model.n_layers={model_cfg.n_layers}, model.d_model={model_cfg.d_model}: {n / 1e9:,.2f}G parameters"
-        f"{' (not counting the embedding and LM head)' if vocab_size == 0 else ''}; training holds {TRAINING_BYTES_PER_PARAM} bytes per parameter (fp32 weights and gradients, "
+        f"{counted}; training holds {TRAINING_BYTES_PER_PARAM} bytes per parameter (fp32 weights and gradients, "
         f"AdamW's two moments){copies}: {_gb(need)}, more than this machine's {_gb(total)} of memory (RAM and swap, "
         f"or the process's cgroup limit); make the model smaller ({SIZE_KEYS}) or train on a larger machine"
     )

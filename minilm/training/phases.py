@@ -57,12 +57,6 @@ from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
 from minilm.positions.base import tightest_limit
 from minilm.positions.rope_scaling import compute_rope
-from minilm.training.memory import (
-    check_model_fits_host,
-    is_out_of_memory,
-    out_of_memory,
-    processes_on_this_host,
-)
 from minilm.runs import HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run
 from minilm.training.checkpoint import (
     SAME_OUTPUTS,
@@ -78,6 +72,12 @@ from minilm.training.checkpoint import (
     prune_checkpoints,
     read_weights_and_model,
     save_weights,
+)
+from minilm.training.memory import (
+    check_model_fits_host,
+    is_out_of_memory,
+    out_of_memory,
+    processes_on_this_host,
 )
 from minilm.training.datamodule import PhaseData
 from minilm.training.lit_module import AtomicCheckpointIO, LitGPT
