@@ -799,14 +799,8 @@ def evaluate_run(
     run_cfg = load_run_config(loaded.run_dir / "config.yaml")
     phase = loaded.phase or phase_names(run_cfg)[-1]
     plain = bool(extension) and extension.get("name") == NO_EXTENSION  # not even the config's eval.extension
-    # the lengths given here replace the config's before anything is checked against them: a --stride was checked
-    # against the config's eval.lengths, and refused, though the lengths evaluated were --lengths
-    settings = EvalSettings.from_config(cfg, lengths=lengths, tasks=tasks,
-                                        extension={} if plain else dict(extension) if extension else None,
-                                        names=names, **changes)  # fmt: skip
-    if not settings.lengths:
-        settings = replace(settings, lengths=default_lengths(cfg.train.seq_len))
-    settings.validate(names=names)
+    settings = _run_settings(cfg, lengths, tasks, {} if plain else dict(extension) if extension else None, names,
+                             changes)  # fmt: skip
     mid_phase = loaded.step is not None  # a step checkpoint (load_run read its step with its weights)
     step = global_step(run_cfg, phase, loaded.step)
     data = eval_data(cfg, loaded.run_dir)
@@ -815,17 +809,51 @@ def evaluate_run(
         model, _ = apply_extension(model, cfg.model, loaded.tokenizer.vocab_size, settings.extension,
                                    cfg.train.seq_len, "extension" if extension else "eval.extension",
                                    names.get("extension"))  # fmt: skip
+    out_dir = Path(out) if out else _run_out_dir(loaded, phase, extension)
+    at = f"step {step}" + (f", step {loaded.step} of the phase" if mid_phase else "")
+    log(f"evaluating {loaded.weights} (phase {phase}, {at}) at lengths {settings.lengths} on {device}")
+    meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights, loaded.step)
+    results = _evaluate_into(out_dir, model, data, settings, meta, log)
+    figures = write_report(results, out_dir)
+    _clear_phase_error(out_dir, loaded.run_dir / phase)
+    if tensorboard:
+        # --out: a side evaluation (other lengths, samples, settings). In the run's tb/ its scalars would sit at
+        # the same step and under the same tags as the phase's own evaluation, one curve of two measurements.
+        prefix = f"eval-{NO_EXTENSION}" if plain else _tb_prefix(settings.extension)
+        _to_tensorboard(out_dir / "tb" if out else loaded.run_dir / "tb", results, figures, step, prefix)
+    log(f"written: {out_dir / 'results.json'}, {out_dir / 'report.md'}, {plural(len(figures), 'figure')}")
+    return results, out_dir
+
+
+def _run_settings(cfg, lengths, tasks, extension, names: Mapping[str, str], changes: Mapping[str, Any]) -> EvalSettings:
+    """``evaluate_run``'s settings: the run's config's ``eval`` with what was given here (``extension``: {} for none
+    at all), the lengths defaulting to half to eight times the training length, checked."""
+    # the lengths given here replace the config's before anything is checked against them: a --stride was checked
+    # against the config's eval.lengths, and refused, though the lengths evaluated were --lengths
+    settings = EvalSettings.from_config(cfg, lengths=lengths, tasks=tasks, extension=extension, names=names,
+                                        **changes)  # fmt: skip
+    if not settings.lengths:
+        settings = replace(settings, lengths=default_lengths(cfg.train.seq_len))
+    settings.validate(names=names)
+    return settings
+
+
+def _run_out_dir(loaded, phase: str, extension: Optional[Mapping[str, Any]]) -> Path:
+    """Where ``evaluate_run`` writes without ``out``: RUN/PHASE/eval/, eval-METHOD/ with an extension given to it,
+    eval-step-N/ (and eval-step-N-METHOD/) for a step checkpoint."""
     # an extension asked for here sits next to the phase's own evaluation; the config's eval.extension IS the
     # phase's own evaluation, written to eval/ as at the end of the phase. A step checkpoint's evaluation is not the
     # phase's: it went to eval/, replacing the evaluation of the phase's final weights, and said the phase's step
     suffix = f"-{extension['name']}" if extension else ""
-    stem = f"eval-{loaded.weights.stem}" if mid_phase else "eval"
-    out_dir = Path(out) if out else loaded.run_dir / phase / f"{stem}{suffix}"
+    stem = f"eval-{loaded.weights.stem}" if loaded.step is not None else "eval"
+    return loaded.run_dir / phase / f"{stem}{suffix}"
+
+
+def _evaluate_into(out_dir: Path, model, data, settings: EvalSettings, meta: dict, log) -> dict:
+    """``evaluate``'s results for ``out_dir``, made first (before the evaluation, not after it); a folder made here
+    is removed again, empty, when the evaluation fails or measures nothing."""
     new_dir = not out_dir.exists()
-    make_output_dir(out_dir)  # before the evaluation, not after it
-    at = f"step {step}" + (f", step {loaded.step} of the phase" if mid_phase else "")
-    log(f"evaluating {loaded.weights} (phase {phase}, {at}) at lengths {settings.lengths} on {device}")
-    meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights, loaded.step)
+    make_output_dir(out_dir)
     try:
         results = evaluate(model, data, settings, meta=meta, log=log)
         if all(v is None for task in TASKS for v in results.get(task, {}).values()):  # keep what the folder holds
@@ -835,18 +863,14 @@ def evaluate_run(
         if new_dir and not any(out_dir.iterdir()):
             out_dir.rmdir()
         raise
-    figures = write_report(results, out_dir)
-    _clear_phase_error(out_dir, loaded.run_dir / phase)
-    if tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
+    return results
 
-        # --out: a side evaluation (other lengths, samples, settings). In the run's tb/ its scalars would sit at
-        # the same step and under the same tags as the phase's own evaluation, one curve of two measurements.
-        writer = SummaryWriter(str(out_dir / "tb" if out else loaded.run_dir / "tb"))
-        try:
-            prefix = f"eval-{NO_EXTENSION}" if plain else _tb_prefix(settings.extension)
-            log_tensorboard(writer, results, figures, step, prefix=prefix)
-        finally:
-            writer.close()
-    log(f"written: {out_dir / 'results.json'}, {out_dir / 'report.md'}, {plural(len(figures), 'figure')}")
-    return results, out_dir
+
+def _to_tensorboard(tb_dir: Path, results: dict, figures, step: int, prefix: str) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tb_dir))
+    try:
+        log_tensorboard(writer, results, figures, step, prefix=prefix)
+    finally:
+        writer.close()
