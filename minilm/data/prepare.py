@@ -376,7 +376,12 @@ def held_out(names: Sequence[str], val_fraction: float, texts: Sequence[str] | N
     With ``sources`` (D,) (the source of each document), both guarantees hold per source, for each source of at
     least two documents: a phase validates on the held-out documents of the sources it samples, so a small source
     beside a large one (or beside the embedded corpus at weight 0) had none and the phase could not start; and a
-    one-document source whose document had the corpus's lowest hash was held out whole, never trained on."""
+    one-document source whose document had the corpus's lowest hash was held out whole, never trained on.
+
+    Sources may share texts (two sources reading one file: a directory and, upweighted, one file of it). Every
+    source's trained document (its highest hash) is fixed first, and a source then holds out its lowest hash among
+    the others: one source at a time, a one-document source sharing the lowest hash of a larger one took it back
+    into training after the larger one had held it out, and the larger one kept no held-out document at all."""
     if texts is not None:
         first: Dict[bytes, str] = {}
         digests = [hashlib.sha1(t.encode()).digest() for t in texts]
@@ -386,13 +391,17 @@ def held_out(names: Sequence[str], val_fraction: float, texts: Sequence[str] | N
     h = np.array([int.from_bytes(hashlib.sha1(n.encode()).digest()[:8], "big") / 2**64 for n in names])
     is_val = h < val_fraction
     groups = np.zeros(len(names), np.int64) if sources is None else np.asarray(sources, dtype=np.int64)
-    for g in np.unique(groups):  # (identical texts have one hash: flipping by hash moves their copies together)
+    # (identical texts have one hash: flipping by hash moves their copies together, in every source holding one)
+    trained = {h[groups == g].max() for g in np.unique(groups)}  # each source's trained document (if any is
+    is_val[np.isin(h, list(trained))] = False  # trained by hash, its highest is: then nothing changes)
+    for g in np.unique(groups):
         sel = groups == g
-        if sel.sum() >= 2 and not is_val[sel].any():
-            is_val[h == h[sel].min()] = True
-        if is_val[sel].all():
-            is_val[h == h[sel].max()] = False
-        if sel.sum() >= 2 and not is_val[sel].any():  # its documents have one text: hold one out all the same
+        if sel.sum() < 2 or is_val[sel].any():
+            continue
+        free = [x for x in h[sel] if x not in trained]
+        if free:
+            is_val[h == min(free)] = True
+        elif len(set(h[sel])) == 1:  # its documents have one text: hold one out all the same
             # (per source: over the whole corpus, two one-document sources held the first one out, never trained)
             is_val[np.flatnonzero(sel)[0]] = True
     return is_val

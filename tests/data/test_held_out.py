@@ -70,3 +70,18 @@ def test_with_sources_a_source_of_identical_documents_holds_one_out():
     """The fallback for a source whose documents all share one text still applies, per source."""
     split = held_out(["a/x", "a/y", "b/z"], 0.1, ["same", "same", "other"], sources=[0, 0, 1])
     assert split[:2].sum() == 1 and not split[2]
+
+
+
+def test_a_source_sharing_a_file_with_a_one_document_source_still_holds_one_out():
+    """Two sources reading one file (a directory, and one of its files again at a higher weight): the one-document
+    source took that file back into training after the directory's source had held it out as its lowest hash, and
+    the directory's source had no held-out document at all (here the corpus none: "each source here has one")."""
+    texts = [f"text of {n}" for n in NAMES]
+    lowest = int(np.flatnonzero(held_out(NAMES, 0.0, texts))[0])  # the directory's one held-out document
+    names, sources = NAMES + ["z_again/" + NAMES[lowest]], [0] * len(NAMES) + [1]  # (its copy's name sorts last)
+    for f in (0.0, 0.02, 0.1, 0.3):  # each source a trained and a held-out document; the copies share a split
+        split = held_out(names, f, texts + [texts[lowest]], sources=sources)
+        assert split[: len(NAMES)].any() and not split[: len(NAMES)].all(), f
+        assert not split[-1] and not split[lowest], f  # the one-document source is trained on, the copy too
+    assert held_out(names, 0.0, texts + [texts[lowest]], sources=sources)[: len(NAMES)].sum() == 1
