@@ -527,10 +527,18 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
 def _column_kind(feature: Any) -> Optional[str]:
     """What a non-text column holds (``int64``, ``a list``, ...), or None for a text column, or one of nulls alone
     (a null record is skipped as empty, as a missing text is)."""
+    if _mixed(feature):
+        return None
     dtype = getattr(feature, "dtype", None)
     if type(feature).__name__ == "Value":
         return None if dtype in ("string", "large_string", "null") else f"{dtype} values"
     return f"{type(feature).__name__} values"  # List, Sequence, a dict of features, Image, ...
+
+
+def _mixed(feature: Any) -> bool:
+    """A column of values of several types (datasets >= 4 reads a JSON field that is text in most records and a number
+    or a list in some as a ``Json`` column): each record's value is checked, a non-string one skipped as not_text."""
+    return type(feature).__name__ == "Json"
 
 
 def _saved_to_disk(path: Path) -> bool:
@@ -654,10 +662,11 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix
     kind = _column_kind(features[text_field]) if features is not None and text_field in features else None
     if kind is not None:  # a number or a list column: every record was skipped as not_text, and the error was "the
         # source yields no documents (skipped: not_text: 400)", naming neither text_field nor the text columns
-        texts = [c for c in features if _column_kind(features[c]) is None]
+        texts = [c for c in features if _column_kind(features[c]) is None and not _mixed(features[c])]
         hint = f"set text_field to a text column: {', '.join(texts)}" if texts else f"{file} has no text column"
         raise DataError(f"{key}: column {text_field!r} of {file} holds {kind}, not text; {hint}")
     records = iter(ds.select_columns([text_field]) if columns is not None else ds)
+    taken, not_text = len(docs.texts), docs.skipped["not_text"]
     for i in itertools.count():
         if max_docs is not None and len(docs.texts) >= max_docs:
             break
@@ -677,3 +686,10 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix
             continue
         docs.names.append(f"{prefix}:{i}")
         docs.texts.append(text)
+    if features is not None and text_field in features and _mixed(features[text_field]) \
+            and len(docs.texts) == taken and docs.skipped["not_text"] > not_text:  # fmt: skip
+        # values of several types and not one of them text (numbers and lists, say): what a column of one type that
+        # is not text says, not "the source yields no documents", nor a file silently skipped beside others
+        texts = [c for c in features if _column_kind(features[c]) is None and not _mixed(features[c])]
+        hint = f"set text_field to a text column: {', '.join(texts)}" if texts else f"{file} has no text column"
+        raise DataError(f"{key}: column {text_field!r} of {file} holds no text (numbers, lists, objects); {hint}")

@@ -370,6 +370,32 @@ def test_a_text_field_that_is_not_text_names_the_key_and_the_text_columns(tmp_pa
         load_corpus(make_data_cfg(tmp_path, {"x": spec}), progress=False)
 
 
+
+@pytest.mark.parametrize("form", ["files", "hf", "streaming"])
+def test_a_record_whose_text_is_a_number_or_a_list_is_skipped_not_the_whole_column_refused(tmp_path, form):
+    """datasets (>= 4) reads a JSON field that is text in most records and a number or a list in a few as a Json
+    column: the whole file was refused ("holds Json values, not text"), pointing text_field at another column,
+    where the records with a string are documents and the others are skipped and counted as not_text."""
+    import datasets
+
+    if not hasattr(datasets, "Json"):
+        pytest.skip("this datasets reads no column of mixed types")
+    path = tmp_path / "mixed.jsonl"
+    odd = {3: 404, 7: ["a", "list"], 11: {"an": "object"}}
+    path.write_text("".join(json.dumps({"story": odd.get(i, t), "title": f"t{i}"}) + "\n"
+                            for i, t in enumerate(STORIES)))  # fmt: skip
+    spec = ({"kind": "files", "paths": [str(path)]} if form == "files"
+            else {"kind": "hf", "path": str(path), "streaming": form == "streaming"})  # fmt: skip
+    corpus = load_corpus(make_data_cfg(tmp_path, {"x": {**spec, "text_field": "story"}}), progress=False)
+    assert _texts(corpus) == {t for i, t in enumerate(STORIES) if i not in odd}
+    assert corpus.stats["skipped"]["x"] == {"not_text": len(odd)}
+    # a column with no text in any record is still refused, naming the text columns
+    path.write_text("".join(json.dumps({"story": [i] if i % 2 else i, "title": t}) + "\n"
+                            for i, t in enumerate(STORIES)))  # fmt: skip
+    with pytest.raises(DataError, match=r"data\.sources\.x\.text_field: column 'story' of .*mixed\.jsonl holds no "
+                                        r"text .*set text_field to a text column: title"):  # fmt: skip
+        load_corpus(make_data_cfg(tmp_path, {"x": {**spec, "text_field": "story"}}), progress=False)
+
 def test_missing_hf_dataset(tmp_path):
     cfg = make_data_cfg(tmp_path, {"x": {"kind": "hf", "path": str(tmp_path / "no_such_dir")}})
     with pytest.raises(DataError, match=r"data\.sources\.x: datasets\.load_dataset"):
