@@ -122,6 +122,11 @@ def _parse_one(name: str, entry: Any) -> SourceSpec:
     if isinstance(spec, HfSource):
         _check_hf_types(spec, where)
         spec.path = os.path.expanduser(spec.path)  # as the files kind's globs: ~/corpus.jsonl is a local file
+        # and so are its data files: datasets takes ~ literally ("Unable to find '<cwd>/~/a.jsonl'"), though the cache
+        # key expanded it and keyed the file that was then not read
+        df = spec.data_files
+        spec.data_files = ({k: _expand_user(v) for k, v in df.items()} if isinstance(df, dict)
+                           else _expand_user(df))  # fmt: skip
     if isinstance(spec, (FilesSource, HfSource)) and (not isinstance(spec.text_field, str) or not spec.text_field):
         # checked here: otherwise a files source of text files never notices, and a record source fails on lookup
         raise DataError(f"{where}.text_field: must be a non-empty string, the name of the records' text column "
@@ -152,6 +157,13 @@ def _check_hf_types(spec: HfSource, where: str) -> None:
                                                and all(isinstance(k, str) and _files(v) for k, v in files.items()))):
         raise DataError(f"{where}.data_files: give a file or glob, a list of them, or a mapping of split to file(s) "
                         f"({{train: a.jsonl, validation: [b.jsonl]}}), or null; got {files!r}")
+
+
+def _expand_user(files: Any) -> Any:
+    """A file or glob (or a list of them) with a leading ``~`` expanded; None stays None."""
+    if isinstance(files, str):
+        return os.path.expanduser(files)
+    return None if files is None else [os.path.expanduser(f) for f in files]
 
 
 def _files(x: Any) -> bool:

@@ -267,6 +267,16 @@ def test_an_hf_path_under_home_is_the_local_file_and_is_in_the_cache_key(tmp_pat
     assert source_fingerprint("mine", parse_sources({"mine": entry})["mine"]) != before
 
 
+
+@pytest.mark.parametrize("form", ["string", "list", "mapping"])
+def test_hf_data_files_under_home_are_read(tmp_path, monkeypatch, form):
+    """data_files: ~/recs.jsonl went to datasets as it was, which took the ~ literally ("Unable to find
+    '<cwd>/~/recs.jsonl'"), though the cache key expanded it, as path and the files kind's globs are."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "recs.jsonl").write_text('{"text": "one record"}\n')
+    files = {"string": "~/recs.jsonl", "list": ["~/recs.jsonl"], "mapping": {"train": "~/recs.jsonl"}}[form]
+    assert _read("mine", {"kind": "hf", "path": "json", "data_files": files}).texts == ["one record"]
+
 def test_a_large_record_file_with_a_non_utf8_byte_late_is_skipped_like_a_small_one(tmp_path):
     """The UTF-8 pre-check stopped decoding after the first non-blank 1 MB block, so a .jsonl over 1 MB with a
     latin-1 byte further on was not skipped and counted (as documented, and as a small one is) but stopped the
