@@ -423,8 +423,10 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
     other = [p for p in files if p not in kept]
     cap = spec.max_docs  # reading stops there: a quick run on a few documents of a large corpus reads only those
     docs = _read_text_files(name, text_files, root=None, progress=progress, max_docs=cap)
-    if other:  # named as the other skip reasons are: the first one
+    if other:  # named as the other skip reasons are: the first one (in the warning, and in the error of a source
+        # that yields no documents, which said only "skipped: not_text: 2" of a glob matching .rst or .csv files)
         docs.skipped["not_text"] += len(other)
+        docs.first_skipped.setdefault("not_text", str(other[0]))
         log.warning("%s: %d file(s) with unsupported suffix skipped (first: %s; allowed: %s; .jsonl/.json also "
                     "compressed: %s)", where, len(other), other[0], ", ".join(TEXT_SUFFIXES + RECORD_SUFFIXES),
                     ", ".join(COMPRESSIONS))  # fmt: skip

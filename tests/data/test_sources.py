@@ -291,6 +291,18 @@ def test_a_file_of_an_unsupported_suffix_is_named_in_the_skip_warning(tmp_path, 
     assert f"2 file(s) with unsupported suffix skipped (first: {tmp_path / 'd' / 'b.rst'}; allowed:" in caplog.text
 
 
+def test_a_source_of_only_unsupported_files_names_the_first_in_its_error(tmp_path):
+    """A glob matching only .rst / .csv files: the error a run ends with said "the source yields no documents
+    (skipped: not_text: 2)", naming no file, where every other skip reason names its first."""
+    (tmp_path / "d").mkdir()
+    for name in ("b.rst", "c.csv"):
+        (tmp_path / "d" / name).write_text("some text\n" * 20)
+    cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "paths": [f"{tmp_path}/d/*"]}})
+    with pytest.raises(DataError, match=r"data\.sources\.f: the source yields no documents \(skipped: not_text: 2 "
+                                        rf"\(first: {re.escape(str(tmp_path / 'd' / 'b.rst'))}\)\)"):  # fmt: skip
+        load_corpus(cfg, progress=False)
+
+
 def test_empty_and_non_utf8_record_files_are_skipped_and_counted_like_text_files(tmp_path, jsonl_file, caplog):
     """A files source skips an empty or non-UTF-8 .jsonl and counts it, as it does a .txt (an empty one stopped
     the run with 'StopIteration: StopIteration', a Latin-1 one with a bare UnicodeDecodeError traceback). The
