@@ -555,6 +555,12 @@ def _mixed(feature: Any) -> bool:
     return type(feature).__name__ == "Json"
 
 
+def _text_columns_hint(features: Any, file: str) -> str:
+    """What an error about a text_field that holds no text suggests: the columns of text, or that there are none."""
+    texts = [c for c in features if _column_kind(features[c]) is None and not _mixed(features[c])]
+    return f"set text_field to a text column: {', '.join(texts)}" if texts else f"{file} has no text column"
+
+
 def _saved_to_disk(path: Path) -> bool:
     """A directory written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` (load_dataset refuses those)."""
     return path.is_dir() and any((path / f).is_file() for f in ("state.json", "dataset_dict.json"))
@@ -676,9 +682,8 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix
     kind = _column_kind(features[text_field]) if features is not None and text_field in features else None
     if kind is not None:  # a number or a list column: every record was skipped as not_text, and the error was "the
         # source yields no documents (skipped: not_text: 400)", naming neither text_field nor the text columns
-        texts = [c for c in features if _column_kind(features[c]) is None and not _mixed(features[c])]
-        hint = f"set text_field to a text column: {', '.join(texts)}" if texts else f"{file} has no text column"
-        raise DataError(f"{key}: column {text_field!r} of {file} holds {kind}, not text; {hint}")
+        raise DataError(f"{key}: column {text_field!r} of {file} holds {kind}, not text; "
+                        f"{_text_columns_hint(features, file)}")
     records = iter(ds.select_columns([text_field]) if columns is not None else ds)
     taken, not_text = len(docs.texts), docs.skipped["not_text"]
     for i in itertools.count():
@@ -704,6 +709,5 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix
             and len(docs.texts) == taken and docs.skipped["not_text"] > not_text:  # fmt: skip
         # values of several types and not one of them text (numbers and lists, say): what a column of one type that
         # is not text says, not "the source yields no documents", nor a file silently skipped beside others
-        texts = [c for c in features if _column_kind(features[c]) is None and not _mixed(features[c])]
-        hint = f"set text_field to a text column: {', '.join(texts)}" if texts else f"{file} has no text column"
-        raise DataError(f"{key}: column {text_field!r} of {file} holds no text (numbers, lists, objects); {hint}")
+        raise DataError(f"{key}: column {text_field!r} of {file} holds no text (numbers, lists, objects); "
+                        f"{_text_columns_hint(features, file)}")
