@@ -331,6 +331,16 @@ class RopeScaling(Extension):
     def check(self, rotary: Any, where: str, encoding: Optional[str] = None) -> None:
         super().check(rotary, where, encoding)
         validate_scaling(self.params, rotary.rot_dim, where)  # e.g. longrope lists must match the rotary dims
+        # which dimensions rotate is fixed by the trained weights: a block whose partial_rotary_factor is not the
+        # model's own rotated others (the whole head where the model's scaling rotates half: logits off by ~0.6 on a
+        # tiny model, without a word). scripts/evaluate.py takes the model's when the block gives none
+        # (minilm.eval.suite); here it must be given
+        own, given = rotary.scaling_params.partial_rotary_factor, self._parsed[1].partial_rotary_factor
+        if given != own:
+            raise ConfigError(f"{where}.partial_rotary_factor: must be the model's own ({own:g}: its "
+                              f"model.position.scaling.partial_rotary_factor), got {given:g}"
+                              + ("" if "partial_rotary_factor" in self.params else " (the default)")
+                              + f": the rotated dimensions are fixed by the weights; give partial_rotary_factor={own:g}")  # fmt: skip
 
     def _rot(self, x: Tensor, rotary: Rope, positions: Tensor, seq_len: Tensor) -> Tensor:
         if not rotary.rotates:

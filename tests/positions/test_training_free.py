@@ -347,6 +347,23 @@ def test_rope_scaling_checks_list_lengths_against_the_model():
         install_extension(tiny(), "rope_scaling", **block)
 
 
+def test_rope_scaling_keeps_the_rotary_dimensions_the_model_was_trained_with():
+    """A model whose scaling block rotates half of each head (partial_rotary_factor 0.5): a rope_scaling block
+    rotating all of it (its default 1) was installed and changed the logits without a word; it is refused, and the
+    model's own factor gives the model's logits (rope_type default: the plain frequencies it was trained with)."""
+    model = tiny("model.position.scaling={rope_type: default, partial_rotary_factor: 0.5}")
+    x = torch.randint(0, V, (1, T_MODEL))
+    with torch.no_grad():
+        plain = model(x)
+    for given in ({}, {"partial_rotary_factor": 1.0}):
+        with pytest.raises(ConfigError, match=r"extension\.rope_scaling \(layer 0\)\.partial_rotary_factor: must be "
+                                              r"the model's own \(0\.5.*got 1.*partial_rotary_factor=0\.5"):  # fmt: skip
+            install_extension(model, "rope_scaling", rope_type="default", **given)
+        assert all(b.attn.extension is None for b in model.blocks)
+    with extension(model, "rope_scaling", rope_type="default", partial_rotary_factor=0.5), torch.no_grad():
+        torch.testing.assert_close(model(x), plain, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", ["rerope", "self_extend", "dca"])
 def test_merged_logits_stay_fp32_under_bf16_autocast(case):
     """Evaluation runs under bf16 autocast on a GPU (minilm.eval.perplexity.autocast). The merged methods must
