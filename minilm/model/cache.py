@@ -100,6 +100,14 @@ class KVCache:
         return cls(len(model.blocks), max_length)
 
     def layer(self, i: int) -> LayerCache:
+        if self._docs is not None and self._docs.shape[1] == self.length:
+            # a call with doc_ids extends them (update_docs) before any layer is reached, so this call gave none:
+            # its queries attended across the documents of the cached keys, and the next call with doc_ids failed
+            # on mismatched shapes. Said here, before the first layer stores anything, so the cache stays usable
+            raise MinilmError(
+                f"KV cache: doc_ids were given for the {self.length} tokens already cached but not for these; give "
+                "doc_ids on every call with this cache, or on none"
+            )
         layer = self.layers[i]
         if layer.size != self.length:
             raise MinilmError(
