@@ -82,14 +82,22 @@ def _check_room(model, prompt_len: int, max_new_tokens: int, names: Optional[dic
                       f"encoding supports; {allowed}")  # fmt: skip
 
 
-def _as_batch(prompt_ids: Union[Sequence[int], Tensor], device) -> Tensor:
-    idx = prompt_ids if isinstance(prompt_ids, Tensor) else torch.tensor(list(prompt_ids), dtype=torch.long)
+def _as_batch(prompt_ids: Union[Sequence[int], Tensor], device, vocab_size: int) -> Tensor:
+    idx = prompt_ids if isinstance(prompt_ids, Tensor) else torch.tensor(list(prompt_ids))
     if idx.dim() == 1:
         idx = idx.unsqueeze(0)
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise MinilmError(
             f"prompt: need at least one token id, as a list or a (B, T) tensor; got shape {tuple(idx.shape)}"
         )
+    # ids are integers below the vocabulary size: 1.7 was cast to 1 without a word, and an id the embedding has no
+    # row for (a prompt encoded with another run's tokenizer) was torch's "IndexError: index out of range in self"
+    if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+        raise MinilmError(f"prompt: token ids must be integers, got {idx.dtype} values")
+    low, high = int(idx.min()), int(idx.max())
+    if low < 0 or high >= vocab_size:
+        raise MinilmError(f"prompt: token id {low if low < 0 else high} is outside this model's vocabulary (0 to "
+                          f"{vocab_size - 1}); encode the prompt with the run's own tokenizer")  # fmt: skip
     return idx.to(device=device, dtype=torch.long)
 
 
@@ -118,7 +126,7 @@ def generate(
     ``names``: how the caller's user gives the arguments, which the errors name (``check_sampling``)."""
     check_sampling(max_new_tokens, temperature, top_k, top_p, names)
     device = next(model.parameters()).device
-    idx = _as_batch(prompt_ids, device)
+    idx = _as_batch(prompt_ids, device, model.vocab_size)
     _check_room(model, idx.shape[1], max_new_tokens, names)
     blockers = cache_blockers(model)
     if use_cache and blockers:

@@ -226,6 +226,19 @@ def test_bad_arguments_and_bounded_encodings():
         generate(learned, [1] * 60, 10)
 
 
+@pytest.mark.parametrize("prompt,said", [
+    ([5, V], rf"token id {V} is outside this model's vocabulary \(0 to {V - 1}\); encode the prompt with the run's own"),
+    (torch.tensor([[3, -1]]), "token id -1 is outside this model's vocabulary"),
+    (torch.tensor([1.7, 2.0]), "token ids must be integers, got torch.float32"),  # was cast to [1, 2]
+    ([1.7, 2.0], "token ids must be integers"),
+])  # fmt: skip
+def test_a_prompt_of_ids_the_model_has_no_embedding_for_is_named(prompt, said):
+    """An id from another run's tokenizer was torch's 'IndexError: index out of range in self'; a float id was
+    truncated to an integer without a word."""
+    with pytest.raises(MinilmError, match=said):
+        generate(tiny("rope"), prompt, 3, greedy=True)
+
+
 def test_extreme_temperatures():
     """A temperature so small that logits / temperature overflow samples the argmax (its limit) instead of failing
     in torch.multinomial on a nan softmax; nan and inf are refused like a negative temperature."""
