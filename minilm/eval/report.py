@@ -273,7 +273,7 @@ def _heatmap_figure(results: dict, task: str):
     data = np.full((len(depths), len(lengths)), np.nan)
     for j, L in enumerate(lengths):
         for i, d in enumerate(depths):
-            v = (grid.get(str(L)) or {}).get(_depth_key(d))
+            v = (grid.get(str(L)) or {}).get(depth_key(d))
             if v is not None:
                 data[i, j] = v
     # wide enough for the title and the axis label whatever the lengths: with two (1.2 + 0.9 * 2 inches) both were cut;
@@ -344,7 +344,8 @@ def _code_cell(text: str) -> str:
     return f"`` {body} ``" if "`" in body else f"`{body}`"
 
 
-def _depth_key(d: float) -> str:
+def depth_key(d: float) -> str:
+    """A depth as the passkey / needle grids key it (``0.25``, ``1``); the suite seeds each depth's prompts by it."""
     return f"{float(d):g}"
 
 
@@ -441,7 +442,7 @@ def _grid_lines(results: dict) -> list[str]:
         grid = results.get(f"{task}_grid")
         if not grid:
             continue
-        depths = [_depth_key(d) for d in results.get("depths", [])]
+        depths = [depth_key(d) for d in results.get("depths", [])]
         header = "| length | " + " | ".join(f"{float(d):.0%}" for d in depths) + " |"
         lines += [f"## {task}: length × depth", ""]
         if results.get("samples"):
