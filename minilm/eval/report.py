@@ -288,7 +288,7 @@ def _heatmap_figure(results: dict, task: str):
         for j in range(len(lengths)):
             ax.text(j, i, "n/a" if np.isnan(data[i, j]) else f"{data[i, j]:.2f}", ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(lengths)), [str(L) for L in lengths], rotation=45)
-    ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
+    ax.set_yticks(range(len(depths)), [depth_label(d) for d in depths])
     ax.set_xlabel("context length (tokens)")
     n = results.get("train_seq_len")
     if n:  # the columns right of the dashed line are lengths the model was not trained at, as in the other figures
@@ -347,6 +347,12 @@ def _code_cell(text: str) -> str:
 def depth_key(d: float) -> str:
     """A depth as the passkey / needle grids key it (``0.25``, ``1``); the suite seeds each depth's prompts by it."""
     return f"{float(d):g}"
+
+
+def depth_label(d: float) -> str:
+    """A depth as the heatmaps, the grid tables and the examples label it: ``25%``, ``12.5%``, ``0.1%`` (rounded to
+    whole percents, 0.125 read 12% and depths 0.001 and 0.004 were two rows both labelled 0%)."""
+    return f"{100 * float(d):.6g}%"
 
 
 def write_figures(results: dict, out_dir: Path) -> Dict[str, Path]:
@@ -443,7 +449,7 @@ def _grid_lines(results: dict) -> list[str]:
         if not grid:
             continue
         depths = [depth_key(d) for d in results.get("depths", [])]
-        header = "| length | " + " | ".join(f"{float(d):.0%}" for d in depths) + " |"
+        header = "| length | " + " | ".join(depth_label(d) for d in depths) + " |"
         lines += [f"## {task}: length × depth", ""]
         if results.get("samples"):
             lines += [f"Exact-match accuracy over {plural(results['samples'], 'prompt')} per cell.", ""]
@@ -476,7 +482,7 @@ def _example_lines(results: dict) -> list[str]:
              "|---|---:|---:|---|---|"]  # fmt: skip
     for task, rows in examples.items():
         for r in rows:
-            d = "" if r.get("depth") is None else f"{r['depth']:.0%}"
+            d = "" if r.get("depth") is None else depth_label(r["depth"])
             cells = [task, str(r["length"]), d, _code_cell(r["answer"]), _code_cell(r["greedy"])]
             lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
