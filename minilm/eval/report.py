@@ -345,14 +345,15 @@ def _code_cell(text: str) -> str:
 
 
 def depth_key(d: float) -> str:
-    """A depth as the passkey / needle grids key it (``0.25``, ``1``); the suite seeds each depth's prompts by it."""
-    return f"{float(d):g}"
+    """A depth as the passkey / needle grids key it (``0.25``, ``1``); the suite seeds each depth's prompts by it.
+    -0 is 0 (+ 0.0): keyed '-0', ``--depths 0,-0`` passed the repeat check and ran depth 0 twice, in two cells."""
+    return f"{float(d) + 0.0:g}"
 
 
 def depth_label(d: float) -> str:
     """A depth as the heatmaps, the grid tables and the examples label it: ``25%``, ``12.5%``, ``0.1%`` (rounded to
     whole percents, 0.125 read 12% and depths 0.001 and 0.004 were two rows both labelled 0%)."""
-    return f"{100 * float(d):.6g}%"
+    return f"{100 * float(d) + 0.0:.6g}%"
 
 
 def write_figures(results: dict, out_dir: Path) -> Dict[str, Path]:

@@ -503,7 +503,7 @@ def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[di
     settings.validate()  # settings built in Python are checked too: samples=0 was an IndexError after the scoring
     meta = dict(meta or {})
     res: Dict[str, Any] = {**meta, "lengths": list(settings.lengths), "tasks": list(settings.tasks),
-                           "depths": [float(d) for d in settings.depths], "samples": settings.samples,
+                           "depths": [float(d) + 0.0 for d in settings.depths], "samples": settings.samples,
                            **{key: getattr(settings, key) for key in RECORDED_SETTINGS},
                            "vocab_size": getattr(data.tokenizer, "vocab_size", None)}  # fmt: skip
     keys = []

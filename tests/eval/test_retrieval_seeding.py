@@ -46,3 +46,15 @@ def test_more_samples_add_prompts_to_those_of_fewer(monkeypatch):
     kv_few = prompts_by_depth(monkeypatch, "kv", samples=2, depths=[0.5])
     kv_more = prompts_by_depth(monkeypatch, "kv", samples=2, depths=[0.0, 0.5])  # kv: samples x len(depths)
     assert len(kv_more[0.5]) == 4 and kv_more[0.5][:2] == kv_few[0.5]
+
+
+def test_minus_zero_is_depth_zero(monkeypatch):
+    """Keyed '-0', depths 0 and -0 passed the repeat check and ran depth 0 twice into two cells ('0%' and '-0%')."""
+    from minilm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.depths: has repeats"):
+        settings(depths=[0.0, -0.0]).validate()
+    res = evaluate(Digits(), data(), settings(depths=[-0.0, 1.0]), log=lambda *_: None)
+    assert set(res["passkey_grid"]["96"]) == {"0", "1"} and res["depths"] == [0.0, 1.0]
+    assert prompts_by_depth(monkeypatch, "passkey", depths=[-0.0])[-0.0] == prompts_by_depth(
+        monkeypatch, "passkey", depths=[0.0])[0.0]
