@@ -538,8 +538,8 @@ def other_settings(results: dict, pcfg: DictConfig) -> dict[str, tuple]:
 
     ev = OmegaConf.to_container(pcfg.eval, resolve=True)
     seq_len = int(pcfg.train.seq_len)
-    want = {"lengths": list(ev["lengths"]), "tasks": list(ev["tasks"]),
-            "extension": applied_extension(ev["extension"], seq_len) if ev["extension"] else None}  # fmt: skip
+    extension = applied_extension(ev["extension"], pcfg.model, seq_len) if ev["extension"] else None
+    want = {"lengths": list(ev["lengths"]), "tasks": list(ev["tasks"]), "extension": extension}
     if not want["lengths"]:  # a phase that does not evaluate: evaluate.py chose the lengths, none are asked
         del want["lengths"]
     # each setting that changes a metric of the tasks asked (compare_runs' warnings read the same table); not stride,
@@ -552,7 +552,7 @@ def other_settings(results: dict, pcfg: DictConfig) -> dict[str, tuple]:
         want["depths"] = [float(d) for d in want["depths"]]
     got = dict(results)
     if got.get("extension"):  # recorded before results.json held the filled-in defaults: compare them filled in
-        got["extension"] = applied_extension(got["extension"], int(got.get("train_seq_len") or seq_len))
+        got["extension"] = applied_extension(got["extension"], pcfg.model, int(got.get("train_seq_len") or seq_len))
     return {k: (got[k], v) for k, v in want.items() if k in got and got[k] != v}
 
 

@@ -77,7 +77,8 @@ def main(args: argparse.Namespace) -> int:
         if extension["name"] != NO_EXTENSION:  # (none: the plain model, which generate.py decodes with anyway)
             model, _ = apply_extension(model, run.cfg.model, run.tokenizer.vocab_size, extension, run.cfg.train.seq_len,
                                        flag=" ".join(["--extension", *args.extension]))  # its errors name the flag
-            applied = applied_extension(extension, int(run.cfg.train.seq_len))  # as --extension takes it:
+            # as applied, in the words --extension takes:
+            applied = applied_extension(extension, run.cfg.model, int(run.cfg.train.seq_len))
             words = [applied.pop("name")] + [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in applied.items()]
             print(f"[extension: {' '.join(words)}]", file=sys.stderr)
     ids = run.tokenizer.encode(args.prompt)

@@ -263,11 +263,16 @@ def _with_length_defaults(extension: Mapping[str, Any], train_len: int) -> tuple
     return name, params
 
 
-def applied_extension(extension: Mapping[str, Any], train_len: int) -> Dict[str, Any]:
-    """An extension block ``{name, ...params}`` as ``apply_extension`` applies it at training length ``train_len``:
-    with ``original_max_position_embeddings`` / logn's ``train_len`` filled in where absent (what the report and
-    generate.py show)."""
-    name, params = _with_length_defaults(extension, train_len)
+def applied_extension(extension: Mapping[str, Any], model_cfg, train_len: int) -> Dict[str, Any]:
+    """A checked extension block ``{name, ...params}`` as ``apply_extension`` applies it to a model of ``model_cfg``
+    (its ``model`` section) trained at ``train_len``: with ``original_max_position_embeddings`` / logn's
+    ``train_len`` filled in where absent, and a model's own scaling ``partial_rotary_factor`` carried (what the
+    report and generate.py show; they left the carried factor out)."""
+    from minilm.config import head_dim
+
+    position = OmegaConf.to_container(model_cfg.position, resolve=True) if OmegaConf.is_config(model_cfg.position) \
+        else dict(model_cfg.position)  # fmt: skip
+    name, params = _applied_params(extension, train_len, position, head_dim(model_cfg), "extension")
     return {"name": name, **params}
 
 
@@ -671,7 +676,7 @@ def _meta(cfg, run_dir, phase, step, extension, weights: Optional[Path] = None,
     """What results.json says of the weights it measured; ``step``: the run's global step (TensorBoard's axis);
     ``weights``: the file evaluated, when given by path; ``phase_step``: a step checkpoint's step in its phase."""
     if extension:  # as applied: with the parameters filled in from the training length, so the report says them
-        extension = applied_extension(extension, int(cfg.train.seq_len))
+        extension = applied_extension(extension, cfg.model, int(cfg.train.seq_len))
     # a step checkpoint by its step in the phase, as its file (step-00000005.ckpt) and folder are named: labelled by
     # the global step, a later phase's checkpoint read 'extend_512 @ step 25' of a phase of 10 steps
     at = f" @ step {phase_step}" if phase_step is not None else ""

@@ -554,6 +554,24 @@ def test_an_extension_keeps_the_dimensions_the_model_rotates(corpus_setup, eval_
         undo()
 
 
+@pytest.mark.parametrize("share", [0.5, None])
+def test_the_extension_as_applied_shows_the_rotary_share_the_model_carries(corpus_setup, share):
+    """What results.json, the report, generate.py's line and a study's settings check show of an extension: with the
+    training length filled in and, on a model whose scaling rotates part of each head, that share (applied, it was
+    left out, though the extension rotated only those dimensions)."""
+    from omegaconf import OmegaConf
+
+    from minilm.eval import applied_extension
+
+    cfg, _ = corpus_setup
+    scaling = {"rope_type": "default", **({"partial_rotary_factor": share} if share else {})}
+    model_cfg = OmegaConf.merge(cfg.model, {"position": {"name": "rope", "scaling": scaling}})
+    got = applied_extension({"name": "yarn", "factor": 4}, model_cfg, 64)
+    assert got == {"name": "yarn", "factor": 4, "original_max_position_embeddings": 64,
+                   **({"partial_rotary_factor": share} if share else {})}  # fmt: skip
+    assert applied_extension({"name": "logn"}, model_cfg, 64) == {"name": "logn", "train_len": 64}
+
+
 def test_an_eval_extension_that_changes_which_dimensions_rotate_fails_when_the_config_loads():
     from minilm.config import load_config
     from tests.conftest import REPO
