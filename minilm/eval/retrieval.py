@@ -97,8 +97,8 @@ def make_needle_sample(tokenizer, filler_tokens: Sequence[int], length: int, dep
     filler = [int(t) for t in filler_tokens[:n_fill]]
     nl = newline_id(tokenizer)
     depths = [min(max(depth, 0.0), 1.0)] + [float(rng.random()) for _ in names[1:]]
-    # the passkey's rule (make_passkey_sample): back to the start of the line the depth falls in, but never over
-    # more than one line's worth of tokens, so long lines (prose paragraphs) do not pull every depth to one place
+    # the passkey's rule (make_passkey_sample): to the nearest line start, but never over more than one line's worth
+    # of tokens, so long lines (prose paragraphs) do not pull every depth to one place
     at = [snap_to_line(filler, int(round(d * n_fill)), nl) for d in depths]
     out: List[int] = []
     prev = 0

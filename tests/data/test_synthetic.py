@@ -50,6 +50,29 @@ def test_passkey_needle_is_a_line_of_its_own_at_every_depth(setup):
     assert 1 < at_start < 31  # small depths land on the first line start, larger ones further in
 
 
+def test_passkey_depth_is_kept_on_average_at_short_lengths(setup):
+    """The needle goes to the nearest line start, so over many windows of filler it sits at its depth on average,
+    and depth 1 puts it last, just before the question. Moved back to its line's start it sat half a line early on
+    average: at 128 tokens, where a line is a large share of the filler, depth 1 landed at 0.80 (the grid's depth
+    axis shrank toward 0)."""
+    tok, filler = setup
+    nl = tok.encode("\n")[0]
+    starts = [i + 1 for i in np.flatnonzero(filler[:-400] == nl)][:60]  # windows of the filler, each a line start
+    assert len(starts) == 60
+    for depth in (0.25, 0.5, 0.75, 1.0):
+        where = []
+        for i, s in enumerate(starts):
+            prompt, answer = make_passkey_sample(tok, filler[s:], 128, depth, np.random.default_rng(i))
+            needle = tok.encode(f'\npass_key = "{tok.decode(answer)}\n')
+            pos = next(j for j in range(len(prompt)) if prompt[j : j + len(needle)] == needle)
+            n_fill = len(prompt) - len(needle) - len(tok.encode('\nassert pass_key == "'))
+            where.append(pos / n_fill)
+            assert pos in (0, n_fill) or prompt[pos - 1] == nl  # at a line start of the filler, or at an end
+        assert abs(np.mean(where) - depth) < 0.05, (depth, np.mean(where))
+        if depth == 1.0:
+            assert min(where) == 1.0  # last: the question follows the needle
+
+
 @pytest.mark.parametrize("style", ["code", "text"])
 def test_passkey_depth_holds_in_filler_without_newlines(setup, style):
     """Prose with few newlines (one-line jsonl records, long paragraphs): the needle still goes at its depth.
