@@ -379,6 +379,20 @@ def test_fp32_paths_stay_fp32_under_autocast(path):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("name", BIAS)
+def test_score_mod_tables_stay_fp32_under_autocast(name):
+    """The FlexAttention path builds its score_mod under the training's bf16 autocast (Attention.attend does not
+    leave it), where the tables from a matmul (Shaw's q·R^K, Transformer-XL's and DeBERTa's q·R and k·R, FIRE's
+    linear pieces) were rounded to bf16: the Flex terms were up to 0.05 off the fp32 reference and SDPA-bias ones."""
+    pos, (q, k, _), (q_pos, k_pos, _) = key_term_case(name, "packed", seed=7)
+    T, S = q.shape[2], k.shape[2]
+    want = pos.score(q, repeat_kv(k, H // HKV), q_pos, k_pos, None).expand(B, H, T, S)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = dense(pos.score_mod(q, k, q_pos, k_pos), T, S)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_ladder_on_cpu_sends_bias_terms_to_sdpa_and_full_terms_to_the_reference(monkeypatch):
     """Routed by declaration: ALiBi (bias) takes SDPA with its bias as the mask; CoPE (full: reads the logits)
     and Shaw with its value term (needs the probabilities) take the reference."""
