@@ -103,11 +103,21 @@ def latest_good_checkpoint(ckpt_dir: Path, log: Callable[[str], None] = print) -
 STALE_TMP = re.compile(r"^\.step-\d+\.ckpt\.(\d+)\.tmp$")  # atomic_write's temporary file of a checkpoint
 
 
-def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
+def prune_checkpoints(ckpt_dir: Path, keep: int, written: Optional[int] = None) -> None:
     """Keep the last ``keep`` checkpoints (all with 0), and delete the temporary file of a checkpoint whose write
     another process did not finish (killed mid-write: nothing reads it, and it is as large as a checkpoint). One
-    process writes a run's checkpoints (the run lock, rank 0), so another pid's temporary file is stale."""
-    for _, path in list_checkpoints(ckpt_dir)[: -keep or None] if keep > 0 else []:
+    process writes a run's checkpoints (the run lock, rank 0), so another pid's temporary file is stale.
+
+    ``written``: the step of the checkpoint just written. One of a later step is one a resumed phase skipped as
+    unreadable (it resumes from the newest good one): it is deleted, and not counted among the last ``keep``, which
+    it was as the newest by its name: with ``keep`` 1 every checkpoint the resumed phase wrote was deleted in its
+    favour, and the next resume started the phase over."""
+    found = list_checkpoints(ckpt_dir)
+    if written is not None:
+        for _, path in (stale := [(s, p) for s, p in found if s > written]):
+            path.unlink(missing_ok=True)
+        found = found[: len(found) - len(stale)]
+    for _, path in found[: -keep or None] if keep > 0 else []:
         path.unlink(missing_ok=True)
     for path in ckpt_dir.iterdir() if ckpt_dir.is_dir() else []:
         if (m := STALE_TMP.match(path.name)) and int(m.group(1)) != os.getpid():

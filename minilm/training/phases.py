@@ -310,7 +310,7 @@ class _StepCheckpoint(L.Callback):
         _flush_events(trainer)
         trainer.save_checkpoint(checkpoint_path(self.dir, step), weights_only=False)  # full: resumable
         if trainer.is_global_zero:
-            prune_checkpoints(self.dir, self.keep)
+            prune_checkpoints(self.dir, self.keep, step)
 
 
 def _flush_events(trainer) -> None:
