@@ -86,6 +86,9 @@ from minilm.training.precision import auto_precision_note, cpu_precision_note, r
 from minilm.training.progress import progress_bar
 
 COMPLETE = "complete.json"
+# a step checkpoint's key: whether its phase started from the previous phase's AdamW moments (carry_optimizer), which
+# the optimizer state it holds descends from: compared with the config on --resume, as complete.json's is
+CARRIED = "minilm_carried_optimizer"
 
 
 def phase_dir(run_dir: Path, phase: str) -> Path:
@@ -282,12 +285,14 @@ class _StepCheckpoint(L.Callback):
     after the checkpoint), and the TensorBoard writer is flushed before each checkpoint (its buffer, up to two
     minutes of events, is lost with a kill)."""
 
-    def __init__(self, ckpt_dir: Path, every: int, keep: int, val_every: int = 0):
+    def __init__(self, ckpt_dir: Path, every: int, keep: int, val_every: int = 0, carried: bool = False):
         self.dir, self.every, self.keep, self.val_every = ckpt_dir, every, keep, val_every
+        self.carried = carried  # the phase's carry_optimizer (CARRIED)
         self._after_validation: Optional[int] = None  # the step whose checkpoint waits for its validation
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[TRAINED_WITH] = _what_trains(pl_module.cfg)  # compared with the config on --resume
+        checkpoint[CARRIED] = self.carried
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
@@ -436,11 +441,12 @@ def _steps_setting(pcfg, phase: str, steps: int, set_in) -> str:
 
 
 def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, log: Callable[[str], None],
-                             set_in=None) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
+                             set_in=None, carried: Optional[bool] = None) -> tuple[Optional[Path], Optional[dict]]:
     """--resume into a phase that has not finished: its newest good checkpoint (returned, with the state of the data
     sampler it saved; (None, None): the phase starts afresh) must be one the config can continue — within the
     phase's steps, trained by the same settings and the same global batch on ``world_size`` processes now
-    (``_check_trained_with``; ``set_in`` as there). Checked before the corpus is prepared; the sampler then by
+    (``_check_trained_with``; ``set_in`` as there), and from the same start of its optimizer moments (``carried``:
+    the config's carry_optimizer; None: not checked). Checked before the corpus is prepared; the sampler then by
     ``_check_resumed_sampler``."""
     ckpt, state = load_latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
     if ckpt is None:
@@ -455,6 +461,14 @@ def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, l
     saved = state.get(PhaseData.__qualname__, {}).get("sampler")
     trained_world = saved.get("world_size") if saved is not None else None  # the processes that trained it
     _check_trained_with(state.get(TRAINED_WITH), pcfg, phase, ckpt, trained_world, world_size, set_in)
+    # the checkpoint's optimizer state descends from the moments the phase started with, and continues whatever the
+    # config says now: a carry_optimizer changed on --resume was ignored, and complete.json recorded the new value
+    # (a later --resume then compared against that)
+    if carried is not None and state.get(CARRIED, carried) != carried:  # (none saved: a checkpoint from before it)
+        raise MinilmError(f"--resume: phase '{phase}' was interrupted training with phases.{phase}.carry_optimizer = "
+                          f"{_shown(state[CARRIED])} ({ckpt}), the config now says {_shown(carried)}: its optimizer "
+                          f"state continues the moments it started with; resume with the value it trained with, or "
+                          f"retrain the phase with --phase {phase}")  # fmt: skip
     if trained_world not in (None, world_size):
         log(f"phase '{phase}': interrupted on {trained_world} process(es), resumed on {world_size} with the same "
             f"global batch of {pcfg.train.batch_size * world_size} sequences: the same rows, schedule and optimizer "
@@ -683,7 +697,7 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
         if resume and is_complete(run_dir, n):
             check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry, world_size, cfg.phases.get(n))
         elif resume:
-            ckpt, sampler = _check_interrupted_phase(pcfgs[n], n, run_dir, world_size, log, cfg.phases.get(n))
+            ckpt, sampler = _check_interrupted_phase(pcfgs[n], n, run_dir, world_size, log, cfg.phases.get(n), carry)
             if ckpt is not None:
                 resume_from[n] = (ckpt, sampler)
         if carry and init is not None and i == start:
@@ -1175,7 +1189,8 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         num_nodes=pcfg.trainer.num_nodes,
         precision=precision(pcfg),
         logger=tb_logger,
-        callbacks=[_StepCheckpoint(ckpt_dir, t.ckpt_every, t.keep_checkpoints, val_every if t.val_batches else 0),
+        callbacks=[_StepCheckpoint(ckpt_dir, t.ckpt_every, t.keep_checkpoints, val_every if t.val_batches else 0,
+                                   carries),
                    progress_bar()],
         plugins=[AtomicCheckpointIO()],
         enable_checkpointing=False,
