@@ -99,6 +99,10 @@ class LitGPT(L.LightningModule):
         self.last_val_step: Optional[int] = None  # this phase's step of the last validation
         self._ended_step: Optional[int] = None  # the last step ``end_step`` logged
         self.logged_loss: Optional[float] = None  # train/loss at the last log
+        # the phase's training time: this module's, and the one the checkpoint it resumed from recorded (a resumed
+        # phase's summary counted the seconds since the resume alone: "finished in 2s" after an hour's training)
+        self._t_built = time.perf_counter()
+        self.seconds_before = 0.0
 
     # ------------------------------------------------------------------------------------------- steps
 
@@ -312,6 +316,11 @@ class LitGPT(L.LightningModule):
         )
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
+    def phase_seconds(self) -> float:
+        """Seconds the phase has trained: since this module was built, plus those before the checkpoint it resumed
+        from (the steps a kill cut short after that checkpoint, trained again, count once)."""
+        return self.seconds_before + time.perf_counter() - self._t_built
+
     # ----------------------------------------------------------------------------- exact-resume state
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -323,6 +332,7 @@ class LitGPT(L.LightningModule):
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "optimizer_params": self.optimizer_params(),
+            "seconds": self.phase_seconds(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -337,6 +347,7 @@ class LitGPT(L.LightningModule):
                                    f"phases.{self.phase}.carry_optimizer=false if it carries moments of that older "
                                    "minilm), or continue it with the minilm that wrote it")  # fmt: skip
         self.bad_steps = state.get("bad_steps", 0)
+        self.seconds_before = float(state.get("seconds", 0.0))  # (none: a checkpoint from before it was saved)
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") and torch.cuda.is_available():

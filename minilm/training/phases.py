@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import socket
-import time
 import warnings
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -1211,7 +1210,6 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
     module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name, tokens_offset=tokens_offset)
     module.initial_optimizer_state = carried_opt if ckpt is None else None
     data = PhaseData(corpus, pcfg, name)
-    t0 = time.perf_counter()
     if ckpt is None:  # the loss before the phase's first step: the start of the curve (and, for an extension
         # phase, the cost of the new length untrained)
         _run_trainer(trainer, trainer.validate, name, module, datamodule=data, verbose=False)
@@ -1222,8 +1220,7 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         # resume from a checkpoint at the phase's last step, when fit has no step left to run)
         _run_trainer(trainer, trainer.validate, name, module, datamodule=data, verbose=False)
     if trainer.is_global_zero:
-        seconds = time.perf_counter() - t0
-        _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carries, log)
+        _finish_phase(model, pcfg, name, pdir, trainer, module, steps, module.phase_seconds(), carries, log)
 
 
 def _run_trainer(trainer, run, phase: str, *args, **kwargs):
@@ -1259,7 +1256,8 @@ def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carr
     summary = {"phase": name, "steps": steps, "seconds": round(seconds, 1), "val_loss": val_loss,
                "carried_optimizer": carried, "world_size": trainer.world_size}
     atomic_write_text(pdir / COMPLETE, json.dumps(summary, indent=2))  # written last: marks the phase finished
-    log(f"phase '{name}' finished in {seconds:.0f}s, {_val_summary(pcfg, val_loss)}")
+    resumed = f" ({seconds - module.seconds_before:.0f}s of it since --resume)" if module.seconds_before else ""
+    log(f"phase '{name}' finished in {seconds:.0f}s{resumed}, {_val_summary(pcfg, val_loss)}")
 
 
 def _val_summary(pcfg, val_loss: Optional[float]) -> str:
