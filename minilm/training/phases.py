@@ -983,6 +983,11 @@ def run_phases(
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
             _write_run_files(cfg, corpus, run_dir, names, held_out)
+            # every complete.json first: killed inside rmtree (file by file), a phase kept it beside deleted
+            # weights, which --resume took as finished, and one after it, not reached yet, as finished after an
+            # unfinished one
+            for n in restarts:
+                (phase_dir(run_dir, n) / COMPLETE).unlink(missing_ok=True)
             for n in restarts:
                 shutil.rmtree(phase_dir(run_dir, n), ignore_errors=True)
         offset = sum(phase_steps(pcfgs[n]) for n in names[:start])

@@ -740,3 +740,29 @@ def test_a_run_that_starts_training_drops_its_final_weights_until_every_phase_ha
     corpus = SimpleNamespace(tokenizer=SimpleNamespace(model_file=str(tmp_path / "tok.model")))
     _write_run_files(load_config(overrides=[f"run.dir={run}"]), corpus, run, ["train"], None)
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "tokenizer.model"]
+
+
+def test_a_kill_while_phase_restarts_its_folder_leaves_no_finished_phase_behind(config, tmp_path, monkeypatch):
+    """--phase a removes the folders of a and the phases after it before training them again. Killed inside that
+    removal (shutil.rmtree deletes file by file), a folder kept its complete.json beside deleted weights, and
+    --resume took the phase as finished, then failed on the missing model.safetensors (and the phases after it, not
+    reached yet, as finished after an unfinished one): every restarted phase's complete.json goes first."""
+    import shutil
+
+    import minilm.training.phases as phases
+
+    run = tmp_path / "run"
+    two = [f"run.dir={run}", "phases.a={seq_len: 32, steps: 2}", "phases.b={seq_len: 32, steps: 2}"]
+    run_phases(load_config(config, two), log=lambda m: None)
+
+    def killed_inside(path, ignore_errors=False):  # the weights deleted, then the process is gone
+        (Path(path) / "model.safetensors").unlink(missing_ok=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(phases.shutil, "rmtree", killed_inside)
+    with pytest.raises(KeyboardInterrupt):
+        run_phases(load_config(config, two), start_phase="a", log=lambda m: None)
+    assert not (run / "a" / "complete.json").exists() and not (run / "b" / "complete.json").exists()
+    monkeypatch.setattr(phases.shutil, "rmtree", shutil.rmtree)
+    run_phases(load_config(config, two), resume=True, log=lambda m: None)  # a trains again, then b
+    assert (run / "a" / "complete.json").exists() and (run / "b" / "model.safetensors").exists()
