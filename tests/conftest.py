@@ -61,6 +61,21 @@ def local_data_yaml(corpus: Path, cache: Path, vocab_size: int = 400, **extra) -
     return text + "".join(f"  {key}: {value}\n" for key, value in extra.items())
 
 
+def tiny_run_yaml(corpus: Path, cache: Path, *, steps: int = 3, batch_size: int = 4, ckpt_every: int = 0,
+                  phases: str = "", **data_extra) -> str:
+    """A whole tiny YAML config over ``local_data_yaml``'s data: 1 layer of d_model 32 at 32 tokens, ``steps`` steps
+    of ``batch_size`` sequences on the CPU, validated at the end on one batch, every step logged, a checkpoint every
+    ``ckpt_every`` steps (0: none); ``phases``: a ``phases:`` section's YAML, as written after its key."""
+    text = local_data_yaml(corpus, cache, **data_extra) + textwrap.dedent(f"""\
+        model: {{n_layers: 1, d_model: 32, n_heads: 2}}
+        train: {{seq_len: 32, batch_size: {batch_size}, steps: {steps}, val_every: 0, val_batches: 1, log_every: 1,
+                 ckpt_every: {ckpt_every}}}
+        optim: {{lr: 0.003, warmup_steps: 1}}
+        trainer: {{accelerator: cpu}}
+        """)
+    return text + (f"phases:\n{textwrap.indent(textwrap.dedent(phases), '  ')}" if phases else "")
+
+
 def load_script(path: str):
     """The module of a repository script (``"scripts/study.py"``, ``"train.py"``), loaded from its file as a user
     runs it, so a test can call its ``main`` / ``parser`` in-process."""

@@ -11,23 +11,17 @@ from minilm.data import load_corpus
 from minilm.errors import MinilmError
 from minilm.training import phases
 from minilm.training.datamodule import PhaseData
-from tests.conftest import local_data_yaml
+from tests.conftest import tiny_run_yaml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-CONFIG = """
-model: {{n_layers: 1, d_model: 32, n_heads: 2}}
-{data}train: {{seq_len: 32, batch_size: 2, steps: 4, val_every: 0, val_batches: 1, log_every: 1, ckpt_every: 1}}
-optim: {{lr: 0.003, warmup_steps: 1}}
-trainer: {{accelerator: cpu}}
-"""
 TWO_PHASES = ["phases.short.steps=2", "phases.long.steps=2", "phases.long.seq_len=64"]
 
 
 @pytest.fixture
 def config(tmp_path, tiny_text_dir):
     path = tmp_path / "exp.yaml"
-    path.write_text(CONFIG.format(data=local_data_yaml(tiny_text_dir, tmp_path / "cache")))
+    path.write_text(tiny_run_yaml(tiny_text_dir, tmp_path / "cache", steps=4, batch_size=2, ckpt_every=1))
     return path
 
 

@@ -10,22 +10,16 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from minilm.config import load_config
 from minilm.errors import MinilmError
 from minilm.training.phases import run_phases
-from tests.conftest import local_data_yaml
+from tests.conftest import tiny_run_yaml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = """
-model: {{n_layers: 1, d_model: 32, n_heads: 2}}
-{data}train: {{seq_len: 32, batch_size: 4, steps: 3, val_every: 0, val_batches: 1, log_every: 1, ckpt_every: 0}}
-optim: {{lr: 0.003, warmup_steps: 1}}
-trainer: {{accelerator: cpu}}
-"""
 
 
 @pytest.fixture
 def config(tmp_path, tiny_text_dir):
     path = tmp_path / "exp.yaml"
-    path.write_text(TINY.format(data=local_data_yaml(tiny_text_dir, tmp_path / "cache")))
+    path.write_text(tiny_run_yaml(tiny_text_dir, tmp_path / "cache"))
     return path
 
 
@@ -286,7 +280,7 @@ def test_micro_batch_size_trains_as_the_whole_batch_when_rows_differ_in_targets(
 
     path = tmp_path / "exp.yaml"
     synthetic = "{fraction: 0.5, loss: answer, tasks: [passkey]}"
-    path.write_text(TINY.format(data=local_data_yaml(tiny_text_dir, tmp_path / "cache", synthetic=synthetic)))
+    path.write_text(tiny_run_yaml(tiny_text_dir, tmp_path / "cache", synthetic=synthetic))
     runs = {}
     for micro in (4, 1):
         run = tmp_path / f"micro{micro}"

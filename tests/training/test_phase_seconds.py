@@ -8,16 +8,10 @@ import pytest
 from minilm.config import load_config
 from minilm.training.lit_module import LitGPT
 from minilm.training.phases import run_phases
-from tests.conftest import local_data_yaml
+from tests.conftest import tiny_run_yaml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = """
-model: {{n_layers: 1, d_model: 32, n_heads: 2}}
-{data}train: {{seq_len: 32, batch_size: 4, steps: 3, val_every: 0, val_batches: 1, log_every: 1, ckpt_every: 1}}
-optim: {{lr: 0.003, warmup_steps: 1}}
-trainer: {{accelerator: cpu}}
-"""
 SLOW = 1.5  # seconds each of the first two steps takes before the interruption
 
 
@@ -25,7 +19,7 @@ def test_a_resumed_phase_counts_the_seconds_it_trained_before_the_interruption(t
     """complete.json's seconds and the "finished in" line counted the resumed process's time alone: a phase that
     trained an hour, interrupted near its end, 'finished in 2s'."""
     config = tmp_path / "exp.yaml"
-    config.write_text(TINY.format(data=local_data_yaml(tiny_text_dir, tmp_path / "cache")))
+    config.write_text(tiny_run_yaml(tiny_text_dir, tmp_path / "cache", ckpt_every=1))
     run = tmp_path / "run"
     start, end = LitGPT.on_train_batch_start, LitGPT.on_train_batch_end
 

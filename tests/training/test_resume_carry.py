@@ -8,25 +8,17 @@ from minilm.config import load_config
 from minilm.errors import MinilmError
 from minilm.training.lit_module import LitGPT
 from minilm.training.phases import run_phases
-from tests.conftest import local_data_yaml
+from tests.conftest import tiny_run_yaml
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = """
-model: {{n_layers: 1, d_model: 32, n_heads: 2}}
-{data}train: {{seq_len: 32, batch_size: 4, steps: 3, val_every: 0, val_batches: 1, log_every: 1, ckpt_every: 1}}
-optim: {{lr: 0.003, warmup_steps: 1}}
-trainer: {{accelerator: cpu}}
-phases:
-  short: {{}}
-  long: {{seq_len: 64, steps: 4}}
-"""
 
 
 @pytest.fixture
 def config(tmp_path, tiny_text_dir):
     path = tmp_path / "exp.yaml"
-    path.write_text(TINY.format(data=local_data_yaml(tiny_text_dir, tmp_path / "cache")))
+    path.write_text(tiny_run_yaml(tiny_text_dir, tmp_path / "cache", ckpt_every=1,
+                                phases="short: {}\nlong: {seq_len: 64, steps: 4}\n"))
     return path
 
 
