@@ -573,7 +573,7 @@ def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: A
             raise ConfigError(f"{source}: override '{item}' must look like key.sub=value{hint}")
     overrides = [_keep_string(_quote_base_60(item)) for item in overrides]
     try:
-        dot = OmegaConf.from_dotlist(list(overrides))
+        dot = _dotlist(overrides)
     except (OmegaConfBaseException, yaml.YAMLError) as e:
         bad = next((item for item in overrides if not _parses(item)), None)
         where = f"override '{bad}'" if bad else "overrides"
@@ -585,6 +585,24 @@ def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: A
     cfg = _merge_layer(cfg, dot, source, dotlist=True)
     _check_shadowed(cfg, dot, source)
     return cfg, dot
+
+
+def _dotlist(overrides: List[str]) -> DictConfig:
+    """The overrides as one config, in order, as ``OmegaConf.from_dotlist`` reads them, except that a source or a
+    scaling block given again with another ``kind`` / ``rope_type`` replaces the earlier one, as it replaces the
+    YAML's (``_merge_layer``): two overrides of one source on a command line merged, so ``data.sources.a={kind:
+    embedded, max_docs: 5}`` then ``data.sources.a={kind: files, paths: [x]}`` read 5 files."""
+    dot = OmegaConf.create()
+    for item in overrides:
+        one = OmegaConf.from_dotlist([item])
+        _fresh_sources(OmegaConf.select(dot, "data.sources", default=None),
+                       OmegaConf.select(one, "data.sources", default=None))  # fmt: skip
+        phases = one.get("phases")
+        for where in ["model.position"] + [f"phases.{n}.position" for n in (phases if isinstance(phases, DictConfig)
+                                                                              else {})]:  # fmt: skip
+            _fresh_scaling(OmegaConf.select(dot, where, default=None), OmegaConf.select(one, where, default=None))
+        dot.merge_with_dotlist([item])
+    return dot
 
 
 def _set_where(message: str, layers: List[tuple[str, DictConfig]],

@@ -206,6 +206,25 @@ def test_a_source_of_another_kind_replaces_the_inherited_one(tmp_path):
     assert dict(load_config(child).data.sources.mine) == {"kind": "files", "paths": ["a.txt"]}
 
 
+def test_an_override_of_another_kind_replaces_an_earlier_override_of_the_same_block():
+    """Two overrides of one source (or one scaling block) on a command line merged whatever their kind: the second
+    source, of another kind, kept the first's max_docs and weight, and linear scaling after a YaRN block kept its
+    original_max_position_embeddings, as no YAML layer beneath them would have. Of the same kind, they still merge."""
+    cfg = load_config(overrides=["data.sources.embedded={kind: embedded, weight: 2.0, max_docs: 5}",
+                                 "data.sources.embedded={kind: files, paths: [a.txt]}"])  # fmt: skip
+    assert dict(cfg.data.sources.embedded) == {"kind": "files", "paths": ["a.txt"]}
+    yarn = "model.position.scaling={rope_type: yarn, factor: 4.0, original_max_position_embeddings: 64}"
+    cfg = load_config(overrides=[yarn, "model.position.scaling={rope_type: linear, factor: 2.0}"])
+    assert dict(cfg.model.position.scaling) == {"rope_type": "linear", "factor": 2.0}
+    cfg = load_config(overrides=[yarn, "model.position.scaling={rope_type: yarn, factor: 8.0}"])
+    assert dict(cfg.model.position.scaling) == {"rope_type": "yarn", "factor": 8.0,
+                                                "original_max_position_embeddings": 64}  # fmt: skip
+    cfg = load_config(REPO / "configs/rope_yarn_tiny.yaml",
+                      [f"phases.extend_512.position.scaling={{rope_type: yarn, factor: 2.0, original_max_position_"
+                       f"embeddings: 128}}", "phases.extend_512.position.scaling={rope_type: linear, factor: 4.0}"])
+    assert dict(phase_config(cfg, "extend_512").model.position.scaling) == {"rope_type": "linear", "factor": 4.0}
+
+
 def test_phase_overrides_and_errors(tmp_path):
     y = tmp_path / "p.yaml"
     y.write_text(
