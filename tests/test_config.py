@@ -220,8 +220,8 @@ def test_an_override_of_another_kind_replaces_an_earlier_override_of_the_same_bl
     assert dict(cfg.model.position.scaling) == {"rope_type": "yarn", "factor": 8.0,
                                                 "original_max_position_embeddings": 64}  # fmt: skip
     cfg = load_config(REPO / "configs/rope_yarn_tiny.yaml",
-                      [f"phases.extend_512.position.scaling={{rope_type: yarn, factor: 2.0, original_max_position_"
-                       f"embeddings: 128}}", "phases.extend_512.position.scaling={rope_type: linear, factor: 4.0}"])
+                      ["phases.extend_512.position.scaling={rope_type: yarn, factor: 2.0, original_max_position_"
+                       "embeddings: 128}", "phases.extend_512.position.scaling={rope_type: linear, factor: 4.0}"])
     assert dict(phase_config(cfg, "extend_512").model.position.scaling) == {"rope_type": "linear", "factor": 4.0}
 
 
