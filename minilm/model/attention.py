@@ -332,13 +332,17 @@ class Attention(nn.Module):
 
             scale = pos.softmax_scale(q.shape[-1])
             bias = pos.score_kind == "bias"
-            parts = pos.flex_parts(q, k, *rows) if bias else None
+            # the encoding's tables in fp32 under autocast too, as the other rungs compute its score: built inside the
+            # training's bf16 autocast, those from a matmul (Shaw's q·R^K, Transformer-XL's and DeBERTa's q·R and
+            # k·R, FIRE's linear pieces) were rounded to bf16, ~1 % off the reference (Transformer-XL's up to 0.05)
+            with torch.autocast(q.device.type, enabled=False):
+                parts = pos.flex_parts(q, k, *rows) if bias else None
+                coefficients = pos.flex_coefficients(q, k, *rows) if bias and parts is None else None
+                score_mod = pos.score_mod(q, k, *rows) if bias and parts is None and coefficients is None else None
             if parts is not None:
                 return flex_attention_in_parts(q, k, v, parts, mask, scale)
-            coefficients = pos.flex_coefficients(q, k, *rows) if bias else None
             if coefficients is not None:
                 return flex_attention_with_coefficient_grads(q, k, v, coefficients, mask, scale)
-            score_mod = pos.score_mod(q, k, *rows) if pos.score_kind == "bias" else None
             return flex_attention_with_score_mod(q, k, v, score_mod, mask, scale)
         if kernel == "sdpa_bias":
             shared = rows if pos.score_reads_qk else (q_pos, k_pos)

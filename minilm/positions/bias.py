@@ -503,10 +503,7 @@ class Fire(PositionEncoding):
             rank = torch.empty_like(order).scatter_(0, order, torch.arange(W, device=w1.device))
             piece = torch.arange(W + 1, device=w1.device).unsqueeze(1)  # (W + 1, 1)
             on = torch.where(w1 > 0, rank < piece, torch.where(w1 < 0, rank >= piece, b1 > 0)).float()  # (W + 1, W)
-        # fp32 under autocast too: score_mod is built inside the training's bf16 autocast (the FlexAttention path),
-        # where these matmuls rounded the slopes and intercepts to bf16 (the bias ~1e-3 off the reference's)
-        with torch.autocast(w1.device.type, enabled=False):
-            return edges, w2 @ (on * w1).t(), w2 @ (on * b1).t() + b2.unsqueeze(1)
+        return edges, w2 @ (on * w1).t(), w2 @ (on * b1).t() + b2.unsqueeze(1)
 
     def mlp_pieces(self, x: Tensor) -> Tensor:
         """f_θ(x) for every element of a fp32 x (...) -> (H, ...), by its pieces (``pieces``): each x gathers its

@@ -6,10 +6,6 @@ and gather: ``score`` gathers the full (B, H, T, S) term for the fp32 reference 
 same table inside FlexAttention, so no T×S term is built there (``score_kind = "bias"``). Shaw's value term
 needs the probabilities, so Shaw with ``values: true`` runs on the reference path (``has_value_term``).
 
-The tables are computed in fp32 under autocast too: ``score_mod`` is built inside the training's bf16 autocast
-(the FlexAttention path does not leave it, as the reference and SDPA-bias paths do around ``score``), where their
-matmuls rounded every entry to bf16, so the Flex terms were ~1 % off the reference (Transformer-XL's by up to 0.05).
-
 Shapes: q (B, H, T, Dh); k (B, Hkv, S, Dh) — grouped-query keys are repeated to H heads here, as the
 attention block repeats them (consecutive query heads share a key head); q_pos (B, T), k_pos (B, S).
 """
@@ -68,8 +64,7 @@ class Shaw(PositionEncoding):
         return relative_distance(q_pos, k_pos).clamp(-self.k, self.k) + self.k  # (B, 1, T, S) into 2k+1
 
     def table(self, q: Tensor) -> Tensor:
-        with torch.autocast(q.device.type, enabled=False):  # fp32 under autocast too (the module docstring)
-            return (q.float() @ self.rel_k.float().t()) * self.softmax_scale(q.shape[-1])  # (B, H, T, 2k+1)
+        return (q.float() @ self.rel_k.float().t()) * self.softmax_scale(q.shape[-1])  # (B, H, T, 2k+1)
 
     def score(self, q, k, q_pos, k_pos, logits):
         return gather_rows(self.table(q), self.index(q_pos, k_pos))  # (B, H, T, S)
@@ -126,15 +121,13 @@ class TransformerXL(PositionEncoding):
         self.v = nn.Parameter(torch.randn(dims.n_heads, dims.head_dim) * 0.02)
 
     def tables(self, q: Tensor, k: Tensor, lo, n: int) -> tuple[Tensor, Tensor]:
-        """(b)+(d) for the ``n`` distances lo, lo + 1, …: (B, H, T, n); and (c): (B, H, S). fp32 under autocast
-        too (the module docstring)."""
-        with torch.autocast(q.device.type, enabled=False):
-            distances = torch.arange(n, device=q.device) + lo  # (N,)
-            r = self.w_kr(sinusoid(distances, self.d_model, self.base).to(self.w_kr.weight.dtype))
-            r = r.view(-1, self.n_heads, self.head_dim).float()  # (N, H, Dh): W_{K,R} R_{d}
-            scale = self.softmax_scale(q.shape[-1])
-            bd = torch.einsum("bhtd,nhd->bhtn", q.float() + self.v.float()[:, None], r) * scale  # (B, H, T, N)
-            c = torch.einsum("bhsd,hd->bhs", expand_heads(k, q.shape[1]).float(), self.u.float()) * scale  # (B, H, S)
+        """(b)+(d) for the ``n`` distances lo, lo + 1, …: (B, H, T, n); and (c): (B, H, S)."""
+        distances = torch.arange(n, device=q.device) + lo  # (N,)
+        r = self.w_kr(sinusoid(distances, self.d_model, self.base).to(self.w_kr.weight.dtype))
+        r = r.view(-1, self.n_heads, self.head_dim).float()  # (N, H, Dh): W_{K,R} R_{d}
+        scale = self.softmax_scale(q.shape[-1])
+        bd = torch.einsum("bhtd,nhd->bhtn", q.float() + self.v.float()[:, None], r) * scale  # (B, H, T, N)
+        c = torch.einsum("bhsd,hd->bhs", expand_heads(k, q.shape[1]).float(), self.u.float()) * scale  # (B, H, S)
         return bd, c
 
     def score(self, q, k, q_pos, k_pos, logits):
@@ -200,13 +193,11 @@ class Deberta(PositionEncoding):
         return distance.clamp(1 - self.k, self.k) + self.k - 1
 
     def tables(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        with torch.autocast(q.device.type, enabled=False):  # fp32 under autocast too (the module docstring)
-            kr = self.w_kr(self.rel).view(-1, self.n_heads, self.head_dim).float()  # (2k, H, Dh)
-            qr = self.w_qr(self.rel).view(-1, self.n_heads, self.head_dim).float()
-            scale = self.softmax_scale(q.shape[-1])
-            c2p = torch.einsum("bhtd,nhd->bhtn", q.float(), kr) * scale  # (B, H, T, 2k)
-            k = expand_heads(k, q.shape[1]).float()
-            p2c = torch.einsum("bhsd,nhd->bhsn", k, qr) * scale  # (B, H, S, 2k)
+        kr = self.w_kr(self.rel).view(-1, self.n_heads, self.head_dim).float()  # (2k, H, Dh)
+        qr = self.w_qr(self.rel).view(-1, self.n_heads, self.head_dim).float()
+        scale = self.softmax_scale(q.shape[-1])
+        c2p = torch.einsum("bhtd,nhd->bhtn", q.float(), kr) * scale  # (B, H, T, 2k)
+        p2c = torch.einsum("bhsd,nhd->bhsn", expand_heads(k, q.shape[1]).float(), qr) * scale  # (B, H, S, 2k)
         return c2p, p2c
 
     def score(self, q, k, q_pos, k_pos, logits):

@@ -380,15 +380,25 @@ def test_fp32_paths_stay_fp32_under_autocast(path):
 
 
 @pytest.mark.parametrize("name", BIAS)
-def test_score_mod_tables_stay_fp32_under_autocast(name):
-    """The FlexAttention path builds its score_mod under the training's bf16 autocast (Attention.attend does not
-    leave it), where the tables from a matmul (Shaw's q·R^K, Transformer-XL's and DeBERTa's q·R and k·R, FIRE's
-    linear pieces) were rounded to bf16: the Flex terms were up to 0.05 off the fp32 reference and SDPA-bias ones."""
-    pos, (q, k, _), (q_pos, k_pos, _) = key_term_case(name, "packed", seed=7)
+def test_score_mod_tables_stay_fp32_under_autocast(name, monkeypatch):
+    """Attention.attend builds the FlexAttention score_mod inside the training's bf16 autocast, where the tables
+    from a matmul (Shaw's q·R^K, Transformer-XL's and DeBERTa's q·R and k·R, FIRE's linear pieces) were rounded to
+    bf16: the Flex terms were up to 0.05 off the fp32 reference and SDPA-bias ones. The score_mod the kernel would
+    get (the FlexAttention rung taken on CPU, its kernel replaced by a catch) against the fp32 score."""
+    import minilm.model.flex as flex
+
+    pos, (q, k, v), (q_pos, k_pos, mask) = key_term_case(name, "packed", seed=7)
     T, S = q.shape[2], k.shape[2]
     want = pos.score(q, repeat_kv(k, H // HKV), q_pos, k_pos, None).expand(B, H, T, S)
+    layer = Attention(H * DH, H, HKV, {"name": name, **PARAMS.get(name, {})},
+                      PositionDims(d_model=H * DH, n_heads=H, n_kv_heads=HKV, head_dim=DH, n_layers=1))  # fmt: skip
+    layer.pos = pos
+    monkeypatch.setattr(Attention, "_flex_runs_on", lambda self, device: True)
+    caught = []
+    monkeypatch.setattr(flex, "flex_attention_with_score_mod", lambda q, k, v, score_mod, *a: caught.append(score_mod))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = dense(pos.score_mod(q, k, q_pos, k_pos), T, S)
+        layer.attend(q, k, v, q_pos, k_pos, mask)
+        got = dense(caught[0], T, S)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
