@@ -270,9 +270,7 @@ def applied_extension(extension: Mapping[str, Any], model_cfg, train_len: int) -
     report and generate.py show; they left the carried factor out)."""
     from minilm.config import head_dim
 
-    position = OmegaConf.to_container(model_cfg.position, resolve=True) if OmegaConf.is_config(model_cfg.position) \
-        else dict(model_cfg.position)  # fmt: skip
-    name, params = _applied_params(extension, train_len, position, head_dim(model_cfg), "extension")
+    name, params = _applied_params(extension, train_len, model_cfg.position, head_dim(model_cfg), "extension")
     return {"name": name, **params}
 
 
