@@ -128,47 +128,59 @@ def generate(
     device = next(model.parameters()).device
     idx = _as_batch(prompt_ids, device, model.vocab_size)
     _check_room(model, idx.shape[1], max_new_tokens, names)
-    blockers = cache_blockers(model)
-    if use_cache and blockers:
-        warnings.warn(
-            f"{', '.join(blockers)} cannot decode with a KV cache (supports_kv_cache = False); decoding without one "
-            "(every step recomputes the whole sequence)",
-            stacklevel=3,  # the caller of generate (2: torch.no_grad's wrapper, which a warning then quoted)
-        )
-        use_cache = False
+    use_cache = use_cache and _cache_usable(model)
     greedy = greedy or temperature == 0
     gen = None
     if seed is not None and not greedy:
         gen = torch.Generator(device=device)
         gen.manual_seed(int(seed) % 2**64)  # any integer, as --seed of evaluate.py (torch's own range maps alike)
 
+    def choose(logits: Tensor) -> Tensor:
+        return _choose(logits.float(), greedy, temperature, top_k, top_p, gen)
+
     was_training = model.training
     model.eval()
     try:
-        # room for the whole output at once, up to PREALLOCATE new tokens: max_new_tokens is an upper bound (EOS may
-        # come first), and a large one must not allocate its whole cache up front; beyond it the cache grows
-        room = idx.shape[1] + min(max_new_tokens, PREALLOCATE)
-        cache = KVCache.for_model(model, max_length=room) if use_cache else None
-        done = torch.zeros(idx.shape[0], dtype=torch.bool, device=device)
-        step_input = idx
-        for _ in range(max_new_tokens):
-            if cache is not None:
-                logits = model(step_input, cache=cache)[:, -1]  # (B, V)
-            else:
-                logits = model(idx)[:, -1]
-            nxt = _choose(logits.float(), greedy, temperature, top_k, top_p, gen)  # (B,)
-            if eos_id is not None:
-                nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-                done = done | (nxt == eos_id)
-            idx = torch.cat([idx, nxt.unsqueeze(1)], dim=1)
-            if on_token is not None:
-                on_token(nxt)
-            step_input = nxt.unsqueeze(1)
-            if eos_id is not None and bool(done.all()):
-                break
-        return idx
+        return _decode(model, idx, max_new_tokens, choose, use_cache, eos_id, on_token)
     finally:
         model.train(was_training)
+
+
+def _cache_usable(model) -> bool:
+    """Whether every encoding of ``model`` decodes with a KV cache; warns, naming those that cannot, if not."""
+    blockers = cache_blockers(model)
+    if blockers:
+        warnings.warn(
+            f"{', '.join(blockers)} cannot decode with a KV cache (supports_kv_cache = False); decoding without one "
+            "(every step recomputes the whole sequence)",
+            stacklevel=4,  # generate's caller: above this function, generate and torch.no_grad's wrapper of it
+        )
+    return not blockers
+
+
+def _decode(model, idx: Tensor, max_new_tokens: int, choose: Callable[[Tensor], Tensor], use_cache: bool,
+            eos_id: Optional[int], on_token: Optional[Callable[[Tensor], None]]) -> Tensor:  # fmt: skip
+    """``generate``'s loop: append ``choose(last logits)`` to ``idx`` (B, T) up to ``max_new_tokens`` times, with a
+    KV cache where ``use_cache``; rows that produced ``eos_id`` go on with it until every row has."""
+    # room for the whole output at once, up to PREALLOCATE new tokens: max_new_tokens is an upper bound (EOS may
+    # come first), and a large one must not allocate its whole cache up front; beyond it the cache grows
+    room = idx.shape[1] + min(max_new_tokens, PREALLOCATE)
+    cache = KVCache.for_model(model, max_length=room) if use_cache else None
+    done = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
+    step_input = idx
+    for _ in range(max_new_tokens):
+        logits = model(step_input, cache=cache)[:, -1] if cache is not None else model(idx)[:, -1]  # (B, V)
+        nxt = choose(logits)  # (B,)
+        if eos_id is not None:
+            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
+            done = done | (nxt == eos_id)
+        idx = torch.cat([idx, nxt.unsqueeze(1)], dim=1)
+        if on_token is not None:
+            on_token(nxt)
+        step_input = nxt.unsqueeze(1)
+        if eos_id is not None and bool(done.all()):
+            break
+    return idx
 
 
 class TextStream:
