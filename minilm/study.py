@@ -300,21 +300,11 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     unknown = [n for n in only or [] if n not in names]
     if unknown:
         raise MinilmError(f"--only {unknown[0]}: no such variant in {study.path}; variants are: {', '.join(names)}")
-    from minilm.files import remove_stale_temporaries
-    from minilm.training.phases import check_writable_dir, is_primary_process, silent
+    from minilm.training.phases import is_primary_process, silent
 
     if not is_primary_process():  # under DDP every rank runs the study alike: each line was printed once per rank
         log = silent  # (what goes wrong on another rank is raised there, and reaches the user from it)
-    first = out_dir.parts[0] if out_dir.parts else ""
-    if first.startswith("~"):  # else each run's run.dir check advised run.dir=$HOME/..., refused here
-        home = f"$HOME{str(out_dir)[1:]}" if first == "~" else "/full/path"
-        raise MinilmError(f"--out {str(out_dir)!r}: '~' is not expanded (quoted, or after '='): it names a directory "
-                          f"called {first!r}; write the full path, e.g. --out {home}")  # fmt: skip
-    check_writable_dir(out_dir, "--out")  # else each run's run.dir check advises setting run.dir, refused here
-    if is_primary_process():  # a kill while the summary was written left its temporary file (.study.json.<pid>.tmp,
-        remove_stale_temporaries(out_dir)  # compare.png's): never read, and beside the outputs for good otherwise
-        for run_dir in [*out_dir.glob("*/"), *out_dir.glob("*/seed*/")]:  # and a phase copy cut short, in any run
-            remove_stale_copies(run_dir)
+    _open_out_dir(out_dir)
     runs = study_runs(study)
     todo = [r for r in runs if not only or r.variant in only]
     seeds = f" × {len(study.seeds)} seeds" if study.seeds else ""
@@ -323,14 +313,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     for what, items in (("the study file's", study.overrides), ("the command line's", list(extra))):
         if items:  # once here: each run's line names its variant's own
             log(f"study {study.name}: every variant with {what} overrides: {' '.join(items)}")
-    try:
-        check_common_overrides(study)
-        cfgs = {r.label: run_config(study, r, out_dir, list(extra)) for r in runs}  # every variant checked first
-        keys = {label: phase_keys(c) for label, c in cfgs.items()}
-        check_variants_differ(study, keys)
-    except ConfigError as e:  # (checked before anything trains: the remedy is to correct it and run this again)
-        end = " " if str(e).endswith((".", "?")) else ". "
-        raise ConfigError(f"{e}{end}Nothing was trained; correct it, then: {again}") from None
+    cfgs, keys = _checked_configs(study, runs, out_dir, list(extra), again)
 
     # (under DDP the other ranks start this study anew once rank 0 has begun the first run: not their refusal)
     if not resume and is_primary_process() and any((out_dir / r.label).exists() for r in todo):
@@ -354,6 +337,37 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
         if is_primary_process() and out_dir.is_dir():
             write_summary(study, out_dir, cfgs, plan, log, extra=list(extra))
     return out_dir
+
+
+def _open_out_dir(out_dir: Path) -> None:
+    """Refuse an ``--out`` the runs could not be written to; remove what a killed study left half-written there."""
+    from minilm.files import remove_stale_temporaries
+    from minilm.training.phases import check_writable_dir, is_primary_process
+
+    first = out_dir.parts[0] if out_dir.parts else ""
+    if first.startswith("~"):  # else each run's run.dir check advised run.dir=$HOME/..., refused here
+        home = f"$HOME{str(out_dir)[1:]}" if first == "~" else "/full/path"
+        raise MinilmError(f"--out {str(out_dir)!r}: '~' is not expanded (quoted, or after '='): it names a directory "
+                          f"called {first!r}; write the full path, e.g. --out {home}")  # fmt: skip
+    check_writable_dir(out_dir, "--out")  # else each run's run.dir check advises setting run.dir, refused here
+    if is_primary_process():  # a kill while the summary was written left its temporary file (.study.json.<pid>.tmp,
+        remove_stale_temporaries(out_dir)  # compare.png's): never read, and beside the outputs for good otherwise
+        for run_dir in [*out_dir.glob("*/"), *out_dir.glob("*/seed*/")]:  # and a phase copy cut short, in any run
+            remove_stale_copies(run_dir)
+
+
+def _checked_configs(study: Study, runs: list, out_dir: Path, extra: list[str], again: str) -> tuple[dict, dict]:
+    """Every run's config (by label) and its phases' keys, each checked before anything trains; two variants that
+    would train alike are refused."""
+    try:
+        check_common_overrides(study)
+        cfgs = {r.label: run_config(study, r, out_dir, extra) for r in runs}  # every variant checked first
+        keys = {label: phase_keys(c) for label, c in cfgs.items()}
+        check_variants_differ(study, keys)
+        return cfgs, keys
+    except ConfigError as e:  # (checked before anything trains: the remedy is to correct it and run this again)
+        end = " " if str(e).endswith((".", "?")) else ". "
+        raise ConfigError(f"{e}{end}Nothing was trained; correct it, then: {again}") from None
 
 
 def study_phase_notes(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[StudyRun]) -> list[str]:
