@@ -916,6 +916,15 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
             f"({pos['name']} -> {overrides['name']}); weights carry over between phases"
         )
     _fresh_scaling(pos, overrides)
+    merged = _merged_phase(cfg, phase, name, pos, overrides)
+    _validate_phase(cfg, merged, phase, name)
+    OmegaConf.set_readonly(merged, True)
+    return merged
+
+
+def _merged_phase(cfg: DictConfig, phase: DictConfig, name: str, pos: dict, overrides: dict) -> DictConfig:
+    """A writable copy of the run's config with phase ``name``'s keys set (its ``position`` ``overrides`` merged
+    onto the run's ``pos``) and no phases."""
     # A copy of the run's config (on the schema, validated) with the phase's keys set: rebuilding it on the schema
     # from a plain container took ~5x as long, and a study asks for every phase of every run three times.
     merged = copy.deepcopy(cfg)
@@ -935,6 +944,12 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(f"phases.{name}.data: bad key '{key}': {str(e).splitlines()[0]}") from None
+    return merged
+
+
+def _validate_phase(cfg: DictConfig, merged: DictConfig, phase: DictConfig, name: str) -> None:
+    """Check phase ``name``'s config ``merged`` as the run's is checked; an error in a value the phase inherits
+    names the run's key it comes from (``_inherited``)."""
     _check_phase_data(cfg, merged, name)
     try:
         _validate_train(merged, where=f"phases.{name}")
@@ -958,8 +973,6 @@ def _build_phase_config(cfg: DictConfig, name: str) -> DictConfig:
                       names=names)  # fmt: skip
     except ConfigError as e:  # any other eval key is the run's, which it inherits (its stride, against eval_lengths)
         raise _inherited(e, name, f"phases.{name}.eval", "eval", OmegaConf.create(), None) from None
-    OmegaConf.set_readonly(merged, True)
-    return merged
 
 
 # data keys the corpus is prepared from, once for the run (minilm.data.prepare.load_corpus reads the run's): a phase
