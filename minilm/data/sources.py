@@ -18,6 +18,7 @@ Unreadable, binary (NUL byte) and non-UTF-8 files are skipped and *counted*; the
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import glob
 import hashlib
@@ -25,13 +26,14 @@ import itertools
 import logging
 import math
 import os
+import re
 import sys
 import sysconfig
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from minilm.errors import DataError
 from minilm.files import disk_full
@@ -281,6 +283,10 @@ def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = 
             raise DataError(f"{where}.data_files: {packed[0]}: a compressed .parquet file is not read (parquet "
                             f"compresses its own columns); decompress it")  # fmt: skip
         extra = {"files": _stat_digest(local)}
+        if not re.fullmatch(r"\w+(\.\w+)*", spec.split):  # a slice or a sum: its records are named by split and
+            # index since 2026-11-24 (_record_names), so a corpus prepared before held other ones out; a split's name
+            # alone named them so already, and keeps its key
+            extra["record_names"] = "split:index"
     return {"settings": settings, **extra}
 
 
@@ -440,8 +446,8 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
                 docs.skip(problem, path)
                 continue
             ds = _load_dataset(where, builder, None, "train", [str(path)], False, cache_dir=local_cache)
-            _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=str(path), file=str(path),
-                            max_docs=cap, paths_key=f"{where}.paths")  # fmt: skip
+            _append_records(docs, ds, spec.text_field, f"{where}.text_field", name=lambda i, p=path: f"{p}:{i}",
+                            file=str(path), max_docs=cap, paths_key=f"{where}.paths")  # fmt: skip
     return docs
 
 
@@ -507,6 +513,9 @@ def _read_text_files(name: str, files: List[Path], root: Optional[str], progress
     return docs
 
 
+Parts = List[Tuple[str, int, float]]  # the records read, in order: (split, first index, end index) for each piece
+
+
 def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceDocs:
     _check_local_file(spec, where)
     path, data_files = spec.path, spec.data_files
@@ -521,7 +530,7 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
         if spec.name is not None:  # load_from_disk has no configs: the name was ignored, whatever it said
             raise DataError(f"{where}.name: {path} was written by save_to_disk, which has no dataset configs; "
                             f"remove name (pick a split of a saved DatasetDict with split)")  # fmt: skip
-        ds = _load_from_disk(where, Path(path), spec.split)
+        reads = [_load_from_disk(where, Path(path), spec.split)]
     else:
         if spec.streaming and "[" in spec.split:  # datasets streams whole splits: "Bad split: train[:10%]", under
             # the source's name alone (not its split key), and no way round it
@@ -529,13 +538,61 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
                             f"whole splits); give the split's name alone with max_docs: N to read its first N "
                             f"records, or streaming: false")  # fmt: skip
         # local files: converted afresh (read_source); a Hub dataset: datasets' cache, not downloaded each time
-        ds = _load_dataset(where, path, spec.name, spec.split, data_files, spec.streaming,
-                           cache_dir=local_cache if _hf_local_files(spec) else None)  # fmt: skip
+        cache_dir = local_cache if _hf_local_files(spec) else None
+        reads = (_stream_splits(where, path, spec.name, spec.split, data_files, cache_dir) if spec.streaming
+                 else [_load_split(where, path, spec.name, spec.split, data_files, cache_dir)])  # fmt: skip
     docs = SourceDocs([], [], Counter())
-    _append_records(docs, ds, spec.text_field, f"{where}.text_field", prefix=f"{spec.path}/{spec.name}/{spec.split}",
-                    file=spec.path if spec.data_files is None else f"{spec.path} data_files={spec.data_files}",
-                    max_docs=spec.max_docs)  # fmt: skip
+    file = spec.path if spec.data_files is None else f"{spec.path} data_files={spec.data_files}"
+    for ds, parts in reads:  # (a generator when streaming: a split of a sum is opened once the earlier ones are read)
+        if spec.max_docs is not None and len(docs.texts) >= spec.max_docs:
+            break
+        _append_records(docs, ds, spec.text_field, f"{where}.text_field", _record_names(f"{spec.path}/{spec.name}",
+                        parts), file, max_docs=spec.max_docs)  # fmt: skip
     return docs
+
+
+def _record_names(prefix: str, parts: Parts) -> Callable[[int], str]:
+    """Record i of the rows read (the parts one after another) -> ``<prefix>/<split>:<its index in that split>``.
+    A record keeps its name, and so its side of the held-out split, however the split was sliced: the first 1000
+    records of train[:2000] are those of train[:1000], and record 0 of train[500:] is named as record 500 of train.
+    (Until 2026-11-24 the name held the split spec and the index among the rows read, so widening a slice renamed,
+    and re-split, every record.) Skipped records count: the index is the record's place in its split."""
+    ends = list(itertools.accumulate(end - start for _, start, end in parts))
+
+    def name(i: int) -> str:
+        k = bisect.bisect_right(ends, i)
+        split, start, _ = parts[k]
+        return f"{prefix}/{split}:{start + i - (ends[k - 1] if k else 0)}"
+
+    return name
+
+
+def _load_split(where: str, path: str, name: Optional[str], split: str, data_files: Any,
+                cache_dir: Optional[str]) -> Tuple[Any, Parts]:  # fmt: skip
+    """The records ``load_dataset`` reads for ``split`` (a split, a slice of one, a sum), and where each came from:
+    the split spec resolved against the split sizes datasets recorded, as datasets itself resolves it to read them."""
+    import datasets
+
+    ds = _load_dataset(where, path, name, split, data_files, False, cache_dir=cache_dir)
+    sizes = {n: s.num_examples for n, s in (ds.info.splits or {}).items()}
+    try:
+        parts = [(p.splitname, p.from_, p.to) for p in datasets.ReadInstruction.from_spec(split).to_absolute(sizes)]
+    except ValueError:
+        parts = []
+    if sum(end - start for _, start, end in parts) != len(ds):  # (never seen: datasets reads by these sizes)
+        raise DataError(f"{where}.split: cannot tell which records of which split datasets read for {split!r} "
+                        f"(split sizes it recorded: {sizes}; {len(ds)} records read), so they cannot be named for "
+                        f"the held-out split (data.val_fraction)")  # fmt: skip
+    return ds, parts
+
+
+def _stream_splits(where: str, path: str, name: Optional[str], split: str, data_files: Any,
+                   cache_dir: Optional[str]):  # fmt: skip
+    """A streamed split, or each split of a sum (train+test: datasets streamed them as one, whose records could not
+    tell which split they came from and where), one stream at a time, with its parts."""
+    for one in (s.strip() or split for s in split.split("+")):  # (datasets' own separator of a sum; no slice
+        # here; an empty part, of "train+", stands for the whole spec: its error names that, not '')
+        yield _load_dataset(where, path, name, one, data_files, True, cache_dir=cache_dir), [(one, 0, math.inf)]
 
 
 def _column_kind(feature: Any) -> Optional[str]:
@@ -566,7 +623,7 @@ def _saved_to_disk(path: Path) -> bool:
     return path.is_dir() and any((path / f).is_file() for f in ("state.json", "dataset_dict.json"))
 
 
-def _load_from_disk(where: str, path: Path, split: str):
+def _load_from_disk(where: str, path: Path, split: str) -> Tuple[Any, Parts]:
     import datasets
 
     try:
@@ -586,7 +643,8 @@ def _load_from_disk(where: str, path: Path, split: str):
         raise DataError(f"{where}.split: {_not_a_split(split, path, ds)}; datasets says: {e}") from None
     pieces = [splits[p.splitname].select(range(p.from_, p.to)) if (p.from_, p.to) != (0, len(splits[p.splitname]))
               else splits[p.splitname] for p in parts]  # fmt: skip
-    return pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
+    ds = pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
+    return ds, [(p.splitname, p.from_, p.to) for p in parts]
 
 
 def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_files: Any, streaming: bool,
@@ -659,10 +717,11 @@ def _cause(e: BaseException) -> str:
     return " <- ".join(parts)
 
 
-def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix: str, file: str,
+def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, name: Callable[[int], str], file: str,
                     max_docs: Optional[int] = None, paths_key: Optional[str] = None) -> None:  # fmt: skip
-    """Take the ``text_field`` of each record; non-string and empty values are skipped and counted. ``paths_key``:
-    the glob key that matched ``file`` (files kind)."""
+    """Take the ``text_field`` of each record; non-string and empty values are skipped and counted. ``name``: the
+    name of record i of ``ds`` (for the held-out hash). ``paths_key``: the glob key that matched ``file`` (files
+    kind)."""
     columns = getattr(ds, "column_names", None)
     if columns is None and getattr(ds, "features", None) is not None:
         columns = list(ds.features)
@@ -703,7 +762,7 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, prefix
         if not isinstance(text, str) or not text.strip():
             docs.skip("empty" if isinstance(text, str) or text is None else "not_text", f"record {i} of {file}")
             continue
-        docs.names.append(f"{prefix}:{i}")
+        docs.names.append(name(i))
         docs.texts.append(text)
     if features is not None and text_field in features and _mixed(features[text_field]) \
             and len(docs.texts) == taken and docs.skipped["not_text"] > not_text:  # fmt: skip

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from minilm.data import load_corpus, make_sampler, parse_sources, stdlib_files
+from minilm.data.sources import read_source
 from minilm.errors import DataError
 from tests.data.conftest import make_data_cfg
 
@@ -144,7 +145,7 @@ def test_hf_kind_takes_a_slice_of_a_save_to_disk_split(tmp_path, split, kept):
 
 @pytest.mark.parametrize("form, split, splits", [("file", "validation", "train"), ("file", "train[:5", "train"),
                                                   ("mapping", "valid[:5]", "train, test"),
-                                                  ("stream", "validation", "train")])
+                                                  ("stream", "validation", "train"), ("stream", "train+", "train")])
 def test_a_split_load_dataset_lacks_is_reported_under_the_split_key(tmp_path, jsonl_file, form, split, splits):
     """A split the dataset lacks, or a malformed one, failed under data.sources.<name> alone (as a failure of the
     whole source, in datasets' words): the error names the split key and the dataset's splits."""
@@ -167,6 +168,77 @@ def test_a_streamed_slice_is_refused_naming_split_and_max_docs(tmp_path, jsonl_f
         load_corpus(make_data_cfg(tmp_path, {"st": spec}), progress=False)
     spec.update(split="train", max_docs=5)
     assert len(_texts(load_corpus(make_data_cfg(tmp_path, {"st": spec}), progress=False))) == 5
+
+
+def _named(entry: dict) -> dict:
+    """name -> text of the documents an hf source reads."""
+    docs = read_source("st", parse_sources({"st": {"kind": "hf", "text_field": "story", **entry}})["st"],
+                       progress=False)  # fmt: skip
+    return dict(zip(docs.names, docs.texts))
+
+
+@pytest.fixture
+def two_splits(tmp_path, monkeypatch):
+    """A train file of 30 records (every 7th one empty, skipped) and a test file of 10, as files and as a saved
+    DatasetDict; relative paths, so the records' names do not depend on tmp_path."""
+    import datasets
+
+    monkeypatch.chdir(tmp_path)
+    records = {"train": ["" if i % 7 == 3 else t for i, t in enumerate(STORIES)],
+               "test": [f"A test story {i} about a heron.\n" for i in range(10)]}  # fmt: skip
+    for split, texts in records.items():
+        Path(f"{split}.jsonl").write_text("".join(json.dumps({"story": t}) + "\n" for t in texts))
+    saved = datasets.DatasetDict({k: datasets.Dataset.from_dict({"story": v}) for k, v in records.items()})
+    saved.save_to_disk("saved")
+    return {"train": "train.jsonl", "test": "test.jsonl"}
+
+
+@pytest.mark.parametrize("form, split, n", [("file", "train[:20]", 17), ("file", "train[10:25]", 12),
+                                            ("file", "train[-40%:]", 11), ("mapping", "train[5:]+test[:50%]", 27),
+                                            ("disk", "train[:20]", 17), ("disk", "test[3:]+train[-5:]", 12),
+                                            ("stream", "test+train", 30)])  # fmt: skip
+def test_an_hf_record_is_named_by_its_split_and_index_there_however_the_split_is_sliced(two_splits, form, split, n):
+    """The held-out hash names a record; the name held the split spec and the record's place among the rows read,
+    so widening train[:1000] to train[:2000] renamed every record and held other documents out (ones held out
+    before were trained on). A record of a slice, a sum, a save_to_disk split or a stream is named as in its whole
+    split, skipped (empty) records counted in its index."""
+    entry = {"mapping": {"path": "json", "data_files": two_splits}, "disk": {"path": "saved"},
+             "file": {"path": "train.jsonl"}, "stream": {"path": "json", "data_files": two_splits,
+                                                         "streaming": True, "max_docs": 30}}[form]  # fmt: skip
+    whole = {k: v for s in ("train", "test") if form != "file" or s == "train"
+             for k, v in _named({**entry, "split": s, "streaming": False, "max_docs": None}).items()}
+    named = _named({**entry, "split": split})
+    assert len(whole) == (26 if form == "file" else 36)  # (no record of train named as one of test)
+    assert len(named) == n and named.items() <= whole.items()
+
+
+def test_widening_an_hf_slice_keeps_the_held_out_documents_held_out(tmp_path, two_splits):
+    """What the names are for: a run on train[:20] and one on all of train validate on the same documents of the
+    first 20, and none held out in the first run is trained on in the second."""
+
+    def held_out_texts(split):
+        cfg = make_data_cfg(tmp_path, {"st": {"kind": "hf", "path": "train.jsonl", "split": split,
+                                              "text_field": "story"}}, val_fraction=0.2)  # fmt: skip
+        corpus = load_corpus(cfg, progress=False)
+        return {corpus.tokenizer.decode(corpus.val.doc(i)[:-1].tolist()) for i in range(corpus.val.n_docs)}
+
+    narrow, wide = held_out_texts("train[:20]"), held_out_texts("train")
+    assert narrow and narrow <= wide and wide - narrow <= set(STORIES[20:])
+
+
+def test_the_corpus_key_of_an_hf_slice_or_sum_changed_with_its_record_names(two_splits):
+    """A corpus prepared from a slice or sum before its records were named by split and index (2026-11-24) held
+    other documents out: its key changed, so it is prepared again rather than served from the cache; a whole split's
+    records had those names already, and its key stays (settings and files alone)."""
+    from minilm.data.sources import source_fingerprint
+
+    def fingerprint(split):
+        spec = parse_sources({"st": {"kind": "hf", "path": "train.jsonl", "split": split}})["st"]
+        return source_fingerprint("st", spec)
+
+    assert set(fingerprint("train")) == {"settings", "files"}
+    for split in ("train[:20]", "train+train", "train[:]"):
+        assert set(fingerprint(split)) > {"settings", "files"}, split
 
 
 @pytest.mark.parametrize("form", ["glob", "dict"])
