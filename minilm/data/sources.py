@@ -9,7 +9,8 @@ Kinds:
   Present wherever Python is, needs no network, and has a natural mix of short and very long documents.
 - ``files``: glob patterns of local ``.txt/.md/.py`` files (one file = one document) and ``.jsonl/.json/.parquet``
   files, the json ones also compressed (one record = one document, text taken from ``text_field``; read through
-  ``datasets``). A file reached through several paths (symlinks) is read once.
+  ``datasets``). A file reached through several paths (symlinks) is read once. A path naming an existing file is
+  that file, even where its name holds glob characters (``notes[1].txt``); so is one in an hf source's data_files.
 - ``hf``: anything ``datasets.load_dataset`` opens (hub name or local path / data files), and a directory written
   by ``save_to_disk`` (opened with ``datasets.load_from_disk``; ``split`` picks a split of a ``DatasetDict``).
 
@@ -232,10 +233,28 @@ def stdlib_files() -> List[Path]:
     return sorted(out)
 
 
+def _glob(pattern: str) -> List[str]:
+    """The files a path or glob names: a path naming an existing file is that file, taken literally whatever its
+    name holds (``notes[1].txt``: as a glob, ``[1]`` is a class of one character, which matched ``notes1.txt``, or
+    nothing); anything else is a glob (``**`` recursing; its matches in glob's order)."""
+    return [pattern] if os.path.isfile(pattern) else glob.glob(pattern, recursive=True)
+
+
+def _for_datasets(files: Any, base: str) -> Any:
+    """``data_files`` (a file or glob, a list, a ``{split: ...}`` mapping) as datasets is to read them: it takes each
+    one for a glob, so a path naming an existing file (relative to ``base``, where datasets resolves them) is escaped
+    and read as it is, as ``_glob`` takes it (``recs[1].jsonl`` read ``recs1.jsonl``'s records)."""
+    if isinstance(files, dict):
+        return {k: _for_datasets(v, base) for k, v in files.items()}
+    if isinstance(files, str):
+        return glob.escape(files) if os.path.isfile(os.path.join(base, files)) else files
+    return None if files is None else [_for_datasets(f, base) for f in files]
+
+
 def _expand_globs(spec: FilesSource, where: str, cache_dir: Optional[Path] = None) -> List[Path]:
     files: List[Path] = []
     for pattern in spec.paths:
-        found = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True))
+        found = sorted(Path(p) for p in _glob(os.path.expanduser(pattern)))
         matches = [p for p in found if p.is_file()]
         if not matches:
             dirs = [p for p in found if p.is_dir()]
@@ -352,8 +371,7 @@ def _hf_local_files(spec: HfSource) -> List[Path]:
     patterns = [p for v in (df.values() if isinstance(df, dict) else [df]) for p in _as_list(v)]
     bases = [Path(".")] + ([Path(spec.path)] if Path(spec.path).is_dir() else [])
     found = [Path(spec.path)] + [Path(m) for pat in patterns for base in bases
-                                 for m in sorted(glob.glob(os.path.join(base, os.path.expanduser(str(pat))),
-                                                           recursive=True))]  # fmt: skip
+                                 for m in sorted(_glob(os.path.join(base, os.path.expanduser(str(pat)))))]  # fmt: skip
     # a local directory (save_to_disk, or data files of a builder) by the files in it: rewriting a shard in place
     # does not change the directory's own mtime
     files = [f for p in found for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])]
@@ -445,7 +463,7 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
             if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
                 docs.skip(problem, path)
                 continue
-            ds = _load_dataset(where, builder, None, "train", [str(path)], False, cache_dir=local_cache)
+            ds = _load_dataset(where, builder, None, "train", [glob.escape(str(path))], False, cache_dir=local_cache)
             _append_records(docs, ds, spec.text_field, f"{where}.text_field", name=lambda i, p=path: f"{p}:{i}",
                             file=str(path), max_docs=cap, paths_key=f"{where}.paths")  # fmt: skip
     return docs
@@ -539,6 +557,7 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
                             f"records, or streaming: false")  # fmt: skip
         # local files: converted afresh (read_source); a Hub dataset: datasets' cache, not downloaded each time
         cache_dir = local_cache if _hf_local_files(spec) else None
+        data_files = _for_datasets(data_files, path if Path(path).is_dir() else ".")
         reads = (_stream_splits(where, path, spec.name, spec.split, data_files, cache_dir) if spec.streaming
                  else [_load_split(where, path, spec.name, spec.split, data_files, cache_dir)])  # fmt: skip
     docs = SourceDocs([], [], Counter())

@@ -277,6 +277,48 @@ def test_hf_data_files_under_home_are_read(tmp_path, monkeypatch, form):
     files = {"string": "~/recs.jsonl", "list": ["~/recs.jsonl"], "mapping": {"train": "~/recs.jsonl"}}[form]
     assert _read("mine", {"kind": "hf", "path": "json", "data_files": files}).texts == ["one record"]
 
+@pytest.fixture
+def bracketed(tmp_path, monkeypatch):
+    """Files whose names hold glob characters (notes[1].txt, recs[1].jsonl) beside the files those names match as
+    globs (notes1.txt, recs1.jsonl)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes[1].txt").write_text("the notes of [1]\n")
+    (tmp_path / "notes1.txt").write_text("the notes of 1\n")
+    for d in (tmp_path, tmp_path / "shards"):  # (shards: a local directory as an hf path, its data files in it)
+        d.mkdir(exist_ok=True)
+        (d / "recs[1].jsonl").write_text('{"text": "a record of [1]"}\n{"text": "another record of [1]"}\n')
+        (d / "recs1.jsonl").write_text('{"text": "a record of 1"}\n')
+    return tmp_path
+
+
+def test_a_files_path_naming_an_existing_file_is_taken_literally_not_as_a_glob(bracketed):
+    """paths: [notes[1].txt] read notes1.txt (the glob class [1]), or matched nothing without it; and a record file so
+    named, matched by a glob, went to datasets as a pattern too, which read recs1.jsonl's records under its name."""
+    assert _read("mine", {"kind": "files", "paths": ["notes[1].txt"]}).texts == ["the notes of [1]\n"]
+    assert sorted(_read("mine", {"kind": "files", "paths": ["notes*.txt"]}).texts) == ["the notes of 1\n",
+                                                                                       "the notes of [1]\n"]
+    docs = _read("mine", {"kind": "files", "paths": ["recs[1].jsonl", "recs*.jsonl"]})
+    assert sorted(docs.texts) == ["a record of 1", "a record of [1]", "another record of [1]"]
+    (bracketed / "notes1.txt").unlink()  # as a glob, notes[1].txt now matches nothing: "matches no file"
+    assert _read("mine", {"kind": "files", "paths": [str(bracketed / "notes[1].txt")]}).texts == ["the notes of [1]\n"]
+
+
+@pytest.mark.parametrize("entry", [{"path": "recs[1].jsonl"}, {"path": "json", "data_files": "recs[1].jsonl"},
+                                   {"path": "json", "data_files": {"train": ["recs[1].jsonl"]}},
+                                   {"path": "shards", "data_files": "recs[1].jsonl"}])  # fmt: skip
+def test_an_hf_data_file_naming_an_existing_file_is_taken_literally_and_keys_the_cache(bracketed, entry):
+    """datasets takes every data file for a glob: recs[1].jsonl read recs1.jsonl's one record; and the cache key,
+    which globbed it too, did not follow the file, so a rewritten recs[1].jsonl kept the stale corpus."""
+    from minilm.data.sources import source_fingerprint
+
+    entry = {"kind": "hf", **entry}
+    assert _read("mine", entry).texts == ["a record of [1]", "another record of [1]"]
+    before = source_fingerprint("mine", parse_sources({"mine": entry})["mine"])
+    for d in (bracketed, bracketed / "shards"):
+        (d / "recs[1].jsonl").write_text('{"text": "a longer record of [1] now"}\n')
+    assert source_fingerprint("mine", parse_sources({"mine": entry})["mine"]) != before
+
+
 def test_a_large_record_file_with_a_non_utf8_byte_late_is_skipped_like_a_small_one(tmp_path):
     """The UTF-8 pre-check stopped decoding after the first non-blank 1 MB block, so a .jsonl over 1 MB with a
     latin-1 byte further on was not skipped and counted (as documented, and as a small one is) but stopped the
