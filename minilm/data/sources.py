@@ -7,9 +7,9 @@ raises ``DataError`` naming ``data.sources.<name>.<key>`` and what is allowed.
 Kinds:
 - ``embedded``: the Python standard library ``*.py`` files of the running interpreter (one file = one document).
   Present wherever Python is, needs no network, and has a natural mix of short and very long documents.
-- ``files``: glob patterns of local ``.txt/.md/.py`` files (one file = one document) and ``.jsonl/.json/.parquet``
-  files, the json ones also compressed (one record = one document, text taken from ``text_field``; read through
-  ``datasets``). A file reached through several paths (symlinks) is read once. A path naming an existing file is
+- ``files``: glob patterns of local ``.txt/.md/.py`` files (one file = one document) and ``.jsonl/.json/.parquet/.csv``
+  files, the json and csv ones also compressed (one record = one document, text taken from ``text_field``; read
+  through ``datasets``). A file reached through several paths (symlinks) is read once. A path naming an existing file is
   that file, even where its name holds glob characters (``notes[1].txt``); so is one in an hf source's data_files.
 - ``hf``: anything ``datasets.load_dataset`` opens (hub name or local path / data files), and a directory written
   by ``save_to_disk`` (opened with ``datasets.load_from_disk``; ``split`` picks a split of a ``DatasetDict``).
@@ -42,7 +42,7 @@ from minilm.files import disk_full
 log = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = (".txt", ".md", ".py")
-RECORD_SUFFIXES = (".jsonl", ".json", ".parquet")
+RECORD_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 COMPRESSIONS = (".gz", ".bz2", ".xz")  # a .jsonl/.json/.csv file compressed so: datasets (fsspec) decompresses it
 KINDS = ("embedded", "files", "hf")
 
@@ -65,8 +65,8 @@ class FilesSource:
 
     kind: str = "files"
     weight: float = 1.0
-    paths: List[str] = field(default_factory=list)  # globs of .txt/.md/.py/.jsonl/.parquet files
-    text_field: str = "text"  # the text column of .jsonl / .parquet records
+    paths: List[str] = field(default_factory=list)  # globs of .txt/.md/.py/.jsonl/.json/.parquet/.csv files
+    text_field: str = "text"  # the text column of .jsonl / .json / .parquet / .csv records
     max_docs: Optional[int] = None
 
 
@@ -309,7 +309,7 @@ def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = 
     return {"settings": settings, **extra}
 
 
-LOCAL_FILE_SUFFIXES = RECORD_SUFFIXES + (".csv", ".txt")  # an hf path ending so is a local file, never a Hub name
+LOCAL_FILE_SUFFIXES = RECORD_SUFFIXES + (".txt",)  # an hf path ending so is a local file, never a Hub name
 
 
 def _data_suffix(path: Path) -> Tuple[str, bool]:
@@ -318,6 +318,9 @@ def _data_suffix(path: Path) -> Tuple[str, bool]:
     if suffix in COMPRESSIONS:
         return Path(path.stem).suffix.lower(), True
     return suffix, False
+
+
+BUILDERS = ("json", "parquet", "csv")  # datasets' builders of the record files the files kind reads, in reading order
 
 
 def _record_builder(path: Path) -> Optional[str]:
@@ -442,24 +445,23 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
                        cache_dir: Optional[Path] = None) -> SourceDocs:  # fmt: skip
     files = _expand_globs(spec, where, cache_dir)
     text_files = [p for p in files if p.suffix.lower() in TEXT_SUFFIXES]
-    record_files = [p for p in files if _record_builder(p) in ("json", "parquet")]
+    record_files = [p for p in files if _record_builder(p) in BUILDERS]
     kept = set(text_files) | set(record_files)
     other = [p for p in files if p not in kept]
     cap = spec.max_docs  # reading stops there: a quick run on a few documents of a large corpus reads only those
     docs = _read_text_files(name, text_files, root=None, progress=progress, max_docs=cap)
     if other:  # named as the other skip reasons are: the first one (in the warning, and in the error of a source
-        # that yields no documents, which said only "skipped: not_text: 2" of a glob matching .rst or .csv files)
+        # that yields no documents, which said only "skipped: not_text: 2" of a glob matching .rst or .tsv files)
         docs.skipped["not_text"] += len(other)
         docs.first_skipped.setdefault("not_text", str(other[0]))
-        log.warning("%s: %d file(s) with unsupported suffix skipped (first: %s; allowed: %s; .jsonl/.json also "
+        log.warning("%s: %d file(s) with unsupported suffix skipped (first: %s; allowed: %s; .jsonl/.json/.csv also "
                     "compressed: %s)", where, len(other), other[0], ", ".join(TEXT_SUFFIXES + RECORD_SUFFIXES),
                     ", ".join(COMPRESSIONS))  # fmt: skip
-    for builder, group in (("json", [p for p in record_files if _record_builder(p) == "json"]),
-                           ("parquet", [p for p in record_files if _record_builder(p) == "parquet"])):  # fmt: skip
-        for path in group:
+    for builder in BUILDERS:  # (the record files by format, json, parquet then csv; each in the order of paths)
+        for path in [p for p in record_files if _record_builder(p) == builder]:
             if cap is not None and len(docs.texts) >= cap:
                 break
-            problem = _text_problem(path) if builder == "json" else None
+            problem = _text_problem(path) if builder in ("json", "csv") else None
             if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
                 docs.skip(problem, path)
                 continue
@@ -470,7 +472,7 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
 
 
 def _text_problem(path: Path) -> Optional[str]:
-    """Why a .jsonl/.json file (compressed too) cannot give records, as ``_read_text_files`` counts it (None:
+    """Why a .jsonl/.json/.csv file (compressed too) cannot give records, as ``_read_text_files`` counts it (None:
     readable). Read in blocks with an incremental decoder: such files can be large. (datasets reads a non-UTF-8
     record file without complaint and fails with a bare UnicodeDecodeError when the record is taken; an empty one
     fails with StopIteration, and so did an empty .jsonl.gz shard in a glob: the whole preparation stopped, where
@@ -746,8 +748,9 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, name: 
         columns = list(ds.features)
     if columns is not None and text_field not in columns:
         # a glob over a code or docs tree (dir/**/*) also matches package.json, tsconfig.json...: not data at all
-        other = (f", or leave {file} out of {paths_key} (a .json file is read as records)"
-                 if paths_key and _data_suffix(Path(file))[0] == ".json" else "")  # fmt: skip
+        suffix = _data_suffix(Path(file))[0]  # (a results table in the tree: some.csv)
+        other = (f", or leave {file} out of {paths_key} (a {suffix} file is read as records)"
+                 if paths_key and suffix in (".json", ".csv") else "")  # fmt: skip
         raise DataError(f"{key}: {text_field!r} is not a column of {file} (columns: {', '.join(columns)}); "
                         f"set text_field to one of them{other}")  # fmt: skip
     features = getattr(ds, "features", None)

@@ -3,6 +3,7 @@ a clear error for each kind of bad input."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from pathlib import Path
@@ -31,6 +32,14 @@ def jsonl_file(tmp_path):
 def parquet_file(tmp_path):
     path = tmp_path / "stories.parquet"
     pq.write_table(pa.table({"id": list(range(len(STORIES))), "story": STORIES}), path)
+    return path
+
+
+@pytest.fixture
+def csv_file(tmp_path):
+    path = tmp_path / "stories.csv"
+    with path.open("w", newline="") as f:  # (the stories hold newlines: quoted, as csv writes them)
+        csv.writer(f).writerows([["id", "story"]] + [[i, t] for i, t in enumerate(STORIES)])
     return path
 
 
@@ -274,6 +283,21 @@ def test_files_kind_reads_records_and_text_files(tmp_path, parquet_file, tiny_te
     assert set(STORIES) <= texts and len(texts) == len(STORIES) + 10
 
 
+def test_files_kind_reads_csv_records_as_the_json_ones(tmp_path, csv_file):
+    """A .csv file (compressed too) is records, its text in text_field, as a .jsonl one: it was skipped as a file of
+    an unsupported suffix. Quoted commas and newlines are text; an empty cell is skipped as an empty record, and an
+    empty or non-UTF-8 file as such a .jsonl file is."""
+    import gzip
+
+    (tmp_path / "more.csv.gz").write_bytes(gzip.compress(b'story,n\n"a tale, with a comma",1\n,2\n'))
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "latin1.csv").write_bytes(b"story\ncaf\xe9\n")
+    entry = {"kind": "files", "paths": [str(csv_file), f"{tmp_path}/*.csv*"], "text_field": "story"}
+    docs = read_source("f", parse_sources({"f": entry})["f"], progress=False)
+    assert docs.texts == STORIES + ["a tale, with a comma"]
+    assert dict(docs.skipped) == {"empty": 2, "non_utf8": 1}
+
+
 def test_embedded_corpus_is_the_stdlib_without_site_packages():
     import sysconfig
 
@@ -356,7 +380,7 @@ def test_a_file_of_an_unsupported_suffix_is_named_in_the_skip_warning(tmp_path, 
     skipped' sent a user looking through a glob's matches for them."""
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.txt").write_text("def f():\n    return 1\n" * 20)
-    for name in ("b.rst", "c.csv"):
+    for name in ("b.rst", "c.tsv"):
         (tmp_path / "d" / name).write_text("x")
     cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "paths": [f"{tmp_path}/d/*"]}})
     load_corpus(cfg, progress=False)
@@ -364,10 +388,10 @@ def test_a_file_of_an_unsupported_suffix_is_named_in_the_skip_warning(tmp_path, 
 
 
 def test_a_source_of_only_unsupported_files_names_the_first_in_its_error(tmp_path):
-    """A glob matching only .rst / .csv files: the error a run ends with said "the source yields no documents
+    """A glob matching only .rst / .tsv files: the error a run ends with said "the source yields no documents
     (skipped: not_text: 2)", naming no file, where every other skip reason names its first."""
     (tmp_path / "d").mkdir()
-    for name in ("b.rst", "c.csv"):
+    for name in ("b.rst", "c.tsv"):
         (tmp_path / "d" / name).write_text("some text\n" * 20)
     cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "paths": [f"{tmp_path}/d/*"]}})
     with pytest.raises(DataError, match=r"data\.sources\.f: the source yields no documents \(skipped: not_text: 2 "
@@ -428,16 +452,23 @@ def test_hf_record_that_is_not_utf8_names_the_record(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["files", "hf"])
-def test_parquet_without_the_named_field(tmp_path, parquet_file, kind):
+@pytest.mark.parametrize("fixture", ["parquet_file", "csv_file"])
+def test_a_record_file_without_the_named_field(tmp_path, request, fixture, kind):
+    path = request.getfixturevalue(fixture)
     key = "paths" if kind == "files" else "path"
-    value = [str(parquet_file)] if kind == "files" else str(parquet_file)
+    value = [str(path)] if kind == "files" else str(path)
     cfg = make_data_cfg(tmp_path, {"x": {"kind": kind, key: value, "text_field": "text"}})
-    with pytest.raises(DataError, match=r"data\.sources\.x\.text_field: 'text' is not a column .*id, story"):
+    with pytest.raises(DataError, match=rf"data\.sources\.x\.text_field: 'text' is not a column of "
+                                        rf"{re.escape(str(path))} \(columns: id, story\)") as err:  # fmt: skip
         load_corpus(cfg, progress=False)
+    # a glob over a tree matches a results table as it does a package.json: the files kind says to leave it out
+    left_out = f"or leave {path} out of data.sources.x.paths (a .csv file is read as records)"
+    assert (left_out in str(err.value)) is (kind == "files" and fixture == "csv_file")
 
 
 @pytest.mark.parametrize("kind, form", [("files", "parquet_file"), ("hf", "parquet_file"), ("hf", "jsonl_file"),
-                                        ("hf", "streaming"), ("hf", "save_to_disk")])
+                                        ("hf", "streaming"), ("hf", "save_to_disk"), ("files", "csv_file"),
+                                        ("hf", "csv_file")])  # fmt: skip
 def test_a_text_field_that_is_not_text_names_the_key_and_the_text_columns(tmp_path, request, kind, form):
     """text_field naming a number column (here ``id``): every record was skipped as not_text and the error said only
     "the source yields no documents (skipped: not_text: 30)", naming neither the key nor the text columns."""
