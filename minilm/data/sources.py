@@ -302,7 +302,7 @@ def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = 
             raise DataError(f"{where}.data_files: {packed[0]}: a compressed .parquet file is not read (parquet "
                             f"compresses its own columns); decompress it")  # fmt: skip
         extra = {"files": _stat_digest(local)}
-        if not re.fullmatch(r"\w+(\.\w+)*", spec.split):  # a slice or a sum: its records are named by split and
+        if not _whole_split(spec.split):  # a slice or a sum: its records are named by split and
             # index since 2026-11-24 (_record_names), so a corpus prepared before held other ones out; a split's name
             # alone named them so already, and keeps its key
             extra["record_names"] = "split:index"
@@ -588,6 +588,11 @@ def _record_names(prefix: str, parts: Parts) -> Callable[[int], str]:
     return name
 
 
+def _whole_split(split: str) -> bool:
+    """Whether ``split`` names one whole split (datasets' rule for a split's name), not a slice or a sum."""
+    return re.fullmatch(r"\w+(\.\w+)*", split) is not None
+
+
 def _load_split(where: str, path: str, name: Optional[str], split: str, data_files: Any,
                 cache_dir: Optional[str]) -> Tuple[Any, Parts]:  # fmt: skip
     """The records ``load_dataset`` reads for ``split`` (a split, a slice of one, a sum), and where each came from:
@@ -595,6 +600,8 @@ def _load_split(where: str, path: str, name: Optional[str], split: str, data_fil
     import datasets
 
     ds = _load_dataset(where, path, name, split, data_files, False, cache_dir=cache_dir)
+    if _whole_split(split):  # its records in order: no sizes needed (a builder may record none)
+        return ds, [(split, 0, len(ds))]
     sizes = {n: s.num_examples for n, s in (ds.info.splits or {}).items()}
     try:
         parts = [(p.splitname, p.from_, p.to) for p in datasets.ReadInstruction.from_spec(split).to_absolute(sizes)]

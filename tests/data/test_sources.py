@@ -221,6 +221,21 @@ def test_an_hf_record_is_named_by_its_split_and_index_there_however_the_split_is
     assert len(named) == n and named.items() <= whole.items()
 
 
+def test_a_whole_hf_split_is_named_without_the_split_sizes_a_builder_records(monkeypatch):
+    """A whole split's records are named by their order alone: a dataset that records no split sizes (info.splits
+    None, as a Dataset built in memory has) is read, not refused for want of the sizes a slice is resolved by."""
+    import datasets
+
+    from minilm.data import sources
+
+    ds = datasets.Dataset.from_dict({"text": ["a", "b", "c"]})
+    assert ds.info.splits is None
+    monkeypatch.setattr(sources, "_load_dataset", lambda *a, **k: ds)
+    assert sources._load_split("data.sources.x", "p", None, "train", None, None) == (ds, [("train", 0, 3)])
+    with pytest.raises(DataError, match=r"data\.sources\.x\.split: cannot tell which records"):
+        sources._load_split("data.sources.x", "p", None, "train[:2]", None, None)
+
+
 def test_widening_an_hf_slice_keeps_the_held_out_documents_held_out(tmp_path, two_splits):
     """What the names are for: a run on train[:20] and one on all of train validate on the same documents of the
     first 20, and none held out in the first run is trained on in the second."""
