@@ -1,5 +1,11 @@
-"""The training progress bar: Lightning's own (rich where installed, else tqdm, as Lightning picks), showing the
-step loss of the last log.
+"""The training progress bar: Lightning's own (rich where installed, else tqdm, as Lightning picks), counting
+optimizer steps and showing the step loss of the last log.
+
+Lightning's bar counts the loader's batches, which under gradient accumulation (``train.batch_size`` over
+``train.micro_batch_size``) are micro-batches: a phase of 100 steps of 4 micro-batches showed a bar of 400, where
+``train.steps``, every log line and TensorBoard count optimizer steps. The bar's total (``total_train_batches``, the
+property Lightning's bars read it from) and its counter (the index each bar's batch end shows) are converted to
+steps, and the bar moves once per step, at its last micro-batch.
 
 A loss logged to the bar with ``self.log(..., prog_bar=True)`` was a tensor the bar read back every step: on a GPU
 a host sync per step, which left the device idle while Python set up the next step. The bar now shows
@@ -9,7 +15,25 @@ device anyway.
 
 from __future__ import annotations
 
+import math
+
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+
+
+class _Steps:
+    """Counts optimizer steps: Lightning's total and counter of micro-batches, divided by the micro-batches a step
+    takes (``trainer.accumulate_grad_batches``; a phase's loader holds whole steps: minilm.training.datamodule). A
+    resumed phase's batch index counts from the phase's first micro-batch (Lightning restores its position in them),
+    so the bar goes on from the step the checkpoint was written at."""
+
+    @property
+    def total_train_batches(self):
+        total = super().total_train_batches
+        return total if math.isinf(total) else total // self.trainer.accumulate_grad_batches
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        done = (batch_idx + 1) // trainer.accumulate_grad_batches  # optimizer steps done, this micro-batch's included
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, done - 1)  # (the bar shows batch_idx + 1)
 
 
 class _LastLoss:
@@ -23,12 +47,18 @@ class _LastLoss:
         return metrics
 
 
-class _RichBar(_LastLoss, RichProgressBar):
+class _RichBar(_Steps, _LastLoss, RichProgressBar):
     pass
 
 
-class _TqdmBar(_LastLoss, TQDMProgressBar):
-    pass
+class _TqdmBar(_Steps, _LastLoss, TQDMProgressBar):
+    def init_train_tqdm(self):
+        """With its total: Lightning sets it when an epoch starts, which a resumed phase does not (it resumes within
+        its one epoch), and the bar showed 'steps/?'."""
+        bar = super().init_train_tqdm()
+        total = self.total_train_batches
+        bar.total = None if math.isinf(total) else total
+        return bar
 
 
 def _rich_bar_breaks() -> bool:

@@ -151,10 +151,10 @@ def test_adamw_uses_the_fused_kernel_on_cpu_and_steps_like_foreach():
 
 
 def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, prepare=None, accelerator: str = "cpu",
-         callbacks=(), **over):
+         callbacks=(), ckpt_path=None, **over):
     """Train a tiny LitGPT for ``steps`` optimizer steps on fixed rows (the same ``batch`` rows each step, in
-    micro-batches of ``micro``); ``prepare(module)`` runs before the fit. Returns the scalars it logged,
-    {tag: [(step, value), ...]}."""
+    micro-batches of ``micro``); ``prepare(module)`` runs before the fit; ``ckpt_path``: a checkpoint it resumes
+    from. Returns the scalars it logged, {tag: [(step, value), ...]}."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ProgressBar
@@ -171,14 +171,14 @@ def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, prepare
     logged = {}
     module.log_scalars = lambda scalars: [logged.setdefault(k, []).append((module.global_step, v))
                                           for k, v in scalars.items()]  # fmt: skip
-    trainer = L.Trainer(max_steps=steps, accumulate_grad_batches=batch // micro, logger=False,
+    trainer = L.Trainer(max_steps=steps, max_epochs=1, accumulate_grad_batches=batch // micro, logger=False,
                         accelerator=accelerator, devices=1, enable_checkpointing=False,
                         enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
                         enable_model_summary=False, limit_val_batches=0,
                         num_sanity_val_steps=0, callbacks=list(callbacks))  # fmt: skip
     if prepare is not None:
         prepare(module)
-    trainer.fit(module, DataLoader(rows * steps, batch_size=None))
+    trainer.fit(module, DataLoader(rows * steps, batch_size=None), ckpt_path=ckpt_path)
     return logged
 
 
@@ -644,3 +644,39 @@ def test_the_progress_bar_is_tqdms_where_lightnings_rich_bar_breaks(monkeypatch,
     real = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda name: rich_version if name == "rich" else real(name))
     assert isinstance(progress.progress_bar(), progress._RichBar if rich else progress._TqdmBar)
+
+
+@pytest.mark.parametrize("kind", ["rich", "tqdm"])
+def test_the_progress_bar_counts_optimizer_steps(tmp_path, kind):
+    """Under gradient accumulation the bar counted micro-batches: 3 steps of 4 micro-batches showed 12 on the bar
+    (and 4/12 after the first step), while train.steps and every log line say 3. It counts steps, and a fit resumed
+    from a checkpoint goes on from its step (tqdm's bar had no total there: 'steps/?')."""
+    from lightning.pytorch.callbacks import Callback
+
+    from minilm.training import progress
+
+    if kind == "rich":
+        pytest.importorskip("rich")
+
+    def bar_shows(bar):  # (done, total) as the bar draws them
+        if kind == "tqdm":
+            return bar.train_progress_bar.n, bar.train_progress_bar.total
+        task = {t.id: t for t in bar.progress.tasks}[bar.train_progress_bar_id]  # (a KeyError, not a StopIteration
+        return task.completed, task.total  # that Lightning's loop would take for the end of the data)
+
+    class Watch(Callback):  # after the bar in the callbacks: what it shows once it has drawn each micro-batch
+        def __init__(self, bar, save_at=None):
+            self.bar, self.save_at, self.seen = bar, save_at, []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.seen.append(bar_shows(self.bar))
+            if trainer.global_step == self.save_at and (batch_idx + 1) % trainer.accumulate_grad_batches == 0:
+                trainer.save_checkpoint(tmp_path / "step1.ckpt")
+
+    bars = [progress._RichBar() if kind == "rich" else progress._TqdmBar() for _ in range(2)]
+    watch = Watch(bars[0], save_at=1)
+    _fit(1, steps=3, callbacks=[bars[0], watch])
+    assert watch.seen == [(0, 3)] * 3 + [(1, 3)] * 4 + [(2, 3)] * 4 + [(3, 3)], watch.seen
+    resumed = Watch(bars[1])
+    _fit(1, steps=3, callbacks=[bars[1], resumed], ckpt_path=tmp_path / "step1.ckpt")
+    assert resumed.seen == [(1, 3)] * 3 + [(2, 3)] * 4 + [(3, 3)], resumed.seen
