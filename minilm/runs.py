@@ -146,6 +146,20 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     return run_dir, phase, weights
 
 
+def started_from_text(record: Optional[dict]) -> str:
+    """The weights a phase started from, as its ``complete.json`` records them (``started_from``), in words: the
+    ``--init`` path as given and the weights file it named, the previous phase's, or the run's fresh initialization
+    (run.seed); None: not recorded (a phase resumed from a checkpoint written before minilm recorded it)."""
+    if record is None:
+        return "weights its checkpoint does not record (written by an older minilm)"
+    if record["kind"] == "init":
+        file = f" ({record['weights']})" if record["weights"] != record["init"] else ""
+        return f"--init {record['init']}{file}"
+    if record["kind"] == "phase":
+        return f"the weights of phase '{record['phase']}'"
+    return f"fresh weights (run.seed {record['seed']})"
+
+
 def _finish(run_dir: Path) -> str:
     """The remedy for a run with no finished phase: nothing can be evaluated before one finishes."""
     import shlex  # (run.dir given: the saved config's is where the run was made, which a moved run is not in)

@@ -84,7 +84,7 @@ def test_a_study_trains_every_variant_shares_pretraining_exactly_and_compares(tm
     assert "--resume" in capsys.readouterr().err
     assert _study([study_file, "--out", out, "--resume"]) == 0
     printed = capsys.readouterr().out
-    assert "starts from" not in printed  # pi had its copy of yarn's short: nothing copied, nothing said
+    assert "starts from 'yarn'" not in printed  # pi had its copy of yarn's short: nothing copied, nothing said
     # said before the seconds of checking every run's config and data: how many runs, and where
     assert printed.startswith(f"study {study_file.stem}: 3 runs (3 variants) into {out}; first every run's"), printed
     assert (out / "alibi" / "short" / "checkpoints").is_dir()  # a different model: nothing shared
@@ -598,7 +598,7 @@ def test_plan_a_run_copies_only_the_shared_phases_it_lacks_and_checks_the_donors
     _train_run(study, pi, out, cfgs["pi"], ("yarn", 1), log=logged.append)
     assert trained == ["pi"]
     # nothing copied, nothing said: "'pi' starts from 'yarn' after short" was logged on every --resume
-    assert not any("starts from" in line for line in logged), logged
+    assert not any("starts from 'yarn'" in line for line in logged), logged
     # yarn's finished pretraining was trained otherwise than pi's config says (an edited study, --only pi):
     # refused before a stale copy lands in pi's run directory
     shutil.rmtree(out / "pi")

@@ -64,9 +64,11 @@ class AtomicCheckpointIO(CheckpointIO):
 
 class LitGPT(L.LightningModule):
     def __init__(self, model: nn.Module, cfg, total_steps: int, step_offset: int = 0, phase: str = "train",
-                 tokens_offset: int = 0):  # fmt: skip
+                 tokens_offset: int = 0, started_from: Optional[dict] = None):  # fmt: skip
         """``cfg`` is the phase's resolved config (minilm.config.phase_config); ``tokens_offset``: the tokens the
-        earlier phases trained on (their batch_size · seq_len may differ from this phase's)."""
+        earlier phases trained on (their batch_size · seq_len may differ from this phase's); ``started_from``: the
+        weights the phase started from (minilm.training.phases._started_from), kept in its checkpoints: a resumed
+        phase continues from a checkpoint, and what the phase started from is the checkpoint's record."""
         super().__init__()
         self.model, self.cfg = model, cfg
         self.total_steps, self.step_offset, self.phase = total_steps, step_offset, phase
@@ -103,6 +105,7 @@ class LitGPT(L.LightningModule):
         # phase's summary counted the seconds since the resume alone: "finished in 2s" after an hour's training)
         self._t_built = time.perf_counter()
         self.seconds_before = 0.0
+        self.started_from = started_from
 
     # ------------------------------------------------------------------------------------------- steps
 
@@ -333,6 +336,7 @@ class LitGPT(L.LightningModule):
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "optimizer_params": self.optimizer_params(),
             "seconds": self.phase_seconds(),
+            "started_from": self.started_from,
         }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
@@ -348,6 +352,7 @@ class LitGPT(L.LightningModule):
                                    "minilm), or continue it with the minilm that wrote it")  # fmt: skip
         self.bad_steps = state.get("bad_steps", 0)
         self.seconds_before = float(state.get("seconds", 0.0))  # (none: a checkpoint from before it was saved)
+        self.started_from = state.get("started_from")  # (None: not recorded, a checkpoint from before it was saved)
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"])
         if state.get("cuda_rng") and torch.cuda.is_available():

@@ -8,6 +8,7 @@ Layout of ``run.dir``::
     .lock                  pid of the process training here
     <phase>/checkpoints/step-XXXXXXXX.ckpt                 resumable state (last ``train.keep_checkpoints``)
     <phase>/model.safetensors, <phase>/config.yaml, <phase>/complete.json   written when the phase finishes
+                           (complete.json: steps, seconds, val_loss, carried_optimizer, world_size, started_from)
 
 ``apply_phase`` is the one function that changes the model between phases; ``run_phases`` is the loop.
 """
@@ -56,7 +57,7 @@ from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
 from minilm.positions.base import tightest_limit
 from minilm.positions.rope_scaling import compute_rope
-from minilm.runs import HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run
+from minilm.runs import HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run, started_from_text
 from minilm.training.checkpoint import (
     SAME_OUTPUTS,
     TRAINED_WITH,
@@ -150,11 +151,12 @@ def _lock_in_use(run_dir: Path, lock: Path, holder: str) -> MinilmError:
 
 
 def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=None, step: int = 0,
-                world_size: int = 1) -> str:  # fmt: skip
+                world_size: int = 1, started_from: str = "") -> str:  # fmt: skip
     """The one place a phase changes the model: position parameters (RoPE base, scaling) are set on every layer
     and verified against ``compute_rope``; limits of the encoding are checked against the phase's seq_len.
     Returns the transition message (also logged to the console and, as text, to TensorBoard); ``world_size``: the
-    processes that train (train.batch_size is per process)."""
+    processes that train (train.batch_size is per process); ``started_from``: the weights the phase starts from, in
+    words (minilm.runs.started_from_text), said in the message where given."""
     check_phase_fits(model, pcfg, phase)
     params = validate_position(pcfg.model.position, where=f"phases.{phase}.position")
     built_with = validate_position(model.cfg.position)  # what modules without a `params` attribute still hold
@@ -180,6 +182,7 @@ def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=Non
         + f", lr {pcfg.optim.lr} ({pcfg.optim.decay}), "
         f"long_fraction {pcfg.data.long_fraction}, position {pos_desc}"
         + (f" (reconfigured {len(changed)} layers)" if changed else "")
+        + (f"; starts from {started_from}" if started_from else "")
     )
     log(msg)
     if tb is not None:
@@ -927,6 +930,24 @@ def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Option
             "encoding, say); check the config if that is not what you meant")  # fmt: skip
 
 
+def _init_record(given: str, found: Path) -> dict:
+    """complete.json's ``started_from`` of a phase that starts from the --init weights: the path as given (a run or
+    phase directory, a file, relative or not) and the file it named (``found``: ``_init_weights_path``'s), absolute."""
+    file = found / "model.safetensors" if found.is_dir() else found
+    return {"kind": "init", "init": given, "weights": str(file.resolve())}
+
+
+def _started_from(names: list[str], i: int, start: int, init: Optional[dict], seed: int) -> dict:
+    """complete.json's ``started_from`` of phase ``names[i]`` trained from its first step, by a command that starts at
+    phase ``names[start]``: the --init weights (``init``: ``_init_record``'s) for the phase it starts at, else the
+    previous phase's, else (the run's first phase) the model initialized from run.seed ``seed``."""
+    if init is not None and i == start:
+        return init
+    if i > 0:
+        return {"kind": "phase", "phase": names[i - 1]}
+    return {"kind": "fresh", "seed": int(seed)}
+
+
 def phase_notes(cfg, names) -> list[str]:
     """The warnings and notes on phases ``names`` of run config ``cfg`` (a warmup longer than the phase, a phase
     shorter than the one before), each a line as logged before those phases train."""
@@ -960,8 +981,9 @@ def run_phases(
     if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
         log(_nothing_to_resume(run_dir, names[0]))  # but say that nothing was resumed
     # a missing or unreadable --init fails before the corpus is prepared and run.dir is written; read once
-    init = str(_init_weights_path(init)) if init is not None else None  # (logged as loaded: the phase it is)
+    given, init = init, str(_init_weights_path(init)) if init is not None else None  # (logged as loaded: the phase)
     weights, init_model = _read_init(init) if init is not None else (None, None)
+    init_record = _init_record(given, Path(init)) if init is not None else None
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
     start = names.index(start_phase) if start_phase else 0
     if notes:  # said before training, of what will train
@@ -998,7 +1020,7 @@ def run_phases(
         if prev is not None and init is None:
             _load_finished_phase(model, run_dir, prev, start_phase)
         try:
-            for n in names[start:]:
+            for i, n in enumerate(names[start:], start):
                 pcfg, steps = pcfgs[n], phase_steps(pcfgs[n])
                 _wait_for_primary()
                 if n not in restarts and is_complete(run_dir, n):
@@ -1010,7 +1032,8 @@ def run_phases(
                     opt_state = None if not carry or n in resume_from else (
                         carried.pop(n, None) or _carried_optimizer_state(model, pcfg, run_dir, prev, n))
                     _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, carry, log,
-                                 tokens, fresh=n in restarts)  # fmt: skip
+                                 tokens, fresh=n in restarts,
+                                 started_from=_started_from(names, i, start, init_record, cfg.run.seed))  # fmt: skip
                 prev, offset, tokens = n, offset + steps, tokens + _phase_tokens(pcfg)
             if primary:
                 save_weights(model, run_dir / "model.safetensors", pcfgs[names[-1]].model)
@@ -1171,10 +1194,12 @@ def _phase_tokens(pcfg) -> int:
 
 
 def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, carried_opt, carries: bool, log,
-                 tokens_offset: int, fresh: bool = False) -> None:  # fmt: skip
+                 tokens_offset: int, fresh: bool = False, started_from: Optional[dict] = None) -> None:  # fmt: skip
     """Train phase ``name``: from its newest good checkpoint, or from its start when it has none or is ``fresh``
     (restarted by --phase: its old checkpoints are being deleted by rank 0). ``carried_opt``: the AdamW moments it
-    starts from (``carries``: the config's carry_optimizer; none are given to a phase resumed from a checkpoint)."""
+    starts from (``carries``: the config's carry_optimizer; none are given to a phase resumed from a checkpoint).
+    ``started_from``: the weights it starts from at its first step (``_started_from``); a phase resumed from a
+    checkpoint keeps the checkpoint's record (LitGPT)."""
     pdir = phase_dir(run_dir, name)
     ckpt_dir = pdir / "checkpoints"
     ckpt = None if fresh else latest_good_checkpoint(ckpt_dir, log)
@@ -1209,10 +1234,12 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         default_root_dir=str(pdir),
     )
     # (after the trainer, which knows the processes: the phase line gives the rows per step)
-    apply_phase(model, pcfg, name, log, tb_logger.experiment if ckpt is None else None, offset, trainer.world_size)
+    apply_phase(model, pcfg, name, log, tb_logger.experiment if ckpt is None else None, offset, trainer.world_size,
+                started_from_text(started_from) if ckpt is None else "")  # (resumed: the checkpoint's, read by fit)
     if ckpt is not None:
         log(f"phase '{name}': resuming from {ckpt}")
-    module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name, tokens_offset=tokens_offset)
+    module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name, tokens_offset=tokens_offset,
+                    started_from=started_from)  # fmt: skip
     module.initial_optimizer_state = carried_opt if ckpt is None else None
     data = PhaseData(corpus, pcfg, name)
     if ckpt is None:  # the loss before the phase's first step: the start of the curve (and, for an extension
@@ -1258,11 +1285,14 @@ def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carr
         evaluate_phase(model, pcfg, name, pdir, module.step_offset + steps, trainer.logger, log)
     val_loss = getattr(module, "last_val_loss", None)  # None: train.val_batches=0, no validation (null in JSON)
     # world_size: train.batch_size is per device; --resume on another device count compares the global batch
+    # started_from: the weights the phase started from (a resumed one: as its checkpoint recorded them), which its
+    # files did not say: retrained with --phase --init, it looked as if it had started from the phase before it
     summary = {"phase": name, "steps": steps, "seconds": round(seconds, 1), "val_loss": val_loss,
-               "carried_optimizer": carried, "world_size": trainer.world_size}
+               "carried_optimizer": carried, "world_size": trainer.world_size, "started_from": module.started_from}
     atomic_write_text(pdir / COMPLETE, json.dumps(summary, indent=2))  # written last: marks the phase finished
     resumed = f" ({seconds - module.seconds_before:.0f}s of it since --resume)" if module.seconds_before else ""
-    log(f"phase '{name}' finished in {seconds:.0f}s{resumed}, {_val_summary(pcfg, val_loss)}")
+    log(f"phase '{name}' finished in {seconds:.0f}s{resumed}, {_val_summary(pcfg, val_loss)}; it started from "
+        f"{started_from_text(module.started_from)}")
 
 
 def _val_summary(pcfg, val_loss: Optional[float]) -> str:

@@ -142,9 +142,9 @@ def test_a_restarted_phase_is_retrained_by_every_rank_whatever_run_dir_still_hol
     monkeypatch.setattr(phases, "is_primary_process", lambda: False)
     trained, train_phase = [], phases._train_phase
 
-    def recorded(model, corpus, pcfg, name, *args, fresh=False):
+    def recorded(model, corpus, pcfg, name, *args, fresh=False, **kwargs):
         trained.append((name, fresh))
-        train_phase(model, corpus, pcfg, name, *args, fresh=fresh)
+        train_phase(model, corpus, pcfg, name, *args, fresh=fresh, **kwargs)
 
     monkeypatch.setattr(phases, "_train_phase", recorded)
     said = []

@@ -663,6 +663,60 @@ def test_init_takes_what_evaluate_takes_and_names_a_file_that_is_no_weights(conf
     assert f"initial weights from {run / 'a' / 'model.safetensors'}" in said, said
 
 
+def test_complete_json_records_the_weights_a_phase_started_from(config, tmp_path, monkeypatch):
+    """--phase b --init PATH retrained b from PATH's weights, and nothing in the run said so: b's complete.json, its
+    config and its last line were those of a b trained from phase a. complete.json records where the weights came
+    from (the --init path as given and the file it named; the previous phase; run.seed's initialization), and the
+    phase's lines say it."""
+    import json
+
+    monkeypatch.chdir(tmp_path)  # (an --init path relative to the working directory, as a user gives one)
+    run, said = tmp_path / "run", []
+    cfg = load_config(config, ["run.dir=run", "run.seed=5", "phases.a={seq_len: 32, steps: 1}",
+                               "phases.b={seq_len: 32, steps: 1}"])  # fmt: skip
+    started = lambda phase: json.loads((run / phase / "complete.json").read_text())["started_from"]  # noqa: E731
+    run_phases(cfg, log=lambda m: None)
+    assert started("a") == {"kind": "fresh", "seed": 5} and started("b") == {"kind": "phase", "phase": "a"}
+    run_phases(cfg, start_phase="b", init="run/a", log=said.append)
+    weights = str((run / "a" / "model.safetensors").resolve())
+    assert started("b") == {"kind": "init", "init": "run/a", "weights": weights}
+    assert started("a") == {"kind": "fresh", "seed": 5}  # (not retrained)
+    lines = [line for line in said if line.startswith("phase 'b'") and f"from --init run/a ({weights})" in line]
+    assert len(lines) == 2, said  # its transition line (TensorBoard's text too) and its last line
+    run_phases(cfg, start_phase="b", log=lambda m: None)  # retrained from a again: recorded so
+    assert started("b") == {"kind": "phase", "phase": "a"}
+
+
+def test_resume_keeps_the_record_of_the_weights_an_interrupted_phase_started_from(config, tmp_path):
+    """A phase retrained with --phase b --init and interrupted continues from its checkpoint on a plain --resume: it
+    still started from the --init weights, which its checkpoint records (the command that resumes it gives none).
+    A checkpoint of an older minilm records nothing: complete.json says null, not a guess."""
+    import json
+
+    import torch
+
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 1}",
+                               "phases.b={seq_len: 32, steps: 2}"])  # fmt: skip
+    run_phases(cfg, log=lambda m: None)
+    init = str(run / "a" / "model.safetensors")
+    run_phases(cfg, start_phase="b", init=init, log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 1)
+    said = []
+    run_phases(cfg, resume=True, log=said.append)
+    assert any("resuming from" in line for line in said), said
+    record = {"kind": "init", "init": init, "weights": str(Path(init).resolve())}
+    assert json.loads((run / "b" / "complete.json").read_text())["started_from"] == record
+    _killed_after_checkpoint(run, "b", 1)
+    ckpt = run / "b" / "checkpoints" / "step-00000001.ckpt"
+    old = torch.load(ckpt, weights_only=True)
+    del old["minilm"]["started_from"]  # as an older minilm wrote it
+    torch.save(old, ckpt)
+    run_phases(cfg, resume=True, log=said.append)
+    assert json.loads((run / "b" / "complete.json").read_text())["started_from"] is None
+    assert "it started from weights its checkpoint does not record" in said[-2], said[-2:]
+
+
 def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
     """'Always pass --resume' is a normal way to requeue a job, so it is not refused; but it must not be silent
     that nothing was resumed (a mistyped run.dir would otherwise retrain from scratch without a word)."""
