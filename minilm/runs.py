@@ -8,7 +8,7 @@ a run directory (optionally a phase), a phase directory, or a weights file insid
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -21,6 +21,7 @@ from minilm.config import on_schema, phase_config, phase_names
 from minilm.errors import MinilmError
 
 HELD_OUT = "held_out.json"  # in run.dir: the corpus and the digest of the documents held out from training
+COMPLETE = "complete.json"  # in a phase's folder, written last when it finishes (minilm.training.phases)
 
 
 @dataclass
@@ -32,6 +33,9 @@ class LoadedRun:
     phase: Optional[str]  # None: the run's final weights
     weights: Path
     step: Optional[int] = None  # a step checkpoint's (.ckpt) step in its phase; None: a phase's finished weights
+    # what the run records of the weights the phase started from, {"started_from": ...} (started_from_text), from the
+    # phase's complete.json or the step checkpoint; {} where nothing records it (a run of an older minilm)
+    record: dict = field(default_factory=dict)
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".ckpt")
@@ -200,19 +204,32 @@ def load_run(path: str | Path, phase: Optional[str] = None, map_location: str = 
     from minilm.training.checkpoint import check_trained_with, load_weights, read_step_checkpoint, recorded_model
 
     run_dir, phase, weights = resolve_run(path, phase)
-    cfg = run_config(run_dir, phase)
+    run_cfg = load_run_config(run_dir / "config.yaml")
+    cfg = phase_config(run_cfg, phase or phase_names(run_cfg)[-1])  # (the run's final weights: its last phase's)
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
     step, source = None, weights
     if weights.suffix == ".ckpt":  # a step checkpoint, read once: its weights, its step, the model it trained
-        source, step, trained = read_step_checkpoint(weights)
+        source, step, trained, state = read_step_checkpoint(weights)
+        record = {"started_from": state["started_from"]} if "started_from" in state else {}
     else:
         trained = recorded_model(weights)
+        record = _started_from_record(run_dir / (phase or phase_names(run_cfg)[-1]) / COMPLETE)
     # (before the model is built: a config that is not theirs may not even build, or fail on shapes less clearly)
     config = f"{run_dir / 'config.yaml'}" + (f" (phase '{phase}')" if phase else " (its last phase)")
     check_trained_with(trained, cfg.model, weights, config)
     model = GPT(cfg.model, tokenizer.vocab_size)
     load_weights(model, source, where=str(weights))
-    return LoadedRun(model.to(map_location).eval(), cfg, tokenizer, run_dir, phase, weights, step)
+    return LoadedRun(model.to(map_location).eval(), cfg, tokenizer, run_dir, phase, weights, step, record)
+
+
+def _started_from_record(complete: Path) -> dict:
+    """``{"started_from": ...}`` of a phase's complete.json; {} where it has none (written by an older minilm) or
+    cannot be read (a phase's weights are read without it: what it records is said, never guessed)."""
+    try:
+        summary = json.loads(complete.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"started_from": summary["started_from"]} if isinstance(summary, dict) and "started_from" in summary else {}
 
 
 def find_results(path: str | Path) -> Path:

@@ -3,7 +3,8 @@
 ``results.json`` (keys of per-length mappings are the lengths as strings; ``null`` = not measured there)::
 
     run, name (run.name), phase, step (global), phase_step (a step checkpoint's, in its phase), label (name/phase...:
-    titles the report and every figure), weights, extension,
+    titles the report and every figure), weights, started_from (the weights the phase started from, as its
+    complete.json or step checkpoint records them: minilm.runs.started_from_text), extension,
     position, train_seq_len, vocab_size, lengths, depths, tasks, samples
     seed, batches, batch_tokens, sliding, stride, needles   (the settings; absent from files of older versions)
     ppl            {L: perplexity, non-overlapping windows}      loss  {L: mean nats/token, same windows}
@@ -386,12 +387,16 @@ def write_figures(results: dict, out_dir: Path) -> Dict[str, Path]:
 def markdown(results: dict, figures: Dict[str, Path]) -> str:
     """report.md: the run and its settings, the summary table by length, the retrieval grids, what was not
     measured, greedy continuations, the figures."""
+    from minilm.runs import started_from_text  # (runs imports the config, which imports this package)
+
     ext = results.get("extension")
     lines = [
         f"# Evaluation: {results.get('label') or results.get('run', '')}",
         "",
         f"- run: `{results.get('run')}`, phase: `{results.get('phase')}`, step {results.get('step')}"
         + (f" (step {results['phase_step']} of the phase)" if results.get("phase_step") is not None else ""),
+        *([f"- the phase started from {started_from_text(results['started_from'])}"]
+          if "started_from" in results else []),  # (results.json of an older minilm does not record it)
         f"- position: `{json.dumps(results.get('position'))}`, trained at length {results.get('train_seq_len')}",
         f"- extension at evaluation: `{json.dumps(ext) if ext else 'none'}`",
         f"- tasks: {', '.join(results.get('tasks', []))}; depths: {results.get('depths')}; "

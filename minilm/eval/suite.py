@@ -670,9 +670,10 @@ def _retrieval(model, data: EvalData, s: EvalSettings, L: int, task: str, res: d
 
 
 def _meta(cfg, run_dir, phase, step, extension, weights: Optional[Path] = None,
-          phase_step: Optional[int] = None) -> dict:  # fmt: skip
+          phase_step: Optional[int] = None, record: Optional[Mapping[str, Any]] = None) -> dict:  # fmt: skip
     """What results.json says of the weights it measured; ``step``: the run's global step (TensorBoard's axis);
-    ``weights``: the file evaluated, when given by path; ``phase_step``: a step checkpoint's step in its phase."""
+    ``weights``: the file evaluated, when given by path; ``phase_step``: a step checkpoint's step in its phase;
+    ``record``: what the run records of where the phase's weights started (``{"started_from": ...}``, or {})."""
     if extension:  # as applied: with the parameters filled in from the training length, so the report says them
         extension = applied_extension(extension, cfg.model, int(cfg.train.seq_len))
     # a step checkpoint by its step in the phase, as its file (step-00000005.ckpt) and folder are named: labelled by
@@ -686,6 +687,7 @@ def _meta(cfg, run_dir, phase, step, extension, weights: Optional[Path] = None,
         **({"phase_step": int(phase_step)} if phase_step is not None else {}),
         "label": f"{name}/{phase}{at}" + (f" + {extension['name']}" if extension else ""),
         **({"weights": str(weights)} if weights is not None else {}),
+        **(record or {}),
         "extension": extension or None,
         "position": OmegaConf.to_container(cfg.model.position, resolve=True),
         "train_seq_len": int(cfg.train.seq_len),
@@ -701,16 +703,17 @@ def _tb_prefix(extension: Mapping[str, Any]) -> str:
 
 
 def evaluate_phase(model, pcfg, phase_name: str, phase_dir, global_step: int, logger=None,
-                   log: Callable[[str], None] = print) -> dict:  # fmt: skip
+                   log: Callable[[str], None] = print, record: Optional[Mapping[str, Any]] = None) -> dict:  # fmt: skip
     """End-of-phase evaluation (minilm/training/phases.py): ``pcfg.eval`` at ``pcfg.eval.lengths``; writes
-    ``phase_dir/eval/`` and logs to ``logger.experiment`` (a SummaryWriter) at ``global_step``.
+    ``phase_dir/eval/`` and logs to ``logger.experiment`` (a SummaryWriter) at ``global_step``. ``record``: where the
+    phase's weights started, for results.json (``_meta``).
 
     Bad input found only now (an ``eval`` setting, a held-out split too small) is logged and written to
     ``phase_dir/eval/error.txt`` instead of raised: the phase's weights are already saved and the phase still
     completes; ``scripts/evaluate.py`` can evaluate it once the input is fixed."""
     phase_dir = Path(phase_dir)
     try:
-        return _evaluate_phase(model, pcfg, phase_name, phase_dir, global_step, logger, log)
+        return _evaluate_phase(model, pcfg, phase_name, phase_dir, global_step, logger, log, record)
     except MinilmError as e:
         atomic_write_text(phase_dir / "eval" / PHASE_ERROR, f"{e}\n")
         log(f"phase '{phase_name}': evaluation failed: {e} (the phase itself is complete; fix the input and run "
@@ -718,10 +721,11 @@ def evaluate_phase(model, pcfg, phase_name: str, phase_dir, global_step: int, lo
         return {}
 
 
-def _evaluate_phase(model, pcfg, phase_name: str, phase_dir: Path, global_step: int, logger, log) -> dict:
+def _evaluate_phase(model, pcfg, phase_name: str, phase_dir: Path, global_step: int, logger, log,
+                    record: Optional[Mapping[str, Any]]) -> dict:  # fmt: skip
     settings = EvalSettings.from_config(pcfg)
     data = eval_data(pcfg, phase_dir.parent)
-    meta = _meta(pcfg, phase_dir.parent, phase_name, global_step, settings.extension)
+    meta = _meta(pcfg, phase_dir.parent, phase_name, global_step, settings.extension, record=record)
     log(f"phase '{phase_name}': evaluating at lengths {settings.lengths} ({', '.join(settings.tasks)})")
     target, undo = model, lambda: None
     if settings.extension:
@@ -819,7 +823,7 @@ def evaluate_run(
     out_dir = Path(out) if out else _run_out_dir(loaded, phase, extension)
     at = f"step {step}" + (f", step {loaded.step} of the phase" if mid_phase else "")
     log(f"evaluating {loaded.weights} (phase {phase}, {at}) at lengths {settings.lengths} on {device}")
-    meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights, loaded.step)
+    meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights, loaded.step, loaded.record)
     results = _evaluate_into(out_dir, model, data, settings, meta, log)
     figures = write_report(results, out_dir)
     _clear_phase_error(out_dir, loaded.run_dir / phase)

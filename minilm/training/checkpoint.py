@@ -176,15 +176,18 @@ def _checkpoint_weights(ckpt: dict) -> dict:
     return {k.removeprefix("model."): v for k, v in state.items()}
 
 
-def read_step_checkpoint(path: Path) -> tuple[dict, int, Optional[dict]]:
-    """(weights, step in its phase, the model section it trained with or None) of a step checkpoint, from one read
-    of the file (it holds the optimizer state too, several times the weights): the step of its name
-    (``step-00000020.ckpt``), or of its ``global_step`` when it was renamed (0 if it has none)."""
+def read_step_checkpoint(path: Path) -> tuple[dict, int, Optional[dict], dict]:
+    """(weights, step in its phase, the model section it trained with or None, minilm's own state: LitGPT's
+    ``on_save_checkpoint``, {} if none) of a step checkpoint, from one read of the file (it holds the optimizer state
+    too, several times the weights): the step of its name (``step-00000020.ckpt``), or of its ``global_step`` when it
+    was renamed (0 if it has none)."""
     ckpt = load_checkpoint_dict(Path(path))
     named = CKPT_PATTERN.match(Path(path).name)
     step = int(named.group(1)) if named else int(ckpt.get("global_step", 0))
     trained = ckpt.get(TRAINED_WITH)
-    return _checkpoint_weights(ckpt), step, trained.get("model") if isinstance(trained, dict) else None
+    state = ckpt.get("minilm")
+    return (_checkpoint_weights(ckpt), step, trained.get("model") if isinstance(trained, dict) else None,
+            state if isinstance(state, dict) else {})  # fmt: skip
 
 
 def recorded_model(path: Path) -> Optional[dict]:

@@ -57,7 +57,7 @@ from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
 from minilm.positions.base import tightest_limit
 from minilm.positions.rope_scaling import compute_rope
-from minilm.runs import HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run, started_from_text
+from minilm.runs import COMPLETE, HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run, started_from_text
 from minilm.training.checkpoint import (
     SAME_OUTPUTS,
     TRAINED_WITH,
@@ -85,7 +85,6 @@ from minilm.training.optim import check_optimizer_params
 from minilm.training.precision import auto_precision_note, cpu_precision_note, resolve_precision
 from minilm.training.progress import progress_bar
 
-COMPLETE = "complete.json"
 # a step checkpoint's key: whether its phase started from the previous phase's AdamW moments (carry_optimizer), which
 # the optimizer state it holds descends from: compared with the config on --resume, as complete.json's is
 CARRIED = "minilm_carried_optimizer"
@@ -1282,7 +1281,8 @@ def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carr
     if pcfg.eval.lengths:
         from minilm.eval import evaluate_phase
 
-        evaluate_phase(model, pcfg, name, pdir, module.step_offset + steps, trainer.logger, log)
+        evaluate_phase(model, pcfg, name, pdir, module.step_offset + steps, trainer.logger, log,
+                       record={"started_from": module.started_from})  # fmt: skip
     val_loss = getattr(module, "last_val_loss", None)  # None: train.val_batches=0, no validation (null in JSON)
     # world_size: train.batch_size is per device; --resume on another device count compares the global batch
     # started_from: the weights the phase started from (a resumed one: as its checkpoint recorded them), which its

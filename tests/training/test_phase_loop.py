@@ -717,6 +717,33 @@ def test_resume_keeps_the_record_of_the_weights_an_interrupted_phase_started_fro
     assert "it started from weights its checkpoint does not record" in said[-2], said[-2:]
 
 
+def test_an_evaluation_says_what_weights_its_phase_started_from(config, tmp_path):
+    """results.json and report.md of a phase's evaluation, at its end and by evaluate_run later (of its finished
+    weights and of a step checkpoint), say where the phase's weights started, as its complete.json and checkpoints
+    record it: a phase retrained from --init weights was evaluated as if it had started from the phase before."""
+    import json
+
+    from minilm.eval import evaluate_run
+
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "train.keep_checkpoints=2", "eval.lengths=[32]",
+                               "eval.tasks=[ppl]", "eval.batches=1", "phases.a={seq_len: 32, steps: 1}",
+                               "phases.b={seq_len: 32, steps: 2}"])  # fmt: skip
+    run_phases(cfg, log=lambda m: None)
+    init = str(run / "a" / "model.safetensors")
+    run_phases(cfg, start_phase="b", init=init, log=lambda m: None)
+    record = {"kind": "init", "init": init, "weights": init}
+    at_end = run / "b" / "eval"
+    assert json.loads((at_end / "results.json").read_text())["started_from"] == record
+    assert f"- the phase started from --init {init}\n" in (at_end / "report.md").read_text()
+    checkpoint = next((run / "b" / "checkpoints").glob("*.ckpt"))
+    for path, phase in ((run, None), (run, "a"), (checkpoint, None)):
+        results, out = evaluate_run(path, phase, out=tmp_path / f"eval-{phase}-{path.suffix}", tensorboard=False,
+                                    log=lambda m: None)  # fmt: skip
+        assert results["started_from"] == (record if phase is None else {"kind": "fresh", "seed": cfg.run.seed})
+        assert "- the phase started from " in (out / "report.md").read_text()
+
+
 def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
     """'Always pass --resume' is a normal way to requeue a job, so it is not refused; but it must not be silent
     that nothing was resumed (a mistyped run.dir would otherwise retrain from scratch without a word)."""
