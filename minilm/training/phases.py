@@ -442,12 +442,14 @@ def _steps_setting(pcfg, phase: str, steps: int, set_in) -> str:
 
 
 def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, log: Callable[[str], None],
-                             set_in=None, carried: Optional[bool] = None) -> tuple[Optional[Path], Optional[dict]]:
+                             set_in=None, carried: Optional[bool] = None,
+                             init: Optional[str] = None) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
     """--resume into a phase that has not finished: its newest good checkpoint (returned, with the state of the data
     sampler it saved; (None, None): the phase starts afresh) must be one the config can continue — within the
     phase's steps, trained by the same settings and the same global batch on ``world_size`` processes now
-    (``_check_trained_with``; ``set_in`` as there), and from the same start of its optimizer moments (``carried``:
-    the config's carry_optimizer; None: not checked). Checked before the corpus is prepared; the sampler then by
+    (``_check_trained_with``; ``set_in`` as there), from the same start of its optimizer moments (``carried``:
+    the config's carry_optimizer; None: not checked), and from the ``--init`` weights given now, if any
+    (``_check_resumed_init``). Checked before the corpus is prepared; the sampler then by
     ``_check_resumed_sampler``."""
     ckpt, state = load_latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
     if ckpt is None:
@@ -470,12 +472,28 @@ def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, l
                           f"{_shown(state[CARRIED])} ({ckpt}), the config now says {_shown(carried)}: its optimizer "
                           f"state continues the moments it started with; resume with the value it trained with, or "
                           f"retrain the phase with --phase {phase}")  # fmt: skip
+    if init is not None:
+        _check_resumed_init(state.get("minilm", {}).get("started_from"), init, phase, ckpt)
     if trained_world not in (None, world_size):
         log(f"phase '{phase}': interrupted on {trained_world} process(es), resumed on {world_size} with the same "
             f"global batch of {pcfg.train.batch_size * world_size} sequences: the same rows, schedule and optimizer "
             "state" + (f"; the dropout masks (model.dropout={pcfg.model.dropout}) are drawn per process, so they "
                        "differ from the original run's from here on" if pcfg.model.dropout else ""))
     return ckpt, saved
+
+
+def _check_resumed_init(record: Optional[dict], init: str, phase: str, ckpt: Path) -> None:
+    """--resume with --init into a phase whose checkpoint ``ckpt`` continues: the phase goes on from the checkpoint,
+    whose weights replace the --init ones, so those must be the weights it started from (its ``record``, LitGPT's
+    ``started_from``; None: a checkpoint of an older minilm, which records none: not checked). --init other weights
+    was loaded, logged as loaded, then silently replaced."""
+    if record is None or (record["kind"] == "init" and record["weights"] == _init_record(init, Path(init))["weights"]):
+        return
+    again = f" --init {record['init']}" if record["kind"] == "init" else ""
+    raise MinilmError(f"--init {init}: phase '{phase}' was interrupted ({ckpt}) after it started from "
+                      f"{started_from_text(record)}, and --resume continues it from that checkpoint, whose weights "
+                      f"would replace these; resume it with{again or 'out --init'}, or retrain it from these weights "
+                      f"with --phase {phase} --init {init} (without --resume)")  # fmt: skip
 
 
 def _check_resumed_sampler(corpus, pcfg, phase: str, ckpt: Path, saved: Optional[dict], world_size: int,
@@ -698,7 +716,8 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
         if resume and is_complete(run_dir, n):
             check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry, world_size, cfg.phases.get(n))
         elif resume:
-            ckpt, sampler = _check_interrupted_phase(pcfgs[n], n, run_dir, world_size, log, cfg.phases.get(n), carry)
+            ckpt, sampler = _check_interrupted_phase(pcfgs[n], n, run_dir, world_size, log, cfg.phases.get(n), carry,
+                                                     init if i == start else None)  # fmt: skip
             if ckpt is not None:
                 resume_from[n] = (ckpt, sampler)
         if carry and init is not None and i == start:

@@ -717,6 +717,31 @@ def test_resume_keeps_the_record_of_the_weights_an_interrupted_phase_started_fro
     assert "it started from weights its checkpoint does not record" in said[-2], said[-2:]
 
 
+def test_resume_refuses_init_weights_other_than_those_the_interrupted_phase_started_from(config, tmp_path):
+    """--resume --phase b --init Y into b's checkpoint: b goes on from the checkpoint, whose weights replace Y's; Y
+    was loaded, said to be loaded, and silently dropped. Refused unless Y is what b started from (that file, by
+    whatever path), naming what it did start from and both remedies."""
+    import shutil
+
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 1}",
+                               "phases.b={seq_len: 32, steps: 2}"])  # fmt: skip
+    run_phases(cfg, log=lambda m: None)
+    init, other = run / "a" / "model.safetensors", tmp_path / "other.safetensors"
+    shutil.copy(init, other)
+    run_phases(cfg, start_phase="b", init=str(init), log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 1)
+    with pytest.raises(MinilmError, match=rf"--init {other}: phase 'b' was interrupted .* after it started from "
+                                          rf"--init {init}, .* resume it with --init {init}, or retrain it"):
+        run_phases(cfg, start_phase="b", init=str(other), resume=True, log=lambda m: None)
+    run_phases(cfg, start_phase="b", init=str(run / "a"), resume=True, log=lambda m: None)  # the same file
+    run_phases(cfg, start_phase="b", log=lambda m: None)  # b from a's weights, then interrupted
+    _killed_after_checkpoint(run, "b", 1)
+    with pytest.raises(MinilmError, match=r"after it started from the weights of phase 'a', .* resume it without "
+                                          r"--init, or retrain it from these weights with --phase b --init"):
+        run_phases(cfg, start_phase="b", init=str(init), resume=True, log=lambda m: None)
+
+
 def test_an_evaluation_says_what_weights_its_phase_started_from(config, tmp_path):
     """results.json and report.md of a phase's evaluation, at its end and by evaluate_run later (of its finished
     weights and of a step checkpoint), say where the phase's weights started, as its complete.json and checkpoints
