@@ -159,8 +159,7 @@ def perplexity(
         starts = window_starts(docs, length, length)
         if not starts:
             raise MinilmError(f"no document holds a window of {length + 1} tokens")
-        pick = np.sort(rng.choice(len(starts), size=min(n_windows, len(starts)), replace=False))
-        windows = _stack(docs, [starts[i] for i in pick], length)
+        windows = _stack(docs, [starts[i] for i in _pick(rng, len(starts), n_windows)], length)
         losses = score_windows(model, windows, batch_size)  # (N, L)
         loss = float(losses.mean())
         return PplResult(length, mode, loss, _exp(loss), int(losses.size), len(windows), source,
@@ -175,8 +174,7 @@ def perplexity(
     every = window_starts(docs, length, stride)
     if not every:
         raise MinilmError(f"no document holds a window of {length + 1} tokens")
-    pick = np.sort(rng.choice(len(every), size=min(n_windows, len(every)), replace=False))
-    starts = [every[i] for i in pick]
+    starts = [every[i] for i in _pick(rng, len(every), n_windows)]
     windows = _stack(docs, starts, length)
     losses = score_windows(model, windows, batch_size)  # (N, L)
     # a document's first window scores every target; later ones only the S targets no earlier window scored
@@ -184,6 +182,14 @@ def perplexity(
     scored = np.concatenate([losses[i] if first[i] else losses[i, length - stride :] for i in range(len(starts))])
     loss = float(scored.mean())
     return PplResult(length, mode, loss, _exp(loss), int(scored.size), len(windows), source, stride=stride)
+
+
+def _pick(rng: np.random.Generator, count: int, n: int) -> np.ndarray:
+    """The indices, in order, of ``n`` (at most ``count``) of ``count`` windows drawn at random: the first ``n`` of one
+    seeded permutation, so more windows (eval.batches, batch_tokens) measure the fewer ones and more. (Until
+    2026-11-24 ``rng.choice(count, n, replace=False)``, whose draws of 4 and of 8 had no window in common, so a
+    longer evaluation measured other text, not more of it.)"""
+    return np.sort(rng.permutation(count)[:n])
 
 
 def _exp(loss: float) -> float:

@@ -106,3 +106,18 @@ def test_sliding_draws_its_windows_at_random_across_the_documents():
         firsts = sum(row[0] % 20 == 0 for row in model.rows)
         assert r.tokens == 8 * firsts + 4 * (6 - firsts)
     assert min(spread) >= 3 and max(spread) >= 4, spread
+
+
+@pytest.mark.parametrize("mode", ["windows", "sliding"])
+def test_more_windows_measure_the_fewer_ones_and_more(mode):
+    """eval.batches 8 after 4 (or a larger batch_tokens) measures the 4's windows and others: the draws of 4 and of 8
+    windows had no window in common, so a longer evaluation measured other text rather than more of it."""
+    docs = _docs(*[45] * 20)  # 100 windows of 9 tokens every 8 (200 every 4); tokens within the vocabulary
+
+    def rows(n):
+        model = Recorder()
+        perplexity(model, docs, 8, mode=mode, n_windows=n, batch_size=4, stride=4, seed=[3, 1, 8])
+        return set(model.rows)
+
+    fewer, more = rows(4), rows(8)
+    assert len(fewer) == 4 and len(more) == 8 and fewer <= more
