@@ -38,7 +38,10 @@ class NegativePosition(MinilmError):
 
 def highest_position(positions: Tensor, name: str) -> int:
     """The largest of ``positions``, refusing a negative one: indexing a table or trajectory with it reads a row from
-    the end (−1: the last one), a wrong position and no error. One host sync for both ends."""
+    the end (−1: the last one), a wrong position and no error. One host sync for both ends. −1 for no positions (an
+    input of zero tokens, which reads no row; aminmax has no identity to give)."""
+    if positions.numel() == 0:
+        return -1
     low, high = torch.stack(torch.aminmax(positions)).tolist()
     if low < 0:
         raise NegativePosition(
@@ -214,7 +217,7 @@ class Floater(PositionEncoding):
             traj = self._integrate(n, start)
         if not torch.is_grad_enabled():
             self._cache = (key, traj)
-        return traj
+        return traj[:n]  # (n = 0: none; the integration itself always holds p(0))
 
     def _integrate(self, n: int, start: Optional[Tensor] = None) -> Tensor:
         """From p0, or on from the end of ``start`` (p(0)..p(m−1), as this returned them): the same steps in the same

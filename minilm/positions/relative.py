@@ -132,7 +132,9 @@ class TransformerXL(PositionEncoding):
 
     def score(self, q, k, q_pos, k_pos, logits):
         """Exact for any positions: the table spans the distances present (read on the host)."""
-        lo, hi = int(q_pos.min() - k_pos.max()), int(q_pos.max() - k_pos.min())
+        lo, hi = 0, -1  # no query or no key: no distance, an empty term (min() of no positions is an error)
+        if q_pos.numel() and k_pos.numel():
+            lo, hi = int(q_pos.min() - k_pos.max()), int(q_pos.max() - k_pos.min())
         bd, c = self.tables(q, k, lo, hi - lo + 1)
         return gather_rows(bd, relative_distance(q_pos, k_pos) - lo) + c.unsqueeze(2)  # (B, H, T, S)
 

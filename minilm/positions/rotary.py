@@ -284,8 +284,8 @@ class Xpos(Rope):
         return torch.exp(exponent * self.log_zeta).unsqueeze(1)  # (B, 1, T, Dr/2): ζ^exponent
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        if not self.rotates:
-            return q, k
+        if not self.rotates or q_pos.shape[-1] == 0 or k_pos.shape[-1] == 0:
+            return q, k  # (no query or no key: no score to act on, and the center and span have no positions to read)
         center = (k_pos.amin(-1, keepdim=True) + k_pos.amax(-1, keepdim=True)) // 2  # (B, 1)
         if self.max_span is not None:
             self._check_span(q_pos, k_pos)

@@ -6,6 +6,7 @@ import torch
 
 from minilm.config import load_config
 from minilm.errors import ConfigError
+from minilm.model.cache import KVCache
 from minilm.positions import REGISTRY, validate_position
 from minilm.positions.absolute import SequenceTooLong
 
@@ -146,6 +147,21 @@ def test_document_mask_isolates_documents(name, restart):
     second = docs == 1
     assert torch.allclose(a[second], b[second], atol=1e-6), f"{name}: the first document leaked into the second"
     assert not torch.allclose(a[~second], b[~second])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_an_input_of_zero_tokens_gives_empty_logits(name):
+    """Every encoding gives (B, 0, V) logits for zero tokens, alone or after a KV cache's prefill: learned's and
+    FLOATER's largest position, xPos's center and span and Transformer-XL's distance range were reductions over no
+    positions, which torch refuses, where the other 13 encodings gave the empty result."""
+    model = tiny_model(name)
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    assert model(empty).shape == (2, 0, V)
+    if model.pos_emb.supports_kv_cache:
+        cache = KVCache(len(model.blocks))
+        with torch.no_grad():
+            model(torch.randint(0, V, (2, 5)), cache=cache)
+            assert model(empty, cache=cache).shape == (2, 0, V)
 
 
 @pytest.mark.parametrize("name", NAMES)
