@@ -194,58 +194,69 @@ class T5Bias(PositionEncoding):
         super().__init__()
         self.params = params
         self.table = nn.Parameter(torch.randn(params.num_buckets, dims.n_heads) * 0.02)  # (buckets, H)
-        # Bucket of every distance in [−max_distance, max_distance]; beyond it the bucket no longer changes, so
-        # clamping the distance into this range is exact.
-        m = params.max_distance
-        d = torch.arange(-m, m + 1)
-        self.register_buffer("bucket_of", t5_bucket(d, params.num_buckets, m, params.bidirectional), persistent=False)
 
-    def by_distance(self, n: Optional[int] = None) -> Tensor:
-        """(H, 2n+1) fp32: the bias of every distance in [−n, n], n = max(``n``, max_distance), computed once per
-        step. Beyond max_distance the bucket no longer changes, so a distance clamped into [−n, n] reads its own
-        bias for every n ≥ max_distance."""
+    def buckets(self, distance: Tensor) -> Tensor:
+        """T5's bucket of each distance, clamped into [−max_distance, max_distance] first: beyond it the bucket no
+        longer changes, and the distance stays exact in ``t5_bucket``'s fp32."""
         m = self.params.max_distance
-        n = m if n is None else max(n, m)
-        d = torch.arange(-n, n + 1, device=self.bucket_of.device).clamp(-m, m) + m
-        return self.table[self.bucket_of[d]].float().t()
+        return t5_bucket(distance.clamp(-m, m), self.params.num_buckets, m, self.params.bidirectional)
+
+    @staticmethod
+    def reach(n: int, scores: int) -> Optional[int]:
+        """``n`` where a per-step table of the distances −n..n (n >= max_distance: a distance clamped into it reads
+        its own bucket, for any positions) is no larger than the ``scores`` it serves; else None: each score takes
+        its bucket from ``buckets``, exact as well. A step then costs what its lengths need whatever max_distance
+        is: a table of every distance to max_distance 10^10 was 160 GB."""
+        return n if 2 * n + 1 <= scores else None
+
+    def by_distance(self, n: Optional[int]) -> Tensor:
+        """(H, 2n+1) fp32: the bias of every distance in [−n, n], computed once per step; n None: (H, num_buckets),
+        the bias of every bucket (``index``)."""
+        if n is None:
+            return self.table.float().t()
+        return self.table[self.buckets(torch.arange(-n, n + 1, device=self.table.device))].float().t()
+
+    def index(self, distance: Tensor, n: Optional[int]) -> Tensor:
+        """Where each distance reads ``by_distance(n)``: its entry among −n..n (clamped), or (n None) its bucket."""
+        return self.buckets(distance) if n is None else distance.clamp(-n, n) + n
 
     def score(self, q, k, q_pos, k_pos, logits):
-        m = self.params.max_distance
-        d = relative_distance(q_pos, k_pos).clamp(-m, m) + m  # (B, 1, T, S)
-        table = self.by_distance()
+        d = relative_distance(q_pos, k_pos)  # (B, 1, T, S)
+        n = self.reach(self.params.max_distance, d.numel())
+        d, table = self.index(d, n), self.by_distance(n)
         H = table.shape[0]
-        # gather from the per-distance table rather than index the parameter per (b, i, j): the backward is then
-        # one scatter_add into (H, 2m+1) (3x faster on CPU at T = 2048 than advanced indexing's index_put)
+        # gather from the per-step table rather than index the parameter per (b, i, j): the backward is then one
+        # scatter_add into it (3x faster on CPU at T = 2048 than advanced indexing's index_put)
         bias = table.gather(1, d.reshape(1, -1).expand(H, -1))  # (H, B·T·S)
         return bias.view(H, d.shape[0], *d.shape[2:]).transpose(0, 1)  # (B, H, T, S)
 
     def score_mod(self, q, k, q_pos, k_pos):
         m = self.params.max_distance
         n = max(m, k_pos.shape[-1] - 1) if self.flex_distance_table else m  # exact for any positions (clamped)
-        return self._reading(self.by_distance(n), n, q_pos, k_pos)
+        return self._reading(self.reach(n, q_pos.shape[0] * q_pos.shape[-1] * k_pos.shape[-1]), q_pos, k_pos)
 
-    @staticmethod
-    def _reading(table: Tensor, n: int, q_pos: Tensor, k_pos: Tensor):
-        """The score_mod adding ``table``'s bias, (H, 2n + 1) for the distances −n..n (``by_distance(n)``), with
-        each distance clamped into that range (exact for n >= max_distance), in ``flex_copies``."""
-        table = flex_copies(table)  # (H, [R,] 2n + 1): the per-step table
+    def _reading(self, n: Optional[int], q_pos: Tensor, k_pos: Tensor):
+        """The score_mod adding the bias of ``by_distance(n)``, each distance read at ``index``, in
+        ``flex_copies``."""
+        table, index = flex_copies(self.by_distance(n)), self.index  # (H, [R,] 2n + 1 or buckets): the per-step table
 
         def t5(score, b, h, i, j):
-            d = (q_pos[b, i] - k_pos[b, j]).clamp(-n, n) + n
-            return score + table[(h, *copy_index(table, i + b), d)]
+            return score + table[(h, *copy_index(table, i + b), index(q_pos[b, i] - k_pos[b, j], n))]
 
         return t5
 
     def flex_parts(self, q, k, q_pos, k_pos):
         """With ``flex_split`` (causal bucketing only; None otherwise): the keys within max_distance m of the query
-        (d < m), with the bias of each distance from a (H, 2m + 1) table, and the far keys (d >= m), whose bias is
-        one value per head — the last bucket's — given to their part as a ``shift`` of its log-sum-exp. Exact; and
-        the backward's atomic adds fall to the near keys alone (about m + 128 per query, against all T), the far
-        bucket's gradient coming through the merge instead. Not measured yet, so off by default."""
+        (d < m), with the bias of each distance from a (H, 2m + 1) table (or of its bucket: ``reach``), and the far
+        keys (d >= m), whose bias is one value per head — the last bucket's — given to their part as a ``shift`` of
+        its log-sum-exp. Exact; and the backward's atomic adds fall to the near keys alone (about m + 128 per query,
+        against all T), the far bucket's gradient coming through the merge instead. Not measured yet, so off by
+        default."""
         if not self.flex_split or self.params.bidirectional:
             return None
         m = self.params.max_distance
-        table = self.by_distance(m)  # (H, 2m + 1): distances −m..m; every d >= m has the bias of d = m
+        n = self.reach(m, q_pos.shape[0] * q_pos.shape[-1] * k_pos.shape[-1])
+        far = self.table[self.buckets(torch.tensor(m, device=self.table.device))].float()  # (H,): of every d >= m
 
         def is_near(b, h, i, j):
             return q_pos[b, i] - k_pos[b, j] < m
@@ -253,7 +264,7 @@ class T5Bias(PositionEncoding):
         def is_far(b, h, i, j):
             return q_pos[b, i] - k_pos[b, j] >= m
 
-        return [FlexPart(is_near, self._reading(table, m, q_pos, k_pos)), FlexPart(is_far, None, table[:, 2 * m])]
+        return [FlexPart(is_near, self._reading(n, q_pos, k_pos)), FlexPart(is_far, None, far)]
 
 
 # -------------------------------------------------------------------------------------------------- KERPLE

@@ -95,6 +95,7 @@ def dense(score_mod, T, S):
 DISTANCE_TABLES = ["t5", "kerple"]  # the learned biases of i − j alone (FIRE's also reads the query position)
 LEARNED_TABLES = DISTANCE_TABLES + ["fire"]  # the score_mods that read learned tables (FLEX_TABLE_COPIES applies)
 COPIES = 3  # copies of each learned table in the "/copies" cases: odd, fewer than a row's keys
+HUGE_T5_DISTANCE = 10**10  # a table of every distance to it would be 160 GB
 
 
 def strip_copies(name: str, monkeypatch) -> str:
@@ -108,17 +109,18 @@ def strip_copies(name: str, monkeypatch) -> str:
 def variant(name: str, monkeypatch):
     """The encoding of a test case name: "t5", or "t5/direct" (``flex_distance_table = False``,
     scripts/bench_attention.py --no-flex-table), or "t5/copies" (``FLEX_TABLE_COPIES`` = COPIES,
-    --flex-table-copies)."""
+    --flex-table-copies), or "t5/buckets" (a max_distance no table of distances is built for: each score's bucket,
+    ``T5Bias.reach``)."""
     name, _, form = strip_copies(name, monkeypatch).partition("/")
-    pos = hook(name, **PARAMS.get(name, {}))
+    pos = hook(name, **{**PARAMS.get(name, {}), **({"max_distance": HUGE_T5_DISTANCE} if form == "buckets" else {})})
     if form == "direct":
         pos.flex_distance_table = False
     return pos
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("name", BIAS + [f"{n}/{form}" for form, names in (("direct", DISTANCE_TABLES),
-                                                                          ("copies", LEARNED_TABLES)) for n in names])
+@pytest.mark.parametrize("name", BIAS + ["t5/buckets"] + [f"{n}/{form}" for form, names in (
+    ("direct", DISTANCE_TABLES), ("copies", LEARNED_TABLES)) for n in names])  # fmt: skip
 def test_score_mod_equals_score(name, case, monkeypatch):
     """Every bias score_mod; T5's and KERPLE's direct forms besides their per-distance tables; the learned
     tables in copies (``variant``)."""
@@ -132,7 +134,7 @@ def test_score_mod_equals_score(name, case, monkeypatch):
     assert want.abs().max() > 1e-3  # the term is really there
 
 
-@pytest.mark.parametrize("name", BIAS + [f"{n}/copies" for n in LEARNED_TABLES])
+@pytest.mark.parametrize("name", BIAS + ["t5/buckets"] + [f"{n}/copies" for n in LEARNED_TABLES])
 def test_score_mod_gradients_equal_score_gradients(name, monkeypatch):
     """Training through FlexAttention needs the gradients of the tables a score_mod captures: evaluated densely,
     the score_mod must pass the reference score's gradients to q, k and the encoding's parameters (a table
@@ -229,6 +231,57 @@ def learned_tensor_reads(score_mod) -> dict:
         # element fails to compile (torch 2.11, H100: "can only unsplat single-element tensors"; FIRE's ψ tables)
         assert head in ops[0][1][0], f"{where}: indexed without the head, by {ops[0][1][0]}"
     return reads
+
+
+def t5_as_before(pos, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """T5's bias (B, H, T, S) as it was computed before its tables followed the lengths: from the bucket of every
+    distance in [−max_distance, max_distance], each distance clamped into that range."""
+    m, nb, bidirectional = pos.params.max_distance, pos.params.num_buckets, pos.params.bidirectional
+    bucket_of = biases.t5_bucket(torch.arange(-m, m + 1), nb, m, bidirectional)
+    d = (q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)).clamp(-m, m) + m  # (B, T, S)
+    return pos.table[bucket_of[d]].permute(0, 3, 1, 2)  # (B, H, T, S)
+
+
+@pytest.mark.parametrize("num_buckets, max_distance, bidirectional",
+                         [(8, 12, False), (8, 16, True), (32, 128, False), (32, 128, True), (4, 3, False)])
+def test_t5_bias_is_unchanged_by_tables_that_follow_the_lengths(num_buckets, max_distance, bidirectional):
+    """T5's per-step tables follow the lengths, not max_distance (``T5Bias.reach``): a table of the distances, or
+    each score's bucket where that table would be larger than the scores. Every path gives the bias as before —
+    score (the reference, SDPA's mask), the score_mod with a table per distance and in its direct form, flex_split's
+    near part and far shift — on every case and on positions spread far beyond the keys and max_distance."""
+    pos = hook("t5", num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
+    spread = (torch.arange(16) * 40).expand(B, 16)  # distances up to 600
+    decoding = (1, 3, spread[:, 2:3], spread[:, :3])  # one query: fewer scores than distances to max_distance
+    for T, S, q_pos, k_pos in [case[:4] for case in CASES.values()] + [(16, 16, spread, spread), decoding]:
+        q, k, _ = qkv(T, S)
+        with torch.no_grad():
+            want = t5_as_before(pos, q_pos, k_pos)
+            assert torch.equal(pos.score(q, k, q_pos, k_pos, None).expand(B, H, T, S), want)
+            for per_distance in (True, False):
+                pos.flex_distance_table = per_distance
+                assert torch.equal(dense(pos.score_mod(q, k, q_pos, k_pos), T, S), want)
+            if not bidirectional:  # (flex_split: causal bucketing only)
+                pos.flex_split = True
+                near, far = pos.flex_parts(q, k, q_pos, k_pos)
+                is_far = far.keep(*grid(T, S)).expand(B, H, T, S)
+                assert torch.equal(dense(near.score_mod, T, S)[~is_far], want[~is_far])
+                assert torch.equal(far.shift.view(1, H, 1, 1).expand(B, H, T, S)[is_far], want[is_far])
+
+
+def test_t5_with_a_huge_max_distance_builds_what_the_lengths_need():
+    """max_distance 10^10 built a bucket for every distance to it when the encoding was made: 160 GB, a
+    RuntimeError from the allocator. Now every path builds no tensor larger than its scores, and still gives each
+    distance its bucket's bias."""
+    pos = hook("t5", num_buckets=8, max_distance=HUGE_T5_DISTANCE)
+    T, S, q_pos, k_pos, _ = CASES["packed"]
+    q, k, _ = qkv(T, S)
+    d = q_pos.unsqueeze(-1) - k_pos.unsqueeze(-2)
+    want = pos.table[biases.t5_bucket(d, 8, HUGE_T5_DISTANCE)].permute(0, 3, 1, 2)  # (B, H, T, S)
+    with torch.no_grad():
+        assert torch.equal(pos.score(q, k, q_pos, k_pos, None), want)
+        score_mod = pos.score_mod(q, k, q_pos, k_pos)
+        assert all(t.numel() <= B * H * T * S for t in captured_tensors(score_mod))
+        assert torch.equal(dense(score_mod, T, S), want)
 
 
 def test_positions_spread_beyond_the_keys():
