@@ -41,6 +41,7 @@ from minilm.positions.base import FP32_LOG_TINY, FP32_MAX, FlexCoefficients, Fle
 
 
 FLEX_TABLE_COPIES = 1  # copies of each learned table a score_mod reads (the module docstring)
+INT64_MAX = torch.iinfo(torch.int64).max  # positions are int64
 
 
 def flex_copies(table: Tensor) -> Tensor:
@@ -178,6 +179,9 @@ class T5Params:
                 f"{'quarter' if self.bidirectional else 'half'}), got {self.max_distance}; raise max_distance or "
                 "lower num_buckets"
             )
+        if self.max_distance > INT64_MAX:  # (clamping a distance at it overflowed: an OverflowError from torch)
+            raise ValueError(f"max_distance: must be at most {INT64_MAX} (2^63 − 1: positions, and so distances, are "
+                             f"int64, and none lies further apart), got {self.max_distance}")
 
 
 class T5Bias(PositionEncoding):

@@ -45,6 +45,8 @@ def test_unknown_parameter_is_named(name):
         # num_buckets raised alone: the message named max_distance only, a key the user had left at its default
         ({"name": "t5", "num_buckets": 512}, r"max_distance: must exceed the 256 exact buckets of num_buckets 512 "
                                              r"\(the first half\), got 128; raise max_distance or lower num_buckets"),
+        # beyond int64, which no distance exceeds: an OverflowError from torch at the first forward
+        ({"name": "t5", "max_distance": 2**63}, r"max_distance: must be at most 9223372036854775807 \(2\^63 − 1"),
         ({"name": "shaw", "max_distance": 0}, "max_distance"),
         ({"name": "deberta", "max_distance": "far"}, "max_distance"),
         ({"name": "xpos", "scale_base": 0.0}, "scale_base"),
