@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from minilm.errors import MinilmError
-from minilm.positions.base import FP32_MAX, PositionDims, PositionEncoding
+from minilm.positions.base import FP32_MAX, PositionDims, PositionEncoding, check_in_fp32
 
 
 class SequenceTooLong(MinilmError):
@@ -115,6 +115,8 @@ class SinusoidalParams:
             raise ValueError(f"base: must be > 1, got {self.base}")
         if self.scale is not None and self.scale <= 0:
             raise ValueError(f"scale: must be > 0 (or null: √2 · model.init_std), got {self.scale}")
+        if self.scale is not None:
+            check_in_fp32("scale", self.scale)
 
 
 class Sinusoidal(PositionEncoding):
@@ -145,8 +147,7 @@ class FloaterParams:
     def __post_init__(self):
         if self.hidden < 1:
             raise ValueError(f"hidden: must be >= 1, got {self.hidden}")
-        if self.delta <= 0:
-            raise ValueError(f"delta: must be > 0, got {self.delta}")
+        check_in_fp32("delta", self.delta)
         if self.substeps < 1:
             raise ValueError(f"substeps: must be >= 1, got {self.substeps}")
         if self.cache_size < 1:
@@ -258,6 +259,7 @@ class MultiplicativeParams:
             raise ValueError(f"base: must be > 1, got {self.base}")
         if not 0 < self.amplitude < 1:
             raise ValueError(f"amplitude: must be in (0, 1), got {self.amplitude}")
+        check_in_fp32("amplitude", self.amplitude)
 
 
 class Multiplicative(PositionEncoding):

@@ -42,7 +42,28 @@ from minilm.errors import ConfigError
 # softmax weight e^−87.3 below the largest is no longer a normal number; GPU kernels flush it to 0). Parameter
 # checks bound their values with these.
 FP32_MAX = torch.finfo(torch.float32).max  # 3.4e38
-FP32_LOG_TINY = -math.log(torch.finfo(torch.float32).tiny)  # 87.3
+FP32_TINY = torch.finfo(torch.float32).tiny  # 1.2e-38
+FP32_LOG_TINY = -math.log(FP32_TINY)  # 87.3
+
+
+def check_in_fp32(key: str, value: float, at_most: float = FP32_MAX, why: str = "fp32's largest number") -> None:
+    """Refuse a parameter that must be > 0 and that the encoding uses in fp32 where fp32 cannot hold it: below fp32's
+    smallest normal number ("> 0" passed 1e-50, which is 0 in fp32 — or a subnormal, which GPU kernels flush to 0 —
+    and then divided by zero or switched the encoding off), or above ``at_most``: fp32's largest number, or a
+    tighter bound, which ``why`` explains. Raises ValueError("key: why") for ``make_params``; a bound is printed
+    rounded toward the allowed side, so the number printed is itself allowed."""
+    if not value > 0:
+        raise ValueError(f"{key}: must be > 0, got {value}")
+    if value < FP32_TINY:
+        raise ValueError(f"{key}: must be at least {FP32_TINY:.3g} (fp32's smallest normal number: the encoding uses "
+                         f"it in fp32, where a smaller one is 0 or flushed to 0), got {value:g}")
+    if value > at_most:
+        raise ValueError(f"{key}: must be at most {_round_down(at_most):g} ({why}), got {value:g}")
+
+
+def _round_down(x: float, digits: int = 3) -> float:
+    unit = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return math.floor(x / unit) * unit
 
 
 @dataclass(frozen=True)

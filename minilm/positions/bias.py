@@ -37,7 +37,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minilm.positions.base import FP32_LOG_TINY, FP32_MAX, FlexCoefficients, FlexPart, PositionDims, PositionEncoding
+from minilm.positions.base import (
+    FP32_LOG_TINY,
+    FP32_MAX,
+    FlexCoefficients,
+    FlexPart,
+    PositionDims,
+    PositionEncoding,
+    check_in_fp32,
+)
 
 
 FLEX_TABLE_COPIES = 1  # copies of each learned table a score_mod reads (the module docstring)
@@ -299,8 +307,7 @@ class KerpleParams:
     kernel: str = "log"  # log: −r1·log(1 + r2·|d|) (the paper's best); power: −r1·|d|^r2, r2 <= 2
 
     def __post_init__(self):
-        if self.eps <= 0:
-            raise ValueError(f"eps: must be > 0, got {self.eps}")
+        check_in_fp32("eps", self.eps, math.inf)  # (its upper bound depends on the kernel: below)
         if self.kernel not in KERPLE_KERNELS:
             raise ValueError(f"kernel: must be one of {KERPLE_KERNELS}, got {self.kernel!r}")
         if self.kernel == "power" and self.eps >= KERPLE_POWER_MAX:
@@ -445,20 +452,14 @@ class FireParams:
     def __post_init__(self):
         if self.mlp_width < 1:
             raise ValueError(f"mlp_width: must be >= 1, got {self.mlp_width}")
-        if self.init_c <= 0:
-            raise ValueError(f"init_c: must be > 0, got {self.init_c}")
-        if self.init_L <= 0:
-            raise ValueError(f"init_L: must be > 0, got {self.init_L}")
         # c and L are fp32 parameters, and ψ(L) = ln(c·L + 1) normalizes every score: an overflowing c·L makes it
-        # inf, the input 0 and the gradients NaN
-        for key, value in (("init_c", self.init_c), ("init_L", self.init_L)):
-            if value > FP32_MAX:
-                raise ValueError(f"{key}: must be at most {FP32_MAX:.3g} (fp32's largest number), got {value:g}")
+        # inf, the input 0 and the gradients NaN; a c that is 0 in fp32 makes every ψ 0 (and takes no gradient)
+        check_in_fp32("init_c", self.init_c)
+        check_in_fp32("init_L", self.init_L)
         if self.init_c * self.init_L > FP32_MAX:
             raise ValueError(f"init_c: init_c · init_L must be at most {FP32_MAX:.3g} (fp32's largest number), got "
                              f"{self.init_c * self.init_L:.3g}: the normalizer ψ(L) = ln(c·L + 1) would overflow")
-        if self.eps <= 0:
-            raise ValueError(f"eps: must be > 0, got {self.eps}")
+        check_in_fp32("eps", self.eps)
 
 
 class Fire(PositionEncoding):

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from minilm.errors import ConfigError
-from minilm.positions.base import YAML_STRING_FLOAT
+from minilm.positions.base import YAML_STRING_FLOAT, check_in_fp32
 
 # rope_types whose frequencies depend on the current sequence length (recomputed per call, no state kept).
 # longrope is here because it switches from short_factor to long_factor beyond the original length.
@@ -74,8 +74,8 @@ def _check_betas(beta_fast: float, beta_slow: float) -> None:
 
 
 def _check_optional_positive(key: str, value: Optional[float]) -> None:
-    if value is not None:
-        _check(value > 0, key, "must be > 0", value)
+    if value is not None:  # (the attention factor multiplies cos and sin in fp32)
+        check_in_fp32(key, value)
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -62,6 +62,11 @@ def test_unknown_parameter_is_named(name):
         ({"name": "fire", "init_L": 1e39}, r"init_L: must be at most 3.4e\+38"),
         ({"name": "fire", "init_c": 1e38}, r"init_c: init_c · init_L must be at most 3.4e\+38 .*, got 5.12e\+40"),
         ({"name": "fire", "init_c": 0.0}, "init_c"),
+        # > 0, but 0 in fp32, where the encodings use them: the table, trajectory or ψ switched off (sinusoidal,
+        # FLOATER, multiplicative, FIRE's c and L; c then took no gradient), KERPLE's r >= eps lost (r1 reached 0)
+        *[({"name": name, key: 1e-50}, rf"{key}: must be at least 1.18e-38 \(fp32's smallest normal number.*got 1e-50")
+          for name, key in [("sinusoidal", "scale"), ("floater", "delta"), ("multiplicative", "amplitude"),
+                            ("kerple", "eps"), ("fire", "init_c"), ("fire", "init_L"), ("fire", "eps")]],
         ({"name": "multiplicative", "amplitude": 1.5}, "amplitude"),
         ({"name": "rope", "nope_every": -1}, "nope_every"),
         ({"name": "xpos", "nope_every": 1}, "nope_every: 1 leaves every layer unrotated; use name: none"),

@@ -244,6 +244,8 @@ INVALID = [
     ({**YARN, "original_max_position_embeddings": 64.5}, "original_max_position_embeddings: must be an integer"),
     ({**YARN, "beta_fast": 1}, "beta_fast: must be > beta_slow"),
     ({**YARN, "attention_factor": 0}, "attention_factor: must be > 0"),
+    # > 0, but 0 in fp32, where it multiplies cos and sin: every query and key 0, the attention uniform
+    ({**YARN, "attention_factor": 1e-50}, "attention_factor: must be at least 1.18e-38 (fp32's smallest normal"),
     ({**YARN, "truncate": 1}, "truncate: must be true or false"),
     ({"rope_type": "linear", "factor": "2"}, "factor: must be a number"),
     ({"rope_type": "linear", "factor": "4e0"}, "factor: must be a number, got the string '4e0'; write it without"),
