@@ -20,8 +20,9 @@ Conventions chosen here (implementations differ; docs/positions.md repeats them)
   query n) carries ζ^(−(m − n)/scale_base) whatever the center, and a kernel that adds its mask to the logits
   (SDPA with a document or KV-cache mask) turns an overflowing one into inf − inf = NaN: so positions may span at
   most about 80·scale_base/ln(1/ζ_0) tokens (32K at the defaults), and ``rotate`` refuses a wider span; a
-  scale_base and gamma that leave no room for two positions are refused when the config loads. ζ^x is computed as
-  e^(x·ln ζ), from ln ζ in float64 (``xpos_log_zeta``): ζ itself rounds to 1 or to 0 at an extreme γ.
+  scale_base and gamma that leave no room for two positions are refused when the config loads. ζ^(x/scale_base) is
+  computed as e^(x·rate), the rate ln ζ/scale_base formed in float64 (``xpos_log_zeta``): ζ itself rounds to 1 or to
+  0 at an extreme γ, and ln ζ or x/scale_base leave fp32 at an extreme γ or scale_base.
 """
 
 from __future__ import annotations
@@ -266,8 +267,11 @@ class Xpos(Rope):
         # d: the dimensions that really rotate, one ζ per frequency — fewer than rot_dim when the scaling block
         # sets partial_rotary_factor (its rule is applied inside compute_rope)
         d = 2 * self.inv_freq.shape[0]
-        log_zeta = xpos_log_zeta(d, params.gamma)  # (Dr/2,): ζ^x is computed as e^(x·ln ζ) (xpos_log_zeta)
-        self.register_buffer("log_zeta", log_zeta.float().to(self.inv_freq.device), persistent=False)
+        # ζ^(n/scale_base) is computed as e^(n · rate), rate = ln ζ / scale_base formed in float64 (xpos_log_zeta):
+        # in fp32, ln ζ rounds to 0 past γ ≈ 1e45, a scale_base below 1e-45 to 0, and n/scale_base overflows for a
+        # tiny one (γ 1e37, scale_base 1.3e-38: NaN scores within max_length), while |n · rate| <= 80 within it
+        rate = xpos_log_zeta(d, params.gamma) / params.scale_base  # (Dr/2,)
+        self.register_buffer("decay_rate", rate.float().to(self.inv_freq.device), persistent=False)
         # A masked pair (key m after query n) has the logit factor ζ^(−(m − n)/scale_base) whatever the center: SDPA
         # with a dense mask computes it and adds −inf, so once it overflows fp32 (e^88, with room for the q and k
         # values it multiplies) that row is NaN. Positions may therefore span at most max_span, which also keeps
@@ -280,8 +284,8 @@ class Xpos(Rope):
         return None if self.max_span is None else self.max_span + 1
 
     def decay(self, positions: Tensor, center: Tensor, sign: float) -> Tensor:
-        exponent = sign * (positions - center).unsqueeze(-1).float() / self.params.scale_base  # (B, T, 1)
-        return torch.exp(exponent * self.log_zeta).unsqueeze(1)  # (B, 1, T, Dr/2): ζ^exponent
+        offset = sign * (positions - center).unsqueeze(-1).float()  # (B, T, 1)
+        return torch.exp(offset * self.decay_rate).unsqueeze(1)  # (B, 1, T, Dr/2): ζ^(offset/scale_base)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if not self.rotates or q_pos.shape[-1] == 0 or k_pos.shape[-1] == 0:

@@ -1,5 +1,6 @@
 """Per-encoding properties: the formulas and tables the papers give, and the invariances the methods promise."""
 
+import decimal
 import math
 
 import pytest
@@ -104,21 +105,37 @@ def test_xpos_refuses_inputs_whose_decay_leaves_fp32_range():
     assert torch.isfinite(far).all()
 
 
-@pytest.mark.parametrize("gamma, scale_base, limit", [(0.4, 1e30, None), (1e30, 512.0, None), (1e-46, 8.0, 7)])
+@pytest.mark.parametrize("gamma, scale_base, limit",
+                         [(0.4, 1e30, None), (1e30, 512.0, None), (1e-46, 8.0, 7), (1e46, 1e-47, 9)])
 def test_xpos_at_an_extreme_gamma_or_scale_base_is_the_decay_it_defines(gamma, scale_base, limit):
     """ζ_i^(d/scale_base) from ln ζ: a huge gamma rounded ζ_0 to 1 (the span limit divided by ln 1: a
     ZeroDivisionError when the model was built), a huge scale_base gave a limit past int64 (an OverflowError in
-    rotate), and a gamma below fp32's smallest number rounded ζ_0 to 0 (0^(−x) = inf: NaN scores). The first two
-    have no limit (the decay is ~1 at any distance); each score is RoPE's times the float64 decay."""
+    rotate), and a gamma below fp32's smallest number rounded ζ_0 to 0 (0^(−x) = inf: NaN scores); a scale_base
+    below it was 0 in fp32 (d/0: NaN scores), as was ln ζ at the gamma beside it. The first two have no limit (the
+    decay is ~1 at any distance); each score is RoPE's times the decay, ln ζ computed here in 60 digits."""
     xpos = hook("xpos", gamma=gamma, scale_base=scale_base)
     q = k = torch.ones(1, 1, 1, 8)
     theta = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
-    log_zeta = torch.log((torch.arange(0, 8, 2, dtype=torch.float64) / 8 + gamma) / (1 + gamma))
+    with decimal.localcontext(decimal.Context(prec=60)):
+        g = decimal.Decimal(gamma)
+        log_zeta = torch.tensor([float(((decimal.Decimal(i) / 8 + g) / (1 + g)).ln()) for i in range(0, 8, 2)],
+                                dtype=torch.float64)
     got = rotated_scores(xpos, q, k.expand(1, 1, 2, 8), torch.tensor([[5]]), torch.tensor([[0, 5]]))[0, 0, 0]
     for j, d in enumerate((5, 0)):
         want = (2 * torch.exp(d / scale_base * log_zeta) * torch.cos(d * theta)).sum().item()
         assert got[j].item() == pytest.approx(want, rel=1e-4, abs=1e-5)
     assert xpos.max_length() == limit
+
+
+def test_xpos_at_a_tiny_scale_base_is_finite_up_to_its_max_length():
+    """Positions n apart took the decay exponent n/scale_base in fp32, which overflows for a tiny scale_base that
+    still fits several positions (gamma 1e37, scale_base 1.3e-38: 11): NaN scores 10 tokens apart. The rate
+    ln ζ/scale_base is formed in float64 instead, and n · rate stays within ±80 up to max_length."""
+    xpos = hook("xpos", gamma=1e37, scale_base=1.3e-38)
+    n = xpos.max_length() - 1
+    q = k = torch.ones(1, 1, 1, 8)
+    got = rotated_scores(xpos, q, k.expand(1, 1, 2, 8), torch.tensor([[n]]), torch.tensor([[0, n]]))
+    assert n == 10 and torch.isfinite(got).all()
 
 
 def test_xpos_is_finite_up_to_its_max_length_with_a_dense_mask():
