@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from minilm.positions.base import (
     FP32_LOG_TINY,
     FP32_MAX,
+    FP32_TINY,
     FlexCoefficients,
     FlexPart,
     PositionDims,
@@ -114,13 +115,19 @@ def alibi_slopes(n_heads: int, max_bias: float = 8.0) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float32)  # (H,)
 
 
+# The smallest slope is 2^−max_bias whatever the number of heads (``alibi_slopes``): at 126 it is fp32's smallest
+# normal number; beyond, the slopes round toward 0 (max_bias 1e6: all of them, a model without positions)
+ALIBI_MAX_BIAS = -math.log2(FP32_TINY)
+
+
 @dataclass
 class AlibiParams:
     max_bias: float = 8.0  # the 8 in 2^(−8i/n)
 
     def __post_init__(self):
-        if self.max_bias <= 0:
-            raise ValueError(f"max_bias: must be > 0, got {self.max_bias}")
+        check_in_fp32("max_bias", self.max_bias, ALIBI_MAX_BIAS,
+                      "the smallest slope, 2^−max_bias for any number of heads, is then fp32's smallest normal number; "
+                      "beyond, the slopes round to 0 and leave no positions")
 
 
 class Alibi(PositionEncoding):

@@ -8,7 +8,7 @@ import torch
 
 from minilm.errors import ConfigError
 from minilm.model.attention import AttentionMask, reference_attention, sdpa_attention
-from minilm.positions import PositionDims, build_position
+from minilm.positions import PositionDims, build_position, validate_position
 from minilm.positions.absolute import sinusoid
 from minilm.positions.bias import alibi_slopes, t5_bucket
 from minilm.positions.rotary import apply_rotary
@@ -277,6 +277,15 @@ def test_alibi_bias_is_minus_slope_times_distance():
     p = torch.arange(6)[None]
     bias = pos.score(None, None, p, p, None)
     assert torch.allclose(bias[0, 2, 5, 1], -alibi_slopes(4)[2] * 4)
+
+
+def test_alibi_max_bias_keeps_every_slope_a_normal_fp32_number():
+    """The smallest slope is 2^−max_bias for any number of heads: up to max_bias 126 every slope is a normal fp32
+    number; a larger one rounded slopes toward 0 (1e6: all of them) and is refused, naming the largest allowed."""
+    tiny = torch.finfo(torch.float32).tiny
+    assert all(alibi_slopes(n, 126.0).min().item() == tiny for n in range(1, 65))
+    with pytest.raises(ConfigError, match=r"model\.position\.max_bias: must be at most 126 .*, got 126\.5"):
+        validate_position({"name": "alibi", "max_bias": 126.5})
 
 
 def test_t5_bidirectional_32_buckets_128_distance():

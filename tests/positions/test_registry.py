@@ -41,6 +41,8 @@ def test_unknown_parameter_is_named(name):
     [
         ({"name": "learned", "max_positions": 0}, "max_positions"),
         ({"name": "alibi", "max_bias": -1.0}, "max_bias"),
+        # every slope 2^−(max_bias·i/n) rounded to 0 in fp32: a model without positions, silently
+        ({"name": "alibi", "max_bias": 1e6}, r"max_bias: must be at most 126 \(the smallest slope, .*got 1e\+06"),
         ({"name": "t5", "num_buckets": 32, "max_distance": 8}, "max_distance"),
         # num_buckets raised alone: the message named max_distance only, a key the user had left at its default
         ({"name": "t5", "num_buckets": 512}, r"max_distance: must exceed the 256 exact buckets of num_buckets 512 "
