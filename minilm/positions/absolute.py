@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minilm.errors import MinilmError
+from minilm.errors import ConfigError, MinilmError
 from minilm.positions.base import FP32_MAX, PositionDims, PositionEncoding, check_in_fp32
 
 
@@ -118,12 +118,24 @@ class SinusoidalParams:
         if self.scale is not None:
             check_in_fp32("scale", self.scale)
 
+    def check_width(self, d_model: int, where: str) -> None:
+        """``scale`` against the model's width, when the model is built (the config's check does not know d_model):
+        the table's entries reach ±scale, and every block's RMSNorm sums d_model squares in fp32. Past
+        √(3.4e38 / d_model) that sum may overflow (from 2.3e18 at d_model 128: every norm 0, the logits constant)."""
+        if self.scale is not None:
+            try:
+                check_in_fp32("scale", self.scale, math.sqrt(FP32_MAX / d_model), f"√(3.4e38 / d_model {d_model}): "
+                              "the table's entries reach ±scale, and each block's RMSNorm sums d_model squares in fp32")
+            except ValueError as e:
+                raise ConfigError(f"{where}.{e}") from None
+
 
 class Sinusoidal(PositionEncoding):
     """Fixed sinusoids added to the token embeddings (Vaswani et al. 2017); defined at every position."""
 
     def __init__(self, params: SinusoidalParams, dims: PositionDims):
         super().__init__()
+        params.check_width(dims.d_model, "model.position")
         self.base, self.dim = params.base, dims.d_model
         self.scale = params.scale if params.scale is not None else math.sqrt(2) * dims.init_std
 

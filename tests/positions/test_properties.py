@@ -45,6 +45,19 @@ def test_sinusoidal_scale_multiplies_the_table():
     assert torch.allclose(emb.embed(x, p), 2.5 * sinusoid(p, 16))
 
 
+def test_sinusoidal_refuses_a_scale_whose_squares_overflow_the_norms():
+    """Each block's RMSNorm sums d_model squares of the embeddings in fp32: from scale 2.3e18 at d_model 128 (4.6e18
+    at 32) the sum overflowed, every norm was 0 and the logits constant, silently. The encoding is refused when built,
+    naming the key and the bound for the model's width, √(3.4e38 / d_model); at the bound the norm is finite."""
+    with pytest.raises(ConfigError, match=r"model\.position\.scale: must be at most 1\.63e\+18 \(√\(3\.4e38 / d_model "
+                                          r"128\): .*, got 2\.4e\+18"):  # fmt: skip
+        embedding_hook("sinusoidal", d_model=128, scale=2.4e18)
+    p = torch.arange(64)[None]
+    for width, scale in ((128, 1.63e18), (32, 3.26e18)):
+        x = embedding_hook("sinusoidal", d_model=width, scale=scale).embed(torch.zeros(1, 64, width), p)
+        assert torch.nn.RMSNorm(width)(x).pow(2).mean().item() == pytest.approx(1.0, rel=1e-4)
+
+
 def test_the_sinusoidal_table_is_as_large_as_the_token_embeddings_by_default():
     """Added unscaled (RMS 0.71) to token embeddings of RMS 0.02 (model.init_std), it drowned them: the shipped
     configs/positions/sinusoidal.yaml learned less in 150 steps than no position at all. By default its RMS is now
