@@ -152,13 +152,15 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
 
 def started_from_text(record: Optional[dict]) -> str:
     """The weights a phase started from, as its ``complete.json`` records them (``started_from``), in words: the
-    ``--init`` path as given and the weights file it named, the previous phase's, or the run's fresh initialization
-    (run.seed); None: not recorded (a phase resumed from a checkpoint written before minilm recorded it)."""
+    ``--init`` path as given, the weights file it named and the first 12 hex digits of the file's sha256 (none in a
+    record of an older minilm), the previous phase's, or the run's fresh initialization (run.seed); None: not
+    recorded (a phase resumed from a checkpoint written before minilm recorded it)."""
     if record is None:
         return "weights its checkpoint does not record (written by an older minilm)"
     if record["kind"] == "init":
-        file = f" ({record['weights']})" if record["weights"] != record["init"] else ""
-        return f"--init {record['init']}{file}"
+        said = [record["weights"]] if record["weights"] != record["init"] else []
+        said += [f"sha256 {record['sha256'][:12]}"] if "sha256" in record else []
+        return f"--init {record['init']}" + (f" ({', '.join(said)})" if said else "")
     if record["kind"] == "phase":
         return f"the weights of phase '{record['phase']}'"
     return f"fresh weights (run.seed {record['seed']})"

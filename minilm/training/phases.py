@@ -16,6 +16,7 @@ Layout of ``run.dir``::
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -443,14 +444,14 @@ def _steps_setting(pcfg, phase: str, steps: int, set_in) -> str:
 
 def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, log: Callable[[str], None],
                              set_in=None, carried: Optional[bool] = None,
-                             init: Optional[str] = None) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
+                             init: Optional[dict] = None) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
     """--resume into a phase that has not finished: its newest good checkpoint (returned, with the state of the data
     sampler it saved; (None, None): the phase starts afresh) must be one the config can continue — within the
     phase's steps, trained by the same settings and the same global batch on ``world_size`` processes now
     (``_check_trained_with``; ``set_in`` as there), from the same start of its optimizer moments (``carried``:
     the config's carry_optimizer; None: not checked), and from the ``--init`` weights given now, if any
-    (``_check_resumed_init``). Checked before the corpus is prepared; the sampler then by
-    ``_check_resumed_sampler``."""
+    (``init``: their ``_init_record``; ``_check_resumed_init``). Checked before the corpus is prepared; the sampler
+    then by ``_check_resumed_sampler``."""
     ckpt, state = load_latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
     if ckpt is None:
         return None, None
@@ -482,18 +483,30 @@ def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, l
     return ckpt, saved
 
 
-def _check_resumed_init(record: Optional[dict], init: str, phase: str, ckpt: Path) -> None:
-    """--resume with --init into a phase whose checkpoint ``ckpt`` continues: the phase goes on from the checkpoint,
-    whose weights replace the --init ones, so those must be the weights it started from (its ``record``, LitGPT's
-    ``started_from``; None: a checkpoint of an older minilm, which records none: not checked). --init other weights
-    was loaded, logged as loaded, then silently replaced."""
-    if record is None or (record["kind"] == "init" and record["weights"] == _init_record(init, Path(init))["weights"]):
+def _check_resumed_init(record: Optional[dict], init: dict, phase: str, ckpt: Path) -> None:
+    """--resume with --init (``init``: its ``_init_record``) into a phase whose checkpoint ``ckpt`` continues: the phase
+    goes on from the checkpoint, whose weights replace the --init ones, so those must be the weights it started from
+    (its ``record``, LitGPT's ``started_from``; None: a checkpoint of an older minilm, which records none: not
+    checked). --init other weights was loaded, logged as loaded, then silently replaced."""
+    if record is None or _same_start(record, init):
         return
     again = f" --init {record['init']}" if record["kind"] == "init" else ""
-    raise MinilmError(f"--init {init}: phase '{phase}' was interrupted ({ckpt}) after it started from "
-                      f"{started_from_text(record)}, and --resume continues it from that checkpoint, whose weights "
-                      f"would replace these; resume it with{again or 'out --init'}, or retrain it from these weights "
-                      f"with --phase {phase} --init {init} (without --resume)")  # fmt: skip
+    raise MinilmError(f"--init {init['init']} (sha256 {init['sha256'][:12]}): phase '{phase}' was interrupted ({ckpt}) "
+                      f"after it started from {started_from_text(record)}, and --resume continues it from that "
+                      f"checkpoint, whose weights would replace these; resume it with{again or 'out --init'}, or "
+                      f"retrain it from these weights with --phase {phase} --init {init['init']} (without "
+                      "--resume)")  # fmt: skip
+
+
+def _same_start(was: dict, now: dict) -> bool:
+    """Whether two ``started_from`` records name the same weights: --init ones by the sha256 of the file where both
+    record one (the file at the recorded path may have been overwritten since, its run retrained; a copy elsewhere
+    holds the same weights), else by the file's resolved path (a record of a minilm from before the digest)."""
+    if was["kind"] != "init" or now["kind"] != "init":
+        return was == now
+    if "sha256" in was and "sha256" in now:
+        return was["sha256"] == now["sha256"]
+    return was["weights"] == now["weights"]
 
 
 def _check_resumed_sampler(corpus, pcfg, phase: str, ckpt: Path, saved: Optional[dict], world_size: int,
@@ -686,7 +699,7 @@ def _shown(value) -> str:
 
 
 def _check_command(names: list[str], run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
-                   init: Optional[str]) -> None:  # fmt: skip
+                   init: Optional[dict]) -> None:  # fmt: skip
     """Refuse an unknown --phase, a run.dir that holds a run without --resume or --phase, and --phase without
     --init after an unfinished phase."""
     if start_phase is not None and start_phase not in names:
@@ -743,9 +756,10 @@ def _check_finished_follow(names: list[str], run_dir: Path) -> None:
 
 
 def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
-              init: Optional[str] = None,
+              init: Optional[dict] = None,
               log: Callable[[str], None] = print) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
-    """``_check_run``, then create run.dir; returns what ``_check_run`` does."""
+    """``_check_run``, then create run.dir; returns what ``_check_run`` does. ``init``: the --init weights'
+    ``_init_record`` (None: no --init), as the checks take it."""
     opened = _check_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -766,7 +780,7 @@ def check_run(cfg, *, resume: bool, data: bool = True) -> None:
 
 
 def _check_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
-               init: Optional[str],
+               init: Optional[dict],
                log: Callable[[str], None]) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
     """Refuse what cannot run, without touching run.dir: first what needs no data (``_check_without_data``), so that
     such a refusal prepares no corpus (a tokenizer trained, documents tokenized, for nothing); then the corpus and
@@ -778,7 +792,7 @@ def _check_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optio
 
 
 def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
-                        init: Optional[str], log: Callable[[str], None]) -> tuple[int, dict, list]:  # fmt: skip
+                        init: Optional[dict], log: Callable[[str], None]) -> tuple[int, dict, list]:  # fmt: skip
     """An unknown --phase, a finished run without --resume, a phase longer than the encoding allows, a model section
     that differs from the run's on --resume, finished phases the config now trains differently, an interrupted
     phase's checkpoint, an --init the other settings contradict (run_phases reads the file before this). Returns
@@ -950,9 +964,15 @@ def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Option
 
 def _init_record(given: str, found: Path) -> dict:
     """complete.json's ``started_from`` of a phase that starts from the --init weights: the path as given (a run or
-    phase directory, a file, relative or not) and the file it named (``found``: ``_init_weights_path``'s), absolute."""
+    phase directory, a file, relative or not), the file it named (``found``: ``_init_weights_path``'s), absolute, and
+    the sha256 of its bytes (hex): what the weights were, where the file is later overwritten or copied."""
     file = found / "model.safetensors" if found.is_dir() else found
-    return {"kind": "init", "init": given, "weights": str(file.resolve())}
+    try:  # (read in chunks: a file of the size of the model, not a second copy of the weights in memory)
+        with open(file, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as e:
+        raise MinilmError(f"--init {given}: {file} cannot be read ({e.strerror})") from None
+    return {"kind": "init", "init": given, "weights": str(file.resolve()), "sha256": digest}
 
 
 def _started_from(names: list[str], i: int, start: int, init: Optional[dict], seed: int) -> dict:
@@ -1002,7 +1022,7 @@ def run_phases(
     given, init = init, str(_init_weights_path(init)) if init is not None else None  # (logged as loaded: the phase)
     weights, init_model = _read_init(init) if init is not None else (None, None)
     init_record = _init_record(given, Path(init)) if init is not None else None
-    corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
+    corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init_record, log)
     start = names.index(start_phase) if start_phase else 0
     if notes:  # said before training, of what will train
         for line in phase_notes(cfg, [n for n in names[start:]

@@ -1,6 +1,7 @@
 """The phase loop's bookkeeping, in process: how often it validates, what it logs across phases, and trainer
 settings Lightning refuses."""
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -679,9 +680,11 @@ def test_complete_json_records_the_weights_a_phase_started_from(config, tmp_path
     assert started("a") == {"kind": "fresh", "seed": 5} and started("b") == {"kind": "phase", "phase": "a"}
     run_phases(cfg, start_phase="b", init="run/a", log=said.append)
     weights = str((run / "a" / "model.safetensors").resolve())
-    assert started("b") == {"kind": "init", "init": "run/a", "weights": weights}
+    digest = _sha256(run / "a" / "model.safetensors")
+    assert started("b") == {"kind": "init", "init": "run/a", "weights": weights, "sha256": digest}
     assert started("a") == {"kind": "fresh", "seed": 5}  # (not retrained)
-    lines = [line for line in said if line.startswith("phase 'b'") and f"from --init run/a ({weights})" in line]
+    shown = f"from --init run/a ({weights}, sha256 {digest[:12]})"
+    lines = [line for line in said if line.startswith("phase 'b'") and shown in line]
     assert len(lines) == 2, said  # its transition line (TensorBoard's text too) and its last line
     run_phases(cfg, start_phase="b", log=lambda m: None)  # retrained from a again: recorded so
     assert started("b") == {"kind": "phase", "phase": "a"}
@@ -705,7 +708,7 @@ def test_resume_keeps_the_record_of_the_weights_an_interrupted_phase_started_fro
     said = []
     run_phases(cfg, resume=True, log=said.append)
     assert any("resuming from" in line for line in said), said
-    record = {"kind": "init", "init": init, "weights": str(Path(init).resolve())}
+    record = {"kind": "init", "init": init, "weights": str(Path(init).resolve()), "sha256": _sha256(init)}
     assert json.loads((run / "b" / "complete.json").read_text())["started_from"] == record
     _killed_after_checkpoint(run, "b", 1)
     ckpt = run / "b" / "checkpoints" / "step-00000001.ckpt"
@@ -719,20 +722,19 @@ def test_resume_keeps_the_record_of_the_weights_an_interrupted_phase_started_fro
 
 def test_resume_refuses_init_weights_other_than_those_the_interrupted_phase_started_from(config, tmp_path):
     """--resume --phase b --init Y into b's checkpoint: b goes on from the checkpoint, whose weights replace Y's; Y
-    was loaded, said to be loaded, and silently dropped. Refused unless Y is what b started from (that file, by
+    was loaded, said to be loaded, and silently dropped. Refused unless Y holds the weights b started from (by
     whatever path), naming what it did start from and both remedies."""
-    import shutil
-
     run = tmp_path / "run"
     cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 1}",
                                "phases.b={seq_len: 32, steps: 2}"])  # fmt: skip
     run_phases(cfg, log=lambda m: None)
     init, other = run / "a" / "model.safetensors", tmp_path / "other.safetensors"
-    shutil.copy(init, other)
+    _other_weights(init, other)
     run_phases(cfg, start_phase="b", init=str(init), log=lambda m: None)
     _killed_after_checkpoint(run, "b", 1)
-    with pytest.raises(MinilmError, match=rf"--init {other}: phase 'b' was interrupted .* after it started from "
-                                          rf"--init {init}, .* resume it with --init {init}, or retrain it"):
+    with pytest.raises(MinilmError, match=rf"--init {other} \(sha256 {_sha256(other)[:12]}\): phase 'b' was "
+                                          rf"interrupted .* after it started from --init {init} \(sha256 "
+                                          rf"{_sha256(init)[:12]}\), .* resume it with --init {init}, or retrain it"):
         run_phases(cfg, start_phase="b", init=str(other), resume=True, log=lambda m: None)
     run_phases(cfg, start_phase="b", init=str(run / "a"), resume=True, log=lambda m: None)  # the same file
     run_phases(cfg, start_phase="b", log=lambda m: None)  # b from a's weights, then interrupted
@@ -757,16 +759,56 @@ def test_an_evaluation_says_what_weights_its_phase_started_from(config, tmp_path
     run_phases(cfg, log=lambda m: None)
     init = str(run / "a" / "model.safetensors")
     run_phases(cfg, start_phase="b", init=init, log=lambda m: None)
-    record = {"kind": "init", "init": init, "weights": init}
+    record = {"kind": "init", "init": init, "weights": init, "sha256": _sha256(init)}
     at_end = run / "b" / "eval"
     assert json.loads((at_end / "results.json").read_text())["started_from"] == record
-    assert f"- the phase started from --init {init}\n" in (at_end / "report.md").read_text()
+    said = f"- the phase started from --init {init} (sha256 {_sha256(init)[:12]})\n"
+    assert said in (at_end / "report.md").read_text()
     checkpoint = next((run / "b" / "checkpoints").glob("*.ckpt"))
     for path, phase in ((run, None), (run, "a"), (checkpoint, None)):
         results, out = evaluate_run(path, phase, out=tmp_path / f"eval-{phase}-{path.suffix}", tensorboard=False,
                                     log=lambda m: None)  # fmt: skip
         assert results["started_from"] == (record if phase is None else {"kind": "fresh", "seed": cfg.run.seed})
         assert "- the phase started from " in (out / "report.md").read_text()
+
+
+def test_resume_compares_init_weights_by_content_not_by_path(config, tmp_path):
+    """The record pinned a path: --init X overwritten since (its run retrained) was accepted on --resume --phase b
+    --init X though its weights are not those b started from, and a byte-identical copy at another path was refused.
+    The record keeps the file's sha256, which --resume compares."""
+    import json
+    import shutil
+
+    run, init, copy = tmp_path / "run", tmp_path / "donor.safetensors", tmp_path / "copy.safetensors"
+    cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 1}",
+                               "phases.b={seq_len: 32, steps: 2}"])  # fmt: skip
+    run_phases(cfg, log=lambda m: None)
+    shutil.copy(run / "a" / "model.safetensors", init)
+    shutil.copy(init, copy)
+    run_phases(cfg, start_phase="b", init=str(init), log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 1)
+    started = _sha256(init)
+    _other_weights(copy, init)  # the donor file overwritten
+    with pytest.raises(MinilmError, match=rf"--init {init} \(sha256 {_sha256(init)[:12]}\): phase 'b' was "
+                                          rf"interrupted .* after it started from --init {init} \(sha256 "
+                                          rf"{started[:12]}\)"):
+        run_phases(cfg, start_phase="b", init=str(init), resume=True, log=lambda m: None)
+    run_phases(cfg, start_phase="b", init=str(copy), resume=True, log=lambda m: None)  # the same weights elsewhere
+    assert json.loads((run / "b" / "complete.json").read_text())["started_from"]["sha256"] == started
+
+
+def _sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _other_weights(source, dest) -> None:
+    """A weights file at ``dest`` that fits the model of ``source`` but holds other values."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    weights = {k: v + 1 for k, v in load_file(str(source)).items()}
+    with safe_open(str(source), "pt") as f:
+        save_file(weights, str(dest), metadata=f.metadata())
 
 
 def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
