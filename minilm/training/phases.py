@@ -490,7 +490,8 @@ def _check_resumed_init(record: Optional[dict], init: dict, phase: str, ckpt: Pa
     checked). --init other weights was loaded, logged as loaded, then silently replaced."""
     if record is None or _same_start(record, init):
         return
-    again = f" --init {record['init']}" if record["kind"] == "init" else ""
+    # (the same file with other bytes, overwritten since: the checkpoint's weights are all that is left of them)
+    again = f" --init {record['init']}" if record["kind"] == "init" and record["weights"] != init["weights"] else ""
     raise MinilmError(f"--init {init['init']} (sha256 {init['sha256'][:12]}): phase '{phase}' was interrupted ({ckpt}) "
                       f"after it started from {started_from_text(record)}, and --resume continues it from that "
                       f"checkpoint, whose weights would replace these; resume it with{again or 'out --init'}, or "

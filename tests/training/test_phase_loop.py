@@ -791,7 +791,7 @@ def test_resume_compares_init_weights_by_content_not_by_path(config, tmp_path):
     _other_weights(copy, init)  # the donor file overwritten
     with pytest.raises(MinilmError, match=rf"--init {init} \(sha256 {_sha256(init)[:12]}\): phase 'b' was "
                                           rf"interrupted .* after it started from --init {init} \(sha256 "
-                                          rf"{started[:12]}\)"):
+                                          rf"{started[:12]}\), .* resume it without --init, or retrain it"):
         run_phases(cfg, start_phase="b", init=str(init), resume=True, log=lambda m: None)
     run_phases(cfg, start_phase="b", init=str(copy), resume=True, log=lambda m: None)  # the same weights elsewhere
     assert json.loads((run / "b" / "complete.json").read_text())["started_from"]["sha256"] == started
