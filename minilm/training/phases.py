@@ -9,6 +9,7 @@ Layout of ``run.dir``::
     <phase>/checkpoints/step-XXXXXXXX.ckpt                 resumable state (last ``train.keep_checkpoints``)
     <phase>/model.safetensors, <phase>/config.yaml, <phase>/complete.json   written when the phase finishes
                            (complete.json: steps, seconds, val_loss, carried_optimizer, world_size, started_from)
+    <phase>/started_from.json  the weights the phase began training from (its started_from), written at its first step
 
 ``apply_phase`` is the one function that changes the model between phases; ``run_phases`` is the loop.
 """
@@ -89,6 +90,9 @@ from minilm.training.progress import progress_bar
 # a step checkpoint's key: whether its phase started from the previous phase's AdamW moments (carry_optimizer), which
 # the optimizer state it holds descends from: compared with the config on --resume, as complete.json's is
 CARRIED = "minilm_carried_optimizer"
+# in a phase's folder: its ``started_from``, written when it begins training from its first step (its checkpoints keep
+# it only from the first one on): a --resume that starts it over must start it from the same weights (_check_begun_from)
+STARTED = "started_from.json"
 
 
 def phase_dir(run_dir: Path, phase: str) -> Path:
@@ -723,6 +727,7 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
     needs. Returns the checkpoint each interrupted phase continues from (--resume), with its sampler state (checked
     against the corpus by ``_check_resumed_sampler``)."""
     names, resume_from = list(pcfgs), {}
+    pending = next((n for n in names[start:] if not is_complete(run_dir, n)), None)  # the phase --resume goes on with
     if resume:
         _check_finished_follow(names[start:], run_dir)
     for i, n in enumerate(names[start:], start):
@@ -734,6 +739,8 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
                                                      init if i == start else None)  # fmt: skip
             if ckpt is not None:
                 resume_from[n] = (ckpt, sampler)
+            elif n == pending:  # trains from its first step again
+                _check_begun_from(run_dir, n, _started_from(names, i, start, init, cfg.run.seed))
         if carry and init is not None and i == start:
             raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
                               f"previous phase's optimizer moments; add phases.{n}.carry_optimizer=false")
@@ -741,6 +748,30 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
         if carry and retrains and is_complete(run_dir, names[i - 1]):
             _optimizer_state_path(run_dir, names[i - 1], n)
     return resume_from
+
+
+def _check_begun_from(run_dir: Path, phase: str, now: dict) -> None:
+    """--resume into ``phase``, interrupted before its first step checkpoint: it trains from its first step again,
+    from the weights this command gives it (``now``: ``_started_from``'s), which must be those it began from (its
+    STARTED file; none: the phase never began, or an older minilm began it). Begun with --phase b --init X, a plain
+    --resume (a requeued job's) retrained it from the previous phase's weights without a word."""
+    path = phase_dir(run_dir, phase) / STARTED
+    if not path.is_file():
+        return
+    try:
+        was = json.loads(path.read_text())
+        same = _same_start(was, now)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise MinilmError(f"{path}: cannot be read ({e}); it records the weights phase '{phase}' began from: restore "
+                          f"it, or retrain the phase with --phase {phase} (without --resume)") from None
+    if not same:
+        again = (f"--resume --phase {phase} --init {was['init']}" if was["kind"] == "init" else
+                 f"--resume run.seed={was['seed']}" if now["kind"] == "fresh" else "--resume without --init")
+        anew = f"--phase {phase}" + (f" --init {now['init']}" if now["kind"] == "init" else "")
+        raise MinilmError(f"--resume: phase '{phase}' began from {started_from_text(was)} ({path}) and was interrupted "
+                          f"before its first step checkpoint; this command would start it from "
+                          f"{started_from_text(now)}. Resume it as it was begun, with {again}, or retrain it "
+                          f"from these weights with {anew} (without --resume)")  # fmt: skip
 
 
 def _check_finished_follow(names: list[str], run_dir: Path) -> None:
@@ -1277,6 +1308,9 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
                 started_from_text(started_from) if ckpt is None else "")  # (resumed: the checkpoint's, read by fit)
     if ckpt is not None:
         log(f"phase '{name}': resuming from {ckpt}")
+    elif started_from is not None and trainer.is_global_zero:  # (a --phase restart deleted the folder, and this)
+        pdir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(pdir / STARTED, json.dumps(started_from, indent=2) + "\n")
     module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name, tokens_offset=tokens_offset,
                     started_from=started_from)  # fmt: skip
     module.initial_optimizer_state = carried_opt if ckpt is None else None

@@ -797,6 +797,41 @@ def test_resume_compares_init_weights_by_content_not_by_path(config, tmp_path):
     assert json.loads((run / "b" / "complete.json").read_text())["started_from"]["sha256"] == started
 
 
+def test_resume_before_the_first_checkpoint_starts_the_phase_from_the_weights_it_began_from(config, tmp_path,
+                                                                                             monkeypatch):
+    """--phase b --init X killed before b's first step checkpoint, then a plain --resume (a requeued job's): nothing
+    remembered X, and b retrained from a's weights without a word. The phase's folder records what it began from;
+    --resume that would start it from other weights is refused before any data is prepared, naming the file and both
+    commands; the same --init resumes it."""
+    import json
+
+    import minilm.data
+
+    run, donor, other = tmp_path / "run", tmp_path / "donor.safetensors", tmp_path / "other.safetensors"
+    cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 1}",
+                               "phases.b={seq_len: 32, steps: 2}"])  # fmt: skip
+    run_phases(cfg, log=lambda m: None)
+    _other_weights(run / "a" / "model.safetensors", donor)
+    _other_weights(donor, other)
+    run_phases(cfg, start_phase="b", init=str(donor), log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 0)  # (every checkpoint gone: killed before the first)
+    prepare = minilm.data.load_corpus
+    monkeypatch.setattr(minilm.data, "load_corpus", lambda *a, **k: pytest.fail("prepared the corpus"))
+    began = rf"began from --init {donor} \(sha256 {_sha256(donor)[:12]}\) \({run / 'b' / 'started_from.json'}\)"
+    with pytest.raises(MinilmError, match=rf"^--resume: phase 'b' {began} and was interrupted before its first step "
+                                          r"checkpoint; this command would start it from the weights of phase 'a'\. "
+                                          rf"Resume it as it was begun, with --resume --phase b --init {donor}, or "
+                                          r"retrain it from these weights with --phase b \(without --resume\)$"):
+        run_phases(cfg, resume=True, log=lambda m: None)
+    with pytest.raises(MinilmError, match=rf"{began} .* would start it from --init {other} \(sha256 .* with --phase b "
+                                          rf"--init {other} \(without --resume\)$"):
+        run_phases(cfg, start_phase="b", init=str(other), resume=True, log=lambda m: None)
+    monkeypatch.setattr(minilm.data, "load_corpus", prepare)
+    run_phases(cfg, start_phase="b", init=str(donor), resume=True, log=lambda m: None)
+    started = json.loads((run / "b" / "complete.json").read_text())["started_from"]
+    assert started["kind"] == "init" and started["sha256"] == _sha256(donor)
+
+
 def _sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
