@@ -495,7 +495,8 @@ def _check_resumed_init(record: Optional[dict], init: dict, phase: str, ckpt: Pa
     if record is None or _same_start(record, init):
         return
     # (the same file with other bytes, overwritten since: the checkpoint's weights are all that is left of them)
-    again = f" --init {record['init']}" if record["kind"] == "init" and record["weights"] != init["weights"] else ""
+    # (by its file: the path as given may be relative to another working directory)
+    again = f" --init {record['weights']}" if record["kind"] == "init" and record["weights"] != init["weights"] else ""
     raise MinilmError(f"--init {init['init']} (sha256 {init['sha256'][:12]}): phase '{phase}' was interrupted ({ckpt}) "
                       f"after it started from {started_from_text(record)}, and --resume continues it from that "
                       f"checkpoint, whose weights would replace these; resume it with{again or 'out --init'}, or "
@@ -765,7 +766,7 @@ def _check_begun_from(run_dir: Path, phase: str, now: dict) -> None:
         raise MinilmError(f"{path}: cannot be read ({e}); it records the weights phase '{phase}' began from: restore "
                           f"it, or retrain the phase with --phase {phase} (without --resume)") from None
     if not same:
-        again = (f"--resume --phase {phase} --init {was['init']}" if was["kind"] == "init" else
+        again = (f"--resume --phase {phase} --init {was['weights']}" if was["kind"] == "init" else  # (its file)
                  f"--resume run.seed={was['seed']}" if now["kind"] == "fresh" else "--resume without --init")
         anew = f"--phase {phase}" + (f" --init {now['init']}" if now["kind"] == "init" else "")
         raise MinilmError(f"--resume: phase '{phase}' began from {started_from_text(was)} ({path}) and was interrupted "

@@ -943,3 +943,17 @@ def test_a_kill_while_phase_restarts_its_folder_leaves_no_finished_phase_behind(
     monkeypatch.setattr(phases.shutil, "rmtree", shutil.rmtree)
     run_phases(load_config(config, two), resume=True, log=lambda m: None)  # a trains again, then b
     assert (run / "a" / "complete.json").exists() and (run / "b" / "model.safetensors").exists()
+
+
+def test_the_command_that_resumes_a_phase_as_begun_names_its_init_file_not_the_relative_path_given(tmp_path):
+    """--init was given relative to the working directory of the command that began the phase: the remedy names the
+    weights file it resolved to, which works from any directory."""
+    import json
+
+    from minilm.training.phases import STARTED, _check_begun_from
+
+    (tmp_path / "b").mkdir()
+    began = {"kind": "init", "init": "donor.safetensors", "weights": "/abs/donor.safetensors", "sha256": "ab" * 32}
+    (tmp_path / "b" / STARTED).write_text(json.dumps(began))
+    with pytest.raises(MinilmError, match=r"with --resume --phase b --init /abs/donor\.safetensors, or retrain"):
+        _check_begun_from(tmp_path, "b", {"kind": "phase", "phase": "a"})
