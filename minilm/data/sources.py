@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import csv
 import glob
 import hashlib
 import itertools
@@ -461,7 +462,7 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
         for path in [p for p in record_files if _record_builder(p) == builder]:
             if cap is not None and len(docs.texts) >= cap:
                 break
-            problem = _text_problem(path) if builder in ("json", "csv") else None
+            problem = _record_problem(path, builder)
             if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
                 docs.skip(problem, path)
                 continue
@@ -469,6 +470,46 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
             _append_records(docs, ds, spec.text_field, f"{where}.text_field", name=lambda i, p=path: f"{p}:{i}",
                             file=str(path), max_docs=cap, paths_key=f"{where}.paths")  # fmt: skip
     return docs
+
+
+def _record_problem(path: Path, builder: str) -> Optional[str]:
+    """Why a record file of the files kind gives no records, as ``_read_text_files`` counts it (None: it has some)."""
+    problem = _text_problem(path) if builder in ("json", "csv") else None
+    return problem or ("empty" if _no_records(path, builder) else None)
+
+
+def _no_records(path: Path, builder: str) -> bool:
+    """Whether a record file holds no record: a .csv of a header alone (blank lines are no rows, as for pandas, which
+    datasets reads it with), a .json of ``[]``, a parquet file of no rows. datasets fails on each ("Instruction
+    "train" corresponds to no data!", for parquet "BatchSize must be greater than 0"): one such file in a glob stopped
+    the whole preparation, where an empty .jsonl is skipped. False where unsure (a file this cannot read): datasets
+    reads it then, and says what is wrong. Reads a .csv up to its first row, a .json up to its third character."""
+    import lzma
+
+    try:
+        if builder == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(path).metadata.num_rows == 0
+        with _open_text(path) as f:
+            if builder == "csv":
+                return sum(1 for _ in itertools.islice((row for row in csv.reader(f) if row), 2)) < 2
+            head = ""  # the file's characters but whitespace, up to 3 of them: "[]" is all of it
+            while len(head) < 3 and (block := f.read(1 << 16)):
+                head += "".join(block.split())
+            return head == "[]"
+    except (OSError, EOFError, ValueError, csv.Error, lzma.LZMAError):  # (UnicodeDecodeError, ArrowInvalid: ValueError)
+        return False
+
+
+def _open_text(path: Path):
+    """A record file (compressed too) opened as UTF-8 text, a leading byte order mark dropped."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix.lower(), open)
+    return opener(path, "rt", encoding="utf-8-sig", newline="")
 
 
 def _text_problem(path: Path) -> Optional[str]:
@@ -544,6 +585,7 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
         # a local file: datasets opens it through its packaged builder of that format
         path, data_files = builder, path
         problem = _text_problem(Path(data_files)) if path == "json" else None
+        problem = problem or ("empty" if _no_records(Path(data_files), path) else None)
         if problem:  # one file and nothing to read in it: the source yields no documents (read_source says so)
             return SourceDocs([], [], Counter({problem: 1}), {problem: str(data_files)})
     if data_files is None and _saved_to_disk(Path(path)):

@@ -313,6 +313,29 @@ def test_files_kind_reads_csv_records_as_the_json_ones(tmp_path, csv_file):
     assert dict(docs.skipped) == {"empty": 2, "non_utf8": 1}
 
 
+
+def test_record_files_of_no_records_are_skipped_as_empty_and_an_hf_source_of_one_yields_no_documents(tmp_path,
+                                                                                                    csv_file):
+    """A .csv of a header alone (compressed too, blank lines after it), a .json of ``[]`` and a parquet file of no
+    rows stopped the whole preparation with datasets' 'Instruction "train" corresponds to no data!' (parquet:
+    "BatchSize must be greater than 0"), where an empty .jsonl is skipped and counted; an hf source of one such file
+    said the same, naming no file."""
+    import gzip
+
+    (tmp_path / "head.csv").write_text("story,n\n\n")
+    (tmp_path / "head.csv.gz").write_bytes(gzip.compress(b"story\n"))
+    (tmp_path / "none.json").write_text("[ ]\n")
+    pq.write_table(pa.table({"story": pa.array([], pa.string())}), tmp_path / "none.parquet")
+    empty = ["head.csv", "head.csv.gz", "none.json", "none.parquet"]
+    entry = {"kind": "files", "paths": [str(csv_file)] + [str(tmp_path / e) for e in empty], "text_field": "story"}
+    docs = read_source("f", parse_sources({"f": entry})["f"], progress=False)
+    assert docs.texts == STORIES and dict(docs.skipped) == {"empty": 4}
+    for name in empty:
+        hf = {"kind": "hf", "path": str(tmp_path / name), "text_field": "story"}
+        with pytest.raises(DataError, match=r"^data\.sources\.h: the source yields no documents \(skipped: empty: 1 "
+                                            rf"\(first: {re.escape(str(tmp_path / name))}\)\)"):  # fmt: skip
+            read_source("h", parse_sources({"h": hf})["h"], progress=False)
+
 def test_embedded_corpus_is_the_stdlib_without_site_packages():
     import sysconfig
 
