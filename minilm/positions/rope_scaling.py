@@ -240,7 +240,10 @@ class LongRopeScaling:
         _check_length(self.original_max_position_embeddings)
         for key in ("short_factor", "long_factor"):
             values = getattr(self, key)
-            _check(len(values) > 0 and all(v > 0 for v in values), key, "must be a list of numbers > 0", values)
+            _check(len(values) > 0, key, "must be a list of numbers > 0", values)
+            for i, value in enumerate(values):  # θ_i / value: "> 0" passed 1e-50, an infinite frequency in fp32 (θ_i
+                # <= 1, so any value from fp32's smallest normal number up keeps it below fp32's largest)
+                check_in_fp32(f"{key}[{i}]", value, math.inf)
         if self.factor is not None:
             _check_factor(self.factor)
         _check_optional_positive("attention_factor", self.attention_factor)

@@ -263,6 +263,10 @@ INVALID = [
     ({**YARN, "beta_fast": float("inf")}, "beta_fast: must be a finite number, got inf"),
     ({**YARN, "attention_factor": float("nan")}, "attention_factor: must be a finite number, got nan"),
     ({**LONG, "short_factor": [float("nan")] * (D // 2)}, "short_factor[0]: must be a finite number, got nan"),
+    # > 0, but θ_3 / 1e-50 is inf in fp32: an infinite frequency, every angle of that dimension inf, cos and sin nan
+    ({**LONG, "long_factor": [1.0] * 3 + [1e-50] + [1.0] * (D // 2 - 4)},
+     "long_factor[3]: must be at least 1.18e-38 (fp32's smallest normal"),
+    ({**LONG, "short_factor": [1.0, 0.0] + [1.0] * (D // 2 - 2)}, "short_factor[1]: must be > 0, got 0.0"),
     # a block copied from a transformers config: say where its two non-scaling keys go
     ({"type": "yarn", "factor": 2}, "type: the key is rope_type"),
     ({**YARN, "rope_theta": 10000.0}, "rope_theta: the RoPE base is model.position.base"),
