@@ -766,13 +766,29 @@ def _check_begun_from(run_dir: Path, phase: str, now: dict) -> None:
         raise MinilmError(f"{path}: cannot be read ({e}); it records the weights phase '{phase}' began from: restore "
                           f"it, or retrain the phase with --phase {phase} (without --resume)") from None
     if not same:
-        again = (f"--resume --phase {phase} --init {was['weights']}" if was["kind"] == "init" else  # (its file)
-                 f"--resume run.seed={was['seed']}" if now["kind"] == "fresh" else "--resume without --init")
         anew = f"--phase {phase}" + (f" --init {now['init']}" if now["kind"] == "init" else "")
+        again = _begun_again(was, now, phase)
+        said = (f"Resume it as it was begun, with {again}, or retrain it from these weights with {anew} (without "
+                "--resume)") if again else f"Retrain it from these weights with {anew} (without --resume)"
         raise MinilmError(f"--resume: phase '{phase}' began from {started_from_text(was)} ({path}) and was interrupted "
                           f"before its first step checkpoint; this command would start it from "
-                          f"{started_from_text(now)}. Resume it as it was begun, with {again}, or retrain it "
-                          f"from these weights with {anew} (without --resume)")  # fmt: skip
+                          f"{started_from_text(now)}. {said}")  # fmt: skip
+
+
+def _begun_again(was: dict, now: dict, phase: str) -> str:
+    """The command that resumes ``phase`` from the weights it began from (``was``), where this run can still give
+    them ("" where not: its --init file since overwritten or gone, the phase before it removed from the config); the
+    refused command gives ``now``."""
+    if was["kind"] == "init":  # (by its file: the path as given may be relative to another working directory)
+        file = Path(was["weights"])
+        if not file.is_file() or ("sha256" in was and _sha256(file) != was["sha256"]):
+            return ""
+        return f"--resume --phase {phase} --init {file}"
+    if now["kind"] == "init":
+        return "--resume without --init"
+    if was["kind"] == "fresh" and now["kind"] == "fresh":
+        return f"--resume run.seed={was['seed']}"
+    return ""  # (the phase it began after is not the one before it in the config now, or no longer exists)
 
 
 def _check_finished_follow(names: list[str], run_dir: Path) -> None:
@@ -1000,12 +1016,18 @@ def _init_record(given: str, found: Path) -> dict:
     phase directory, a file, relative or not), the file it named (``found``: ``_init_weights_path``'s), absolute, and
     the sha256 of its bytes (hex): what the weights were, where the file is later overwritten or copied."""
     file = found / "model.safetensors" if found.is_dir() else found
-    try:  # (read in chunks: a file of the size of the model, not a second copy of the weights in memory)
-        with open(file, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+    try:
+        digest = _sha256(file)
     except OSError as e:
         raise MinilmError(f"--init {given}: {file} cannot be read ({e.strerror})") from None
     return {"kind": "init", "init": given, "weights": str(file.resolve()), "sha256": digest}
+
+
+def _sha256(file: Path) -> str:
+    """The sha256 of ``file``'s bytes (hex), read in chunks: a file of the size of the model, not a second copy of the
+    weights in memory."""
+    with open(file, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _started_from(names: list[str], i: int, start: int, init: Optional[dict], seed: int) -> dict:

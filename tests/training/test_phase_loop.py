@@ -953,7 +953,29 @@ def test_the_command_that_resumes_a_phase_as_begun_names_its_init_file_not_the_r
     from minilm.training.phases import STARTED, _check_begun_from
 
     (tmp_path / "b").mkdir()
-    began = {"kind": "init", "init": "donor.safetensors", "weights": "/abs/donor.safetensors", "sha256": "ab" * 32}
+    donor = tmp_path / "elsewhere" / "donor.safetensors"
+    donor.parent.mkdir()
+    donor.write_bytes(b"the weights b began from")
+    began = {"kind": "init", "init": "donor.safetensors", "weights": str(donor), "sha256": _sha256(donor)}
     (tmp_path / "b" / STARTED).write_text(json.dumps(began))
-    with pytest.raises(MinilmError, match=r"with --resume --phase b --init /abs/donor\.safetensors, or retrain"):
+    with pytest.raises(MinilmError, match=rf"with --resume --phase b --init {donor}, or retrain"):
         _check_begun_from(tmp_path, "b", {"kind": "phase", "phase": "a"})
+
+
+def test_a_phase_whose_beginning_weights_are_gone_is_offered_only_its_retraining(tmp_path):
+    """The resume-as-begun command named an --init file overwritten since (the refused command again, refused again),
+    and a phase begun after another that the config no longer has crashed (KeyError) instead of saying anything."""
+    import json
+
+    from minilm.training.phases import STARTED, _check_begun_from
+
+    (tmp_path / "b").mkdir()
+    donor = tmp_path / "donor.safetensors"
+    donor.write_bytes(b"other weights since")
+    began = {"kind": "init", "init": "donor.safetensors", "weights": str(donor), "sha256": "ab" * 32}
+    for was, now in ((began, {"kind": "phase", "phase": "a"}), ({"kind": "phase", "phase": "a"}, {"kind": "fresh",
+                                                                                                  "seed": 1})):
+        (tmp_path / "b" / STARTED).write_text(json.dumps(was))
+        with pytest.raises(MinilmError, match=r"this command would start it from .*\. Retrain it from these weights "
+                                              r"with --phase b \(without --resume\)$"):
+            _check_begun_from(tmp_path, "b", now)
