@@ -424,17 +424,27 @@ def is_primary_process() -> bool:
 
 
 def _has_outputs(run_dir: Path, names: list[str]) -> bool:
-    return any(phase_dir(run_dir, n).exists() for n in names)
+    """Whether a phase has saved anything: a checkpoint, its outputs. The STARTED file a phase writes as it begins is
+    not one: the same command run again after a kill before the first checkpoint starts over, as before that file
+    existed (and --resume checks it: ``_check_begun_from``)."""
+    return any(_saved_in(phase_dir(run_dir, n)) for n in names)
+
+
+def _saved_in(pdir: Path) -> bool:
+    return pdir.is_dir() and any(p.name != STARTED for p in pdir.iterdir())
 
 
 def _nothing_to_resume(run_dir: Path, first: str) -> str:
-    """What --resume says where no phase has begun: no run at all, or a run stopped before its first phase began
-    (its config, tokenizer and TensorBoard files written, no phase directory): 'holds no run yet' was not true."""
+    """What --resume says where no phase has saved anything: no run at all, or a run stopped before its first phase's
+    first checkpoint (its config, tokenizer and TensorBoard files written, at most the phase's STARTED file): 'holds
+    no run yet' was not true."""
     found = sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir()) if run_dir.is_dir() else []
     if not found:
         return f"--resume: {run_dir} holds no run yet; starting one"
-    return (f"--resume: {run_dir} holds no phase yet, only {', '.join(found)} (the run stopped before its first "
-            f"phase began training); nothing to resume, so phase '{first}' starts from step 0")
+    began = (phase_dir(run_dir, first) / STARTED).is_file()
+    return (f"--resume: {run_dir} holds no checkpoint yet, only {', '.join(found)} (the run stopped before its first "
+            f"phase {'saved its first checkpoint' if began else 'began training'}); nothing to resume, so phase "
+            f"'{first}' starts from step 0")
 
 
 def _steps_setting(pcfg, phase: str, steps: int, set_in) -> str:

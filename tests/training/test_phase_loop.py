@@ -2,6 +2,7 @@
 settings Lightning refuses."""
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
@@ -867,8 +868,9 @@ def test_resume_of_a_run_stopped_before_its_first_phase_says_what_it_found(tmp_p
     (run / "config.yaml").write_text("")
     (run / "tokenizer.model").write_text("")
     said = _nothing_to_resume(run, "pretrain")
-    assert said == (f"--resume: {run} holds no phase yet, only config.yaml, tb/, tokenizer.model (the run stopped "
-                    "before its first phase began training); nothing to resume, so phase 'pretrain' starts from step 0")
+    assert said == (f"--resume: {run} holds no checkpoint yet, only config.yaml, tb/, tokenizer.model (the run "
+                    "stopped before its first phase began training); nothing to resume, so phase 'pretrain' starts "
+                    "from step 0")
     assert _nothing_to_resume(tmp_path / "none", "a") == f"--resume: {tmp_path / 'none'} holds no run yet; starting one"
 
 
@@ -979,3 +981,23 @@ def test_a_phase_whose_beginning_weights_are_gone_is_offered_only_its_retraining
         with pytest.raises(MinilmError, match=r"this command would start it from .*\. Retrain it from these weights "
                                               r"with --phase b \(without --resume\)$"):
             _check_begun_from(tmp_path, "b", now)
+
+
+def test_the_same_command_after_a_kill_before_the_first_checkpoint_starts_over(config, tmp_path):
+    """A phase writes started_from.json as it begins; a run killed before its first checkpoint then counted as one
+    that holds outputs, and the same command run again was refused ('already holds a run'), where it used to start
+    over: nothing had been saved."""
+    from minilm.training.phases import STARTED
+
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}"])
+    run_phases(cfg, log=lambda m: None)
+    for path in (run / "train").iterdir():  # as a kill before the first checkpoint leaves it
+        if path.name != STARTED:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    (run / "model.safetensors").unlink()
+    said = []
+    run_phases(cfg, log=said.append)
+    assert (run / "train" / "complete.json").is_file(), said
+    with pytest.raises(MinilmError, match="already holds a run"):  # (a phase that saved something is a run)
+        run_phases(cfg, log=lambda m: None)
