@@ -294,7 +294,11 @@ def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = 
         files = stdlib_files()
         extra: Any = {"python": sys.version, "stdlib": _stat_digest(files)}
     elif isinstance(spec, FilesSource):
-        extra = {"files": _stat_digest(_expand_globs(spec, where, cache_dir))}
+        files = _expand_globs(spec, where, cache_dir)
+        extra = {"files": _stat_digest(files)}
+        if any(_record_builder(f) == "csv" for f in files):  # read as records since 2026-11-24, skipped before: a
+            # corpus prepared before lacks them, and the same files and settings keyed it
+            extra["csv"] = "records"
     else:
         _check_local_file(spec, where)  # before anything is read, not after the other sources
         local = _hf_local_files(spec)

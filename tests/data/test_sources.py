@@ -265,6 +265,23 @@ def test_the_corpus_key_of_an_hf_slice_or_sum_changed_with_its_record_names(two_
         assert set(fingerprint(split)) > {"settings", "files"}, split
 
 
+def test_the_corpus_key_of_a_files_source_matching_a_csv_changed_when_csv_files_began_to_be_read(tmp_path):
+    """A .csv a files glob matched was skipped before 2026-11-24 and is read since; the key held the same files and
+    settings, so a corpus prepared before (without the .csv records) was served from the cache. A glob matching no
+    .csv keeps its key."""
+    from minilm.data.sources import source_fingerprint
+
+    (tmp_path / "a.txt").write_text("some text\n")
+    (tmp_path / "b.csv").write_text("text\nhello\n")
+
+    def fingerprint(pattern):
+        spec = parse_sources({"f": {"kind": "files", "paths": [str(tmp_path / pattern)]}})["f"]
+        return source_fingerprint("f", spec)
+
+    assert set(fingerprint("*.txt")) == {"settings", "files"}
+    assert set(fingerprint("*")) > {"settings", "files"}
+
+
 @pytest.mark.parametrize("form", ["glob", "dict"])
 def test_hf_data_files_pattern_or_mapping_follows_the_files_it_matches(tmp_path, monkeypatch, form):
     """The cache key hashes the files ``data_files`` names, not the pattern: a glob gaining a file, or a file of a
