@@ -178,6 +178,23 @@ def t5_bucket(distance: Tensor, num_buckets: int = 32, max_distance: int = 128, 
     return buckets + torch.where(is_small, relative_position, large)
 
 
+def t5_thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, ...]:
+    """The smallest distance of each log-spaced bucket (per direction), as ``t5_bucket`` computes the buckets (in
+    fp32, on the CPU): a distance r >= 0 falls in bucket min(r, max_exact) + #{t : t <= r}. Integer comparisons give
+    every device and kernel the same bucket, where fp32 logs of near-ties (max_distance 939 of 32 buckets, at 728)
+    could round either way. One binary search per bucket over [max_exact, max_distance]: ``t5_bucket`` is monotone
+    in the distance, and reaches the last bucket by max_distance."""
+    per_side = num_buckets // 2 if bidirectional else num_buckets
+    wanted = torch.arange(per_side // 2 + 1, per_side, device="cpu")  # the log-spaced buckets after the first (on the
+    # CPU, also while a model is built on the meta device to count its memory: ``.item`` of a meta tensor fails)
+    lo, hi = torch.full_like(wanted, per_side // 2), torch.full_like(wanted, max_distance)
+    while bool((lo < hi).any()):
+        mid = (lo + hi) // 2
+        reached = t5_bucket(mid, per_side, max_distance) >= wanted
+        lo, hi = torch.where(reached, lo, mid + 1), torch.where(reached, mid, hi)
+    return tuple(int(t) for t in lo)
+
+
 @dataclass
 class T5Params:
     num_buckets: int = 32
@@ -213,12 +230,21 @@ class T5Bias(PositionEncoding):
         super().__init__()
         self.params = params
         self.table = nn.Parameter(torch.randn(params.num_buckets, dims.n_heads) * 0.02)  # (buckets, H)
+        self.thresholds = t5_thresholds(params.num_buckets, params.max_distance, params.bidirectional)
 
     def buckets(self, distance: Tensor) -> Tensor:
-        """T5's bucket of each distance, clamped into [−max_distance, max_distance] first: beyond it the bucket no
-        longer changes, and the distance stays exact in ``t5_bucket``'s fp32."""
-        m = self.params.max_distance
-        return t5_bucket(distance.clamp(-m, m), self.params.num_buckets, m, self.params.bidirectional)
+        """``t5_bucket`` of each distance, from integer comparisons with ``thresholds`` (``t5_thresholds``):
+        the same bucket on every device and in every kernel, a FlexAttention score_mod's too."""
+        p = self.params
+        d = distance.clamp(-p.max_distance, p.max_distance)
+        if p.bidirectional:  # keys after the query (d < 0): the upper half
+            side, r, max_exact = (d < 0).long() * (p.num_buckets // 2), d.abs(), p.num_buckets // 4
+        else:  # keys after the query: bucket 0
+            side, r, max_exact = 0, d.clamp(min=0), p.num_buckets // 2
+        bucket = r.clamp(max=max_exact) + side
+        for t in self.thresholds:
+            bucket = bucket + (r >= t).long()
+        return bucket
 
     @staticmethod
     def reach(n: int, scores: int) -> Optional[int]:

@@ -243,7 +243,8 @@ def t5_as_before(pos, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("num_buckets, max_distance, bidirectional",
-                         [(8, 12, False), (8, 16, True), (32, 128, False), (32, 128, True), (4, 3, False)])
+                         [(8, 12, False), (8, 16, True), (32, 128, False), (32, 128, True), (4, 3, False),
+                          (32, 939, False), (64, 3224, True)])  # (near-ties of t5_bucket's fp32 logs: at 728, 371)
 def test_t5_bias_is_unchanged_by_tables_that_follow_the_lengths(num_buckets, max_distance, bidirectional):
     """T5's per-step tables follow the lengths, not max_distance (``T5Bias.reach``): a table of the distances, or
     each score's bucket where that table would be larger than the scores. Every path gives the bias as before —
@@ -266,6 +267,20 @@ def test_t5_bias_is_unchanged_by_tables_that_follow_the_lengths(num_buckets, max
                 is_far = far.keep(*grid(T, S)).expand(B, H, T, S)
                 assert torch.equal(dense(near.score_mod, T, S)[~is_far], want[~is_far])
                 assert torch.equal(far.shift.view(1, H, 1, 1).expand(B, H, T, S)[is_far], want[is_far])
+
+
+def test_t5_buckets_do_not_hang_on_how_a_device_rounds_its_logs(monkeypatch):
+    """The buckets of a step were t5_bucket's fp32 logs, computed on the step's device (and, decoding, inside the
+    compiled score_mod): a device or kernel whose log rounds a near-tie the other way (max_distance 939 of 32
+    buckets, distance 728) put that distance in another bucket than training did. They are integer comparisons with
+    thresholds found once, on the CPU: a log that rounds otherwise changes none."""
+    pos = hook("t5", num_buckets=32, max_distance=939)
+    d = torch.arange(-1000, 1001)
+    want = biases.t5_bucket(d.clamp(-939, 939), 32, 939)
+    log = torch.log
+    monkeypatch.setattr(torch, "log", lambda x: log(x) * (1 - 1e-6))  # a log a few ulps low
+    assert not torch.equal(biases.t5_bucket(d.clamp(-939, 939), 32, 939), want)  # (728 moves down a bucket)
+    assert torch.equal(pos.buckets(d), want)
 
 
 def test_t5_with_a_huge_max_distance_builds_what_the_lengths_need():
