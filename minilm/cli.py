@@ -179,7 +179,9 @@ def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argpars
         resumable = any("--resume" in a.option_strings for a in parser._actions)
         what = "terminated (SIGTERM)" if _sigterm.is_set() else "interrupted"
         if _primary_process():
-            print(f"\n{what}" + ("; continue with --resume" if resumable else ""), file=sys.stderr)
+            # (the same command: a phase begun with --phase NAME --init PATH resumes with them)
+            hint = "; continue with the same command plus --resume" if resumable else ""
+            print(f"\n{what}{hint}", file=sys.stderr)
         return 143 if _sigterm.is_set() else 130
 
 

@@ -55,7 +55,7 @@ def test_sigterm_stops_like_ctrl_c_runs_the_finally_blocks_and_is_put_back(capsy
     t0 = time.monotonic()
     assert run_cli(preempted, parser, []) == 143
     assert time.monotonic() - t0 < 4 and cleaned == [True]
-    assert "terminated (SIGTERM); continue with --resume" in capsys.readouterr().err
+    assert "terminated (SIGTERM); continue with the same command plus --resume" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) == before
     assert run_cli(interrupted, parser, []) == 130  # a Ctrl-C after it is still "interrupted"
     assert "interrupted; continue" in capsys.readouterr().err
@@ -73,4 +73,4 @@ def test_interrupt_is_reported_by_the_first_rank_only(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(rank_zero_only, "rank", 0)
     assert run_cli(interrupted, parser, []) == 130
-    assert "interrupted; continue with --resume" in capsys.readouterr().err
+    assert "interrupted; continue with the same command plus --resume" in capsys.readouterr().err

@@ -163,8 +163,8 @@ def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir
     except subprocess.TimeoutExpired:
         proc.kill()
         raise AssertionError("Ctrl-C did not stop the run within 120 s") from None
-    assert proc.returncode == 130 and "interrupted; continue with --resume" in err, (proc.returncode, err[-2000:],
-                                                                                       out[-2000:])  # fmt: skip
+    hint = "interrupted; continue with the same command plus --resume"
+    assert proc.returncode == 130 and hint in err, (proc.returncode, err[-2000:], out[-2000:])
     assert not (run / "long" / "complete.json").exists()
     again = train_here("--config", cfg, f"run.dir={run}", "--resume", "phases.long.steps=6")
     assert "resuming from" in again.stdout and (run / "long" / "complete.json").is_file()
