@@ -207,7 +207,8 @@ def load_run(path: str | Path, phase: Optional[str] = None, map_location: str = 
 
     run_dir, phase, weights = resolve_run(path, phase)
     run_cfg = load_run_config(run_dir / "config.yaml")
-    cfg = phase_config(run_cfg, phase or phase_names(run_cfg)[-1])  # (the run's final weights: its last phase's)
+    trained_in = phase or phase_names(run_cfg)[-1]  # (the run's final weights: its last phase's)
+    cfg = phase_config(run_cfg, trained_in)
     tokenizer = Tokenizer(run_dir / "tokenizer.model")
     step, source = None, weights
     if weights.suffix == ".ckpt":  # a step checkpoint, read once: its weights, its step, the model it trained
@@ -215,7 +216,7 @@ def load_run(path: str | Path, phase: Optional[str] = None, map_location: str = 
         record = {"started_from": state["started_from"]} if "started_from" in state else {}
     else:
         trained = recorded_model(weights)
-        record = _started_from_record(run_dir / (phase or phase_names(run_cfg)[-1]) / COMPLETE)
+        record = _started_from_record(run_dir / trained_in / COMPLETE)
     # (before the model is built: a config that is not theirs may not even build, or fail on shapes less clearly)
     config = f"{run_dir / 'config.yaml'}" + (f" (phase '{phase}')" if phase else " (its last phase)")
     check_trained_with(trained, cfg.model, weights, config)
