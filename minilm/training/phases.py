@@ -726,9 +726,7 @@ def _check_command(names: list[str], run_dir: Path, resume: bool, start_phase: O
             "run.name / run.dir to start a new one"
         )
     prev = names[names.index(start_phase) - 1] if start_phase is not None and names.index(start_phase) else None
-    # (--resume into the phase's checkpoint: its weights are the checkpoint's, whatever the previous phase's state)
-    checkpointed = resume and any((phase_dir(run_dir, start_phase or "") / "checkpoints").glob("step-*.ckpt"))
-    if prev is not None and init is None and not is_complete(run_dir, prev) and not checkpointed:
+    if prev is not None and init is None and not is_complete(run_dir, prev):  # refused before run.dir is written
         raise MinilmError(f"--phase {start_phase}: the previous phase '{prev}' has not finished in {run_dir}; run it "
                           "first or give starting weights with --init PATH")  # fmt: skip
 
@@ -1122,7 +1120,7 @@ def run_phases(
                                 restarted=resume or start_phase is not None)  # fmt: skip
         tokens = sum(_phase_tokens(pcfgs[n]) for n in names[:start])
         prev = names[start - 1] if start > 0 else None
-        if prev is not None and init is None and start_phase not in resume_from:  # (else the checkpoint's weights)
+        if prev is not None and init is None:
             _load_finished_phase(model, run_dir, prev, start_phase)
         try:
             for i, n in enumerate(names[start:], start):

@@ -1001,24 +1001,3 @@ def test_the_same_command_after_a_kill_before_the_first_checkpoint_starts_over(c
     assert (run / "train" / "complete.json").is_file(), said
     with pytest.raises(MinilmError, match="already holds a run"):  # (a phase that saved something is a run)
         run_phases(cfg, log=lambda m: None)
-
-
-def test_resume_phase_continues_its_checkpoint_when_the_phase_before_it_never_ran(config, tmp_path):
-    """--phase b --init X in a run whose phase a never ran, interrupted after a checkpoint: --resume --phase b (what
-    the refusal of another --init advises) was refused because a has not finished, though b's weights come from its
-    checkpoint; a plain --resume trained a first. Now it continues b from its checkpoint, a still untrained."""
-    donor_run, run = tmp_path / "donor", tmp_path / "run"
-    phases = ["phases.a={seq_len: 32, steps: 1}", "phases.b={seq_len: 32, steps: 2}", "train.ckpt_every=1"]
-    run_phases(load_config(config, [f"run.dir={donor_run}", *phases]), log=lambda m: None)
-    cfg = load_config(config, [f"run.dir={run}", *phases])
-    init = str(donor_run / "a" / "model.safetensors")
-    run_phases(cfg, start_phase="b", init=init, log=lambda m: None)
-    _killed_after_checkpoint(run, "b", 1)
-    said = []
-    run_phases(cfg, start_phase="b", resume=True, log=said.append)
-    assert any("resuming from" in line for line in said) and (run / "b" / "complete.json").is_file(), said
-    assert not (run / "a").exists()
-    shutil.rmtree(run / "b" / "checkpoints")
-    (run / "b" / "complete.json").unlink()
-    with pytest.raises(MinilmError, match="the previous phase 'a' has not finished"):  # (no checkpoint: refused)
-        run_phases(cfg, start_phase="b", resume=True, log=lambda m: None)
