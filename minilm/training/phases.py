@@ -458,14 +458,15 @@ def _steps_setting(pcfg, phase: str, steps: int, set_in) -> str:
 
 def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, log: Callable[[str], None],
                              set_in=None, carried: Optional[bool] = None,
-                             init: Optional[dict] = None) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
+                             init: Optional[dict] = None,
+                             unaided: bool = True) -> tuple[Optional[Path], Optional[dict]]:  # fmt: skip
     """--resume into a phase that has not finished: its newest good checkpoint (returned, with the state of the data
     sampler it saved; (None, None): the phase starts afresh) must be one the config can continue — within the
     phase's steps, trained by the same settings and the same global batch on ``world_size`` processes now
     (``_check_trained_with``; ``set_in`` as there), from the same start of its optimizer moments (``carried``:
     the config's carry_optimizer; None: not checked), and from the ``--init`` weights given now, if any
-    (``init``: their ``_init_record``; ``_check_resumed_init``). Checked before the corpus is prepared; the sampler
-    then by ``_check_resumed_sampler``."""
+    (``init``: their ``_init_record``; ``_check_resumed_init``, with ``unaided``). Checked before the corpus is
+    prepared; the sampler then by ``_check_resumed_sampler``."""
     ckpt, state = load_latest_good_checkpoint(phase_dir(run_dir, phase) / "checkpoints", log=lambda msg: None)
     if ckpt is None:
         return None, None
@@ -488,7 +489,7 @@ def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, l
                           f"state continues the moments it started with; resume with the value it trained with, or "
                           f"retrain the phase with --phase {phase}")  # fmt: skip
     if init is not None:
-        _check_resumed_init(state.get("minilm", {}).get("started_from"), init, phase, ckpt)
+        _check_resumed_init(state.get("minilm", {}).get("started_from"), init, phase, ckpt, unaided)
     if trained_world not in (None, world_size):
         log(f"phase '{phase}': interrupted on {trained_world} process(es), resumed on {world_size} with the same "
             f"global batch of {pcfg.train.batch_size * world_size} sequences: the same rows, schedule and optimizer "
@@ -497,21 +498,22 @@ def _check_interrupted_phase(pcfg, phase: str, run_dir: Path, world_size: int, l
     return ckpt, saved
 
 
-def _check_resumed_init(record: Optional[dict], init: dict, phase: str, ckpt: Path) -> None:
+def _check_resumed_init(record: Optional[dict], init: dict, phase: str, ckpt: Path, unaided: bool) -> None:
     """--resume with --init (``init``: its ``_init_record``) into a phase whose checkpoint ``ckpt`` continues: the phase
     goes on from the checkpoint, whose weights replace the --init ones, so those must be the weights it started from
     (its ``record``, LitGPT's ``started_from``; None: a checkpoint of an older minilm, which records none: not
-    checked). --init other weights was loaded, logged as loaded, then silently replaced."""
+    checked). --init other weights was loaded, logged as loaded, then silently replaced. ``unaided``: whether --resume
+    without --init is allowed here (the phase before it has finished, or there is none)."""
     if record is None or _same_start(record, init):
         return
-    # (the same file with other bytes, overwritten since: the checkpoint's weights are all that is left of them)
-    # (by its file: the path as given may be relative to another working directory)
-    again = f" --init {record['weights']}" if record["kind"] == "init" and record["weights"] != init["weights"] else ""
+    # the remedies that work: the recorded file where it still holds those weights (by its file: the path as given
+    # may be relative to another working directory), else no --init where the phase may go without
+    again = (f"resume it with --init {record['weights']}" if record["kind"] == "init" and _still_holds(record) else
+             "resume it without --init" if unaided else "")  # fmt: skip
+    anew = f"retrain it from these weights with --phase {phase} --init {init['init']} (without --resume)"
     raise MinilmError(f"--init {init['init']} (sha256 {init['sha256'][:12]}): phase '{phase}' was interrupted ({ckpt}) "
                       f"after it started from {started_from_text(record)}, and --resume continues it from that "
-                      f"checkpoint, whose weights would replace these; resume it with{again or 'out --init'}, or "
-                      f"retrain it from these weights with --phase {phase} --init {init['init']} (without "
-                      "--resume)")  # fmt: skip
+                      f"checkpoint, whose weights would replace these; {f'{again}, or {anew}' if again else anew}")
 
 
 def _same_start(was: dict, now: dict) -> bool:
@@ -747,11 +749,13 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
             check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry, world_size, cfg.phases.get(n))
         elif resume:
             ckpt, sampler = _check_interrupted_phase(pcfgs[n], n, run_dir, world_size, log, cfg.phases.get(n), carry,
-                                                     init if i == start else None)  # fmt: skip
+                                                     init if i == start else None,
+                                                     i == 0 or is_complete(run_dir, names[i - 1]))  # fmt: skip
             if ckpt is not None:
                 resume_from[n] = (ckpt, sampler)
             elif n == pending:  # trains from its first step again
-                _check_begun_from(run_dir, n, _started_from(names, i, start, init, cfg.run.seed))
+                _check_begun_from(run_dir, n, _started_from(names, i, start, init, cfg.run.seed),
+                                  _started_from(names, i, start, None, cfg.run.seed))  # fmt: skip
         if carry and init is not None and i == start:
             raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
                               f"previous phase's optimizer moments; add phases.{n}.carry_optimizer=false")
@@ -761,11 +765,12 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
     return resume_from
 
 
-def _check_begun_from(run_dir: Path, phase: str, now: dict) -> None:
+def _check_begun_from(run_dir: Path, phase: str, now: dict, plain: dict) -> None:
     """--resume into ``phase``, interrupted before its first step checkpoint: it trains from its first step again,
     from the weights this command gives it (``now``: ``_started_from``'s), which must be those it began from (its
     STARTED file; none: the phase never began, or an older minilm began it). Begun with --phase b --init X, a plain
-    --resume (a requeued job's) retrained it from the previous phase's weights without a word."""
+    --resume (a requeued job's) retrained it from the previous phase's weights without a word. ``plain``: what the
+    command would give it without --init."""
     path = phase_dir(run_dir, phase) / STARTED
     if not path.is_file():
         return
@@ -777,7 +782,7 @@ def _check_begun_from(run_dir: Path, phase: str, now: dict) -> None:
                           f"it, or retrain the phase with --phase {phase} (without --resume)") from None
     if not same:
         anew = f"--phase {phase}" + (f" --init {now['init']}" if now["kind"] == "init" else "")
-        again = _begun_again(was, now, phase)
+        again = _begun_again(was, now, plain, phase)
         said = (f"Resume it as it was begun, with {again}, or retrain it from these weights with {anew} (without "
                 "--resume)") if again else f"Retrain it from these weights with {anew} (without --resume)"
         raise MinilmError(f"--resume: phase '{phase}' began from {started_from_text(was)} ({path}) and was interrupted "
@@ -785,20 +790,27 @@ def _check_begun_from(run_dir: Path, phase: str, now: dict) -> None:
                           f"{started_from_text(now)}. {said}")  # fmt: skip
 
 
-def _begun_again(was: dict, now: dict, phase: str) -> str:
+def _begun_again(was: dict, now: dict, plain: dict, phase: str) -> str:
     """The command that resumes ``phase`` from the weights it began from (``was``), where this run can still give
     them ("" where not: its --init file since overwritten or gone, the phase before it removed from the config); the
-    refused command gives ``now``."""
+    refused command gives ``now``, and would give ``plain`` without --init."""
     if was["kind"] == "init":  # (by its file: the path as given may be relative to another working directory)
-        file = Path(was["weights"])
-        if not file.is_file() or ("sha256" in was and _sha256(file) != was["sha256"]):
-            return ""
-        return f"--resume --phase {phase} --init {file}"
+        return f"--resume --phase {phase} --init {was['weights']}" if _still_holds(was) else ""
     if now["kind"] == "init":
-        return "--resume without --init"
+        return "--resume without --init" if _same_start(was, plain) else ""
     if was["kind"] == "fresh" and now["kind"] == "fresh":
         return f"--resume run.seed={was['seed']}"
     return ""  # (the phase it began after is not the one before it in the config now, or no longer exists)
+
+
+def _still_holds(record: dict) -> bool:
+    """Whether the weights file of an --init ``record`` still holds the weights it records (its sha256; a record
+    without one: the file is there)."""
+    file = Path(record["weights"])
+    try:
+        return file.is_file() and ("sha256" not in record or _sha256(file) == record["sha256"])
+    except OSError:  # (unreadable: not weights to resume from)
+        return False
 
 
 def _check_finished_follow(names: list[str], run_dir: Path) -> None:

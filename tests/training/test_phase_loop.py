@@ -961,12 +961,14 @@ def test_the_command_that_resumes_a_phase_as_begun_names_its_init_file_not_the_r
     began = {"kind": "init", "init": "donor.safetensors", "weights": str(donor), "sha256": _sha256(donor)}
     (tmp_path / "b" / STARTED).write_text(json.dumps(began))
     with pytest.raises(MinilmError, match=rf"with --resume --phase b --init {donor}, or retrain"):
-        _check_begun_from(tmp_path, "b", {"kind": "phase", "phase": "a"})
+        _check_begun_from(tmp_path, "b", {"kind": "phase", "phase": "a"}, {"kind": "phase", "phase": "a"})
 
 
 def test_a_phase_whose_beginning_weights_are_gone_is_offered_only_its_retraining(tmp_path):
     """The resume-as-begun command named an --init file overwritten since (the refused command again, refused again),
-    and a phase begun after another that the config no longer has crashed (KeyError) instead of saying anything."""
+    a phase begun after another that the config no longer has crashed (KeyError) instead of saying anything, and
+    "--resume without --init" was offered where that command starts the phase from other weights still (phase x now
+    before b, where b began after a)."""
     import json
 
     from minilm.training.phases import STARTED, _check_begun_from
@@ -975,12 +977,13 @@ def test_a_phase_whose_beginning_weights_are_gone_is_offered_only_its_retraining
     donor = tmp_path / "donor.safetensors"
     donor.write_bytes(b"other weights since")
     began = {"kind": "init", "init": "donor.safetensors", "weights": str(donor), "sha256": "ab" * 32}
-    for was, now in ((began, {"kind": "phase", "phase": "a"}), ({"kind": "phase", "phase": "a"}, {"kind": "fresh",
-                                                                                                  "seed": 1})):
+    after_a, after_x, fresh = ({"kind": "phase", "phase": "a"}, {"kind": "phase", "phase": "x"},
+                               {"kind": "fresh", "seed": 1})  # fmt: skip
+    for was, now, plain in ((began, after_a, after_a), (after_a, fresh, fresh), (after_a, began, after_x)):
         (tmp_path / "b" / STARTED).write_text(json.dumps(was))
         with pytest.raises(MinilmError, match=r"this command would start it from .*\. Retrain it from these weights "
-                                              r"with --phase b \(without --resume\)$"):
-            _check_begun_from(tmp_path, "b", now)
+                                              r"with --phase b( --init \S+)? \(without --resume\)$"):
+            _check_begun_from(tmp_path, "b", now, plain)
 
 
 def test_the_same_command_after_a_kill_before_the_first_checkpoint_starts_over(config, tmp_path):
@@ -1001,3 +1004,20 @@ def test_the_same_command_after_a_kill_before_the_first_checkpoint_starts_over(c
     assert (run / "train" / "complete.json").is_file(), said
     with pytest.raises(MinilmError, match="already holds a run"):  # (a phase that saved something is a run)
         run_phases(cfg, log=lambda m: None)
+
+
+def test_a_refused_init_is_offered_only_remedies_that_work_when_the_phase_before_never_ran(config, tmp_path):
+    """--phase b --init X in a run whose phase a never ran, interrupted after a checkpoint, X overwritten since:
+    --resume --phase b --init X was refused with "resume it without --init", which is refused in turn (a has not
+    finished). Only the retraining is offered."""
+    donor_run, run, donor = tmp_path / "donor", tmp_path / "run", tmp_path / "donor.safetensors"
+    phases = ["phases.a={seq_len: 32, steps: 1}", "phases.b={seq_len: 32, steps: 2}", "train.ckpt_every=1"]
+    run_phases(load_config(config, [f"run.dir={donor_run}", *phases]), log=lambda m: None)
+    shutil.copy(donor_run / "a" / "model.safetensors", donor)
+    cfg = load_config(config, [f"run.dir={run}", *phases])
+    run_phases(cfg, start_phase="b", init=str(donor), log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 1)
+    _other_weights(donor_run / "a" / "model.safetensors", donor)  # overwritten since
+    with pytest.raises(MinilmError, match=r"whose weights would replace these; retrain it from these weights with "
+                                          rf"--phase b --init {donor} \(without --resume\)$"):
+        run_phases(cfg, start_phase="b", init=str(donor), resume=True, log=lambda m: None)
