@@ -45,6 +45,7 @@ from minilm.config import (
 )
 from minilm.errors import MinilmError
 from minilm.files import (
+    TEMPORARY,
     LockHeld,
     atomic_write,
     atomic_write_text,
@@ -431,7 +432,13 @@ def _has_outputs(run_dir: Path, names: list[str]) -> bool:
 
 
 def _saved_in(pdir: Path) -> bool:
-    return pdir.is_dir() and any(p.name != STARTED for p in pdir.iterdir())
+    """Whether ``pdir`` holds anything but its STARTED file (or that file's temporary, a kill inside its write)."""
+    return pdir.is_dir() and any(_written_from(p.name) != STARTED for p in pdir.iterdir())
+
+
+def _written_from(name: str) -> str:
+    """The file ``name`` is, or is atomic_write's temporary of (.<name>.<pid>.tmp)."""
+    return m.group(1) if (m := TEMPORARY.match(name)) else name
 
 
 def _nothing_to_resume(run_dir: Path, first: str) -> str:
