@@ -189,7 +189,7 @@ def t5_thresholds(num_buckets: int, max_distance: int, bidirectional: bool) -> t
     # CPU, also while a model is built on the meta device to count its memory: ``.item`` of a meta tensor fails)
     lo, hi = torch.full_like(wanted, per_side // 2), torch.full_like(wanted, max_distance)
     while bool((lo < hi).any()):
-        mid = (lo + hi) // 2
+        mid = lo + (hi - lo) // 2  # (lo + hi wraps in int64 at a max_distance near 2^63)
         reached = t5_bucket(mid, per_side, max_distance) >= wanted
         lo, hi = torch.where(reached, lo, mid + 1), torch.where(reached, mid, hi)
     return tuple(int(t) for t in lo)
