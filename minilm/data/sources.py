@@ -495,7 +495,7 @@ def _no_records(path: Path, builder: str) -> bool:
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(path).metadata.num_rows == 0
-        with _open_text(path) as f:
+        with _open_record_file(path, "rt", encoding="utf-8-sig", newline="") as f:  # (a leading BOM dropped)
             if builder == "csv":
                 return sum(1 for _ in itertools.islice((row for row in csv.reader(f) if row), 2)) < 2
             head = ""  # the file's characters but whitespace, up to 3 of them: "[]" is all of it
@@ -506,14 +506,15 @@ def _no_records(path: Path, builder: str) -> bool:
         return False
 
 
-def _open_text(path: Path):
-    """A record file (compressed too) opened as UTF-8 text, a leading byte order mark dropped."""
+def _open_record_file(path: Path, mode: str = "rb", **kwargs):
+    """A record file opened as ``open(path, mode, **kwargs)`` would, through its decompressor where its suffix is
+    one of COMPRESSIONS."""
     import bz2
     import gzip
     import lzma
 
     opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix.lower(), open)
-    return opener(path, "rt", encoding="utf-8-sig", newline="")
+    return opener(path, mode, **kwargs)
 
 
 def _text_problem(path: Path) -> Optional[str]:
@@ -522,16 +523,13 @@ def _text_problem(path: Path) -> Optional[str]:
     record file without complaint and fails with a bare UnicodeDecodeError when the record is taken; an empty one
     fails with StopIteration, and so did an empty .jsonl.gz shard in a glob: the whole preparation stopped, where
     an empty .jsonl was skipped.)"""
-    import bz2
     import codecs
-    import gzip
     import lzma
 
     # utf-8-sig: a leading byte order mark is no content (a file of only one was "Empty JSON file" in datasets)
     decoder, blank = codecs.getincrementaldecoder("utf-8-sig")(), True
-    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}.get(path.suffix.lower(), open)
     try:
-        with opener(path, "rb") as f:
+        with _open_record_file(path) as f:
             while block := f.read(1 << 20):
                 if b"\0" in block:
                     return "binary"
