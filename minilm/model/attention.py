@@ -5,8 +5,10 @@ encoding declared (``score_kind``, ``has_value_term``; see minilm/positions/base
 
 1. no score term                    -> ``F.scaled_dot_product_attention`` (flash / efficient / cuDNN on GPU,
                                        torch's choice or ``model.sdpa_kernel``'s first: ``sdpa_backends``;
-                                       training in bf16 on CPU at short lengths, its backward in fp32:
-                                       ``cpu_sdpa_fp32_backward``);
+                                       training in bf16 on CPU at short lengths, in fp32 where torch's bf16
+                                       backward is the slower: up to 4 head widths, plain matmul–softmax
+                                       (``cpu_matmul_attention``), beyond, its flash kernel with the backward on
+                                       fp32 copies (``cpu_sdpa_fp32_backward``), then its own bf16 one);
                                        with a document mask, FlexAttention on CUDA instead (rung 2, no score_mod):
                                        SDPA would take the dense (B, 1, T, S) mask, which rules out the flash
                                        kernel and grows as T², where Flex skips the blocks between documents;
@@ -126,11 +128,16 @@ def sdpa_backends(kernel: str) -> Optional[tuple[SDPBackend, ...]]:
 def sdpa_attention(q, k, v, pos, mask: AttentionMask, backends: Optional[tuple[SDPBackend, ...]] = None) -> Tensor:
     """SDPA, causal (and with the mask's documents and offset); ``backends``: ``sdpa_backends``' order, for this
     call alone (``sdpa_order`` restores the previous order after it; compiled, dynamo bakes the order into the
-    graph, so the compiled kernel is the one it names)."""
+    graph, so the compiled kernel is the one it names). A training call on CPU in bf16 under T · head width =
+    ``CPU_FP32_BACKWARD_BELOW`` reads no order: up to ``CPU_MATMUL_ATTENTION_UP_TO`` head widths long it is plain
+    matmul–softmax in fp32 (``cpu_matmul_attention``), beyond, torch's flash kernel with its backward in fp32
+    (``cpu_sdpa_fp32_backward``)."""
     Dh, T, S = q.shape[-1], q.shape[2], k.shape[2]
     scale, gqa = pos.softmax_scale(Dh), q.shape[1] != k.shape[1]
     allowed = None if mask.is_plain_causal and mask.offset == 0 and T == S else mask.dense(T, S, q.device)
     if _cpu_backward_in_fp32(q, k, v):
+        if T <= CPU_MATMUL_ATTENTION_UP_TO * Dh:
+            return cpu_matmul_attention(q, k, v, scale, allowed)
         return cpu_sdpa_fp32_backward(q, k, v, scale, allowed)
     if backends is None:
         return _sdpa(q, k, v, allowed, scale, gqa)
@@ -199,6 +206,73 @@ class _CpuSdpaFp32Backward(torch.autograd.Function):
             scale=ctx.scale,
         )  # fmt: skip
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+# Shorter still, plain matmul–softmax in fp32 beats even that: at these lengths the (T, S) scores of a head are a
+# few tens of KB, so three batched matmuls, a softmax and their backward over whole (T, S) blocks cost less than
+# the flash kernel's tiling, and the causal half it skips is small. Rounding too: everything after the bf16 inputs
+# is fp32, where the flash path computes its forward in bf16. Measured on the 2-core development machine (AMD EPYC
+# Zen 4, torch 2.13, forward + backward, 4096 tokens a call), its time over the flash path's: head width 32, 0.86 at
+# T 128, 0.99 at 192, 1.05 at 256; head width 64, 0.70 at T 128, 0.84 at 256, 0.73 at 384, 0.99 at 512. Up to 4 head
+# widths it is the faster at both.
+CPU_MATMUL_ATTENTION_UP_TO = 4  # on CPU, T / head width up to which a bf16 training call takes cpu_matmul_attention
+
+
+def cpu_matmul_attention(q, k, v, scale: float, allowed: Optional[Tensor]) -> Tensor:
+    """Attention on CPU as plain matmul–softmax in fp32 on bf16 inputs, output in bf16 (``_CpuMatmulAttention``): the
+    same attention as ``sdpa_attention``, at fp32's rounding after the inputs' (tests/model/test_attention_ladder.py).
+    ``allowed``: the dense mask of ``AttentionMask.dense``, None for plain causal attention (then T == S)."""
+    B, H, T, Dh = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    n_rep = H // Hkv
+    # The masked entries as an additive −inf bias, rows arranged as the Function's (B·Hkv, n_rep·T, S) scores. No
+    # row is all −inf (which softmax would turn into NaN, where the flash kernel and the reference give zeros): query
+    # i is the token at key index offset + i, which the causal mask allows and which lies in its own document
+    if allowed is None:
+        bias = torch.full((T, S), float("-inf"), device=q.device).triu_(1).repeat(n_rep, 1)  # (n_rep·T, S)
+    else:
+        bias = torch.zeros(1, device=q.device).masked_fill(~allowed, float("-inf"))  # (B|1, 1, T, S)
+        bias = bias.unsqueeze(2).expand(B, Hkv, n_rep, T, S).reshape(B * Hkv, n_rep * T, S)
+    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()  # what autocast gives SDPA
+    with torch.autocast("cpu", enabled=False):
+        return _CpuMatmulAttention.apply(q, k, v, bias, scale)
+
+
+class _CpuMatmulAttention(torch.autograd.Function):
+    """softmax(q·kᵀ · scale + bias) · v in fp32 on fp32 copies of q, k, v (B, H|Hkv, T|S, Dh), grouped-query heads
+    without repeat_kv: the n_rep query heads sharing a key head stack their rows into one (n_rep·T, Dh) matrix per
+    (batch, key head), so the key and value gradients sum over them in fp32 inside the matmuls. Saves the fp32
+    copies and the probabilities (B·H·T·S floats, 4 MB a layer at the tiny config's B 16, H 4, T 128); returns the
+    output and the gradients in the inputs' dtype."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, scale):
+        B, H, T, Dh = q.shape
+        Hkv, S = k.shape[1], k.shape[2]
+        rows = (B * Hkv, H // Hkv * T, Dh)  # a key head's queries, all its query heads' rows
+        q32, k32, v32 = (t.to(torch.float32, memory_format=torch.contiguous_format) for t in (q, k, v))
+        q32, k32, v32 = q32.view(rows), k32.view(B * Hkv, S, Dh), v32.view(B * Hkv, S, Dh)
+        probs = torch.softmax(torch.baddbmm(bias, q32, k32.transpose(1, 2), alpha=scale), dim=-1)  # (B·Hkv, ., S)
+        out = torch.bmm(probs, v32)
+        ctx.save_for_backward(q32, k32, v32, probs)
+        ctx.scale, ctx.dtype, ctx.kv_shape = scale, q.dtype, k.shape
+        return out.view(B, H, T, Dh).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        with torch.autocast("cpu", enabled=False):  # a backward() called inside autocast would run the bmm in bf16
+            return _CpuMatmulAttention._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
+        q32, k32, v32, probs = ctx.saved_tensors
+        g = grad.to(torch.float32, memory_format=torch.contiguous_format).view(q32.shape)
+        dv = torch.bmm(probs.transpose(1, 2), g)
+        dscores = torch._softmax_backward_data(torch.bmm(g, v32.transpose(1, 2)), probs, -1, torch.float32)
+        dq = torch.bmm(dscores, k32).mul_(ctx.scale)  # the scale on the (., Dh) products, not the (., S) scores
+        dk = torch.bmm(dscores.transpose(1, 2), q32).mul_(ctx.scale)
+        dtype, kv_shape = ctx.dtype, ctx.kv_shape
+        return dq.view(grad.shape).to(dtype), dk.view(kv_shape).to(dtype), dv.view(kv_shape).to(dtype), None, None
 
 
 # SDPA with a float mask can skip no key: a causal query's masked keys cost as much as its allowed ones, and a bias

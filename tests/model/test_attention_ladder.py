@@ -68,19 +68,25 @@ def test_score_reads_per_row_positions_unless_it_reads_positions_only(name, per_
     assert seen and set(seen) == {(3, 3) if per_row else (1, 1)}
 
 
-# --- SDPA on CPU in bf16: the backward in fp32 where torch's bf16 one is the slower (CPU_FP32_BACKWARD_BELOW) ---
+# --- training on CPU in bf16: in fp32 where torch's bf16 backward is the slower (CPU_FP32_BACKWARD_BELOW), as plain
+# matmul–softmax up to CPU_MATMUL_ATTENTION_UP_TO head widths, beyond, the flash kernel with its backward in fp32 ---
 
 
-class _BackwardDtypes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the query dtype of every call of the CPU flash-attention backward."""
+class _AttentionOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the CPU flash-attention kernel's calls (with the query dtype of its backward) and the softmax
+    backward (``_CpuMatmulAttention``'s, by the dtype it computes in)."""
 
     def __init__(self):
         super().__init__()
         self.seen = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
-            self.seen.append(args[1].dtype)
+        if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+            self.seen.append("flash")
+        elif func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+            self.seen.append(("flash backward", args[1].dtype))
+        elif func is torch.ops.aten._softmax_backward_data.default:
+            self.seen.append(("softmax backward", args[3]))
         return func(*args, **(kwargs or {}))
 
 
@@ -94,18 +100,27 @@ class _Scale:
         return head_dim**-0.5
 
 
-@pytest.mark.parametrize("T, backward", [(64, torch.float32), (512, torch.bfloat16)])  # T · 32 = 2K, 16K
-def test_cpu_bf16_sdpa_takes_its_backward_in_fp32_below_the_threshold(T, backward):
-    """Under bf16 autocast on CPU (projections in bf16, as a training step has them), a short sequence's attention
-    backward runs on fp32 copies; from T · head width = CPU_FP32_BACKWARD_BELOW on, torch's bf16 backward."""
-    assert attention.CPU_FP32_BACKWARD_BELOW == 16384  # the boundary the parameters straddle
-    q, k, v = _qkv(1, 2, 2, T, 32)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = attention.sdpa_attention(q, k, v, _Scale(), AttentionMask())
-    assert out.dtype == torch.bfloat16
-    with _BackwardDtypes() as rec:
+MATMUL = [("softmax backward", torch.float32)]
+FLASH_FP32_BACKWARD = ["flash", ("flash backward", torch.float32)]
+TORCH_BF16 = ["flash", ("flash backward", torch.bfloat16)]
+
+
+# head width 32: up to T 128 = 4 · 32 the matmul attention, then up to T · 32 = 16K (T 512) the flash kernel with its
+# backward in fp32, from there torch's bf16 backward
+@pytest.mark.parametrize("T, ops", [(64, MATMUL), (128, MATMUL), (136, FLASH_FP32_BACKWARD), (504, FLASH_FP32_BACKWARD),
+                                    (512, TORCH_BF16)])  # fmt: skip
+def test_cpu_bf16_training_attention_takes_the_tier_of_its_length(T, ops):
+    """Under bf16 autocast on CPU (projections in bf16, as a training step has them), with grouped-query heads: the
+    tier of the documented boundaries (module docstring), and its ops alone."""
+    assert attention.CPU_MATMUL_ATTENTION_UP_TO == 4 and attention.CPU_FP32_BACKWARD_BELOW == 16384
+    q, k, v = _qkv(1, 4, 2, T, 32)
+    with _AttentionOps() as rec:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = attention.sdpa_attention(q, k, v, _Scale(), AttentionMask())
+        assert out.dtype == torch.bfloat16
         out.float().sum().backward()
-    assert rec.seen == [backward]
+    assert rec.seen == ops
+    assert all(t.grad.dtype == torch.float32 for t in (q, k, v))  # the inputs' dtype, through autocast's casts
 
 
 def test_cpu_fp32_backward_is_not_taken_without_gradients_or_bf16():
@@ -115,18 +130,30 @@ def test_cpu_fp32_backward_is_not_taken_without_gradients_or_bf16():
         assert attention._cpu_backward_in_fp32(q, k, v)
         with torch.no_grad():  # inference: torch's bf16 forward alone, the faster one
             assert not attention._cpu_backward_in_fp32(q, k, v)
+            with _AttentionOps() as rec:
+                attention.sdpa_attention(q, k, v, _Scale(), AttentionMask())
+            assert rec.seen == ["flash"]  # not the matmul attention either
 
 
-@pytest.mark.parametrize("documents", [False, True])
+def _relative_error(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("mask", ["causal", "documents", "offset"])
 @pytest.mark.parametrize("Hkv", [4, 2])
-def test_cpu_fp32_backward_equals_the_reference(documents, Hkv):
-    """Output and every gradient of the bf16-forward, fp32-backward path against the fp64 reference on the same
-    bf16 inputs: within bf16 rounding, and no less accurate than torch's bf16 backward (the path it replaces);
-    causal and document-masked, with grouped-query heads or without."""
-    T, Dh = 48, 16
+def test_cpu_bf16_training_attention_equals_the_reference(mask, Hkv, monkeypatch):
+    """Output and every gradient of each CPU bf16 training tier against the fp64 reference on the same bf16 inputs,
+    causal, document-masked and after 5 cached keys (T < S), with grouped-query heads or without. The flash kernel
+    with its backward in fp32: within bf16 rounding, and no less accurate than torch's bf16 backward (the path it
+    replaces). The matmul attention: within 2 % of rounding the exact result to bf16, the least error a bf16 output
+    can have, so no less accurate than either (which compute in bf16 in places: the flash kernel's forward, and the
+    sum of a key head's gradients over its query heads after repeat_kv)."""
+    T, Dh, offset = 48, 16, 5 if mask == "offset" else 0
     doc = torch.tensor([[0] * 20 + [1] * 28, [0] * 7 + [1] * 30 + [2] * 11])
-    mask = AttentionMask(q_doc=doc, k_doc=doc) if documents else AttentionMask()
-    q, k, v = (t.detach().bfloat16() for t in _qkv(2, 4, Hkv, T, Dh))
+    masks = {"causal": AttentionMask(), "documents": AttentionMask(q_doc=doc, k_doc=doc),
+             "offset": AttentionMask(offset=offset)}  # fmt: skip
+    q, _, _ = (t.detach().bfloat16() for t in _qkv(2, 4, Hkv, T, Dh))
+    _, k, v = (t.detach().bfloat16() for t in _qkv(2, 4, Hkv, T + offset, Dh))
     ref_in = [t.double().requires_grad_() for t in (q, k, v)]
 
     class Pos(_Scale):
@@ -136,21 +163,45 @@ def test_cpu_fp32_backward_equals_the_reference(documents, Hkv):
         def value(self, *a):
             return None
 
-    ref = attention.reference_attention(*ref_in, Pos(), None, None, mask)
-    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    ref_grads = torch.autograd.grad(ref, ref_in, grad)
+    ref = attention.reference_attention(*ref_in, Pos(), None, None, masks[mask])
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1)).bfloat16()  # bf16, as autograd's
+    ref_grads = torch.autograd.grad(ref, ref_in, grad.double())
+    exact = (ref, *ref_grads)
 
-    def errors(fp32_backward_below):
+    def errors(matmul_up_to, fp32_backward_below):
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-        old, attention.CPU_FP32_BACKWARD_BELOW = attention.CPU_FP32_BACKWARD_BELOW, fp32_backward_below
-        try:
-            out = attention.sdpa_attention(*inputs, Pos(), mask)
-        finally:
-            attention.CPU_FP32_BACKWARD_BELOW = old
-        grads = torch.autograd.grad(out, inputs, grad.bfloat16())
+        with monkeypatch.context() as m:
+            m.setattr(attention, "CPU_MATMUL_ATTENTION_UP_TO", matmul_up_to)
+            m.setattr(attention, "CPU_FP32_BACKWARD_BELOW", fp32_backward_below)
+            out = attention.sdpa_attention(*inputs, Pos(), masks[mask])
+        grads = torch.autograd.grad(out, inputs, grad)
         assert out.dtype == torch.bfloat16 and all(g.dtype == torch.bfloat16 for g in grads)
-        return [(a.double() - b).abs().max().item() for a, b in zip((out, *grads), (ref, *ref_grads))]
+        got = (out, *grads)
+        return [(a.double() - b).abs().max().item() for a, b in zip(got, exact)], [
+            _relative_error(a, b) for a, b in zip(got, exact)
+        ]
 
-    ours, torch_bf16 = errors(T * Dh + 1), errors(0)
-    assert max(ours) < 0.05, ours
-    assert all(e <= 1.25 * t + 1e-3 for e, t in zip(ours, torch_bf16)), (ours, torch_bf16)
+    (_, matmul), (flash_abs, flash) = errors(T // Dh, T * Dh + 1), errors(0, T * Dh + 1)
+    torch_abs, torch_bf16 = errors(0, 0)
+    assert max(flash_abs) < 0.05, flash_abs
+    assert all(e <= 1.25 * t + 1e-3 for e, t in zip(flash_abs, torch_abs)), (flash_abs, torch_abs)
+    rounded = [_relative_error(t.bfloat16(), t) for t in exact]  # bf16's own error on the exact values
+    assert all(e <= 1.02 * r for e, r in zip(matmul, rounded)), (matmul, rounded)
+    assert all(e <= min(f, t) for e, f, t in zip(matmul, flash, torch_bf16)), (matmul, flash, torch_bf16)
+
+
+def test_cpu_matmul_attention_backward_inside_autocast():
+    """A backward() called inside the bf16 autocast region (a loop that keeps the step under one ``with``) gives the
+    same fp32 gradients: the Function's matmuls would otherwise run in bf16 there, and its fp32 softmax backward
+    refused them (RuntimeError: expected scalar type BFloat16)."""
+    grads = []
+    for backward_inside in (False, True):
+        q, k, v = _qkv(2, 4, 2, 32, 16)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = attention.sdpa_attention(q, k, v, _Scale(), AttentionMask())
+            if backward_inside:
+                out.float().square().sum().backward()
+        if not backward_inside:
+            out.float().square().sum().backward()
+        grads.append([t.grad for t in (q, k, v)])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -71,16 +71,21 @@ def test_attention_in_blocks_of_queries_has_no_graph_breaks(name, monkeypatch):
     assert explained.graph_break_count == 0 and explained.graph_count == 1, reasons
 
 
-def test_loss_under_cpu_bf16_autocast_has_no_graph_breaks():
-    """bf16-mixed on CPU (train.precision auto on a CPU with AMX or AVX512-BF16): attention's fp32-backward SDPA, an
-    autograd Function over torch's CPU flash-attention ops (minilm/model/attention.py), traces into the one graph."""
+# head width 16: T 16 is under CPU_MATMUL_ATTENTION_UP_TO (4) head widths, T 80 over it
+@pytest.mark.parametrize("T, kernel", [(16, "baddbmm"), (80, "_scaled_dot_product_flash_attention_for_cpu")])
+def test_loss_under_cpu_bf16_autocast_has_no_graph_breaks(T, kernel):
+    """bf16-mixed on CPU (train.precision auto on a CPU with AMX or AVX512-BF16): attention's fp32 paths, autograd
+    Functions over matmuls in fp32 (short sequences) or torch's CPU flash-attention ops (minilm/model/attention.py),
+    trace into the one graph."""
     model = _model([])
-    x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
+    x, y = torch.randint(0, V, (2, T)), torch.randint(0, V, (2, T))
     torch._dynamo.reset()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         explained = torch._dynamo.explain(model.loss)(x, y)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, [b.reason for b in explained.break_reasons]
     assert str(explained.graphs[0].code).count("autograd_function_apply(") == 2  # one per layer
+    code = "\n".join(m.code for g in explained.graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule))
+    assert code.count(f"{kernel}(") == 2  # the path of this length, in each layer's Function
 
 
 def _step_positions(step: int) -> torch.Tensor:
