@@ -33,6 +33,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from minilm.errors import ConfigError
 from minilm.positions.base import PositionDims, PositionEncoding
@@ -122,7 +123,17 @@ def rotate_interleaved(x: Tensor) -> Tensor:
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
     """Rotate the first cos.shape[-1]·2 dims of x (..., T, Dh); cos/sin (B or 1, 1, T, Dr/2) broadcast over heads
     (and over the batch when the positions are shared: pass (1, T) positions, not batch-expanded ones, so the
-    tables are computed once, not B times)."""
+    tables are computed once, not B times). In x's dtype, computed in the dtype x and the tables promote to (fp32
+    for bf16 q, k and the fp32 tables). On CPU in eager mode one autograd Function (``_Rotary``), where the tables
+    need no gradient; elsewhere the composition of torch ops (``rotary_by_ops``), which inductor fuses."""
+    if x.device.type == "cpu" and not torch.compiler.is_compiling() and not (cos.requires_grad or sin.requires_grad):
+        return _Rotary.apply(x, cos, sin, layout)
+    return rotary_by_ops(x, cos, sin, layout)
+
+
+def rotary_by_ops(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
+    """``apply_rotary`` as a composition of torch ops: what torch.compile traces and CUDA runs, and the path of
+    tables with a gradient (the reference of ``_Rotary``)."""
     dr = cos.shape[-1] * 2
     xr = x[..., :dr]
     if layout == "half":
@@ -134,6 +145,46 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, layout: str) -> Tensor:
     if dr == x.shape[-1]:
         return xr.to(x.dtype)  # every dimension rotates: no pass-through part to concatenate
     return torch.cat((xr.to(x.dtype), x[..., dr:]), dim=-1)
+
+
+# In eager mode on CPU each op of the composition is a pass over q or k and a node of the autograd graph with its
+# own backward (cat, chunk, neg, mul, add, cast: the rotation was ~8 ms of the tiny config's ~90 ms bf16 step).
+# The Function writes the rotation into one buffer and casts once; its backward is the inverse rotation (−sin) of
+# the incoming gradient, a rotation being orthogonal (its transpose is its inverse): ~1.6 ms faster per step
+# (docs/performance.md). Not compiled (inductor fuses the composition into one kernel) and not on CUDA (measured
+# with the composition): there ``rotary_by_ops`` runs.
+class _Rotary(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin, layout: str):
+        ctx.save_for_backward(cos, sin)
+        ctx.layout = layout
+        return _rotate_pairs(x, cos, sin, layout, 1.0)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _rotate_pairs(grad, cos, sin, ctx.layout, -1.0), None, None, None  # the pass-through part as it came
+
+
+def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str, sign: float) -> Tensor:
+    """x with each rotated pair (a, b) turned to (a·cos − b·sin, b·cos + a·sin), by −sin for ``sign`` −1, and its
+    pass-through dims copied; in one buffer of the dtype x and the tables promote to, cast once to x's dtype."""
+    dr = cos.shape[-1] * 2
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device)
+    (a, b), (out_a, out_b) = _pairs(x, dr, layout), _pairs(out, dr, layout)
+    torch.mul(a, cos, out=out_a).addcmul_(b, sin, value=-sign)
+    torch.mul(b, cos, out=out_b).addcmul_(a, sin, value=sign)
+    out[..., dr:] = x[..., dr:]
+    return out.to(x.dtype)
+
+
+def _pairs(t: Tensor, dr: int, layout: str) -> tuple[Tensor, Tensor]:
+    """Views of the first and the second dimension of every rotated pair of t: (i, i + dr/2) for ``half``,
+    (2i, 2i + 1) for ``interleaved``."""
+    if layout == "half":
+        return t[..., : dr // 2], t[..., dr // 2 : dr]
+    return t[..., 0:dr:2], t[..., 1:dr:2]
 
 
 def cos_sin_tables(positions: Tensor, inv_freq: Tensor, factor: float | Tensor) -> tuple[Tensor, Tensor]:

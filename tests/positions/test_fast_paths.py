@@ -6,7 +6,9 @@
 - the whole FlexAttention path (eager on CPU: forward only) equals ``reference_attention`` with the same mask; so
   does the compiled one on CPU (``-m slow``; forward only, FlexAttention has no CPU backward);
 - the SDPA path equals the reference for encodings without a score term, and SDPA with a bias score term as its
-  float mask (the CPU path of ALiBi, T5, KERPLE, FIRE, ...) equals it in the forward and in every gradient.
+  float mask (the CPU path of ALiBi, T5, KERPLE, FIRE, ...) equals it in the forward and in every gradient;
+- RoPE's rotation on CPU in eager mode (one autograd Function) equals the composition of torch ops that compiled
+  graphs, CUDA and tables with a gradient take, in the forward and in the gradient, for both layouts.
 The compiled CUDA kernel runs the same score_mods; ``-m gpu`` checks it where a GPU exists.
 """
 
@@ -26,6 +28,7 @@ from minilm.model.attention import (
 from minilm.model.flex import flex_attention_available, flex_attention_with_score_mod
 import minilm.positions.bias as biases
 from minilm.positions import PositionDims
+from minilm.positions.rotary import _Rotary, apply_rotary, cos_sin_tables, rotary_by_ops
 
 from .helpers import ATTENTION_SIDE, hook
 
@@ -799,3 +802,63 @@ def test_rotary_tables_are_computed_once_per_layer_for_a_shared_batch(name, monk
     out = model(idx)
     assert calls == [(1, 16)] * len(model.blocks)
     torch.testing.assert_close(out, expanded)
+
+
+def rotary_case(dtype, dr, batch_positions, device="cpu", Dh=16, T=10):
+    """q (B, H, T, Dh) in ``dtype``, a transposed view as attention makes it, and fp32 (cos, sin) of Dr/2 = dr/2
+    frequencies (attention factor 1.3) at positions shared by the batch (1, T) or per row (B, T)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(B, T, H, Dh, generator=g).to(device, dtype).transpose(1, 2).requires_grad_()
+    positions = torch.randint(0, 100, (B if batch_positions else 1, T), generator=g).to(device)
+    inv_freq = 1.0 / 100.0 ** (torch.arange(0, dr, 2, device=device).float() / dr)
+    return x, cos_sin_tables(positions, inv_freq, 1.3)
+
+
+def takes_the_function(y) -> bool:
+    return getattr(y.grad_fn, "_forward_cls", None) is _Rotary
+
+
+@pytest.mark.parametrize("batch_positions", [False, True], ids=["shared", "per-row"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dr", [16, 6], ids=["full", "partial"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_cpu_rotary_function_equals_the_composition(layout, dr, dtype, batch_positions):
+    """On CPU in eager mode ``apply_rotary`` takes ``_Rotary``, whose output and gradient (the inverse rotation)
+    equal the composition's, in x's dtype; the pass-through dims and their gradient are copied exactly. In bf16
+    the gradients are compared with the composition in float64 (its exact value): in bf16 the composition rounds
+    the gradient's two terms before it adds them, the Function rounds once, the closer of the two."""
+    x, (cos, sin) = rotary_case(dtype, dr, batch_positions)
+    y = apply_rotary(x, cos, sin, layout)
+    assert takes_the_function(y) and y.dtype == dtype
+    torch.testing.assert_close(y, rotary_by_ops(x, cos, sin, layout))
+    x64 = x.detach().double().requires_grad_()
+    want = rotary_by_ops(x64, cos.double(), sin.double(), layout)
+    torch.testing.assert_close(y, want.to(dtype))
+    out_grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    (got,), (want,) = torch.autograd.grad(y, x, out_grad), torch.autograd.grad(want, x64, out_grad.double())
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want.to(dtype))
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, torch.autograd.grad(rotary_by_ops(x, cos, sin, layout), x, out_grad)[0])
+    assert torch.equal(y[..., dr:], x[..., dr:]) and torch.equal(got[..., dr:], out_grad[..., dr:])
+
+
+@pytest.mark.parametrize("why", ["tables with a gradient", "compiling", "not on CPU"])
+def test_rotary_takes_the_composition_where_the_function_does_not_apply(why, monkeypatch):
+    """Tables with a gradient (a learned or tensor factor) get it from the composition (the Function gives them
+    none); compiled graphs (inductor fuses the composition) and other devices (CUDA: measured so; here the meta
+    device stands for it) keep the composition. The same call on CPU, eagerly, takes the Function."""
+    x, (cos, sin) = rotary_case(torch.float32, 16, False)
+    assert takes_the_function(apply_rotary(x, cos, sin, "half"))
+    if why == "tables with a gradient":
+        factor = torch.tensor(1.0, requires_grad=True)
+        y = apply_rotary(x, cos * factor, sin * factor, "half")
+        y.sum().backward()
+        assert factor.grad is not None
+    else:
+        if why == "compiling":
+            monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        else:
+            x, cos, sin = x.to("meta"), cos.to("meta"), sin.to("meta")
+        y = apply_rotary(x, cos, sin, "half")
+    assert not takes_the_function(y)
