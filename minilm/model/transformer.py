@@ -2,7 +2,8 @@
 
 Architecture choices:
 - token embedding -> (absolute position hook) -> n pre-norm blocks -> final RMSNorm -> LM head;
-- RMSNorm (Zhang & Sennrich 2019) before attention and MLP, residual connections around both;
+- RMSNorm (Zhang & Sennrich 2019) before attention and MLP, residual connections around both; ``nn.RMSNorm``
+  with a hand-written backward on CPU in eager mode (norm.py);
 - MLP: SwiGLU (Shazeer 2020; LLaMA) with hidden size 8/3·d rounded to 64, or GELU with 4·d;
 - attention: optional grouped-query attention (n_kv_heads < n_heads, Ainslie et al. 2023), no biases;
   positions through the hooks of minilm.positions (attention.py);
@@ -28,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from minilm.config import ffn_dim, head_dim
 from minilm.model.attention import Attention, AttentionMask
 from minilm.model.loss import chunked_cross_entropy
+from minilm.model.norm import RMSNorm
 from minilm.positions import PositionDims, build_position
 
 
@@ -66,9 +68,9 @@ class Block(nn.Module):
     def __init__(self, cfg, layer: int):
         super().__init__()
         kv = cfg.n_kv_heads or cfg.n_heads
-        self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm1 = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = Attention(cfg.d_model, cfg.n_heads, kv, cfg.position, position_dims(cfg, layer), cfg.sdpa_kernel)
-        self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm2 = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = MLP(cfg.d_model, ffn_dim(cfg), cfg.mlp)
         self.drop = nn.Dropout(cfg.dropout)
 
@@ -90,7 +92,7 @@ class GPT(nn.Module):
         self.pos_emb = build_position(cfg.position, position_dims(cfg, -1), "embedding")
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
