@@ -25,11 +25,16 @@ import torch
 from torch import Tensor, nn
 
 
+# torch's fused RMSNorm kernel; a torch without it (the stack allows 2.5 on) keeps nn.RMSNorm's composition
+_FUSED_FORWARD = hasattr(torch.ops.aten, "_fused_rms_norm")
+
+
 class RMSNorm(nn.RMSNorm):
     def forward(self, x: Tensor) -> Tensor:
         w = self.weight
         if (
-            x.device.type != "cpu"
+            not _FUSED_FORWARD
+            or x.device.type != "cpu"
             or torch.compiler.is_compiling()
             or len(self.normalized_shape) != 1
             or (w is not None and w.dtype != x.dtype)  # torch's composition promotes mixed dtypes: left to it

@@ -8,6 +8,7 @@ from torch import nn
 
 from minilm.config import load_config
 from minilm.model import GPT
+import minilm.model.norm as norm_module
 from minilm.model.norm import RMSNorm
 
 FAST = "_RMSNormFunctionBackward"  # the grad_fn of the hand-written path
@@ -117,3 +118,11 @@ def test_gradient_stays_exact_at_large_inputs():
     got, want = _forward_backward(ours, x, g), _forward_backward(truth, x.double(), g.double())
     for name, a, b in zip(["output", "input grad", "weight grad"], got, want):
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * b.abs().max().item(), msg=name)
+
+
+def test_composition_on_a_torch_without_the_fused_kernel(monkeypatch):
+    """torch before the fused kernel (the stack allows 2.5 on): nn.RMSNorm's forward, not an AttributeError."""
+    monkeypatch.setattr(norm_module, "_FUSED_FORWARD", False)
+    x = torch.randn(2, 16, requires_grad=True)
+    y = RMSNorm(16, eps=1e-5)(x)
+    assert y.grad_fn.name() != FAST
