@@ -168,14 +168,18 @@ class _Rotary(torch.autograd.Function):
 
 
 def _rotate_pairs(x: Tensor, cos: Tensor, sin: Tensor, layout: str, sign: float) -> Tensor:
-    """x with each rotated pair (a, b) turned to (a·cos − b·sin, b·cos + a·sin), by −sin for ``sign`` −1, and its
-    pass-through dims copied; in one buffer of the dtype x and the tables promote to, cast once to x's dtype."""
+    """x with each rotated pair (a, b) turned to (a·cos − b·sin, b·cos + a·sin), or by the inverse rotation (−sin)
+    for ``sign`` −1, and its pass-through dims copied; computed in the dtype x and the tables promote to, x first
+    converted to it once (an op on mixed dtypes, bf16 x times fp32 tables, runs unvectorized on CPU: ~3x slower),
+    into one buffer cast once to x's dtype."""
     dr = cos.shape[-1] * 2
-    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device)
-    (a, b), (out_a, out_b) = _pairs(x, dr, layout), _pairs(out, dr, layout)
+    dtype = torch.promote_types(x.dtype, cos.dtype)
+    xc = x.to(dtype)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    (a, b), (out_a, out_b) = _pairs(xc, dr, layout), _pairs(out, dr, layout)
     torch.mul(a, cos, out=out_a).addcmul_(b, sin, value=-sign)
     torch.mul(b, cos, out=out_b).addcmul_(a, sin, value=sign)
-    out[..., dr:] = x[..., dr:]
+    out[..., dr:] = xc[..., dr:]
     return out.to(x.dtype)
 
 
