@@ -477,7 +477,8 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
 
 
 def _record_problem(path: Path, builder: str) -> Optional[str]:
-    """Why a record file of the files kind gives no records, as ``_read_text_files`` counts it (None: it has some)."""
+    """Why a local record file gives no records, as ``_read_text_files`` counts it (None: it has some): each record
+    file of the files kind, and the one file an hf source's ``path`` names."""
     problem = _text_problem(path) if builder in ("json", "csv") else None
     return problem or ("empty" if _no_records(path, builder) else None)
 
@@ -586,8 +587,9 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
     if data_files is None and Path(path).is_file() and builder:
         # a local file: datasets opens it through its packaged builder of that format
         path, data_files = builder, path
-        problem = _text_problem(Path(data_files)) if path == "json" else None
-        problem = problem or ("empty" if _no_records(Path(data_files), path) else None)
+        problem = _record_problem(Path(data_files), builder)  # the files kind's check of its record files: this one
+        # checked .json/.jsonl text alone and missed .csv (added to the files kind later), so a .csv with a NUL byte
+        # was a document and a Latin-1 or truncated one datasets' error, where such a file yields no documents
         if problem:  # one file and nothing to read in it: the source yields no documents (read_source says so)
             return SourceDocs([], [], Counter({problem: 1}), {problem: str(data_files)})
     if data_files is None and _saved_to_disk(Path(path)):

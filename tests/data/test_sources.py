@@ -475,6 +475,22 @@ def test_empty_and_non_utf8_record_files_are_skipped_and_counted_like_text_files
             load_corpus(one, progress=False)
 
 
+@pytest.mark.parametrize("name, content, reason", [("latin1.csv", b"story\ncaf\xe9\n", "non_utf8"),
+                                                   ("nul.csv", b"story\nab\0c\n", "binary"),
+                                                   ("cut.csv.gz", b"\x1f\x8b\x08\x00", "unreadable")])  # fmt: skip
+def test_an_hf_path_naming_a_csv_file_that_cannot_give_records_yields_no_documents_as_a_files_glob_skips_it(
+        tmp_path, name, content, reason):  # fmt: skip
+    """The hf kind checked a single local .json/.jsonl file as the files kind checks its record files, but not a .csv
+    one (the check predates .csv in the files kind): a NUL byte came through as a document, a Latin-1 file or a
+    truncated archive as datasets' error, where docs/data.md says such a file yields no documents, naming it."""
+    (tmp_path / name).write_bytes(content)
+    for kind, entry in (("files", {"paths": [str(tmp_path / name)]}), ("hf", {"path": str(tmp_path / name)})):
+        spec = parse_sources({"s": {"kind": kind, "text_field": "story", **entry}})["s"]
+        with pytest.raises(DataError, match=rf"^data\.sources\.s: the source yields no documents \(skipped: {reason}: "
+                                            rf"1 \(first: {re.escape(str(tmp_path / name))}\)\)"):  # fmt: skip
+            read_source("s", spec, progress=False)
+
+
 @pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
 def test_compressed_record_files_are_skipped_and_counted_as_uncompressed_ones(tmp_path, jsonl_file, suffix):
     """An empty .jsonl.gz shard among others in a glob stopped the whole preparation ("StopIteration: no records"),
