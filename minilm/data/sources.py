@@ -7,10 +7,11 @@ raises ``DataError`` naming ``data.sources.<name>.<key>`` and what is allowed.
 Kinds:
 - ``embedded``: the Python standard library ``*.py`` files of the running interpreter (one file = one document).
   Present wherever Python is, needs no network, and has a natural mix of short and very long documents.
-- ``files``: glob patterns of local ``.txt/.md/.py`` files (one file = one document) and ``.jsonl/.json/.parquet/.csv``
-  files, the json and csv ones also compressed (one record = one document, text taken from ``text_field``; read
-  through ``datasets``). A file reached through several paths (symlinks) is read once. A path naming an existing file is
-  that file, even where its name holds glob characters (``notes[1].txt``); so is one in an hf source's data_files.
+- ``files``: glob patterns of local ``.txt/.md/.py`` files (one file = one document) and
+  ``.jsonl/.json/.parquet/.csv/.tsv`` files, all but parquet also compressed (one record = one document, text taken
+  from ``text_field``; read through ``datasets``, a .tsv by its csv builder with a tab as the delimiter). A file
+  reached through several paths (symlinks) is read once. A path naming an existing file is that file, even where its
+  name holds glob characters (``notes[1].txt``); so is one in an hf source's data_files.
 - ``hf``: anything ``datasets.load_dataset`` opens (hub name or local path / data files), and a directory written
   by ``save_to_disk`` (opened with ``datasets.load_from_disk``; ``split`` picks a split of a ``DatasetDict``).
 
@@ -43,8 +44,15 @@ from minilm.files import disk_full
 log = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = (".txt", ".md", ".py")
-RECORD_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
-COMPRESSIONS = (".gz", ".bz2", ".xz")  # a .jsonl/.json/.csv file compressed so: datasets (fsspec) decompresses it
+# A local record file's datasets builder and that builder's settings, by suffix: the table datasets itself infers a
+# directory's builder with (datasets.packaged_modules._EXTENSION_TO_MODULE: ".tsv" -> ("csv", {"sep": "\t"})), whose
+# csv builder hands sep to pandas.read_csv (CsvConfig.sep; its delimiter, when given, overrides sep)
+RECORD_FORMATS: Dict[str, Tuple[str, Dict[str, str]]] = {
+    ".jsonl": ("json", {}), ".json": ("json", {}), ".parquet": ("parquet", {}),
+    ".csv": ("csv", {}), ".tsv": ("csv", {"sep": "\t"}),
+}  # fmt: skip
+RECORD_SUFFIXES = tuple(RECORD_FORMATS)
+COMPRESSIONS = (".gz", ".bz2", ".xz")  # a record file but .parquet compressed so: datasets (fsspec) decompresses it
 KINDS = ("embedded", "files", "hf")
 
 
@@ -66,8 +74,8 @@ class FilesSource:
 
     kind: str = "files"
     weight: float = 1.0
-    paths: List[str] = field(default_factory=list)  # globs of .txt/.md/.py/.jsonl/.json/.parquet/.csv files
-    text_field: str = "text"  # the text column of .jsonl / .json / .parquet / .csv records
+    paths: List[str] = field(default_factory=list)  # globs of .txt/.md/.py/.jsonl/.json/.parquet/.csv/.tsv files
+    text_field: str = "text"  # the text column of .jsonl / .json / .parquet / .csv / .tsv records
     max_docs: Optional[int] = None
 
 
@@ -296,9 +304,11 @@ def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = 
     elif isinstance(spec, FilesSource):
         files = _expand_globs(spec, where, cache_dir)
         extra = {"files": _stat_digest(files)}
-        if any(_record_builder(f) == "csv" for f in files):  # read as records since 2026-11-24, skipped before: a
-            # corpus prepared before lacks them, and the same files and settings keyed it
-            extra["csv"] = "records"
+        for suffix in (".csv", ".tsv"):  # read as records since 2026-11-24 (.tsv some hours after .csv), skipped
+            # before: a corpus prepared before lacks them, and the same files and settings keyed it (each suffix its
+            # own mark: a glob matching .csv files alone keeps the key it has had since they began to be read)
+            if any(_data_suffix(f)[0] == suffix for f in files):
+                extra[suffix[1:]] = "records"
     else:
         _check_local_file(spec, where)  # before anything is read, not after the other sources
         local = _hf_local_files(spec)
@@ -306,6 +316,7 @@ def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = 
         if spec.path == "parquet" and spec.data_files is not None and packed:  # "Parquet magic bytes not found"
             raise DataError(f"{where}.data_files: {packed[0]}: a compressed .parquet file is not read (parquet "
                             f"compresses its own columns); decompress it")  # fmt: skip
+        _hf_csv_settings(spec, where)  # a mix of .csv and .tsv refused, before anything is read
         extra = {"files": _stat_digest(local)}
         if not _whole_split(spec.split):  # a slice or a sum: its records are named by split and
             # index since 2026-11-24 (_record_names), so a corpus prepared before held other ones out; a split's name
@@ -329,18 +340,46 @@ BUILDERS = ("json", "parquet", "csv")  # datasets' builders of the record files 
 
 
 def _record_builder(path: Path) -> Optional[str]:
-    """The datasets builder of a local record file (``json``, ``parquet``, ``csv``; compressed json/csv too)."""
+    """The datasets builder of a local record file (``json``, ``parquet``, ``csv`` for .csv and .tsv; all but parquet
+    compressed too), None for any other file."""
     suffix, compressed = _data_suffix(path)
-    if suffix == ".parquet":
-        return None if compressed else "parquet"
-    return {".jsonl": "json", ".json": "json", ".csv": "csv"}.get(suffix)
+    if suffix not in RECORD_FORMATS or (suffix == ".parquet" and compressed):
+        return None
+    return RECORD_FORMATS[suffix][0]
+
+
+def _builder_settings(path: Path) -> Dict[str, str]:
+    """The settings its builder reads a local record file with (``{"sep": "\\t"}`` for a .tsv, compressed too)."""
+    return dict(RECORD_FORMATS[_data_suffix(path)[0]][1]) if _record_builder(path) else {}
+
+
+def _hf_csv_settings(spec: HfSource, where: str) -> Dict[str, str]:
+    """The settings of the csv builder for the local data files of an hf source read in one ``load_dataset`` call:
+    ``path: csv`` with ``data_files`` (which datasets reads with a comma whatever their suffix), or a local directory
+    of data files (whose builder datasets infers from their suffixes, a .tsv's tab too). One call reads every file
+    with one delimiter, so a mix of .csv and .tsv is refused: one of them would be read as one column of joined
+    names and values. (The files kind reads each file on its own, with its own delimiter.)"""
+    directory = Path(spec.path).is_dir() and not _saved_to_disk(Path(spec.path))
+    if spec.path != "csv" and not directory:
+        return {}
+    files = _hf_local_files(spec, data_files_only=spec.data_files is not None)
+    comma = [p for p in files if _data_suffix(p)[0] == ".csv"]
+    tab = [p for p in files if _data_suffix(p)[0] == ".tsv"]
+    if directory and any(_record_builder(p) not in (None, "csv") for p in files):
+        return {}  # datasets reads the directory's json or parquet files, or fails naming its own choice
+    if comma and tab:
+        key = "data_files" if spec.data_files is not None else "path"
+        raise DataError(f"{where}.{key}: {comma[0]} is comma-separated and {tab[0]} tab-separated, but datasets reads "
+                        f"the files of one hf source with one delimiter; make them two sources, one of the .csv files "
+                        f"and one of the .tsv ones, or read them with kind: files (each file with its own delimiter)")
+    return {"sep": "\t"} if tab and spec.path == "csv" else {}  # (a directory: datasets takes .tsv's tab itself)
 
 
 def _check_local_file(spec: HfSource, where: str) -> None:
     """An hf ``path`` that names a data file is read as that local file; a missing one (a typo, another working
     directory) went to the Hub as a dataset name: 20 s of retries, then "Couldn't reach 'trian.jsonl' on the Hub".
-    A local ``.txt`` file was sent there too (only ``.jsonl/.json/.parquet/.csv`` open directly), and so was an
-    existing file of any other format (``.arrow``, ``.tsv``): the same retries, naming neither the file nor why."""
+    A local ``.txt`` file was sent there too (only ``.jsonl/.json/.parquet/.csv/.tsv`` open directly), and so was an
+    existing file of any other format (``.arrow``, ``.xml``): the same retries, naming neither the file nor why."""
     path = Path(spec.path)
     suffix, compressed = _data_suffix(path)
     if spec.data_files is not None:
@@ -350,9 +389,9 @@ def _check_local_file(spec: HfSource, where: str) -> None:
         arrow = suffix == ".arrow" and not compressed
         how = (f"for an .arrow file use path: arrow with data_files: {spec.path}" if arrow
                else f"convert it to one of those, or give its datasets builder as path with data_files: {spec.path}")
-        raise DataError(f"{where}.path: {spec.path}: an hf source opens a local .jsonl/.json/.parquet/.csv file (json "
-                        f"and csv also compressed: {', '.join(COMPRESSIONS)}) or a save_to_disk directory, not a "
-                        f"{ending} file; {how}")  # fmt: skip
+        raise DataError(f"{where}.path: {spec.path}: an hf source opens a local .jsonl/.json/.parquet/.csv/.tsv file "
+                        f"(all but parquet also compressed: {', '.join(COMPRESSIONS)}) or a save_to_disk directory, "
+                        f"not a {ending} file; {how}")  # fmt: skip
     if suffix not in LOCAL_FILE_SUFFIXES:
         return
     if not path.exists():
@@ -362,7 +401,7 @@ def _check_local_file(spec: HfSource, where: str) -> None:
     if path.is_file() and suffix == ".txt":
         # (the files kind reads no compressed text file: for one, path: text alone)
         files = "" if compressed else "kind: files (one file = one document), or "
-        raise DataError(f"{where}.path: {spec.path}: an hf source opens a local .jsonl/.json/.parquet/.csv file; "
+        raise DataError(f"{where}.path: {spec.path}: an hf source opens a local .jsonl/.json/.parquet/.csv/.tsv file; "
                         f"for a {suffix}{path.suffix.lower() if compressed else ''} file use {files}path: text with "
                         f"data_files: {spec.path} (one line = one document)")  # fmt: skip
     if path.is_file() and suffix == ".parquet" and compressed:  # datasets said "Couldn't find any data file at"
@@ -370,16 +409,18 @@ def _check_local_file(spec: HfSource, where: str) -> None:
                         f"own columns); decompress it")  # fmt: skip
 
 
-def _hf_local_files(spec: HfSource) -> List[Path]:
+def _hf_local_files(spec: HfSource, data_files_only: bool = False) -> List[Path]:
     """The local files an hf source reads: ``path`` (a file, or every file of a directory) and every file that
     ``data_files`` names — a string, a list or a ``{split: ...}`` mapping of paths or glob patterns, as datasets
     takes them (relative to the working directory, or to ``path`` when that is a local directory). Patterns are
-    expanded here: hashing the pattern alone would keep a stale cache when a file it matches is added or edited."""
+    expanded here: hashing the pattern alone would keep a stale cache when a file it matches is added or edited.
+    ``data_files_only``: the files ``data_files`` names alone (those datasets reads, where ``path`` is a directory)."""
     df = spec.data_files
     patterns = [p for v in (df.values() if isinstance(df, dict) else [df]) for p in _as_list(v)]
     bases = [Path(".")] + ([Path(spec.path)] if Path(spec.path).is_dir() else [])
-    found = [Path(spec.path)] + [Path(m) for pat in patterns for base in bases
-                                 for m in sorted(_glob(os.path.join(base, os.path.expanduser(str(pat)))))]  # fmt: skip
+    found = [] if data_files_only else [Path(spec.path)]
+    found += [Path(m) for pat in patterns for base in bases
+              for m in sorted(_glob(os.path.join(base, os.path.expanduser(str(pat)))))]  # fmt: skip
     # a local directory (save_to_disk, or data files of a builder) by the files in it: rewriting a shard in place
     # does not change the directory's own mtime
     files = [f for p in found for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])]
@@ -456,49 +497,53 @@ def _read_files_source(name: str, spec: FilesSource, where: str, progress: bool,
     cap = spec.max_docs  # reading stops there: a quick run on a few documents of a large corpus reads only those
     docs = _read_text_files(name, text_files, root=None, progress=progress, max_docs=cap)
     if other:  # named as the other skip reasons are: the first one (in the warning, and in the error of a source
-        # that yields no documents, which said only "skipped: not_text: 2" of a glob matching .rst or .tsv files)
+        # that yields no documents, which said only "skipped: not_text: 2" of a glob matching .rst or .log files)
         docs.skipped["not_text"] += len(other)
         docs.first_skipped.setdefault("not_text", str(other[0]))
-        log.warning("%s: %d file(s) with unsupported suffix skipped (first: %s; allowed: %s; .jsonl/.json/.csv also "
+        log.warning("%s: %d file(s) with unsupported suffix skipped (first: %s; allowed: %s; all but .parquet also "
                     "compressed: %s)", where, len(other), other[0], ", ".join(TEXT_SUFFIXES + RECORD_SUFFIXES),
                     ", ".join(COMPRESSIONS))  # fmt: skip
-    for builder in BUILDERS:  # (the record files by format, json, parquet then csv; each in the order of paths)
+    for builder in BUILDERS:  # (the record files by format, json, parquet then csv and tsv; each in paths' order)
         for path in [p for p in record_files if _record_builder(p) == builder]:
             if cap is not None and len(docs.texts) >= cap:
                 break
-            problem = _record_problem(path, builder)
+            problem = _record_problem(path)
             if problem:  # as for text files: an empty or undecodable file is skipped and counted, not fatal
                 docs.skip(problem, path)
                 continue
-            ds = _load_dataset(where, builder, None, "train", [glob.escape(str(path))], False, cache_dir=local_cache)
+            # one file a call, with its own settings: a .csv and a .tsv in one source each read with their delimiter
+            ds = _load_dataset(where, builder, None, "train", [glob.escape(str(path))], False, cache_dir=local_cache,
+                               settings=_builder_settings(path))  # fmt: skip
             _append_records(docs, ds, spec.text_field, f"{where}.text_field", name=lambda i, p=path: f"{p}:{i}",
                             file=str(path), max_docs=cap, paths_key=f"{where}.paths")  # fmt: skip
     return docs
 
 
-def _record_problem(path: Path, builder: str) -> Optional[str]:
+def _record_problem(path: Path) -> Optional[str]:
     """Why a local record file gives no records, as ``_read_text_files`` counts it (None: it has some): each record
     file of the files kind, and the one file an hf source's ``path`` names."""
-    problem = _text_problem(path) if builder in ("json", "csv") else None
-    return problem or ("empty" if _no_records(path, builder) else None)
+    problem = _text_problem(path) if _record_builder(path) in ("json", "csv") else None
+    return problem or ("empty" if _no_records(path) else None)
 
 
-def _no_records(path: Path, builder: str) -> bool:
-    """Whether a record file holds no record: a .csv of a header alone (blank lines are no rows, as for pandas, which
-    datasets reads it with), a .json of ``[]``, a parquet file of no rows. datasets fails on each ("Instruction
+def _no_records(path: Path) -> bool:
+    """Whether a record file holds no record: a .csv/.tsv of a header alone (blank lines are no rows, as for pandas,
+    which datasets reads it with), a .json of ``[]``, a parquet file of no rows. datasets fails on each ("Instruction
     "train" corresponds to no data!", for parquet "BatchSize must be greater than 0"): one such file in a glob stopped
     the whole preparation, where an empty .jsonl is skipped. False where unsure (a file this cannot read): datasets
-    reads it then, and says what is wrong. Reads a .csv up to its first row, a .json up to its third character."""
+    reads it then, and says what is wrong. Reads a .csv/.tsv up to its first row, a .json up to its third character."""
     import lzma
 
+    builder = _record_builder(path)
     try:
         if builder == "parquet":
             import pyarrow.parquet as pq
 
             return pq.ParquetFile(path).metadata.num_rows == 0
         with _open_record_file(path, "rt", encoding="utf-8-sig", newline="") as f:  # (a leading BOM dropped)
-            if builder == "csv":
-                return sum(1 for _ in itertools.islice((row for row in csv.reader(f) if row), 2)) < 2
+            if builder == "csv":  # (with the file's delimiter: a quoted cell's newline is no row end)
+                rows = csv.reader(f, delimiter=_builder_settings(path).get("sep", ","))
+                return sum(1 for _ in itertools.islice((row for row in rows if row), 2)) < 2
             head = ""  # the file's characters but whitespace, up to 3 of them: "[]" is all of it
             while len(head) < 3 and (block := f.read(1 << 16)):
                 head += "".join(block.split())
@@ -519,7 +564,7 @@ def _open_record_file(path: Path, mode: str = "rb", **kwargs):
 
 
 def _text_problem(path: Path) -> Optional[str]:
-    """Why a .jsonl/.json/.csv file (compressed too) cannot give records, as ``_read_text_files`` counts it (None:
+    """Why a .jsonl/.json/.csv/.tsv file (compressed too) cannot give records, as ``_read_text_files`` counts it (None:
     readable). Read in blocks with an incremental decoder: such files can be large. (datasets reads a non-UTF-8
     record file without complaint and fails with a bare UnicodeDecodeError when the record is taken; an empty one
     fails with StopIteration, and so did an empty .jsonl.gz shard in a glob: the whole preparation stopped, where
@@ -564,7 +609,7 @@ def _read_text_files(name: str, files: List[Path], root: Optional[str], progress
             continue
         try:
             # utf-8-sig: a leading byte order mark (Windows editors write one) is an encoding marker, not text; kept,
-            # every such document began with U+FEFF (3 byte tokens), which the .jsonl/.csv readers drop
+            # every such document began with U+FEFF (3 byte tokens), which the .jsonl/.csv/.tsv readers drop
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError:
             docs.skip("non_utf8", path)
@@ -583,11 +628,12 @@ Parts = List[Tuple[str, int, float]]  # the records read, in order: (split, firs
 def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceDocs:
     _check_local_file(spec, where)
     path, data_files = spec.path, spec.data_files
-    builder = _record_builder(Path(path))
+    builder, settings = _record_builder(Path(path)), _hf_csv_settings(spec, where)
     if data_files is None and Path(path).is_file() and builder:
-        # a local file: datasets opens it through its packaged builder of that format
-        path, data_files = builder, path
-        problem = _record_problem(Path(data_files), builder)  # the files kind's check of its record files: this one
+        # a local file: datasets opens it through its packaged builder of that format, with its settings (a .tsv's
+        # tab: opened so, a .tsv was read with a comma)
+        path, data_files, settings = builder, path, _builder_settings(Path(path))
+        problem = _record_problem(Path(data_files))  # the files kind's check of its record files: this one
         # checked .json/.jsonl text alone and missed .csv (added to the files kind later), so a .csv with a NUL byte
         # was a document and a Latin-1 or truncated one datasets' error, where such a file yields no documents
         if problem:  # one file and nothing to read in it: the source yields no documents (read_source says so)
@@ -606,8 +652,8 @@ def _read_hf(name: str, spec: HfSource, where: str, local_cache: str) -> SourceD
         # local files: converted afresh (read_source); a Hub dataset: datasets' cache, not downloaded each time
         cache_dir = local_cache if _hf_local_files(spec) else None
         data_files = _for_datasets(data_files, path if Path(path).is_dir() else ".")
-        reads = (_stream_splits(where, path, spec.name, spec.split, data_files, cache_dir) if spec.streaming
-                 else [_load_split(where, path, spec.name, spec.split, data_files, cache_dir)])  # fmt: skip
+        reads = (_stream_splits(where, path, spec.name, spec.split, data_files, cache_dir, settings) if spec.streaming
+                 else [_load_split(where, path, spec.name, spec.split, data_files, cache_dir, settings)])  # fmt: skip
     docs = SourceDocs([], [], Counter())
     file = spec.path if spec.data_files is None else f"{spec.path} data_files={spec.data_files}"
     for ds, parts in reads:  # (a generator when streaming: a split of a sum is opened once the earlier ones are read)
@@ -640,12 +686,12 @@ def _whole_split(split: str) -> bool:
 
 
 def _load_split(where: str, path: str, name: Optional[str], split: str, data_files: Any,
-                cache_dir: Optional[str]) -> Tuple[Any, Parts]:  # fmt: skip
+                cache_dir: Optional[str], settings: Optional[Dict[str, str]] = None) -> Tuple[Any, Parts]:  # fmt: skip
     """The records ``load_dataset`` reads for ``split`` (a split, a slice of one, a sum), and where each came from:
     the split spec resolved against the split sizes datasets recorded, as datasets itself resolves it to read them."""
     import datasets
 
-    ds = _load_dataset(where, path, name, split, data_files, False, cache_dir=cache_dir)
+    ds = _load_dataset(where, path, name, split, data_files, False, cache_dir=cache_dir, settings=settings)
     if _whole_split(split):  # its records in order: no sizes needed (a builder may record none)
         return ds, [(split, 0, len(ds))]
     sizes = {n: s.num_examples for n, s in (ds.info.splits or {}).items()}
@@ -661,12 +707,13 @@ def _load_split(where: str, path: str, name: Optional[str], split: str, data_fil
 
 
 def _stream_splits(where: str, path: str, name: Optional[str], split: str, data_files: Any,
-                   cache_dir: Optional[str]):  # fmt: skip
+                   cache_dir: Optional[str], settings: Optional[Dict[str, str]] = None):  # fmt: skip
     """A streamed split, or each split of a sum (train+test: datasets streamed them as one, whose records could not
     tell which split they came from and where), one stream at a time, with its parts."""
     for one in (s.strip() or split for s in split.split("+")):  # (datasets' own separator of a sum; no slice
         # here; an empty part, of "train+", stands for the whole spec: its error names that, not '')
-        yield _load_dataset(where, path, name, one, data_files, True, cache_dir=cache_dir), [(one, 0, math.inf)]
+        yield (_load_dataset(where, path, name, one, data_files, True, cache_dir=cache_dir, settings=settings),
+               [(one, 0, math.inf)])
 
 
 def _column_kind(feature: Any) -> Optional[str]:
@@ -722,12 +769,15 @@ def _load_from_disk(where: str, path: Path, split: str) -> Tuple[Any, Parts]:
 
 
 def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_files: Any, streaming: bool,
-                  cache_dir: Optional[str] = None):  # fmt: skip
+                  cache_dir: Optional[str] = None, settings: Optional[Dict[str, str]] = None):  # fmt: skip
+    """``datasets.load_dataset``; ``settings``: its builder's config (``sep`` for a .tsv), given only when there are
+    some, so a call without them is the one it was (a Hub dataset's builder may take no such keys)."""
     import datasets
 
+    settings = settings or {}
     try:
         return datasets.load_dataset(path, name, split=split, data_files=data_files, streaming=streaming,
-                                     cache_dir=cache_dir)  # fmt: skip
+                                     cache_dir=cache_dir, **settings)  # fmt: skip
     except Exception as e:  # datasets raises many types (FileNotFoundError, ValueError, DatasetNotFoundError...)
         if disk_full(e) is not None:
             if cache_dir is not None:  # the conversion of a local file, inside the corpus being built: load_corpus
@@ -737,9 +787,10 @@ def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_f
                             f"{disk_full(e)}; free some space or set HF_DATASETS_CACHE to a directory on a disk with "
                             f"room") from None  # fmt: skip
         files = f", data_files={data_files!r}" if data_files is not None else ""
+        files += "".join(f", {k}={v!r}" for k, v in settings.items())
         call = f"datasets.load_dataset({path!r}, name={name!r}{files})"
         if isinstance(e, ValueError):  # datasets' error for a split it lacks ("Unknown split", "Bad split")
-            _check_split(where, path, name, split, data_files, cache_dir, call)
+            _check_split(where, path, name, split, data_files, cache_dir, call, settings)
         raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}{files}) failed: "
                         f"{_cause(e)}") from None  # fmt: skip
 
@@ -751,7 +802,7 @@ def _not_a_split(split: str, of: Any, splits: Any) -> str:
 
 
 def _check_split(where: str, path: str, name: Optional[str], split: str, data_files: Any,
-                 cache_dir: Optional[str], call: str) -> None:  # fmt: skip
+                 cache_dir: Optional[str], call: str, settings: Dict[str, str]) -> None:  # fmt: skip
     """After load_dataset failed with a ValueError: raise ``DataError`` naming ``<where>.split`` and the dataset's
     splits when ``split`` names a split it lacks or is malformed (both were reported under ``<where>`` alone, as a
     failure of the whole source). The splits are asked of the dataset's builder, not read from datasets' message
@@ -759,7 +810,7 @@ def _check_split(where: str, path: str, name: Optional[str], split: str, data_fi
     import datasets
 
     try:
-        splits = datasets.get_dataset_split_names(path, name, data_files=data_files, cache_dir=cache_dir)
+        splits = datasets.get_dataset_split_names(path, name, data_files=data_files, cache_dir=cache_dir, **settings)
     except Exception:  # the builder itself cannot be had: the caller's error says why
         return
     try:  # load_dataset's own parser of split specs; the lengths only bound slices, which any length passes
@@ -801,9 +852,9 @@ def _append_records(docs: SourceDocs, ds: Any, text_field: str, key: str, name: 
         columns = list(ds.features)
     if columns is not None and text_field not in columns:
         # a glob over a code or docs tree (dir/**/*) also matches package.json, tsconfig.json...: not data at all
-        suffix = _data_suffix(Path(file))[0]  # (a results table in the tree: some.csv)
+        suffix = _data_suffix(Path(file))[0]  # (a results table in the tree: some.csv, some.tsv)
         other = (f", or leave {file} out of {paths_key} (a {suffix} file is read as records)"
-                 if paths_key and suffix in (".json", ".csv") else "")  # fmt: skip
+                 if paths_key and suffix in (".json", ".csv", ".tsv") else "")  # fmt: skip
         raise DataError(f"{key}: {text_field!r} is not a column of {file} (columns: {', '.join(columns)}); "
                         f"set text_field to one of them{other}")  # fmt: skip
     features = getattr(ds, "features", None)

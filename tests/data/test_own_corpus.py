@@ -98,11 +98,11 @@ def test_an_hf_path_naming_a_missing_or_text_file_is_refused_before_the_hub(tmp_
 
 
 @pytest.mark.parametrize("name, says", [("shard.arrow", r"not a \.arrow file; for an \.arrow file use path: arrow"),
-                                         ("corpus.tsv", r"not a \.tsv file; convert it"),
-                                         ("corpus.tsv.gz", r"not a \.tsv\.gz file")])
+                                         ("corpus.xml", r"not a \.xml file; convert it"),
+                                         ("corpus.xml.gz", r"not a \.xml\.gz file")])
 def test_an_hf_path_naming_an_existing_file_of_another_format_is_refused_before_the_hub(tmp_path, monkeypatch,
                                                                                         name, says):  # fmt: skip
-    """An existing .arrow or .tsv file as an hf path went to the Hub as a dataset name, as a missing file did: 30 s
+    """An existing .arrow or .xml file as an hf path went to the Hub as a dataset name, as a missing file did: 30 s
     of network retries, then "Couldn't reach 'shard.arrow' on the Hub", naming neither the local file nor why."""
     import datasets
 

@@ -331,6 +331,92 @@ def test_files_kind_reads_csv_records_as_the_json_ones(tmp_path, csv_file):
 
 
 
+# a tab-separated file as people write them: by hand (quotes and commas inside a cell are text), and as Python's csv
+# module (or pandas) writes one, quoting a cell that holds a quote, a tab or a newline
+TSV = (b'id\tstory\tn\n1\tshe said "hi", twice\t3\n'
+       b'2\t"quoted, with a ""quote"", a\ttab and a\nnewline"\t4\n')  # fmt: skip
+TSV_TEXTS = ['she said "hi", twice', 'quoted, with a "quote", a\ttab and a\nnewline']
+
+
+def test_files_kind_reads_tsv_records_as_the_csv_ones_each_file_with_its_own_delimiter(tmp_path):
+    """A .tsv file (compressed too) is records as a .csv one is, read with a tab as the delimiter: it was skipped as
+    a file of an unsupported suffix. A .csv and a .tsv in one source are each read with their own delimiter (the
+    files kind reads each record file on its own), and an empty, header-only or non-UTF-8 .tsv is skipped as such a
+    .csv is."""
+    import gzip
+
+    (tmp_path / "a.tsv").write_bytes(TSV.replace(b"story", b"text"))
+    (tmp_path / "b.tsv.gz").write_bytes(gzip.compress(b"text\tn\na gzipped, tab-separated record\t1\n"))
+    (tmp_path / "c.csv").write_bytes(b'text,n\n"a comma, separated record",1\n')
+    (tmp_path / "empty.tsv").write_text("")
+    (tmp_path / "head.tsv").write_text("text\tn\n\n")
+    (tmp_path / "latin1.tsv").write_bytes(b"text\ncaf\xe9\n")
+    entry = {"kind": "files", "paths": [f"{tmp_path}/*.[ct]sv*"]}
+    docs = read_source("f", parse_sources({"f": entry})["f"], progress=False)
+    assert docs.texts == TSV_TEXTS + ["a gzipped, tab-separated record", "a comma, separated record"]
+    assert dict(docs.skipped) == {"empty": 2, "non_utf8": 1}
+    assert docs.names[0] == f"{tmp_path / 'a.tsv'}:0"
+
+
+@pytest.mark.parametrize("form", ["path", "path.gz", "data_files", "streaming"])
+def test_hf_kind_reads_a_local_tsv_file_with_a_tab_as_the_delimiter(tmp_path, form):
+    """An hf source's path naming a local .tsv was refused ("not a .tsv file; convert it"), and the csv builder given
+    .tsv data_files read them with a comma: one column named 'id<TAB>story<TAB>n'."""
+    import gzip
+
+    path = tmp_path / ("stories.tsv.gz" if form == "path.gz" else "stories.tsv")
+    path.write_bytes(gzip.compress(TSV) if form == "path.gz" else TSV)
+    entry = ({"path": str(path)} if form.startswith("path") else
+             {"path": "csv", "data_files": [str(path)], "streaming": form == "streaming"})  # fmt: skip
+    docs = read_source("h", parse_sources({"h": {"kind": "hf", "text_field": "story", **entry}})["h"], progress=False)
+    assert docs.texts == TSV_TEXTS
+
+
+def test_an_hf_source_mixing_csv_and_tsv_data_files_is_refused_naming_one_of_each(tmp_path, csv_file):
+    """datasets reads the data files of one load_dataset call with one delimiter: a .csv read with a tab, or a .tsv
+    with a comma, is one column of joined names. Refused before any source is read, naming a file of each kind."""
+    from minilm.data.sources import source_fingerprint
+
+    (tmp_path / "more.tsv").write_bytes(TSV)
+    for name, entry in (("h", {"path": "csv", "data_files": [str(csv_file), str(tmp_path / "more.tsv")]}),
+                        ("d", {"path": str(tmp_path)})):  # a directory of data files: datasets infers the builder
+        spec = parse_sources({name: {"kind": "hf", "text_field": "story", **entry}})[name]
+        key = "data_files" if name == "h" else "path"
+        with pytest.raises(DataError, match=rf"^data\.sources\.{name}\.{key}: {re.escape(str(csv_file))} is comma-"
+                                            r"separated and .*more\.tsv tab-separated.*kind: files"):  # fmt: skip
+            source_fingerprint(name, spec)
+
+
+@pytest.mark.parametrize("kind", ["files", "hf"])
+def test_a_tsv_file_without_the_named_field_names_the_file_and_its_columns(tmp_path, kind):
+    path = tmp_path / "stories.tsv"
+    path.write_bytes(TSV)
+    entry = {"paths": [str(path)]} if kind == "files" else {"path": str(path)}
+    cfg = make_data_cfg(tmp_path, {"x": {"kind": kind, **entry}})
+    with pytest.raises(DataError, match=rf"data\.sources\.x\.text_field: 'text' is not a column of "
+                                        rf"{re.escape(str(path))} \(columns: id, story, n\)") as err:  # fmt: skip
+        load_corpus(cfg, progress=False)
+    left_out = f"or leave {path} out of data.sources.x.paths (a .tsv file is read as records)"
+    assert (left_out in str(err.value)) is (kind == "files")
+
+
+def test_the_corpus_key_of_a_files_source_matching_a_tsv_changed_when_tsv_files_began_to_be_read(tmp_path):
+    """A .tsv a files glob matched was skipped as an unsupported suffix and is read since; the key held the same
+    files and settings, so a corpus prepared before (without the .tsv records) would be served from the cache. A
+    glob matching .csv files alone keeps the key it had."""
+    from minilm.data.sources import source_fingerprint
+
+    (tmp_path / "a.csv").write_text("text\nhello\n")
+    (tmp_path / "b.tsv").write_text("text\nhello\n")
+
+    def fingerprint(pattern):
+        spec = parse_sources({"f": {"kind": "files", "paths": [str(tmp_path / pattern)]}})["f"]
+        return source_fingerprint("f", spec)
+
+    assert set(fingerprint("*.csv")) == {"settings", "files", "csv"}
+    assert set(fingerprint("*")) > {"settings", "files", "csv"}
+
+
 def test_record_files_of_no_records_are_skipped_as_empty_and_an_hf_source_of_one_yields_no_documents(tmp_path,
                                                                                                     csv_file):
     """A .csv of a header alone (compressed too, blank lines after it), a .json of ``[]`` and a parquet file of no
@@ -435,7 +521,7 @@ def test_a_file_of_an_unsupported_suffix_is_named_in_the_skip_warning(tmp_path, 
     skipped' sent a user looking through a glob's matches for them."""
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "a.txt").write_text("def f():\n    return 1\n" * 20)
-    for name in ("b.rst", "c.tsv"):
+    for name in ("b.rst", "c.log"):
         (tmp_path / "d" / name).write_text("x")
     cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "paths": [f"{tmp_path}/d/*"]}})
     load_corpus(cfg, progress=False)
@@ -443,10 +529,10 @@ def test_a_file_of_an_unsupported_suffix_is_named_in_the_skip_warning(tmp_path, 
 
 
 def test_a_source_of_only_unsupported_files_names_the_first_in_its_error(tmp_path):
-    """A glob matching only .rst / .tsv files: the error a run ends with said "the source yields no documents
+    """A glob matching only .rst / .log files: the error a run ends with said "the source yields no documents
     (skipped: not_text: 2)", naming no file, where every other skip reason names its first."""
     (tmp_path / "d").mkdir()
-    for name in ("b.rst", "c.tsv"):
+    for name in ("b.rst", "c.log"):
         (tmp_path / "d" / name).write_text("some text\n" * 20)
     cfg = make_data_cfg(tmp_path, {"f": {"kind": "files", "paths": [f"{tmp_path}/d/*"]}})
     with pytest.raises(DataError, match=r"data\.sources\.f: the source yields no documents \(skipped: not_text: 2 "
