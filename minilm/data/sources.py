@@ -283,9 +283,14 @@ def _expand_globs(spec: FilesSource, where: str, cache_dir: Optional[Path] = Non
     for p in files:  # (refused before any source is read: the cache key expands the globs first)
         if _data_suffix(p) == (".parquet", True):  # as the hf kind: it was skipped as "unsupported suffix", and a
             # source of only such files "yields no documents (skipped: not_text: 1)", naming neither file nor cause
-            raise DataError(f"{where}.paths: {p}: a compressed .parquet file is not read (parquet compresses its own "
-                            f"columns); decompress it, or leave it out of the globs")  # fmt: skip
+            raise _compressed_parquet(f"{where}.paths", p, ", or leave it out of the globs")
     return files
+
+
+def _compressed_parquet(key: str, path, also: str = "") -> DataError:
+    """The refusal of a compressed .parquet file, wherever a source names one (``also``: a further way out)."""
+    return DataError(f"{key}: {path}: a compressed .parquet file is not read (parquet compresses its own columns); "
+                     f"decompress it{also}")
 
 
 def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = None) -> Dict[str, Any]:
@@ -314,8 +319,7 @@ def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = 
         local = _hf_local_files(spec)
         packed = [p for p in local if _data_suffix(p) == (".parquet", True)]
         if spec.path == "parquet" and spec.data_files is not None and packed:  # "Parquet magic bytes not found"
-            raise DataError(f"{where}.data_files: {packed[0]}: a compressed .parquet file is not read (parquet "
-                            f"compresses its own columns); decompress it")  # fmt: skip
+            raise _compressed_parquet(f"{where}.data_files", packed[0])
         _hf_csv_settings(spec, where)  # a mix of .csv and .tsv refused, before anything is read
         extra = {"files": _stat_digest(local)}
         if not _whole_split(spec.split):  # a slice or a sum: its records are named by split and
@@ -405,8 +409,7 @@ def _check_local_file(spec: HfSource, where: str) -> None:
                         f"for a {suffix}{path.suffix.lower() if compressed else ''} file use {files}path: text with "
                         f"data_files: {spec.path} (one line = one document)")  # fmt: skip
     if path.is_file() and suffix == ".parquet" and compressed:  # datasets said "Couldn't find any data file at"
-        raise DataError(f"{where}.path: {spec.path}: a compressed .parquet file is not read (parquet compresses its "
-                        f"own columns); decompress it")  # fmt: skip
+        raise _compressed_parquet(f"{where}.path", spec.path)
 
 
 def _hf_local_files(spec: HfSource, data_files_only: bool = False) -> List[Path]:
