@@ -135,6 +135,10 @@ def test_checks_that_need_the_head_size_run_at_load_for_every_phase():
     (["model.position.name=kerple", "model.position.eps=1e37"], r"model\.position\.eps: must be <= 26\.38"),
     (["model.position.name=fire", "model.position.init_L=1e39"], r"model\.position\.init_L: must be at most 3\.4e\+38"),
     (["model.position.name=floater", "model.position.delta=1e37"], r"model\.position\.delta: 1e\+37 puts position"),
+    # positive and a normal fp32 number, but position · θ_0 / 1e-35 is inf from position 3403 on: NaN cos and sin
+    (["phases.extend_2k.position.scaling={rope_type: longrope, factor: 4.0, original_max_position_embeddings: 128, "
+      "short_factor: [1.0, 1e-35, " + "1.0, " * 13 + "1.0], long_factor: [" + "1.0, " * 15 + "1.0]}"],
+     r"^phases\.extend_2k\.position\.scaling\.short_factor\[1\]: must be at least 4\.94e-32 .*got 1e-35"),
 ])  # fmt: skip
 def test_a_position_parameter_past_fp32_s_range_is_refused_at_load(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from minilm.errors import ConfigError
-from minilm.positions.base import YAML_STRING_FLOAT, check_in_fp32
+from minilm.positions.base import FP32_MAX, YAML_STRING_FLOAT, check_in_fp32
 
 # rope_types whose frequencies depend on the current sequence length (recomputed per call, no state kept).
 # longrope is here because it switches from short_factor to long_factor beyond the original length.
@@ -71,6 +71,29 @@ def _check_length(original: int) -> None:
 def _check_betas(beta_fast: float, beta_slow: float) -> None:
     _check(beta_slow > 0, "beta_slow", "must be > 0", beta_slow)
     _check(beta_fast > beta_slow, "beta_fast", f"must be > beta_slow ({beta_slow})", beta_fast)
+
+
+# The rotary module takes positions in fp32 (rotary.cos_sin_tables), which counts integers exactly up to 2^24 only: the
+# positions whose angle m·θ_i/λ_i must stay finite. A longrope rescale factor λ_i below 2^24 / FP32_MAX (4.9e-32)
+# makes θ_0/λ_i (θ_0 = 1, the largest θ_i) so large that an angle below position 2^24 is inf in fp32, and its cos and
+# sin NaN: at fp32's smallest normal number (the bound before) from position 4 on, at 1e-35 from position 3403 on.
+LONGROPE_MIN_FACTOR = 2.0**24 / FP32_MAX
+
+
+def _round_up(x: float, digits: int = 3) -> float:
+    """x rounded up to ``digits`` significant digits: a printed lower bound that is itself allowed."""
+    unit = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    return math.ceil(x / unit) * unit
+
+
+def _check_rescale_factor(key: str, value: float) -> None:
+    _check(value > 0, key, "must be > 0", value)
+    if value < LONGROPE_MIN_FACTOR:
+        raise ValueError(
+            f"{key}: must be at least {_round_up(LONGROPE_MIN_FACTOR):g} (2^24 / fp32's largest number: the frequency "
+            f"θ_i/{key} times a position up to 2^24, the positions fp32 counts exactly, must stay finite in fp32, else "
+            f"that dimension's angles are inf and its cos and sin NaN), got {value:g}"
+        )
 
 
 def _check_optional_positive(key: str, value: Optional[float]) -> None:
@@ -241,9 +264,9 @@ class LongRopeScaling:
         for key in ("short_factor", "long_factor"):
             values = getattr(self, key)
             _check(len(values) > 0, key, "must be a list of numbers > 0", values)
-            for i, value in enumerate(values):  # θ_i / value: "> 0" passed 1e-50, an infinite frequency in fp32 (θ_i
-                # <= 1, so any value from fp32's smallest normal number up keeps it below fp32's largest)
-                check_in_fp32(f"{key}[{i}]", value, math.inf)
+            for i, value in enumerate(values):  # θ_i / value: "> 0" passed 1e-50 (an infinite frequency in fp32),
+                # and fp32's smallest normal number passed 1e-35 (finite, but position·θ_0/1e-35 inf from 3403 on)
+                _check_rescale_factor(f"{key}[{i}]", value)
         if self.factor is not None:
             _check_factor(self.factor)
         _check_optional_positive("attention_factor", self.attention_factor)

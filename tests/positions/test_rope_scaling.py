@@ -265,8 +265,11 @@ INVALID = [
     ({**LONG, "short_factor": [float("nan")] * (D // 2)}, "short_factor[0]: must be a finite number, got nan"),
     # > 0, but θ_3 / 1e-50 is inf in fp32: an infinite frequency, every angle of that dimension inf, cos and sin nan
     ({**LONG, "long_factor": [1.0] * 3 + [1e-50] + [1.0] * (D // 2 - 4)},
-     "long_factor[3]: must be at least 1.18e-38 (fp32's smallest normal"),
+     "long_factor[3]: must be at least 4.94e-32 (2^24 / fp32's largest number"),
     ({**LONG, "short_factor": [1.0, 0.0] + [1.0] * (D // 2 - 2)}, "short_factor[1]: must be > 0, got 0.0"),
+    # a normal fp32 number, θ_0 / 1e-35 finite, but position · θ_0 / 1e-35 inf from position 3403 on: cos, sin NaN
+    ({**LONG, "short_factor": [1.0, 1.0, 1e-35] + [1.0] * (D // 2 - 3)},
+     "short_factor[2]: must be at least 4.94e-32 (2^24 / fp32's largest number"),
     # a block copied from a transformers config: say where its two non-scaling keys go
     ({"type": "yarn", "factor": 2}, "type: the key is rope_type"),
     ({**YARN, "rope_theta": 10000.0}, "rope_theta: the RoPE base is model.position.base"),
@@ -280,6 +283,30 @@ def test_invalid_parameters_raise_naming_the_key(block, message):
     assert str(e.value).startswith(message.split(":")[0] + ":") and message in str(e.value)
     with pytest.raises(ConfigError, match=r"^model\.position\.scaling\." + re.escape(message.split(":")[0]) + ":"):
         validate_scaling(block, D, "model.position.scaling")
+
+
+@pytest.mark.parametrize("seq_len", [None, 10 * L])  # short_factor, then long_factor
+def test_longrope_s_smallest_rescale_factor_keeps_every_angle_finite_up_to_position_2_24(seq_len):
+    """Each factor at the printed lower bound (itself allowed): the rotary tables at positions 0 .. 2^24 (the ones
+    fp32 counts exactly) are finite. Half of it is refused: its angles overflow fp32 before 2^24."""
+    from minilm.positions.rope_scaling import LONGROPE_MIN_FACTOR
+    from minilm.positions.rotary import cos_sin_tables
+
+    least = float(re.search(r"at least (\S+) ", _longrope_refusal()).group(1))
+    assert LONGROPE_MIN_FACTOR <= least < 1.01 * LONGROPE_MIN_FACTOR  # rounded up, to 3 digits
+    block = {**LONG, "short_factor": [least] * (D // 2), "long_factor": [least] * (D // 2)}
+    inv_freq, factor = compute_rope(D, BASE, block, seq_len)
+    positions = torch.tensor([[0, 1, 2**23, 2**24 - 1, 2**24]])
+    cos, sin = cos_sin_tables(positions, inv_freq, factor)
+    assert torch.isfinite(cos).all() and torch.isfinite(sin).all()
+    with pytest.raises(ConfigError, match=r"^short_factor\[0\]: must be at least"):
+        compute_rope(D, BASE, {**block, "short_factor": [least / 2] * (D // 2)})
+
+
+def _longrope_refusal() -> str:
+    with pytest.raises(ConfigError) as e:
+        compute_rope(D, BASE, {**LONG, "long_factor": [1e-35] * (D // 2)})
+    return str(e.value)
 
 
 @pytest.mark.parametrize("base", [1.0, 0.5, float("inf"), float("nan")])
