@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from minilm.errors import ConfigError
-from minilm.positions.base import FP32_MAX, YAML_STRING_FLOAT, check_in_fp32
+from minilm.positions.base import FP32_MAX, FP32_TINY, YAML_STRING_FLOAT, check_in_fp32
 
 # rope_types whose frequencies depend on the current sequence length (recomputed per call, no state kept).
 # longrope is here because it switches from short_factor to long_factor beyond the original length.
@@ -94,6 +94,26 @@ def _check_rescale_factor(key: str, value: float) -> None:
             f"θ_i/{key} times a position up to 2^24, the positions fp32 counts exactly, must stay finite in fp32, else "
             f"that dimension's angles are inf and its cos and sin NaN), got {value:g}"
         )
+
+
+def _check_mscales(p: Any, factor: Optional[float]) -> None:
+    """YaRN's mscale / mscale_all_dim scale the 0.1·ln(s) term of the temperature 0.1·mscale·ln(s) + 1 (s >= 1), and
+    the attention factor is the ratio of two such terms (``_yarn_attention``). A negative one lets a term reach 0:
+    mscale_all_dim −7.21 at factor 4 was a ZeroDivisionError traceback, −100 a negative attention factor (every
+    q·k negated); and dynamic_yarn's s grows with the length, so any negative one reaches 0 at some length. With
+    ``factor`` (yarn's, fixed) the ratio itself must be a normal fp32 number: it multiplies cos and sin in fp32, and
+    mscale 1e40 gave 1.2e39, inf there."""
+    for key in ("mscale", "mscale_all_dim"):
+        value = getattr(p, key)
+        if value is not None:
+            _check(value >= 0, key, "must be >= 0 (it scales the 0.1·ln(factor) term of YaRN's temperature)", value)
+    if factor is not None:
+        t = _yarn_attention(p, factor)
+        _check(t <= FP32_MAX, "mscale", f"gives the attention factor {t:g} (its ratio to mscale_all_dim's term at "
+               f"factor {factor:g}), above fp32's largest number {FP32_MAX:.3g}; give a smaller one", p.mscale)
+        _check(t >= FP32_TINY, "mscale_all_dim", f"gives the attention factor {t:g} (mscale's term over its own at "
+               f"factor {factor:g}), below fp32's smallest normal number {FP32_TINY:.3g}; give a smaller one",
+               p.mscale_all_dim)
 
 
 def _check_optional_positive(key: str, value: Optional[float]) -> None:
@@ -195,6 +215,7 @@ class YarnScaling:
         _check_length(self.original_max_position_embeddings)
         _check_betas(self.beta_fast, self.beta_slow)
         _check_optional_positive("attention_factor", self.attention_factor)
+        _check_mscales(self, self.factor)
         _check_fraction(self.partial_rotary_factor)
 
 
@@ -219,6 +240,7 @@ class DynamicYarnScaling:
         _check_length(self.original_max_position_embeddings)
         _check_betas(self.beta_fast, self.beta_slow)
         _check_optional_positive("attention_factor", self.attention_factor)
+        _check_mscales(self, None)  # (its factor follows the length: only the signs can be checked here)
         _check_fraction(self.partial_rotary_factor)
 
 
@@ -359,15 +381,29 @@ def _linear(p: LinearScaling, dim: int, base: float, seq_len: Optional[int]) -> 
 
 def _ntk(p: NtkScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
     # base' = base · factor^(d/(d−2)): θ_0 = 1 stays, the lowest θ_{d/2−1} is divided by exactly factor (bloc97 2023)
-    return _inv_freq64(dim, base * p.factor ** _ntk_exponent(dim, "ntk")), 1.0
+    return _inv_freq64(dim, _ntk_base(base, p.factor, _ntk_exponent(dim, "ntk"))), 1.0
+
+
+def _ntk_base(base: float, scale: float | Tensor, exponent: float) -> Tensor:
+    """base · scale^exponent in float64 tensors: Python's float power raised OverflowError (a traceback) where it
+    leaves float64 (ntk factor 1e300); as a tensor it is inf, and base'^(−2i/d) then gives the limit (θ_0 = 1, the
+    others 0), not an error. A tensor scale (a traced current length) keeps its device."""
+    return torch.as_tensor(scale, dtype=torch.float64) ** exponent * base
+
+
+def _dynamic_scale(factor: float, original: int, seq_len: Optional[int | Tensor]) -> float | Tensor:
+    """factor·L'/L − (factor − 1), written 1 + factor·(L' − L)/L: the same number, but the first form cancels to 0
+    at L' = L for a factor from about 2^53 = 9e15 (factor − 1 rounds to factor in float64), and base · 0^(d/(d−2))
+    = 0 made every frequency but θ_0 inf, so cos and sin NaN at and below the original length."""
+    return 1 + factor * (_current(seq_len, original) - original) / original
 
 
 def _dynamic(p: DynamicScaling, dim: int, base: float, seq_len: Optional[int | Tensor]) -> tuple[Tensor, Any]:
     # base' = base · (factor·L'/L − (factor − 1))^(d/(d−2)) with L' = max(current length, L): the default at or
     # below L. transformers' _compute_dynamic_ntk_parameters, with L = original_max_position_embeddings.
     L = p.original_max_position_embeddings
-    scale = p.factor * _current(seq_len, L) / L - (p.factor - 1)
-    return _inv_freq64(dim, base * scale ** _ntk_exponent(dim, "dynamic")), 1.0
+    scale = _dynamic_scale(p.factor, L, seq_len)
+    return _inv_freq64(dim, _ntk_base(base, scale, _ntk_exponent(dim, "dynamic"))), 1.0
 
 
 def _ntk_by_parts(p: NtkByPartsScaling, dim: int, base: float, seq_len: Optional[int]) -> tuple[Tensor, float]:
@@ -383,7 +419,7 @@ def _yarn(p: YarnScaling, dim: int, base: float, seq_len: Optional[int]) -> tupl
 
 def _dynamic_yarn(p: DynamicYarnScaling, dim: int, base: float, seq_len: Optional[int | Tensor]):
     L = p.original_max_position_embeddings
-    scale = p.factor * _current(seq_len, L) / L - (p.factor - 1)  # >= 1; == 1 at or below L (then: default)
+    scale = _dynamic_scale(p.factor, L, seq_len)  # >= 1; == 1 at or below L (then: default)
     inv_freq = _yarn_inv_freq(dim, base, scale, L, p.beta_fast, p.beta_slow, p.truncate)
     return inv_freq, _yarn_attention(p, scale)
 

@@ -247,6 +247,14 @@ INVALID = [
     # > 0, but 0 in fp32, where it multiplies cos and sin: every query and key 0, the attention uniform
     ({**YARN, "attention_factor": 1e-50}, "attention_factor: must be at least 1.18e-38 (fp32's smallest normal"),
     ({**YARN, "truncate": 1}, "truncate: must be true or false"),
+    # a negative mscale term reaches 0: a ZeroDivisionError traceback (at factor 2: −1/(0.1·ln 2)), or a negative
+    # attention factor; a huge ratio is inf in fp32, where it multiplies cos and sin
+    ({**YARN, "mscale": 1.0, "mscale_all_dim": -1 / (0.1 * math.log(2))}, "mscale_all_dim: must be >= 0"),
+    ({**YARN, "mscale": -100.0, "mscale_all_dim": 1.0}, "mscale: must be >= 0"),
+    ({"rope_type": "dynamic_yarn", "original_max_position_embeddings": L, "mscale": 1.0, "mscale_all_dim": -1.0},
+     "mscale_all_dim: must be >= 0"),
+    ({**YARN, "mscale": 1e40, "mscale_all_dim": 1.0}, "mscale: gives the attention factor 6.48216e+38 (its ratio"),
+    ({**YARN, "mscale": 1.0, "mscale_all_dim": 1e300}, "mscale_all_dim: gives the attention factor 1.54"),
     ({"rope_type": "linear", "factor": "2"}, "factor: must be a number"),
     ({"rope_type": "linear", "factor": "4e0"}, "factor: must be a number, got the string '4e0'; write it without"),
     ({"rope_type": "linear", "factor": 2, "beta_fast": 4},
@@ -307,6 +315,32 @@ def _longrope_refusal() -> str:
     with pytest.raises(ConfigError) as e:
         compute_rope(D, BASE, {**LONG, "long_factor": [1e-35] * (D // 2)})
     return str(e.value)
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "dynamic_yarn"])
+@pytest.mark.parametrize("seq_len", [None, L, torch.tensor(L)])
+def test_a_huge_dynamic_factor_is_the_default_at_the_original_length(rope_type, seq_len):
+    """factor·L'/L − (factor − 1) cancelled to 0 at L' = L for a factor from 2^53: base · 0 = 0, every frequency but
+    θ_0 inf, cos and sin NaN at and below the original length, where the method is meant to be the default."""
+    block = {"rope_type": rope_type, "factor": 1e17, "original_max_position_embeddings": L}
+    inv_freq, factor = compute_rope(D, BASE, block, seq_len)
+    torch.testing.assert_close(inv_freq, compute_rope(D, BASE)[0])
+    assert float(factor) == 1.0
+
+
+@pytest.mark.parametrize("block", [
+    {"rope_type": "ntk", "factor": 1e300},
+    {"rope_type": "dynamic", "factor": 1e300, "original_max_position_embeddings": L},
+])  # fmt: skip
+@pytest.mark.parametrize("seq_len", [None, 2 * L, torch.tensor(2 * L)])
+def test_an_ntk_base_past_float64_gives_the_limit_not_an_overflow_error(block, seq_len):
+    """base · factor^(d/(d−2)) left float64: Python's float power raised OverflowError (a traceback from a config
+    that loaded). The limit of a huge factor: θ_0 = 1 stays, every other frequency 0."""
+    inv_freq, _ = compute_rope(D, BASE, block, seq_len)
+    if block["rope_type"] == "dynamic" and seq_len is None:  # at the original length: the default
+        torch.testing.assert_close(inv_freq, compute_rope(D, BASE)[0])
+    else:
+        assert inv_freq[0] == 1 and (inv_freq[1:] == 0).all()
 
 
 @pytest.mark.parametrize("base", [1.0, 0.5, float("inf"), float("nan")])
