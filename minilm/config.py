@@ -592,6 +592,12 @@ def _dotlist(overrides: List[str]) -> DictConfig:
     scaling block given again with another ``kind`` / ``rope_type`` replaces the earlier one, as it replaces the
     YAML's (``_merge_layer``): two overrides of one source on a command line merged, so ``data.sources.a={kind:
     embedded, max_docs: 5}`` then ``data.sources.a={kind: files, paths: [x]}`` read 5 files."""
+    # Each item is parsed twice, on purpose: ``one`` (the item alone) says which block it sets, so that an earlier
+    # block of another kind is dropped before the item lands; the item then lands by ``merge_with_dotlist``, which is
+    # what ``from_dotlist`` does. Merging ``one`` instead is not the same: it refused an index into a list an earlier
+    # item set (``eval.lengths=[128, 256] eval.lengths.1=512``: "Cannot merge incompatible container types") and
+    # ignored a later ``key=???``; landing the parsed value by ``OmegaConf.update`` needs the key split as OmegaConf
+    # splits it (its private, version-dependent ``_find_eq``: escaped ``\=`` / ``\.`` in keys).
     dot = OmegaConf.create()
     for item in overrides:
         one = OmegaConf.from_dotlist([item])

@@ -229,6 +229,15 @@ def test_an_override_of_another_kind_replaces_an_earlier_override_of_the_same_bl
     assert dict(phase_config(cfg, "extend_512").model.position.scaling) == {"rope_type": "linear", "factor": 4.0}
 
 
+def test_an_override_may_index_a_list_an_earlier_override_set():
+    """Overrides land one by one as OmegaConf.from_dotlist lands them (config._dotlist): an index into a list set by
+    an earlier override of the same command line sets that entry. Merging each override parsed alone instead (a
+    "parse once" simplification of _dotlist) refused it: "Cannot merge incompatible container types"."""
+    cfg = load_config(REPO / "configs/tiny.yaml", ["eval.lengths=[128, 256]", "eval.lengths.1=512",
+                                                   "eval.lengths[0]=64"])  # fmt: skip
+    assert list(cfg.eval.lengths) == [64, 512]
+
+
 def test_phase_overrides_and_errors(tmp_path):
     y = tmp_path / "p.yaml"
     y.write_text(
