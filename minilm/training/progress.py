@@ -5,7 +5,9 @@ Lightning's bar counts the loader's batches, which under gradient accumulation (
 ``train.micro_batch_size``) are micro-batches: a phase of 100 steps of 4 micro-batches showed a bar of 400, where
 ``train.steps``, every log line and TensorBoard count optimizer steps. The bar's total (``total_train_batches``, the
 property Lightning's bars read it from) and its counter (the index each bar's batch end shows) are converted to
-steps, and the bar moves once per step, at its last micro-batch.
+steps, and the bar moves once per step, at its last micro-batch. The validation bar alike: the validation loader
+splits each of its ``train.val_batches`` batches into the same micro-batches (minilm.training.datamodule), and its
+bar showed 32/32 for ``val_batches: 8`` of 4 micro-batches; it counts validation batches.
 
 A loss logged to the bar with ``self.log(..., prog_bar=True)`` was a tensor the bar read back every step: on a GPU
 a host sync per step, which left the device idle while Python set up the next step. The bar now shows
@@ -34,6 +36,27 @@ class _Steps:
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         done = (batch_idx + 1) // trainer.accumulate_grad_batches  # optimizer steps done, this micro-batch's included
         super().on_train_batch_end(trainer, pl_module, outputs, batch, done - 1)  # (the bar shows batch_idx + 1)
+
+    # Validation: the loader holds whole batches of accumulate_grad_batches micro-batches each (PhaseData splits
+    # every validation batch as it splits a step). Not the sanity check's, which takes num_sanity_val_steps
+    # micro-batches, not whole batches (minilm's trainer runs none).
+    @property
+    def total_val_batches_current_dataloader(self):
+        return self._batches(super().total_val_batches_current_dataloader)
+
+    @property
+    def total_val_batches(self):
+        return self._batches(super().total_val_batches)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int, dataloader_idx: int = 0):
+        if not trainer.sanity_checking:
+            batch_idx = (batch_idx + 1) // trainer.accumulate_grad_batches - 1  # whole batches done, less one
+        super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+
+    def _batches(self, micro_batches):
+        if self.trainer.sanity_checking or math.isinf(micro_batches):
+            return micro_batches
+        return micro_batches // self.trainer.accumulate_grad_batches
 
 
 class _LastLoss:

@@ -151,10 +151,11 @@ def test_adamw_uses_the_fused_kernel_on_cpu_and_steps_like_foreach():
 
 
 def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, prepare=None, accelerator: str = "cpu",
-         callbacks=(), ckpt_path=None, **over):
+         callbacks=(), ckpt_path=None, val_batches: int = 0, **over):
     """Train a tiny LitGPT for ``steps`` optimizer steps on fixed rows (the same ``batch`` rows each step, in
     micro-batches of ``micro``); ``prepare(module)`` runs before the fit; ``ckpt_path``: a checkpoint it resumes
-    from. Returns the scalars it logged, {tag: [(step, value), ...]}."""
+    from; ``val_batches``: validate at the end on that many batches of those rows, split into the same micro-batches
+    (as PhaseData splits them). Returns the scalars it logged, {tag: [(step, value), ...]}."""
     import lightning as L
     import torch
     from lightning.pytorch.callbacks import ProgressBar
@@ -174,11 +175,12 @@ def _fit(micro: int, steps: int = 1, log_every: int = 1, batch: int = 4, prepare
     trainer = L.Trainer(max_steps=steps, max_epochs=1, accumulate_grad_batches=batch // micro, logger=False,
                         accelerator=accelerator, devices=1, enable_checkpointing=False,
                         enable_progress_bar=any(isinstance(c, ProgressBar) for c in callbacks),
-                        enable_model_summary=False, limit_val_batches=0,
+                        enable_model_summary=False, limit_val_batches=None if val_batches else 0,
                         num_sanity_val_steps=0, callbacks=list(callbacks))  # fmt: skip
     if prepare is not None:
         prepare(module)
-    trainer.fit(module, DataLoader(rows * steps, batch_size=None), ckpt_path=ckpt_path)
+    val = DataLoader(rows * val_batches, batch_size=None) if val_batches else None
+    trainer.fit(module, DataLoader(rows * steps, batch_size=None), val, ckpt_path=ckpt_path)
     return logged
 
 
@@ -680,3 +682,33 @@ def test_the_progress_bar_counts_optimizer_steps(tmp_path, kind):
     resumed = Watch(bars[1])
     _fit(1, steps=3, callbacks=[bars[1], resumed], ckpt_path=tmp_path / "step1.ckpt")
     assert resumed.seen == [(1, 3)] * 3 + [(2, 3)] * 4 + [(3, 3)], resumed.seen
+
+
+@pytest.mark.parametrize("kind", ["rich", "tqdm"])
+def test_the_validation_bar_counts_validation_batches(kind):
+    """The validation loader splits each of its train.val_batches batches into the step's micro-batches, and the
+    bar counted those: val_batches 3 of 4 micro-batches showed 12/12 (and 1/12 after the first micro-batch). It
+    counts the batches train.val_batches sets: 3, moving once each batch's last micro-batch is in."""
+    from lightning.pytorch.callbacks import Callback
+
+    from minilm.training import progress
+
+    if kind == "rich":
+        pytest.importorskip("rich")
+
+    class Watch(Callback):  # after the bar in the callbacks: what it shows once it has drawn each micro-batch
+        def __init__(self, bar):
+            self.bar, self.seen = bar, []
+
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            if kind == "tqdm":
+                self.seen.append((self.bar.val_progress_bar.n, self.bar.val_progress_bar.total))
+            else:
+                task = {t.id: t for t in self.bar.progress.tasks}[self.bar.val_progress_bar_id]
+                self.seen.append((task.completed, task.total))
+
+    bar = progress._RichBar() if kind == "rich" else progress._TqdmBar()
+    watch = Watch(bar)
+    logged = _fit(1, steps=1, val_batches=3, callbacks=[bar, watch])
+    assert "val/loss" in logged  # (the validation ran)
+    assert watch.seen == [(0, 3)] * 3 + [(1, 3)] + [(1, 3)] * 3 + [(2, 3)] + [(2, 3)] * 3 + [(3, 3)], watch.seen
