@@ -45,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from minilm.config import UniqueKeyLoader, load_config, phase_config, phase_names
 from minilm.errors import ConfigError, MinilmError
 from minilm.eval.report import SCALARS  # the per-length numbers of results.json
+from minilm.runs import COMPLETE  # a finished phase's summary (the layout minilm.training.phases writes)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SUMMARY_FILES = ("study.md", "study.json", "compare.png", "compare.md")  # in <out>/, beside the variants' run dirs
@@ -573,7 +574,7 @@ def other_settings(results: dict, pcfg: DictConfig) -> dict[str, tuple]:
 def _val_losses(run_dir: Path, phases: list[str]) -> dict[str, Optional[float]]:
     out = {}
     for p in phases:
-        f = run_dir / p / "complete.json"
+        f = run_dir / p / COMPLETE
         out[p] = json.loads(f.read_text()).get("val_loss") if f.is_file() else None
     return out
 
