@@ -156,12 +156,13 @@ def _lock_in_use(run_dir: Path, lock: Path, holder: str) -> MinilmError:
 
 
 def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=None, step: int = 0,
-                world_size: int = 1, started_from: str = "") -> str:  # fmt: skip
+                world_size: int = 1, started_from: str = "", resumes: Optional[Path] = None) -> str:  # fmt: skip
     """The one place a phase changes the model: position parameters (RoPE base, scaling) are set on every layer
     and verified against ``compute_rope``; limits of the encoding are checked against the phase's seq_len.
     Returns the transition message (also logged to the console and, as text, to TensorBoard); ``world_size``: the
     processes that train (train.batch_size is per process); ``started_from``: the weights the phase starts from, in
-    words (minilm.runs.started_from_text), said in the message where given."""
+    words (minilm.runs.started_from_text), said in the message where given; ``resumes``: the step checkpoint the
+    phase resumes from, said instead (at which step of how many: the phase's first line says where it goes on)."""
     check_phase_fits(model, pcfg, phase)
     params = validate_position(pcfg.model.position, where=f"phases.{phase}.position")
     built_with = validate_position(model.cfg.position)  # what modules without a `params` attribute still hold
@@ -188,6 +189,7 @@ def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=Non
         f"long_fraction {pcfg.data.long_fraction}, position {pos_desc}"
         + (f" (reconfigured {len(changed)} layers)" if changed else "")
         + (f"; starts from {started_from}" if started_from else "")
+        + (f"; resumes at step {checkpoint_step(resumes)} of {phase_steps(pcfg)} from {resumes}" if resumes else "")
     )
     log(msg)
     if tb is not None:
@@ -1356,11 +1358,10 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         default_root_dir=str(pdir),
     )
     # (after the trainer, which knows the processes: the phase line gives the rows per step)
+    # (resumed: the line names the checkpoint instead of the start, which is the checkpoint's record, read by fit)
     apply_phase(model, pcfg, name, log, tb_logger.experiment if ckpt is None else None, offset, trainer.world_size,
-                started_from_text(started_from) if ckpt is None else "")  # (resumed: the checkpoint's, read by fit)
-    if ckpt is not None:
-        log(f"phase '{name}': resuming from {ckpt}")
-    elif started_from is not None and trainer.is_global_zero:  # (a --phase restart deleted the folder, and this)
+                started_from_text(started_from) if ckpt is None else "", ckpt)
+    if ckpt is None and started_from is not None and trainer.is_global_zero:  # (a --phase restart deleted the folder)
         pdir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(pdir / STARTED, json.dumps(started_from, indent=2) + "\n")
     module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name, tokens_offset=tokens_offset,

@@ -61,7 +61,7 @@ def test_a_resume_past_an_unreadable_checkpoint_keeps_the_checkpoints_it_writes(
     monkeypatch.setattr(LitGPT, "on_train_batch_end", end)
     said = []
     run_phases(load_config(config_path, [f"run.dir={run}"]), resume=True, log=said.append)
-    assert any("resuming from" in line and "step-00000003.ckpt" in line for line in said), said
+    assert any("resumes at step 3 of " in line and "step-00000003.ckpt" in line for line in said), said
 
 
 @pytest.fixture

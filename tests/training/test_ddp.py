@@ -79,7 +79,7 @@ def test_ddp_resume_is_exact(ddp_run, tmp_path):
     config, run_dir, _ = ddp_run
     resumed = interrupted_copy(run_dir, tmp_path / "run")
     proc = train(config, resumed, 2, 2, "--resume")
-    assert "resuming from" in proc.stdout
+    assert "resumes at step" in proc.stdout
     a, b = weights(run_dir), weights(resumed)
     assert a.keys() == b.keys()
     for k in a:
@@ -110,7 +110,7 @@ def test_ddp_run_resumed_on_one_device_with_the_same_global_batch_is_exact(ddp_r
     assert not (halved / "train" / "complete.json").exists()
     resumed = interrupted_copy(run_dir, tmp_path / "resumed")
     proc = train(config, resumed, 1, 4, "--resume")
-    assert "resuming from" in proc.stdout and "interrupted on 2 process(es), resumed on 1" in proc.stdout
+    assert "resumes at step" in proc.stdout and "interrupted on 2 process(es), resumed on 1" in proc.stdout
     assert "differ from the original run" not in proc.stdout + proc.stderr
     a, b = weights(run_dir), weights(resumed)
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5

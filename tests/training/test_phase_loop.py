@@ -691,6 +691,23 @@ def test_complete_json_records_the_weights_a_phase_started_from(config, tmp_path
     assert started("b") == {"kind": "phase", "phase": "a"}
 
 
+def test_a_resumed_phase_s_first_line_names_the_step_and_checkpoint_it_resumes_from(config, tmp_path):
+    """The line that opens a resumed phase gave its settings only, and a second line the checkpoint: which step of
+    how many it went on from was not said (a kill after an unreadable newest checkpoint resumes earlier than the
+    user may think). The first line of the phase says it, in the form of a phase's opening line."""
+    run = tmp_path / "run"
+    cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "train.keep_checkpoints=5",
+                               "phases.a={seq_len: 32, steps: 1}", "phases.b={seq_len: 32, steps: 3}"])  # fmt: skip
+    run_phases(cfg, log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 2)
+    said = []
+    run_phases(cfg, resume=True, log=said.append)
+    first = next(line for line in said if line.startswith("phase 'b'"))
+    assert first.startswith("phase 'b': seq_len 32, 3 steps of 4 sequences, lr 0.003 (cosine),"), said
+    assert first.endswith(f"; resumes at step 2 of 3 from {run / 'b' / 'checkpoints' / 'step-00000002.ckpt'}"), said
+    assert "starts from" not in first  # (its start is the checkpoint's record, said when the phase finishes)
+
+
 def test_resume_keeps_the_record_of_the_weights_an_interrupted_phase_started_from(config, tmp_path):
     """A phase retrained with --phase b --init and interrupted continues from its checkpoint on a plain --resume: it
     still started from the --init weights, which its checkpoint records (the command that resumes it gives none).
@@ -708,7 +725,7 @@ def test_resume_keeps_the_record_of_the_weights_an_interrupted_phase_started_fro
     _killed_after_checkpoint(run, "b", 1)
     said = []
     run_phases(cfg, resume=True, log=said.append)
-    assert any("resuming from" in line for line in said), said
+    assert any("resumes at step 1 of 2" in line for line in said), said
     record = {"kind": "init", "init": init, "weights": str(Path(init).resolve()), "sha256": _sha256(init)}
     assert json.loads((run / "b" / "complete.json").read_text())["started_from"] == record
     _killed_after_checkpoint(run, "b", 1)

@@ -143,7 +143,7 @@ def test_sigkill_mid_phase_then_resume_equals_uninterrupted(tmp_path, tiny_text_
 
     again = train("--config", cfg, f"run.dir={killed}", "--resume")
     assert "phase 'short' is complete; skipping" in again.stdout
-    assert "resuming from" in again.stdout
+    assert "resumes at step" in again.stdout
     a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
     assert a.keys() == b.keys()
     for k in a:
@@ -167,7 +167,7 @@ def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir
     assert proc.returncode == 130 and hint in err, (proc.returncode, err[-2000:], out[-2000:])
     assert not (run / "long" / "complete.json").exists()
     again = train_here("--config", cfg, f"run.dir={run}", "--resume", "phases.long.steps=6")
-    assert "resuming from" in again.stdout and (run / "long" / "complete.json").is_file()
+    assert "resumes at step" in again.stdout and (run / "long" / "complete.json").is_file()
 
 
 def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir, train_here, monkeypatch):
@@ -249,7 +249,7 @@ def test_resume_with_dropout_equals_uninterrupted(tmp_path, tiny_text_dir, keep_
         if keep_step is None or ckpt.name != f"step-{keep_step:08d}.ckpt":
             ckpt.unlink()
     out = train("--config", cfg, f"run.dir={killed}", *args, "--resume").stdout
-    assert ("resuming from" in out) == (keep_step is not None)
+    assert ("resumes at step" in out) == (keep_step is not None)
     import json
 
     # resumed from its checkpoint, 'long' took the moments saved there, carried from 'short' at its start
@@ -282,7 +282,7 @@ def test_resume_with_other_sampling_settings_is_refused_before_the_run_changes(t
         assert proc.returncode == 2 and f"--resume: phase '{phase}'" in proc.stderr and key in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and (killed / "config.yaml").read_text() == saved
     again = train("--config", cfg, f"run.dir={killed}", "--resume", "train.log_every=3").stdout
-    assert "resuming from" in again
+    assert "resumes at step" in again
 
 
 def test_resume_refuses_a_finished_phase_the_config_now_trains_differently(tmp_path, tiny_text_dir, train_here):
@@ -385,7 +385,7 @@ def test_an_interrupted_phase_init_run_continues_with_the_same_command_plus_resu
         path.unlink(missing_ok=True)
     assert [p.name for p in (killed / "long" / "checkpoints").iterdir()] == ["step-00000003.ckpt"]
     out = train_here(*command, f"run.dir={killed}", "--resume").stdout
-    assert "phase 'long': resuming from" in out and not (killed / "short").exists(), out
+    assert "phase 'long': seq_len" in out and "; resumes at step 3 of " in out and not (killed / "short").exists(), out
     a, b = load_file(straight / "model.safetensors"), load_file(killed / "model.safetensors")
     for k in a:
         assert (a[k] == b[k]).all(), f"{k} differs after resume"
