@@ -822,6 +822,51 @@ def _still_holds(record: dict) -> bool:
         return False
 
 
+def _resume_as_begun(run_dir: Path, names: list[str], start_phase: Optional[str],
+                     log: Callable[[str], None]) -> tuple[Optional[str], Optional[dict]]:  # fmt: skip
+    """--resume without --init: the --phase and the --init record (its STARTED file's) it goes on with, where the phase
+    it continues was begun by ``--phase P --init W``: the first unfinished phase that has begun (those before it
+    finished, or never run, as that command leaves them), and W still holds the weights it records (by sha256). Before
+    its first step checkpoint such a phase was refused (the user had to remember and retype W), and where the phases
+    before it never ran, the first of them was trained instead. Else ``start_phase`` as given and None: a phase
+    begun otherwise, --phase naming another, or W no longer those weights (``_check_begun_from`` then says what to do;
+    a checkpoint, if any, continues the phase without them)."""
+    began = next((n for n in names if not is_complete(run_dir, n) and _begun(run_dir, n)), None)
+    record = _init_begun(run_dir, began) if began is not None and start_phase in (None, began) else None
+    if record is None:
+        return start_phase, None
+    path = phase_dir(run_dir, began) / STARTED
+    if not _still_holds(record):
+        never = [n for n in names[: names.index(began)] if not is_complete(run_dir, n)]
+        if never:  # (else --resume goes on from the phase before it, and _check_begun_from refuses or a checkpoint
+            # continues the phase) here the phases before it would train, which that command did not ask for
+            raise MinilmError(f"--resume: phase '{began}' began from {started_from_text(record)} ({path}), which "
+                              f"{record['weights']} no longer holds, and {', '.join(repr(n) for n in never)} before "
+                              f"it never ran, so --resume cannot go on as it was begun. Resume it with --resume --phase "
+                              f"{began} --init FILE where FILE is a copy of those weights; retrain it from other weights "
+                              f"with --phase {began} --init PATH (without --resume); or train the run from its first "
+                              f"phase with --phase {names[0]}")  # fmt: skip
+        return start_phase, None
+    log(f"--resume: phase '{began}' began from {started_from_text(record)} ({path}); going on as --resume --phase "
+        f"{began} --init {record['weights']}")  # fmt: skip
+    return began, record
+
+
+def _begun(run_dir: Path, phase: str) -> bool:
+    """Whether ``phase`` has begun training: its STARTED file, a checkpoint or another output in its folder."""
+    return _saved_in(phase_dir(run_dir, phase)) or (phase_dir(run_dir, phase) / STARTED).is_file()
+
+
+def _init_begun(run_dir: Path, phase: str) -> Optional[dict]:
+    """The --init record ``phase``'s STARTED file holds; None where it has none, records another start, or cannot be
+    read (``_check_begun_from`` names it)."""
+    try:
+        record = json.loads((phase_dir(run_dir, phase) / STARTED).read_text())
+        return record if record["kind"] == "init" and {"init", "weights"} <= set(record) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _check_finished_follow(names: list[str], run_dir: Path) -> None:
     """On --resume, a finished phase must follow finished phases only: one after a phase that is to train (a phase
     inserted before it in the config) was trained from other weights. It was skipped, so the new phase trained and
@@ -853,8 +898,9 @@ def check_run(cfg, *, resume: bool, data: bool = True) -> None:
     prepares the corpus), checked without touching run.dir and without a word: a study checks every run it continues
     with it before the first one trains."""
     pcfgs = {n: phase_config(cfg, n) for n in phase_names(cfg)}
-    args = (cfg, pcfgs, Path(cfg.run.dir), resume, None)
-    found = _check_without_data(*args, is_primary_process(), None, silent)
+    start_phase, begun = _resume_as_begun(Path(cfg.run.dir), list(pcfgs), None, silent) if resume else (None, None)
+    args = (cfg, pcfgs, Path(cfg.run.dir), resume, start_phase)
+    found = _check_without_data(*args, is_primary_process(), begun, silent)
     if data:
         _check_with_data(*args, found, silent)
 
@@ -1001,6 +1047,20 @@ def _check_held_out_record(corpus, run_dir: Path, kept: list[str], trains: bool,
     return None
 
 
+def _init_weights(given: Optional[str], begun: Optional[dict]) -> tuple[Optional[str], Optional[dict], Optional[dict],
+                                                                       Optional[dict]]:  # fmt: skip
+    """(the weights file, its weights, the model section they record, its ``_init_record``) of --init ``given``, or of
+    the --init record ``begun`` that --resume goes on with (``_resume_as_begun``: kept as recorded, its file just
+    checked against its sha256); all None with neither. Read once, before the corpus is prepared and run.dir is
+    written, so that a missing or unreadable file fails first."""
+    if begun is not None:
+        return begun["weights"], *_read_init(begun["weights"]), begun
+    if given is None:
+        return None, None, None, None
+    init = str(_init_weights_path(given))  # (logged as loaded: the phase's file)
+    return init, *_read_init(init), _init_record(given, Path(init))
+
+
 def _init_weights_path(init: str) -> Path:
     """The weights file ``--init`` names: a weights file (from anywhere), or the weights of a run or phase directory
     as evaluate.py finds them (``resolve_run``: a run's final weights, else its newest finished phase). Another file
@@ -1102,12 +1162,12 @@ def run_phases(
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
     if not primary:  # every rank runs the phases alike, and each line was printed once per process; what goes wrong
         log = silent  # on another rank is raised there, and reaches the user from it
-    if resume and primary and not _has_outputs(run_dir, names):  # "always pass --resume" (a requeued job) is fine,
-        log(_nothing_to_resume(run_dir, names[0]))  # but say that nothing was resumed
-    # a missing or unreadable --init fails before the corpus is prepared and run.dir is written; read once
-    given, init = init, str(_init_weights_path(init)) if init is not None else None  # (logged as loaded: the phase)
-    weights, init_model = _read_init(init) if init is not None else (None, None)
-    init_record = _init_record(given, Path(init)) if init is not None else None
+    begun = None  # the --init record of the command --resume goes on with, where it began the phase with one
+    if resume and init is None:
+        start_phase, begun = _resume_as_begun(run_dir, names, start_phase, log)
+    if resume and primary and begun is None and not _has_outputs(run_dir, names):  # "always pass --resume" (a
+        log(_nothing_to_resume(run_dir, names[0]))  # requeued job) is fine, but say that nothing was resumed
+    init, weights, init_model, init_record = _init_weights(init, begun)
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init_record, log)
     start = names.index(start_phase) if start_phase else 0
     if notes:  # said before training, of what will train

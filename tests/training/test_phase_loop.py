@@ -818,9 +818,10 @@ def test_resume_compares_init_weights_by_content_not_by_path(config, tmp_path):
 def test_resume_before_the_first_checkpoint_starts_the_phase_from_the_weights_it_began_from(config, tmp_path,
                                                                                              monkeypatch):
     """--phase b --init X killed before b's first step checkpoint, then a plain --resume (a requeued job's): nothing
-    remembered X, and b retrained from a's weights without a word. The phase's folder records what it began from;
-    --resume that would start it from other weights is refused before any data is prepared, naming the file and both
-    commands; the same --init resumes it."""
+    remembered X, and b retrained from a's weights without a word; later it was refused, and the user had to retype
+    X. The phase's folder records what it began from (X's file and sha256): a plain --resume goes on as begun, from
+    X, and says so. --resume with other weights is refused before any data is prepared, naming the file and the
+    commands."""
     import json
 
     import minilm.data
@@ -836,18 +837,64 @@ def test_resume_before_the_first_checkpoint_starts_the_phase_from_the_weights_it
     prepare = minilm.data.load_corpus
     monkeypatch.setattr(minilm.data, "load_corpus", lambda *a, **k: pytest.fail("prepared the corpus"))
     began = rf"began from --init {donor} \(sha256 {_sha256(donor)[:12]}\) \({run / 'b' / 'started_from.json'}\)"
-    with pytest.raises(MinilmError, match=rf"^--resume: phase 'b' {began} and was interrupted before its first step "
-                                          r"checkpoint; this command would start it from the weights of phase 'a'\. "
-                                          rf"Resume it as it was begun, with --resume --phase b --init {donor}, or "
-                                          r"retrain it from these weights with --phase b \(without --resume\)$"):
-        run_phases(cfg, resume=True, log=lambda m: None)
     with pytest.raises(MinilmError, match=rf"{began} .* would start it from --init {other} \(sha256 .* with --phase b "
                                           rf"--init {other} \(without --resume\)$"):
         run_phases(cfg, start_phase="b", init=str(other), resume=True, log=lambda m: None)
     monkeypatch.setattr(minilm.data, "load_corpus", prepare)
-    run_phases(cfg, start_phase="b", init=str(donor), resume=True, log=lambda m: None)
+    said = []
+    run_phases(cfg, resume=True, log=said.append)
+    assert f"--resume: phase 'b' {began.replace(chr(92), '')}; going on as --resume --phase b --init {donor}" in said
     started = json.loads((run / "b" / "complete.json").read_text())["started_from"]
     assert started["kind"] == "init" and started["sha256"] == _sha256(donor)
+
+
+def test_a_plain_resume_refuses_a_phase_begun_from_weights_its_file_no_longer_holds(config, tmp_path, monkeypatch):
+    """The --init file overwritten since b began from it: a plain --resume cannot go on as begun, and is refused as
+    before (it would start b from a's weights), naming the retraining; --resume --phase b --init with a copy of the
+    weights goes on."""
+    import minilm.data
+
+    run, donor, copy = tmp_path / "run", tmp_path / "donor.safetensors", tmp_path / "copy.safetensors"
+    cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 1}",
+                               "phases.b={seq_len: 32, steps: 2}"])  # fmt: skip
+    run_phases(cfg, log=lambda m: None)
+    _other_weights(run / "a" / "model.safetensors", donor)
+    shutil.copy(donor, copy)
+    run_phases(cfg, start_phase="b", init=str(donor), log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 0)
+    _other_weights(copy, donor)  # overwritten since
+    prepare = minilm.data.load_corpus
+    monkeypatch.setattr(minilm.data, "load_corpus", lambda *a, **k: pytest.fail("prepared the corpus"))
+    with pytest.raises(MinilmError, match=r"^--resume: phase 'b' began from --init .* interrupted before its first "
+                                          r"step checkpoint; this command would start it from the weights of phase "
+                                          r"'a'\. Retrain it from these weights with --phase b \(without --resume\)$"):
+        run_phases(cfg, resume=True, log=lambda m: None)
+    monkeypatch.setattr(minilm.data, "load_corpus", prepare)
+    run_phases(cfg, start_phase="b", init=str(copy), resume=True, log=lambda m: None)
+    assert (run / "b" / "complete.json").is_file()
+
+
+def test_a_plain_resume_goes_on_with_a_phase_begun_by_init_where_the_phases_before_it_never_ran(config, tmp_path):
+    """--phase b --init X on a run whose phase a never ran, killed before b's first checkpoint: a plain --resume
+    trained a, which the command had not asked for, then b from a's weights (its record of X overwritten). It goes
+    on with b from X, as begun; with X overwritten it is refused, naming what works."""
+    donor_run, run, donor = tmp_path / "donor", tmp_path / "run", tmp_path / "donor.safetensors"
+    phases = ["phases.a={seq_len: 32, steps: 1}", "phases.b={seq_len: 32, steps: 2}", "train.ckpt_every=1"]
+    run_phases(load_config(config, [f"run.dir={donor_run}", *phases]), log=lambda m: None)
+    shutil.copy(donor_run / "a" / "model.safetensors", donor)
+    cfg = load_config(config, [f"run.dir={run}", *phases])
+    run_phases(cfg, start_phase="b", init=str(donor), log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 0)
+    kept = tmp_path / "kept"
+    shutil.copytree(run, kept)
+    run_phases(cfg, resume=True, log=lambda m: None)
+    assert not (run / "a").exists() and (run / "b" / "complete.json").is_file()
+    _other_weights(donor_run / "a" / "model.safetensors", donor)  # overwritten since
+    with pytest.raises(MinilmError, match=rf"which {donor} no longer holds, and 'a' before it never ran, so --resume "
+                                          r"cannot go on as it was begun\. Resume it with --resume --phase b --init FILE "
+                                          r"where FILE is a copy of those weights; retrain it .*; or train the run from "
+                                          r"its first phase with --phase a$"):
+        run_phases(load_config(config, [f"run.dir={kept}", *phases]), resume=True, log=lambda m: None)
 
 
 def _sha256(path) -> str:
