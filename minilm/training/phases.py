@@ -68,6 +68,7 @@ from minilm.training.checkpoint import (
     checkpoint_path,
     checkpoint_step,
     latest_good_checkpoint,
+    list_checkpoints,
     load_checkpoint_dict,
     load_latest_good_checkpoint,
     load_weights,
@@ -794,9 +795,21 @@ def _check_begun_from(run_dir: Path, phase: str, now: dict, plain: dict) -> None
         again = _begun_again(was, now, plain, phase)
         said = (f"Resume it as it was begun, with {again}, or retrain it from these weights with {anew} (without "
                 "--resume)") if again else f"Retrain it from these weights with {anew} (without --resume)"
-        raise MinilmError(f"--resume: phase '{phase}' began from {started_from_text(was)} ({path}) and was interrupted "
-                          f"before its first step checkpoint; this command would start it from "
+        raise MinilmError(f"--resume: phase '{phase}' began from {started_from_text(was)} ({path}) and "
+                          f"{_interrupted_unsaved(run_dir, phase)}; this command would start it from "
                           f"{started_from_text(now)}. {said}")  # fmt: skip
+
+
+def _interrupted_unsaved(run_dir: Path, phase: str) -> str:
+    """How ``phase``, which --resume trains from its first step again, was left: interrupted before its first step
+    checkpoint, or with only unreadable ones (truncated or corrupt: ``load_latest_good_checkpoint`` skipped them), which
+    are named: "before its first step checkpoint" was said of a phase whose checkpoint a disk full had cut short."""
+    ckpt_dir = phase_dir(run_dir, phase) / "checkpoints"
+    bad = [p.name for _, p in list_checkpoints(ckpt_dir)]
+    if not bad:
+        return "was interrupted before its first step checkpoint"
+    return (f"has no readable step checkpoint: {', '.join(bad)} in {ckpt_dir} {'is' if len(bad) == 1 else 'are'} "
+            "unreadable (truncated or corrupt), so the phase starts over from its first step")
 
 
 def _begun_again(was: dict, now: dict, plain: dict, phase: str) -> str:

@@ -897,6 +897,35 @@ def test_a_plain_resume_goes_on_with_a_phase_begun_by_init_where_the_phases_befo
         run_phases(load_config(config, [f"run.dir={kept}", *phases]), resume=True, log=lambda m: None)
 
 
+def test_a_refusal_names_the_unreadable_checkpoint_of_a_phase_it_would_start_over(config, tmp_path):
+    """b begun with --init X, its only step checkpoint truncated (a disk full, a kill in a copy), X overwritten since:
+    --resume was refused saying b 'was interrupted before its first step checkpoint', though the user could see one
+    in its folder. The refusal names the unreadable file. With X intact, a plain --resume starts b over from X, the
+    warning naming the file."""
+    run, donor, copy = tmp_path / "run", tmp_path / "donor.safetensors", tmp_path / "copy.safetensors"
+    cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 1}",
+                               "phases.b={seq_len: 32, steps: 2}"])  # fmt: skip
+    run_phases(cfg, log=lambda m: None)
+    _other_weights(run / "a" / "model.safetensors", donor)
+    shutil.copy(donor, copy)
+    run_phases(cfg, start_phase="b", init=str(donor), log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 1)
+    ckpt = run / "b" / "checkpoints" / "step-00000001.ckpt"
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated
+    _other_weights(copy, donor)
+    with pytest.raises(MinilmError, match=rf"\) and has no readable step checkpoint: step-00000001\.ckpt in "
+                                          rf"{ckpt.parent} is unreadable \(truncated or corrupt\), so the phase "
+                                          r"starts over from its first step; this command would start it from the "
+                                          r"weights of phase 'a'\. Retrain it"):
+        run_phases(cfg, resume=True, log=lambda m: None)
+    shutil.copy(copy, donor)  # the weights b began from, back
+    said = []
+    run_phases(cfg, resume=True, log=said.append)
+    assert any(line.startswith(f"warning: checkpoint {ckpt} is unreadable") for line in said), said
+    assert any(line.startswith("phase 'b': seq_len") and line.endswith(f"starts from --init {donor} (sha256 "
+                                                                        f"{_sha256(donor)[:12]})") for line in said)
+
+
 def _sha256(path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
