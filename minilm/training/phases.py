@@ -946,10 +946,12 @@ def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_pha
     if resume:
         _check_saved_model(cfg, run_dir)
     start = names.index(start_phase) if start_phase else 0
-    if init is None:  # --phase: the weights it starts from are the earlier phases' finished ones
+    # --phase: the weights it starts from are the earlier phases' finished ones; --resume keeps them all, also where it
+    # goes on at a phase begun with --init (_resume_as_begun), as a plain --resume into it checked them before
+    if init is None or resume:
         for n in [n for n in names[:start] if is_complete(run_dir, n)]:
-            check_finished_phase(pcfgs[n], n, run_dir, f"--phase {start_phase}", carries_optimizer(cfg, n),
-                                 world_size, cfg.phases.get(n))
+            check_finished_phase(pcfgs[n], n, run_dir, "--resume" if resume else f"--phase {start_phase}",
+                                 carries_optimizer(cfg, n), world_size, cfg.phases.get(n))  # fmt: skip
     resume_from = _check_phases_from(start, cfg, pcfgs, run_dir, resume, start_phase, init, world_size, log)
     # phases trained on the split held_out.json records, which the run keeps: finished ones before the phase --phase
     # restarts, or on --resume every finished one and every checkpoint it continues from

@@ -840,6 +840,9 @@ def test_resume_before_the_first_checkpoint_starts_the_phase_from_the_weights_it
     with pytest.raises(MinilmError, match=rf"{began} .* would start it from --init {other} \(sha256 .* with --phase b "
                                           rf"--init {other} \(without --resume\)$"):
         run_phases(cfg, start_phase="b", init=str(other), resume=True, log=lambda m: None)
+    with pytest.raises(MinilmError, match=r"^--resume: phase 'a' finished with phases\.a\.lr = 0\.003"):  # (kept)
+        run_phases(load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 1, "
+                                        "lr: 0.01}", "phases.b={seq_len: 32, steps: 2}"]), resume=True, log=print)
     monkeypatch.setattr(minilm.data, "load_corpus", prepare)
     said = []
     run_phases(cfg, resume=True, log=said.append)
