@@ -3,9 +3,11 @@
 ``check_model_fits_host``: a model whose bare training state (fp32 weights and gradients, AdamW's two moments: 16
 bytes per parameter) is larger than the machine's memory is refused before the corpus is prepared. Without it a
 typo such as ``model.n_layers=12000`` had the kernel kill the process mid-start, with no word (exit status 137), and
-``model.d_model=1048576`` ended in a torch allocator traceback. Checked on the CPU alone, where the host's memory is
-what training uses; on a GPU, running out is torch's ``OutOfMemoryError``, which ``out_of_memory`` turns into a
-message naming the phase, the step and what to change.
+``model.d_model=1048576`` ended in a torch allocator traceback. ``check_model_fits_device``: the same state against
+the GPU's memory, when training on CUDA (every strategy minilm accepts keeps a whole copy per device: sharded ones
+are refused): a model that can never fit was only found out by torch's ``OutOfMemoryError`` after the corpus was
+prepared. Running out later (activations, at a length) is that error, which ``out_of_memory`` turns into a message
+naming the phase, the step and what to change.
 """
 
 from __future__ import annotations
@@ -84,6 +86,32 @@ def check_model_fits_host(model_cfg, vocab_size: int, processes: int = 1) -> Non
         f"{counted}; training holds {TRAINING_BYTES_PER_PARAM} bytes per parameter (fp32 weights and gradients, "
         f"AdamW's two moments){copies}: {_gb(need)}, more than this machine's {_gb(total)} of memory (RAM and swap, "
         f"or the process's cgroup limit); make the model smaller ({SIZE_KEYS}) or train on a larger machine"
+    )
+
+
+def device_memory_bytes() -> Optional[int]:
+    """The total memory of the CUDA device this process trains on, as torch reports it; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+
+
+def check_model_fits_device(model_cfg, vocab_size: int) -> None:
+    """Refuse a model whose training state is larger than the GPU's memory (each process trains a whole copy on its
+    own device): it can never train there, whatever the batch or length. ``vocab_size`` as ``check_model_fits_host``."""
+    total = device_memory_bytes()
+    if total is None:
+        return
+    n = param_count(model_cfg, vocab_size)
+    need = TRAINING_BYTES_PER_PARAM * n
+    if need <= total:
+        return
+    counted = " (not counting the embedding and LM head)" if vocab_size == 0 else ""
+    raise MinilmError(
+        f"model.n_layers={model_cfg.n_layers}, model.d_model={model_cfg.d_model}: {n / 1e9:,.2f}G parameters"
+        f"{counted}; training holds {TRAINING_BYTES_PER_PARAM} bytes per parameter (fp32 weights and gradients, "
+        f"AdamW's two moments) on each GPU: {_gb(need)}, more than this GPU's {_gb(total)}; make the model smaller "
+        f"({SIZE_KEYS}) or train on a GPU with more memory (minilm keeps a whole copy per device: no sharded strategy)"
     )
 
 

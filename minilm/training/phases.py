@@ -78,6 +78,7 @@ from minilm.training.checkpoint import (
     save_weights,
 )
 from minilm.training.memory import (
+    check_model_fits_device,
     check_model_fits_host,
     is_out_of_memory,
     out_of_memory,
@@ -1269,10 +1270,14 @@ def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
 
 
 def _check_model_fits(cfg, world_size: int, vocab_size: int) -> None:
-    """Refuse, on the CPU, a model whose training state is larger than the machine (minilm/training/memory.py);
-    ``vocab_size`` 0: before the corpus is prepared, counting the model without its embedding and LM head."""
-    if _device_type(cfg) == "cpu":  # (phases share the run's trainer section)
+    """Refuse a model whose training state is larger than the machine, on the CPU, or than the GPU, on CUDA
+    (minilm/training/memory.py); ``vocab_size`` 0: before the corpus is prepared, counting the model without its
+    embedding and LM head."""
+    device = _device_type(cfg)  # (phases share the run's trainer section)
+    if device == "cpu":
         check_model_fits_host(cfg.model, vocab_size, processes_on_this_host(world_size, cfg.trainer.num_nodes))
+    elif device == "cuda":
+        check_model_fits_device(cfg.model, vocab_size)
 
 
 def _write_run_files(cfg, corpus, run_dir: Path, names: list, held_out) -> None:

@@ -72,3 +72,35 @@ def test_omegaconf_model_sections_of_a_saved_run_are_counted_too():
     mcfg = _model_cfg(n_layers=2, d_model=32, n_heads=2)
     plain = OmegaConf.create(OmegaConf.to_container(mcfg))
     assert param_count(plain, 50) == param_count(mcfg, 50)
+
+
+def test_a_model_larger_than_the_gpu_is_refused_naming_both_sizes(monkeypatch):
+    mcfg = _model_cfg(n_layers=2, d_model=64, n_heads=4)
+    n = param_count(mcfg, 300)
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: 16 * n)
+    memory.check_model_fits_device(mcfg, 300)  # exactly fits
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: 16 * n - 1)
+    with pytest.raises(MinilmError, match=r"model.n_layers=2, model.d_model=64: .* on each GPU: .*more than this GPU's"):
+        memory.check_model_fits_device(mcfg, 300)
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: None)  # no CUDA: nothing refused
+    memory.check_model_fits_device(mcfg, 300)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="reads this machine's GPU, which the CPU run has none of")
+def test_without_cuda_no_device_memory_is_read():
+    assert memory.device_memory_bytes() is None
+
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_the_run_check_refuses_a_model_too_large_for_the_device_it_trains_on(monkeypatch, tmp_path, cuda):
+    """Through the check a run makes before its corpus is prepared (train.py's, a study's): on CUDA against the GPU's
+    memory, on the CPU against the host's; each refusal names the memory it was judged by."""
+    from minilm.training import phases
+
+    cfg = load_config("configs/tiny.yaml", [f"run.dir={tmp_path / 'run'}", "model.n_layers=2000"])
+    monkeypatch.setattr(phases.torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(memory, "device_memory_bytes", lambda: 10**9)  # a 1 GB GPU
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 10**9)  # and a 1 GB host
+    with pytest.raises(MinilmError, match="this GPU's 1.0 GB" if cuda else "this machine's 1.0 GB"):
+        phases.check_run(cfg, resume=False, data=False)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
