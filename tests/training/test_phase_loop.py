@@ -851,12 +851,9 @@ def test_resume_before_the_first_checkpoint_starts_the_phase_from_the_weights_it
     assert started["kind"] == "init" and started["sha256"] == _sha256(donor)
 
 
-def test_a_plain_resume_refuses_a_phase_begun_from_weights_its_file_no_longer_holds(config, tmp_path, monkeypatch):
-    """The --init file overwritten since b began from it: a plain --resume cannot go on as begun, and is refused as
-    before (it would start b from a's weights), naming the retraining; --resume --phase b --init with a copy of the
-    weights goes on."""
-    import minilm.data
-
+def _b_begun_with_init(config, tmp_path):
+    """(cfg, run, donor, copy): phases a and b trained, then b again by --phase b --init donor (other weights than
+    a's, also at copy); the caller leaves b as a kill would (``_killed_after_checkpoint``)."""
     run, donor, copy = tmp_path / "run", tmp_path / "donor.safetensors", tmp_path / "copy.safetensors"
     cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 1}",
                                "phases.b={seq_len: 32, steps: 2}"])  # fmt: skip
@@ -864,6 +861,16 @@ def test_a_plain_resume_refuses_a_phase_begun_from_weights_its_file_no_longer_ho
     _other_weights(run / "a" / "model.safetensors", donor)
     shutil.copy(donor, copy)
     run_phases(cfg, start_phase="b", init=str(donor), log=lambda m: None)
+    return cfg, run, donor, copy
+
+
+def test_a_plain_resume_refuses_a_phase_begun_from_weights_its_file_no_longer_holds(config, tmp_path, monkeypatch):
+    """The --init file overwritten since b began from it: a plain --resume cannot go on as begun, and is refused as
+    before (it would start b from a's weights), naming the retraining; --resume --phase b --init with a copy of the
+    weights goes on."""
+    import minilm.data
+
+    cfg, run, donor, copy = _b_begun_with_init(config, tmp_path)
     _killed_after_checkpoint(run, "b", 0)
     _other_weights(copy, donor)  # overwritten since
     prepare = minilm.data.load_corpus
@@ -905,13 +912,7 @@ def test_a_refusal_names_the_unreadable_checkpoint_of_a_phase_it_would_start_ove
     --resume was refused saying b 'was interrupted before its first step checkpoint', though the user could see one
     in its folder. The refusal names the unreadable file. With X intact, a plain --resume starts b over from X, the
     warning naming the file."""
-    run, donor, copy = tmp_path / "run", tmp_path / "donor.safetensors", tmp_path / "copy.safetensors"
-    cfg = load_config(config, [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 1}",
-                               "phases.b={seq_len: 32, steps: 2}"])  # fmt: skip
-    run_phases(cfg, log=lambda m: None)
-    _other_weights(run / "a" / "model.safetensors", donor)
-    shutil.copy(donor, copy)
-    run_phases(cfg, start_phase="b", init=str(donor), log=lambda m: None)
+    cfg, run, donor, copy = _b_begun_with_init(config, tmp_path)
     _killed_after_checkpoint(run, "b", 1)
     ckpt = run / "b" / "checkpoints" / "step-00000001.ckpt"
     ckpt.write_bytes(ckpt.read_bytes()[:1000])  # truncated
