@@ -884,16 +884,23 @@ def test_a_plain_resume_refuses_a_phase_begun_from_weights_its_file_no_longer_ho
     assert (run / "b" / "complete.json").is_file()
 
 
-def test_a_plain_resume_goes_on_with_a_phase_begun_by_init_where_the_phases_before_it_never_ran(config, tmp_path):
-    """--phase b --init X on a run whose phase a never ran, killed before b's first checkpoint: a plain --resume
-    trained a, which the command had not asked for, then b from a's weights (its record of X overwritten). It goes
-    on with b from X, as begun; with X overwritten it is refused, naming what works."""
+def _b_begun_with_init_where_a_never_ran(config, tmp_path):
+    """(cfg, run, donor, donor_run, phases): a run whose phase b was trained by --phase b --init donor (another run's
+    phase a, at donor_run), its phase a never run; the caller leaves b as a kill would."""
     donor_run, run, donor = tmp_path / "donor", tmp_path / "run", tmp_path / "donor.safetensors"
     phases = ["phases.a={seq_len: 32, steps: 1}", "phases.b={seq_len: 32, steps: 2}", "train.ckpt_every=1"]
     run_phases(load_config(config, [f"run.dir={donor_run}", *phases]), log=lambda m: None)
     shutil.copy(donor_run / "a" / "model.safetensors", donor)
     cfg = load_config(config, [f"run.dir={run}", *phases])
     run_phases(cfg, start_phase="b", init=str(donor), log=lambda m: None)
+    return cfg, run, donor, donor_run, phases
+
+
+def test_a_plain_resume_goes_on_with_a_phase_begun_by_init_where_the_phases_before_it_never_ran(config, tmp_path):
+    """--phase b --init X on a run whose phase a never ran, killed before b's first checkpoint: a plain --resume
+    trained a, which the command had not asked for, then b from a's weights (its record of X overwritten). It goes
+    on with b from X, as begun; with X overwritten it is refused, naming what works."""
+    cfg, run, donor, donor_run, phases = _b_begun_with_init_where_a_never_ran(config, tmp_path)
     _killed_after_checkpoint(run, "b", 0)
     kept = tmp_path / "kept"
     shutil.copytree(run, kept)
@@ -1108,12 +1115,7 @@ def test_a_refused_init_is_offered_only_remedies_that_work_when_the_phase_before
     """--phase b --init X in a run whose phase a never ran, interrupted after a checkpoint, X overwritten since:
     --resume --phase b --init X was refused with "resume it without --init", which is refused in turn (a has not
     finished). Only the retraining is offered."""
-    donor_run, run, donor = tmp_path / "donor", tmp_path / "run", tmp_path / "donor.safetensors"
-    phases = ["phases.a={seq_len: 32, steps: 1}", "phases.b={seq_len: 32, steps: 2}", "train.ckpt_every=1"]
-    run_phases(load_config(config, [f"run.dir={donor_run}", *phases]), log=lambda m: None)
-    shutil.copy(donor_run / "a" / "model.safetensors", donor)
-    cfg = load_config(config, [f"run.dir={run}", *phases])
-    run_phases(cfg, start_phase="b", init=str(donor), log=lambda m: None)
+    cfg, run, donor, donor_run, phases = _b_begun_with_init_where_a_never_ran(config, tmp_path)
     _killed_after_checkpoint(run, "b", 1)
     _other_weights(donor_run / "a" / "model.safetensors", donor)  # overwritten since
     with pytest.raises(MinilmError, match=r"whose weights would replace these; retrain it from these weights with "
