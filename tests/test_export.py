@@ -3,6 +3,7 @@ it, for every RoPE scaling transformers can express; a tokenizer that encodes as
 for everything a Llama cannot express."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -76,13 +77,22 @@ CASES = {
     "longrope_attention_factor": [scaling(f"{{rope_type: longrope, attention_factor: 1.2,"
                                           f" original_max_position_embeddings: {L}, short_factor: {SHORT},"
                                           f" long_factor: {LONG}}}")],  # fmt: skip
+    # a factor whose target length original · factor is no integer (32 · 3.3 = 105.6): max_position_embeddings is
+    # rounded to 106, and transformers must still take the factor itself from rope_parameters, not 106 / 32
+    "yarn_fractional": [scaling(f"{{rope_type: yarn, factor: 3.3, original_max_position_embeddings: {L}}}")],
+    "longrope_fractional": [scaling(f"{{rope_type: longrope, factor: 3.3, original_max_position_embeddings: {L},"
+                                    f" short_factor: {SHORT}, long_factor: {LONG}}}")],  # fmt: skip
+    "llama3_fractional": [scaling(f"{{rope_type: llama3, factor: 3.3, original_max_position_embeddings: {L}}}")],
+    "linear_fractional": [scaling("{rope_type: linear, factor: 3.3}")],
+    "dynamic_fractional": [scaling(f"{{rope_type: dynamic, factor: 3.3, original_max_position_embeddings: {L}}}")],
     "mqa_d_ff": ["model.n_kv_heads=1", "model.d_ff=100"],  # one kv head for all; a d_ff not from the default rule
 }
 ROPE_TYPE = {"linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "yarn_mscale": "yarn", "llama3": "llama3",
              "llama3_defaults": "llama3",
              "longrope": "longrope", "ntk": "ntk", "ntk_by_parts": "ntk_by_parts", "interleaved_yarn": "yarn",
              "yarn_attention_factor": "yarn", "yarn_no_truncate": "yarn", "ntk_by_parts_no_truncate": "ntk_by_parts",
-             "longrope_attention_factor": "longrope"}
+             "longrope_attention_factor": "longrope", "yarn_fractional": "yarn", "longrope_fractional": "longrope",
+             "llama3_fractional": "llama3", "linear_fractional": "linear", "dynamic_fractional": "dynamic"}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -566,6 +576,23 @@ def test_transformers_4_config_names_the_longrope_original_length(monkeypatch):
     assert kwargs["rope_theta"] == 10000.0 and kwargs["rope_scaling"]["type"] == "longrope"
     assert kwargs["original_max_position_embeddings"] == L
     assert "original_max_position_embeddings" not in llama_rope_kwargs({"rope_type": "default", "rope_theta": 1.0})
+
+
+def test_a_longrope_export_writes_the_temperature_the_model_uses():
+    """The export writes longrope's attention_factor as minilm computes it: transformers 4.x takes its factor from
+    max_position_embeddings / original_max_position_embeddings, and at a factor whose target length is no integer
+    (32 · 3.3 = 105.6, written as 106) that is another factor (3.3125) and another temperature."""
+    from minilm.export import hf_rope_parameters
+    from minilm.positions.rope_scaling import compute_rope
+
+    block = {"rope_type": "longrope", "factor": 3.3, "original_max_position_embeddings": L, "short_factor": SHORT,
+             "long_factor": LONG}  # fmt: skip
+    rope, max_pos = hf_rope_parameters({"name": "rope", "base": 10000.0, "scaling": block}, DH)
+    _, ours = compute_rope(DH, 10000.0, block)
+    assert max_pos == 106 and rope["attention_factor"] == ours
+    assert abs(math.sqrt(1 + math.log(max_pos / L) / math.log(L)) - ours) > 1e-4  # what 4.x computed instead
+    given = {**block, "attention_factor": 1.2}  # one given is kept
+    assert hf_rope_parameters({"name": "rope", "base": 10000.0, "scaling": given}, DH)[0]["attention_factor"] == 1.2
 
 
 @pytest.mark.slow  # two subprocesses that each import transformers (~15 s of CPU apiece)
