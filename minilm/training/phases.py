@@ -1178,11 +1178,7 @@ def run_phases(
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
     if not primary:  # every rank runs the phases alike, and each line was printed once per process; what goes wrong
         log = silent  # on another rank is raised there, and reaches the user from it
-    begun = None  # the --init record of the command --resume goes on with, where it began the phase with one
-    if resume and init is None:
-        start_phase, begun = _resume_as_begun(run_dir, names, start_phase, log)
-    if resume and primary and begun is None and not _has_outputs(run_dir, names):  # "always pass --resume" (a
-        log(_nothing_to_resume(run_dir, names[0]))  # requeued job) is fine, but say that nothing was resumed
+    start_phase, begun = _what_resumes(run_dir, names, resume, start_phase, init, primary, log)
     init, weights, init_model, init_record = _init_weights(init, begun)
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init_record, log)
     start = names.index(start_phase) if start_phase else 0
@@ -1205,13 +1201,7 @@ def run_phases(
     with run_lock(run_dir, log) if primary else nullcontext():
         if primary:
             _write_run_files(cfg, corpus, run_dir, names, held_out)
-            # every complete.json first: killed inside rmtree (file by file), a phase kept it beside deleted
-            # weights, which --resume took as finished, and one after it, not reached yet, as finished after an
-            # unfinished one
-            for n in restarts:
-                (phase_dir(run_dir, n) / COMPLETE).unlink(missing_ok=True)
-            for n in restarts:
-                shutil.rmtree(phase_dir(run_dir, n), ignore_errors=True)
+            _remove_phases(run_dir, restarts)
         offset = sum(phase_steps(pcfgs[n]) for n in names[:start])
         tb_logger = _run_logger(run_dir, names[start:], pcfgs, offset, resume_from,
                                 restarted=resume or start_phase is not None)  # fmt: skip
@@ -1242,6 +1232,29 @@ def run_phases(
             tb_logger.close()
     log(f"done: {run_dir / 'model.safetensors'}")
     return run_dir
+
+
+def _what_resumes(run_dir: Path, names: list, resume: bool, start_phase: Optional[str], init: Optional[str],
+                  primary: bool, log) -> tuple[Optional[str], Optional[dict]]:  # fmt: skip
+    """(the phase to start at, the --init record --resume goes on with where the phase it continues began with one:
+    ``_resume_as_begun``); says so where --resume finds nothing to resume ("always pass --resume", a requeued job, is
+    fine, but the log says that nothing was resumed)."""
+    begun = None
+    if resume and init is None:
+        start_phase, begun = _resume_as_begun(run_dir, names, start_phase, log)
+    if resume and primary and begun is None and not _has_outputs(run_dir, names):
+        log(_nothing_to_resume(run_dir, names[0]))
+    return start_phase, begun
+
+
+def _remove_phases(run_dir: Path, restarted) -> None:
+    """The outputs of the phases an explicit --phase retrains, every complete.json first: killed inside rmtree (file
+    by file), a phase kept it beside deleted weights, which --resume took as finished, and one after it, not reached
+    yet, as finished after an unfinished one."""
+    for n in restarted:
+        (phase_dir(run_dir, n) / COMPLETE).unlink(missing_ok=True)
+    for n in restarted:
+        shutil.rmtree(phase_dir(run_dir, n), ignore_errors=True)
 
 
 def _compile_note(train) -> str:
