@@ -320,7 +320,8 @@ def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = 
         packed = [p for p in local if _data_suffix(p) == (".parquet", True)]
         if spec.path == "parquet" and spec.data_files is not None and packed:  # "Parquet magic bytes not found"
             raise _compressed_parquet(f"{where}.data_files", packed[0])
-        _hf_csv_settings(spec, where)  # a mix of .csv and .tsv refused, before anything is read
+        _check_one_format(spec, where)  # a directory of several formats refused, before anything is read
+        _hf_csv_settings(spec, where)  # and a mix of .csv and .tsv
         extra = {"files": _stat_digest(local)}
         if not _whole_split(spec.split):  # a slice or a sum: its records are named by split and
             # index since 2026-11-24 (_record_names), so a corpus prepared before held other ones out; a split's name
@@ -355,6 +356,52 @@ def _record_builder(path: Path) -> Optional[str]:
 def _builder_settings(path: Path) -> Dict[str, str]:
     """The settings its builder reads a local record file with (``{"sep": "\\t"}`` for a .tsv, compressed too)."""
     return dict(RECORD_FORMATS[_data_suffix(path)[0]][1]) if _record_builder(path) else {}
+
+
+# What datasets infers a local directory's builder from, and the files it leaves out of one (README.md, a folder
+# builder's metadata files), where its own tables cannot be imported (private names): the formats minilm reads,
+# plain text, and arrow
+_FORMATS = {**{k: v[0] for k, v in RECORD_FORMATS.items()}, ".ndjson": "json", ".txt": "text", ".arrow": "arrow"}
+_NOT_DATA = {"README.md", "metadata.csv", "metadata.jsonl", "metadata.parquet"}
+
+
+def _datasets_formats() -> Tuple[Dict[str, str], set]:
+    """(datasets' builder of a data file by suffix: ``.jsonl`` -> json, ``.txt`` -> text, ``.png`` -> imagefolder,
+    ...; the file names it leaves out of a directory), the tables it infers a local directory's builder with."""
+    try:
+        from datasets.data_files import FILES_TO_IGNORE
+        from datasets.packaged_modules import _ALL_METADATA_FILENAMES, _EXTENSION_TO_MODULE
+    except ImportError:
+        return _FORMATS, _NOT_DATA
+    return {k: module for k, (module, _) in _EXTENSION_TO_MODULE.items()}, {*FILES_TO_IGNORE, *_ALL_METADATA_FILENAMES}
+
+
+def _file_format(path: Path, formats: Dict[str, str], skipped: set) -> Optional[str]:
+    """The builder datasets reads ``path`` (relative to its directory) with, by its suffixes (``a.jsonl.gz``: json);
+    None for a file it leaves out: hidden or special (``.x``, ``__x``), a README or metadata file, no data suffix."""
+    if path.name in skipped or any(part.startswith((".", "__")) for part in path.parts):
+        return None
+    return next((formats[s] for s in (s.lower() for s in path.suffixes) if s in formats), None)
+
+
+def _check_one_format(spec: HfSource, where: str) -> None:
+    """An hf source whose path is a local directory of data files reads the files of one format: datasets infers its
+    builder from their most common suffix and leaves the files of every other format out, without a word (a
+    directory of 3 .jsonl files and 2 .csv ones gave the .jsonl records alone). Refused, naming one file of each."""
+    path = Path(spec.path)
+    if not path.is_dir() or _saved_to_disk(path):
+        return
+    (formats, skipped), first = _datasets_formats(), {}
+    for f in _hf_local_files(spec, data_files_only=spec.data_files is not None):
+        name = _file_format(f.relative_to(path) if f.is_relative_to(path) else f, formats, skipped)
+        if name is not None:
+            first.setdefault(name, f)
+    if len(first) > 1:
+        key = "data_files" if spec.data_files is not None else "path"
+        found = ", ".join(f"{f} ({name})" for name, f in first.items())
+        raise DataError(f"{where}.{key}: {spec.path} holds data files of {len(first)} formats: {found}; datasets reads "
+                        f"those of its most common format alone and leaves the others out without a word; give "
+                        f"data_files of one format, make one source per format, or read them with kind: files")
 
 
 def _hf_csv_settings(spec: HfSource, where: str) -> Dict[str, str]:

@@ -706,3 +706,26 @@ def test_config_checks_data_values():
                           ("data.synthetic.loss=prompt", "data.synthetic.loss")]:  # fmt: skip
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             load_config(None, [override])
+
+
+def test_an_hf_directory_of_several_formats_is_refused_naming_one_file_of_each(tmp_path):
+    """datasets infers a local directory's builder from its most common suffix and leaves the files of any other
+    format out without a word: a directory of one .jsonl and two .csv files gave the .csv records alone. Refused
+    before anything is read; a README, hidden files and metadata files do not count, and one format reads."""
+    from minilm.data.sources import source_fingerprint
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.jsonl").write_text('{"text": "from the jsonl"}\n')
+    (d / "README.md").write_text("# a dataset card\n")
+    (d / ".notes.csv").write_text("text\nhidden\n")
+    spec = parse_sources({"d": {"kind": "hf", "path": str(d)}})["d"]
+    source_fingerprint("d", spec)  # one format, beside files datasets leaves out: read
+    assert read_source("d", spec, progress=False).texts == ["from the jsonl"]
+    (d / "sub").mkdir()
+    for name in ("b.csv", "c.csv"):
+        (d / "sub" / name).write_text("text\nfrom a csv\n")
+    with pytest.raises(DataError, match=rf"^data\.sources\.d\.path: {re.escape(str(d))} holds data files of 2 formats: "
+                                        rf".*a\.jsonl \(json\), .*b\.csv \(csv\); datasets reads those of its most "
+                                        r"common format alone .*kind: files$"):  # fmt: skip
+        source_fingerprint("d", spec)
