@@ -842,7 +842,27 @@ def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_f
         if isinstance(e, ValueError):  # datasets' error for a split it lacks ("Unknown split", "Bad split")
             _check_split(where, path, name, split, data_files, cache_dir, call, settings)
         raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}{files}) failed: "
-                        f"{_cause(e)}") from None  # fmt: skip
+                        f"{_cause(e)}{_builder_hint(path, data_files)}") from None  # fmt: skip
+
+
+RECORD_BUILDERS = ("json", "csv", "parquet", "arrow")
+
+
+def _builder_hint(path: str, data_files: Any) -> str:
+    """Where a record builder failed on a data file whose suffix names another record format (``path: json`` with
+    ``a.csv``), the builder its suffix asks for: datasets' own error says only that the text did not parse ("JSON
+    parse error: Invalid value", "Parquet magic bytes not found", for a .jsonl read as csv "Instruction "train"
+    corresponds to no data!"). Said after the failure, not refused before: a file's suffix may lie."""
+    if path not in RECORD_BUILDERS:
+        return ""
+    formats, _ = _datasets_formats()
+    listed = data_files.values() if isinstance(data_files, dict) else [data_files]
+    for f in (f for v in listed for f in _as_list(v)):
+        fmt = _file_format(Path(Path(str(f)).name), formats, set())
+        if fmt in RECORD_BUILDERS and fmt != path:
+            return (f"; {f} is a {fmt} file by its suffix, which path: {path} reads with datasets' {path} builder: "
+                    f"set path: {fmt}")
+    return ""
 
 
 def _not_a_split(split: str, of: Any, splits: Any) -> str:

@@ -729,3 +729,21 @@ def test_an_hf_directory_of_several_formats_is_refused_naming_one_file_of_each(t
                                         rf".*a\.jsonl \(json\), .*b\.csv \(csv\); datasets reads those of its most "
                                         r"common format alone .*kind: files$"):  # fmt: skip
         source_fingerprint("d", spec)
+
+
+@pytest.mark.parametrize("builder, name, content, asks", [
+    ("json", "a.csv", "text\nhello\n", "csv"),
+    ("parquet", "b.jsonl", '{"text": "a"}\n', "json"),
+    ("csv", "c.jsonl", '{"text": "a"}\n', "json"),
+])  # fmt: skip
+def test_a_record_builder_failing_on_a_file_of_another_format_names_the_builder_its_suffix_asks_for(
+        tmp_path, builder, name, content, asks):  # fmt: skip
+    """datasets' error said only that the text did not parse ("JSON parse error", "Parquet magic bytes not found",
+    for a .jsonl read as csv "Instruction "train" corresponds to no data!"); the error now adds the builder the file's
+    suffix asks for. (Not refused before reading: a suffix may lie.)"""
+    path = tmp_path / name
+    path.write_text(content)
+    spec = parse_sources({"h": {"kind": "hf", "path": builder, "data_files": [str(path)]}})["h"]
+    said = rf"; {re.escape(str(path))} is a {asks} file by its suffix, which path: {builder} reads with datasets' "
+    with pytest.raises(DataError, match=said + rf"{builder} builder: set path: {asks}$"):
+        read_source("h", spec, progress=False)
