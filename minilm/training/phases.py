@@ -839,13 +839,17 @@ def _still_holds(record: dict) -> bool:
 def _resume_as_begun(run_dir: Path, names: list[str], start_phase: Optional[str],
                      log: Callable[[str], None]) -> tuple[Optional[str], Optional[dict]]:  # fmt: skip
     """--resume without --init: the --phase and the --init record (its STARTED file's) it goes on with, where the phase
-    it continues was begun by ``--phase P --init W``: the first unfinished phase that has begun (those before it
-    finished, or never run, as that command leaves them), and W still holds the weights it records (by sha256). Before
-    its first step checkpoint such a phase was refused (the user had to remember and retype W), and where the phases
-    before it never ran, the first of them was trained instead. Else ``start_phase`` as given and None: a phase
+    it continues was begun by ``--phase P --init W``: the last unfinished phase begun so, else the first unfinished
+    phase that has begun (those before it finished, never run, or interrupted, as that command leaves them), and W
+    still holds the weights it records (by sha256). Before its first step checkpoint such a phase was refused (the
+    user had to remember and retype W); where the phases before it never ran, the first of them was trained instead,
+    and where one had been interrupted before --phase P --init W was given, that one was resumed and P then trained
+    from its weights, the command's start dropped without a word. Else ``start_phase`` as given and None: a phase
     begun otherwise, --phase naming another, or W no longer those weights (``_check_begun_from`` then says what to do;
     a checkpoint, if any, continues the phase without them)."""
-    began = next((n for n in names if not is_complete(run_dir, n) and _begun(run_dir, n)), None)
+    unfinished = [n for n in names if not is_complete(run_dir, n)]
+    by_init = [n for n in unfinished if _init_begun(run_dir, n) is not None]
+    began = by_init[-1] if by_init else next((n for n in unfinished if _begun(run_dir, n)), None)
     record = _init_begun(run_dir, began) if began is not None and start_phase in (None, began) else None
     if record is None:
         return start_phase, None
@@ -856,14 +860,21 @@ def _resume_as_begun(run_dir: Path, names: list[str], start_phase: Optional[str]
             # continues the phase) here the phases before it would train, which that command did not ask for
             raise MinilmError(f"--resume: phase '{began}' began from {started_from_text(record)} ({path}), which "
                               f"{record['weights']} no longer holds, and {', '.join(repr(n) for n in never)} before "
-                              f"it never ran, so --resume cannot go on as it was begun. Resume it with --resume --phase "
-                              f"{began} --init FILE where FILE is a copy of those weights; retrain it from other weights "
-                              f"with --phase {began} --init PATH (without --resume); or train the run from its first "
-                              f"phase with --phase {names[0]}")  # fmt: skip
+                              f"it {_left_as(run_dir, never)}, so --resume cannot go on as it was begun. Resume it "
+                              f"with --resume --phase {began} --init FILE where FILE is a copy of those weights; "
+                              f"retrain it from other weights with --phase {began} --init PATH (without --resume); or "
+                              f"train the run from its first phase with --phase {names[0]}")  # fmt: skip
         return start_phase, None
     log(f"--resume: phase '{began}' began from {started_from_text(record)} ({path}); going on as --resume --phase "
         f"{began} --init {record['weights']}")  # fmt: skip
     return began, record
+
+
+def _left_as(run_dir: Path, phases: list[str]) -> str:
+    """How the unfinished ``phases`` were left, in words: never run, or not finished (one of them interrupted)."""
+    if not any(_begun(run_dir, n) for n in phases):
+        return "never ran"
+    return "has not finished" if len(phases) == 1 else "have not finished"
 
 
 def _begun(run_dir: Path, phase: str) -> bool:

@@ -2,6 +2,7 @@
 settings Lightning refuses."""
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -907,11 +908,40 @@ def test_a_plain_resume_goes_on_with_a_phase_begun_by_init_where_the_phases_befo
     run_phases(cfg, resume=True, log=lambda m: None)
     assert not (run / "a").exists() and (run / "b" / "complete.json").is_file()
     _other_weights(donor_run / "a" / "model.safetensors", donor)  # overwritten since
-    with pytest.raises(MinilmError, match=rf"which {donor} no longer holds, and 'a' before it never ran, so --resume "
-                                          r"cannot go on as it was begun\. Resume it with --resume --phase b --init FILE "
-                                          r"where FILE is a copy of those weights; retrain it .*; or train the run from "
-                                          r"its first phase with --phase a$"):
+    with pytest.raises(MinilmError, match=rf"which {donor} no longer holds, and 'a' before it never ran, so "
+                                          r"--resume cannot go on as it was begun\. Resume it with --resume --phase b "
+                                          r"--init FILE where FILE is a copy of those weights; retrain it .*; or train "
+                                          r"the run from its first phase with --phase a$"):
         run_phases(load_config(config, [f"run.dir={kept}", *phases]), resume=True, log=lambda m: None)
+
+
+def test_a_plain_resume_goes_on_with_a_phase_begun_by_init_after_the_phase_before_it_was_interrupted(config, tmp_path):
+    """a interrupted after a checkpoint, then --phase b --init X, killed before b's first checkpoint: a plain --resume
+    continued a and trained b from a's weights, the command's start from X dropped without a word. It goes on with b
+    from X, as begun, and leaves a as it was; with X overwritten it is refused, saying a has not finished."""
+    run, donor = tmp_path / "run", tmp_path / "donor.safetensors"
+    overrides = [f"run.dir={run}", "train.ckpt_every=1", "phases.a={seq_len: 32, steps: 2}",
+                 "phases.b={seq_len: 32, steps: 2}"]  # fmt: skip
+    cfg = load_config(config, overrides)
+    run_phases(cfg, log=lambda m: None)
+    _other_weights(run / "a" / "model.safetensors", donor)
+    _killed_after_checkpoint(run, "a", 1)
+    shutil.rmtree(run / "b")
+    run_phases(cfg, start_phase="b", init=str(donor), log=lambda m: None)
+    _killed_after_checkpoint(run, "b", 0)
+    kept = tmp_path / "kept"
+    shutil.copytree(run, kept)
+    said = []
+    run_phases(cfg, resume=True, log=said.append)
+    assert any(line.endswith(f"going on as --resume --phase b --init {donor}") for line in said), said
+    started = json.loads((run / "b" / "complete.json").read_text())["started_from"]
+    assert started["kind"] == "init" and started["sha256"] == _sha256(donor)
+    assert not (run / "a" / "complete.json").exists()  # a left as it was: interrupted, its checkpoint kept
+    assert [p.name for p in (run / "a" / "checkpoints").glob("*.ckpt")] == ["step-00000001.ckpt"]
+    _other_weights(run / "b" / "model.safetensors", donor)  # X overwritten since (with b's final weights, other ones)
+    with pytest.raises(MinilmError, match=r"and 'a' before it has not finished, so --resume cannot go on as it was "
+                                          r"begun\."):  # fmt: skip
+        run_phases(load_config(config, [f"run.dir={kept}", *overrides[1:]]), resume=True, log=lambda m: None)
 
 
 def test_a_refusal_names_the_unreadable_checkpoint_of_a_phase_it_would_start_over(config, tmp_path):
