@@ -760,8 +760,7 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
             check_finished_phase(pcfgs[n], n, run_dir, "--resume", carry, world_size, cfg.phases.get(n))
         elif resume:
             ckpt, sampler = _check_interrupted_phase(pcfgs[n], n, run_dir, world_size, log, cfg.phases.get(n), carry,
-                                                     init if i == start else None,
-                                                     i == 0 or is_complete(run_dir, names[i - 1]))  # fmt: skip
+                                                     init if i == start else None, _goes_on_unaided(run_dir, names, i))
             if ckpt is not None:
                 resume_from[n] = (ckpt, sampler)
             elif n == pending:  # trains from its first step again
@@ -774,6 +773,13 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
         if carry and retrains and is_complete(run_dir, names[i - 1]):
             _optimizer_state_path(run_dir, names[i - 1], n)
     return resume_from
+
+
+def _goes_on_unaided(run_dir: Path, names: list[str], i: int) -> bool:
+    """Whether a plain --resume (no --phase, no --init) goes on with the interrupted phase ``names[i]``: it is the
+    first phase, the phase before it has finished, or ``_resume_as_begun`` goes on with it as it was begun by --init."""
+    return i == 0 or is_complete(run_dir, names[i - 1]) or (
+        _last_begun(run_dir, names) == names[i] and _init_begun(run_dir, names[i]) is not None)
 
 
 def _check_begun_from(run_dir: Path, phase: str, now: dict, plain: dict) -> None:
@@ -837,25 +843,30 @@ def _still_holds(record: dict) -> bool:
 
 
 def _resume_as_begun(run_dir: Path, names: list[str], start_phase: Optional[str],
-                     log: Callable[[str], None]) -> tuple[Optional[str], Optional[dict]]:  # fmt: skip
+                     log: Callable[[str], None]) -> tuple[Optional[str], Optional[dict], bool]:  # fmt: skip
     """--resume without --init: the --phase and the --init record (its STARTED file's) it goes on with, where the phase
-    it continues was begun by ``--phase P --init W``: the last unfinished phase begun so, else the first unfinished
-    phase that has begun (those before it finished, never run, or interrupted, as that command leaves them), and W
-    still holds the weights it records (by sha256). Before its first step checkpoint such a phase was refused (the
-    user had to remember and retype W); where the phases before it never ran, the first of them was trained instead,
-    and where one had been interrupted before --phase P --init W was given, that one was resumed and P then trained
-    from its weights, the command's start dropped without a word. Else ``start_phase`` as given and None: a phase
-    begun otherwise, --phase naming another, or W no longer those weights (``_check_begun_from`` then says what to do;
-    a checkpoint, if any, continues the phase without them)."""
-    unfinished = [n for n in names if not is_complete(run_dir, n)]
-    by_init = [n for n in unfinished if _init_begun(run_dir, n) is not None]
-    began = by_init[-1] if by_init else next((n for n in unfinished if _begun(run_dir, n)), None)
+    it continues was begun by ``--phase P --init W`` (``_last_begun``) and W still holds the weights it records (by
+    sha256), and whether to read W (True). Before its first step checkpoint such a phase was refused (the user had to
+    remember and retype W); where the phases before it never ran, the first of them was trained instead, and where one
+    had been interrupted before --phase P --init W was given, that one was resumed and P then trained from its
+    weights, the command's start dropped without a word. Where W no longer holds them but a good step checkpoint of P
+    does, and the phases before P have not finished, it goes on all the same, from the checkpoint, without reading W
+    (False): it was refused, though nothing needed W. Else ``start_phase`` as given and None: a phase begun otherwise,
+    --phase naming another, or W no longer those weights (``_check_begun_from`` then says what to do; a checkpoint, if
+    any, continues the phase from the finished phase before it without them)."""
+    began = _last_begun(run_dir, names)
     record = _init_begun(run_dir, began) if began is not None and start_phase in (None, began) else None
     if record is None:
-        return start_phase, None
+        return start_phase, None, True
     path = phase_dir(run_dir, began) / STARTED
     if not _still_holds(record):
         never = [n for n in names[: names.index(began)] if not is_complete(run_dir, n)]
+        ckpt = latest_good_checkpoint(phase_dir(run_dir, began) / "checkpoints", log=silent) if never else None
+        if ckpt is not None:
+            log(f"--resume: phase '{began}' began from {started_from_text(record)} ({path}), which "
+                f"{record['weights']} no longer holds; its checkpoint {ckpt} continues it without them: going on as "
+                f"--resume --phase {began}")  # fmt: skip
+            return began, record, False
         if never:  # (else --resume goes on from the phase before it, and _check_begun_from refuses or a checkpoint
             # continues the phase) here the phases before it would train, which that command did not ask for
             raise MinilmError(f"--resume: phase '{began}' began from {started_from_text(record)} ({path}), which "
@@ -864,10 +875,19 @@ def _resume_as_begun(run_dir: Path, names: list[str], start_phase: Optional[str]
                               f"with --resume --phase {began} --init FILE where FILE is a copy of those weights; "
                               f"retrain it from other weights with --phase {began} --init PATH (without --resume); or "
                               f"train the run from its first phase with --phase {names[0]}")  # fmt: skip
-        return start_phase, None
+        return start_phase, None, True
     log(f"--resume: phase '{began}' began from {started_from_text(record)} ({path}); going on as --resume --phase "
         f"{began} --init {record['weights']}")  # fmt: skip
-    return began, record
+    return began, record, True
+
+
+def _last_begun(run_dir: Path, names: list[str]) -> Optional[str]:
+    """The phase a plain --resume goes on with where one was begun by --init: the last unfinished phase begun so (the
+    last such command's), else the first unfinished phase that has begun (those before it finished, never run, or
+    interrupted, as that command leaves them); None where no unfinished phase has begun."""
+    unfinished = [n for n in names if not is_complete(run_dir, n)]
+    by_init = [n for n in unfinished if _init_begun(run_dir, n) is not None]
+    return by_init[-1] if by_init else next((n for n in unfinished if _begun(run_dir, n)), None)
 
 
 def _left_as(run_dir: Path, phases: list[str]) -> str:
@@ -923,7 +943,8 @@ def check_run(cfg, *, resume: bool, data: bool = True) -> None:
     prepares the corpus), checked without touching run.dir and without a word: a study checks every run it continues
     with it before the first one trains."""
     pcfgs = {n: phase_config(cfg, n) for n in phase_names(cfg)}
-    start_phase, begun = _resume_as_begun(Path(cfg.run.dir), list(pcfgs), None, silent) if resume else (None, None)
+    start_phase, begun, _ = _resume_as_begun(Path(cfg.run.dir), list(pcfgs), None, silent) if resume else (
+        None, None, True)
     args = (cfg, pcfgs, Path(cfg.run.dir), resume, start_phase)
     found = _check_without_data(*args, is_primary_process(), begun, silent)
     if data:
@@ -1074,14 +1095,16 @@ def _check_held_out_record(corpus, run_dir: Path, kept: list[str], trains: bool,
     return None
 
 
-def _init_weights(given: Optional[str], begun: Optional[dict]) -> tuple[Optional[str], Optional[dict], Optional[dict],
-                                                                       Optional[dict]]:  # fmt: skip
+def _init_weights(given: Optional[str], begun: Optional[dict],
+                  read_begun: bool = True) -> tuple[Optional[str], Optional[dict], Optional[dict],
+                                                    Optional[dict]]:  # fmt: skip
     """(the weights file, its weights, the model section they record, its ``_init_record``) of --init ``given``, or of
     the --init record ``begun`` that --resume goes on with (``_resume_as_begun``: kept as recorded, its file just
-    checked against its sha256); all None with neither. Read once, before the corpus is prepared and run.dir is
-    written, so that a missing or unreadable file fails first."""
+    checked against its sha256; not read where ``read_begun`` is False: a checkpoint continues the phase, and the
+    file no longer holds those weights); all None with neither. Read once, before the corpus is prepared and run.dir
+    is written, so that a missing or unreadable file fails first."""
     if begun is not None:
-        return begun["weights"], *_read_init(begun["weights"]), begun
+        return begun["weights"], *(_read_init(begun["weights"]) if read_begun else (None, None)), begun
     if given is None:
         return None, None, None, None
     init = str(_init_weights_path(given))  # (logged as loaded: the phase's file)
@@ -1189,8 +1212,8 @@ def run_phases(
     primary = is_primary_process()  # the other DDP ranks train, and leave run.dir's files to this one
     if not primary:  # every rank runs the phases alike, and each line was printed once per process; what goes wrong
         log = silent  # on another rank is raised there, and reaches the user from it
-    start_phase, begun = _what_resumes(run_dir, names, resume, start_phase, init, primary, log)
-    init, weights, init_model, init_record = _init_weights(init, begun)
+    start_phase, begun, read_begun = _what_resumes(run_dir, names, resume, start_phase, init, primary, log)
+    init, weights, init_model, init_record = _init_weights(init, begun, read_begun)
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init_record, log)
     start = names.index(start_phase) if start_phase else 0
     if notes:  # said before training, of what will train
@@ -1246,16 +1269,16 @@ def run_phases(
 
 
 def _what_resumes(run_dir: Path, names: list, resume: bool, start_phase: Optional[str], init: Optional[str],
-                  primary: bool, log) -> tuple[Optional[str], Optional[dict]]:  # fmt: skip
-    """(the phase to start at, the --init record --resume goes on with where the phase it continues began with one:
-    ``_resume_as_begun``); says so where --resume finds nothing to resume ("always pass --resume", a requeued job, is
-    fine, but the log says that nothing was resumed)."""
-    begun = None
+                  primary: bool, log) -> tuple[Optional[str], Optional[dict], bool]:  # fmt: skip
+    """(the phase to start at, the --init record --resume goes on with where the phase it continues began with one,
+    whether to read its weights: ``_resume_as_begun``); says so where --resume finds nothing to resume ("always pass
+    --resume", a requeued job, is fine, but the log says that nothing was resumed)."""
+    begun, read = None, True
     if resume and init is None:
-        start_phase, begun = _resume_as_begun(run_dir, names, start_phase, log)
+        start_phase, begun, read = _resume_as_begun(run_dir, names, start_phase, log)
     if resume and primary and begun is None and not _has_outputs(run_dir, names):
         log(_nothing_to_resume(run_dir, names[0]))
-    return start_phase, begun
+    return start_phase, begun, read
 
 
 def _remove_phases(run_dir: Path, restarted) -> None:

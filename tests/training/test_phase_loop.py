@@ -1141,13 +1141,33 @@ def test_the_same_command_after_a_kill_before_the_first_checkpoint_starts_over(c
         run_phases(cfg, log=lambda m: None)
 
 
-def test_a_refused_init_is_offered_only_remedies_that_work_when_the_phase_before_never_ran(config, tmp_path):
-    """--phase b --init X in a run whose phase a never ran, interrupted after a checkpoint, X overwritten since:
-    --resume --phase b --init X was refused with "resume it without --init", which is refused in turn (a has not
-    finished). Only the retraining is offered."""
+def test_a_phase_begun_by_init_goes_on_from_its_checkpoint_where_the_weights_it_began_from_are_gone(config, tmp_path,
+                                                                                                     monkeypatch):
+    """--phase b --init X in a run whose phase a never ran, interrupted after a checkpoint, X overwritten since: a
+    plain --resume was refused (it could not go on as begun without X), and --resume --phase b was refused too (a has
+    not finished), though b's checkpoint continues it without X; only retraining b was left. Both go on from the
+    checkpoint now, and say so, without reading X (here gone); --resume --phase b --init with other weights is
+    refused, offering the plain --resume."""
     cfg, run, donor, donor_run, phases = _b_begun_with_init_where_a_never_ran(config, tmp_path)
+    started = _sha256(donor)
     _killed_after_checkpoint(run, "b", 1)
     _other_weights(donor_run / "a" / "model.safetensors", donor)  # overwritten since
-    with pytest.raises(MinilmError, match=r"whose weights would replace these; retrain it from these weights with "
-                                          rf"--phase b --init {donor} \(without --resume\)$"):
+    with pytest.raises(MinilmError, match=r"whose weights would replace these; resume it without --init, or "
+                                          rf"retrain it from these weights with --phase b --init {donor} \(without "
+                                          r"--resume\)$"):  # fmt: skip
         run_phases(cfg, start_phase="b", init=str(donor), resume=True, log=lambda m: None)
+    kept = tmp_path / "kept"
+    shutil.copytree(run, kept)
+    donor.unlink()  # (not read)
+    for where, phase in ((run, None), (kept, "b")):
+        said = []
+        run_phases(load_config(config, [f"run.dir={where}", *phases]), resume=True, start_phase=phase,
+                   log=said.append)  # fmt: skip
+        ckpt = where / "b" / "checkpoints" / "step-00000001.ckpt"
+        began = f"began from --init {donor} (sha256 {started[:12]}) ({where / 'b' / 'started_from.json'})"
+        assert f"--resume: phase 'b' {began}, which {donor} no longer holds; its checkpoint {ckpt} continues it " \
+               "without them: going on as --resume --phase b" in said, said
+        assert any(line.startswith("phase 'b'") and f"resumes at step 1 of 2 from {ckpt}" in line for line in said)
+        assert not any(line.startswith("initial weights from") for line in said), said
+        assert json.loads((where / "b" / "complete.json").read_text())["started_from"]["sha256"] == started
+        assert not (where / "a").exists()
