@@ -7,6 +7,7 @@ import argparse
 import ctypes
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -15,7 +16,7 @@ import warnings
 from contextlib import contextmanager
 from typing import Callable, Optional, Sequence
 
-from minilm.errors import MinilmError
+from minilm.errors import ConfigError, MinilmError
 
 
 class Once(argparse.Action):
@@ -39,6 +40,30 @@ def once_parser(**kwargs) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(**kwargs)
     parser.register("action", None, Once)
     return parser
+
+
+PARAMETER = re.compile(r"^[A-Za-z_]\w*=")  # an --extension parameter: key=value, the key a name
+
+
+def run_after_extension(args: argparse.Namespace, dest: str, write: str) -> None:
+    """``--prompt hi --extension logn runs/tiny``: --extension takes every word after it (nargs="+"), the run too,
+    and argparse then said the run was missing. Its parameters are key=value, so a last word without one is not a
+    parameter: where no run came before, it is the run, set as ``args.<dest>``. Any other such word is an error that
+    says how to write the command (``write``: the script and its positional arguments, ``evaluate.py RUN``), and so is
+    no run at all. The scripts whose run is positional and that take --extension (generate.py, evaluate.py) share it."""
+    method, *rest = args.extension or [None]
+    words = [w for w in rest if not PARAMETER.match(w)]
+    run = getattr(args, dest)
+    if words and run is None and words == rest[-1:]:
+        setattr(args, dest, rest[-1])
+        args.extension = [method, *rest[:-1]]
+    elif words:
+        raise ConfigError(f"--extension {method}: {words[0]!r} is not a parameter (those are key=value, e.g. "
+                          f"window=256)" + (f" and the run is {run!r}" if run else "")
+                          + f"; write: {write} ... --extension {method} key=value ...")  # fmt: skip
+    if getattr(args, dest) is None:
+        raise ConfigError(f"no run directory or checkpoint given; write: {write} ... (a run directory, a phase directory "
+                          "or a model.safetensors)")  # fmt: skip
 
 
 def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:

@@ -20,39 +20,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import once_parser, run_cli  # noqa: E402
-from minilm.errors import ConfigError, MinilmError  # noqa: E402
+from minilm.cli import once_parser, run_after_extension, run_cli  # noqa: E402
+from minilm.errors import MinilmError  # noqa: E402
 
 
-PARAMETER = re.compile(r"^[A-Za-z_]\w*=")  # an --extension parameter: key=value, the key a name
 # generate()'s arguments as this script's user gives them: its errors name the flags
 FLAGS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
          "top_p": "--top-p"}  # fmt: skip
-
-
-def checkpoint_after_extension(args: argparse.Namespace) -> None:
-    """``--prompt hi --extension logn runs/tiny``: --extension takes every word after it (nargs="+"), the checkpoint
-    too, and argparse then said the checkpoint was missing. Its parameters are key=value, so a last word without
-    one is not a parameter: when no checkpoint came before, it is the checkpoint. Any other such word is an error
-    that says how to write the command."""
-    method, *rest = args.extension or [None]
-    words = [w for w in rest if not PARAMETER.match(w)]
-    if words and args.checkpoint is None and words == rest[-1:]:
-        args.checkpoint, args.extension = rest[-1], [method, *rest[:-1]]
-    elif words:
-        raise ConfigError(f"--extension {method}: {words[0]!r} is not a parameter (those are key=value, e.g. "
-                          "window=256)" + (f" and the checkpoint is {args.checkpoint!r}" if args.checkpoint else "")
-                          + f"; write: generate.py RUN_DIR_OR_CHECKPOINT --prompt TEXT --extension {method} "
-                            "key=value ...")  # fmt: skip
-    if args.checkpoint is None:
-        raise ConfigError("no run directory or checkpoint given; write: generate.py RUN_DIR_OR_CHECKPOINT --prompt "
-                          "TEXT ... (a run directory, a phase directory or a model.safetensors)")  # fmt: skip
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
     from minilm.model.generate import TextStream, cache_blockers, check_sampling, generate
     from minilm.runs import load_run
 
-    checkpoint_after_extension(args)
+    run_after_extension(args, "checkpoint", "generate.py RUN_DIR_OR_CHECKPOINT --prompt TEXT")
     # --greedy ignores the sampling flags, as its help says: not used, so not checked either (a sampling command with
     # --greedy appended decodes by argmax, whatever values it carries)
     temperature, top_k, top_p = (1.0, None, None) if args.greedy else (args.temperature, args.top_k, args.top_p)

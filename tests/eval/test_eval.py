@@ -597,6 +597,30 @@ def test_resolve_device(monkeypatch):
         resolve_device("cuda:3")
 
 
+def test_evaluate_takes_the_run_first_or_as_a_flag(tmp_path, fake_run, capsys):
+    """``evaluate.py runs/tiny``, as generate.py, export_hf.py and compare_runs.py take their run, said '--run is
+    required'. The run comes first, after --extension's parameters (which take it), or as --run: the same
+    evaluation. Two different runs, or none, is one message naming how to write it."""
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    flags = ["--lengths", "32", "--tasks", "ppl", "--batches", "1", "--no-tb", "--device", "cpu"]
+    results = []
+    for i, argv in enumerate(([str(fake_run), *flags], ["--run", str(fake_run), *flags],
+                              [*flags, "--extension", "none", str(fake_run)], [str(fake_run), "--run", str(fake_run),
+                                                                                *flags])):  # fmt: skip
+        assert run_cli(ev.main, ev.parser(), [*argv, "--out", str(tmp_path / f"e{i}")]) == 0, capsys.readouterr().err
+        results.append(json.loads((tmp_path / f"e{i}" / "results.json").read_text())["ppl"])
+    assert results[0] == results[1] == results[2] == results[3] and results[0]["32"] is not None
+    other = tmp_path / "other"
+    assert run_cli(ev.main, ev.parser(), [str(fake_run), "--run", str(other), *flags]) == 2
+    assert f"error: two runs given, {str(fake_run)!r} and --run {str(other)!r}; give one" in capsys.readouterr().err
+    assert run_cli(ev.main, ev.parser(), flags) == 2
+    assert "error: no run directory or checkpoint given; write: evaluate.py RUN ..." in capsys.readouterr().err
+    assert run_cli(ev.main, ev.parser(), [*flags, "--extension", "yarn", "oops", str(fake_run)]) == 2
+    assert "error: --extension yarn: 'oops' is not a parameter" in capsys.readouterr().err
+
+
 def test_scripts_give_one_message_for_bad_input(tmp_path, fake_run, capsys):
     from minilm.cli import run_cli
 
