@@ -45,6 +45,25 @@ def once_parser(**kwargs) -> argparse.ArgumentParser:
 PARAMETER = re.compile(r"^[A-Za-z_]\w*=")  # an --extension parameter: key=value, the key a name
 
 
+def add_run_args(parser: argparse.ArgumentParser, dest: str, metavar: str, help: str) -> None:
+    """The run a script reads, given first (``args.<dest>``) or as ``--run`` (the same): evaluate.py took ``--run``
+    alone and generate.py the run first alone, and each refused the other's form. Not required for argparse: it may
+    also come after --extension's parameters, which take it; ``one_run`` then puts it back and requires it."""
+    parser.add_argument(dest, nargs="?", metavar=metavar, help=f"{help} (required)")
+    parser.add_argument("--run", dest="run_flag", metavar=metavar, help=f"the same as {metavar}, as a flag")
+
+
+def one_run(args: argparse.Namespace, dest: str, write: str) -> None:
+    """The run of ``add_run_args``, as ``args.<dest>``: the one given first or by --run (both naming different runs is
+    an error), else one typed after --extension's parameters (``run_after_extension``, which refuses none at all)."""
+    flag = args.run_flag
+    if flag is not None:
+        if getattr(args, dest) not in (None, flag):
+            raise ConfigError(f"two runs given, {getattr(args, dest)!r} and --run {flag!r}; give one")
+        setattr(args, dest, flag)
+    run_after_extension(args, dest, write)
+
+
 def run_after_extension(args: argparse.Namespace, dest: str, write: str) -> None:
     """``--prompt hi --extension logn runs/tiny``: --extension takes every word after it (nargs="+"), the run too,
     and argparse then said the run was missing. Its parameters are key=value, so a last word without one is not a
@@ -62,8 +81,8 @@ def run_after_extension(args: argparse.Namespace, dest: str, write: str) -> None
                           f"window=256)" + (f" and the run is {run!r}" if run else "")
                           + f"; write: {write} ... --extension {method} key=value ...")  # fmt: skip
     if getattr(args, dest) is None:
-        raise ConfigError(f"no run directory or checkpoint given; write: {write} ... (a run directory, a phase directory "
-                          "or a model.safetensors)")  # fmt: skip
+        raise ConfigError(f"no run directory or checkpoint given; write: {write} ... (a run directory, a phase "
+                          "directory or a model.safetensors)")  # fmt: skip
 
 
 def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:

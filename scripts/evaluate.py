@@ -7,9 +7,10 @@
     python scripts/evaluate.py --run runs/tiny --extension self_extend group_size=4 window=64 --tasks ppl,passkey
     python scripts/evaluate.py --run runs/tiny --tasks ppl,passkey,needle,kv --samples 16 --out /tmp/eval
 
-The run comes first or as ``--run RUN`` (the same). --extension takes a training-free method (logn, rerope, self_extend, dca, rope_scaling) or a RoPE scaling
-rope_type (linear, ntk, dynamic, yarn, dynamic_yarn, llama3, ...) with its parameters as key=value
-(``original_max_position_embeddings`` and logn's ``train_len`` default to the training length).
+The run comes first or as ``--run RUN`` (the same). --extension takes a training-free method (logn, rerope,
+self_extend, dca, rope_scaling) or a RoPE scaling rope_type (linear, ntk, dynamic, yarn, dynamic_yarn, llama3, ...)
+with its parameters as key=value (``original_max_position_embeddings`` and logn's ``train_len`` default to the
+training length).
 
 Writes results.json, report.md and PNG figures to RUN/PHASE/eval[-METHOD]/ (a step checkpoint's to
 RUN/PHASE/eval-step-NNNNNNNN[-METHOD]/; or --out) and logs scalars
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import once_parser, run_after_extension, run_cli  # noqa: E402
+from minilm.cli import add_run_args, once_parser, one_run, run_cli  # noqa: E402
 
 # evaluate_run's arguments as this script's user gives them: an error about one names the flag (a value from the run's
 # config keeps its key, eval.samples)
@@ -63,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     from minilm.errors import ConfigError
     from minilm.eval import evaluate_run, extension_from_flag
 
-    _one_run(args)
+    one_run(args, "run", "evaluate.py RUN")
     extension = extension_from_flag(args.extension)  # (a bad one is refused before the run is read)
 
     changes = {"samples": args.samples, "depths": args.depths, "batches": args.batches, "seed": args.seed,
@@ -91,28 +92,10 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _one_run(args: argparse.Namespace) -> None:
-    """The run, as ``args.run``, given first (as generate.py, export_hf.py and compare_runs.py take theirs) or as
-    ``--run``, the flag this script took alone: ``evaluate.py runs/tiny`` said '--run is required'. Both naming
-    different runs is an error; so is none (``run_after_extension``, which also takes a run typed after
-    --extension's parameters)."""
-    from minilm.errors import ConfigError
-
-    if args.run_flag is not None:
-        if args.run is not None and args.run != args.run_flag:
-            raise ConfigError(f"two runs given, {args.run!r} and --run {args.run_flag!r}; give one (evaluate.py RUN, "
-                              "or --run RUN)")  # fmt: skip
-        args.run = args.run_flag
-    run_after_extension(args, "run", "evaluate.py RUN")
-
-
 def parser() -> argparse.ArgumentParser:
     p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                     usage="%(prog)s RUN [options]   (or --run RUN)")  # fmt: skip
-    # not required for argparse: it may come as --run, or after --extension's parameters, which take it (main puts it
-    # back)
-    p.add_argument("run", nargs="?", metavar="RUN", help="run directory, phase directory or weights file (required)")
-    p.add_argument("--run", dest="run_flag", metavar="RUN", help="the same as RUN, as a flag")
+    add_run_args(p, "run", "RUN", "run directory, phase directory or weights file")
     p.add_argument("--phase", help="evaluate this phase's weights (default: the run's final weights)")
     p.add_argument("--lengths", type=_ints, help="comma-separated context lengths, e.g. 256,512,1024")
     p.add_argument("--tasks", type=_names,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import once_parser, run_after_extension, run_cli  # noqa: E402
+from minilm.cli import add_run_args, once_parser, one_run, run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
     from minilm.model.generate import TextStream, cache_blockers, check_sampling, generate
     from minilm.runs import load_run
 
-    run_after_extension(args, "checkpoint", "generate.py RUN_DIR_OR_CHECKPOINT --prompt TEXT")
+    one_run(args, "checkpoint", "generate.py RUN_DIR_OR_CHECKPOINT --prompt TEXT")
     # --greedy ignores the sampling flags, as its help says: not used, so not checked either (a sampling command with
     # --greedy appended decodes by argmax, whatever values it carries)
     temperature, top_k, top_p = (1.0, None, None) if args.greedy else (args.temperature, args.top_k, args.top_p)
@@ -90,10 +90,9 @@ def main(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                    usage="%(prog)s RUN_DIR_OR_CHECKPOINT --prompt TEXT [options]")  # fmt: skip
-    # not required for argparse: it may come after --extension's parameters, which take it (main puts it back)
-    p.add_argument("checkpoint", nargs="?", metavar="RUN_DIR_OR_CHECKPOINT",
-                   help="run directory, phase directory or model.safetensors (required)")
+                    usage="%(prog)s RUN_DIR_OR_CHECKPOINT --prompt TEXT [options]   (or --run "
+                          "RUN_DIR_OR_CHECKPOINT)")  # fmt: skip
+    add_run_args(p, "checkpoint", "RUN_DIR_OR_CHECKPOINT", "run directory, phase directory or model.safetensors")
     p.add_argument("--prompt", required=True, help="the text to continue (printed first)")
     p.add_argument("--phase", help="a phase of the run (default: its final weights)")
     p.add_argument("--max-new-tokens", type=int, default=100, metavar="N",

@@ -104,6 +104,11 @@ def test_the_checkpoint_may_follow_the_extension_parameters(fake_run, capsys):
     first = capsys.readouterr()
     assert run_cli(gen.main, gen.parser(), [*head, "--extension", "dynamic", "factor=2", str(fake_run)]) == 0
     assert capsys.readouterr() == first
+    # --run RUN, as evaluate.py takes it too (it said 'unrecognized arguments: --run')
+    assert run_cli(gen.main, gen.parser(), ["--run", str(fake_run), *head, "--extension", "dynamic", "factor=2"]) == 0
+    assert capsys.readouterr() == first
+    assert run_cli(gen.main, gen.parser(), [str(fake_run), "--run", str(fake_run / "train"), *head]) == 2
+    assert "error: two runs given" in capsys.readouterr().err
     for argv, said in (([*head, "--extension", "logn", "oops", str(fake_run)], "'oops' is not a parameter"),
                        ([str(fake_run), *head, "--extension", "logn", "oops"], "'oops' is not a parameter"),
                        ([*head, "--extension", "logn"], "no run directory or checkpoint given")):  # fmt: skip
