@@ -59,7 +59,7 @@ def position_dims(cfg, layer: int) -> PositionDims:
 def position_hooks(cfg) -> list:
     """The position hook objects a GPT of ``cfg`` holds (the embedding side's, then one per block), built alone,
     without the model's weights: a run checks its phases' lengths against their limits with them before it prepares
-    any data (minilm.training.phases)."""
+    any data (minilm.training.run_checks)."""
     hooks = [build_position(cfg.position, position_dims(cfg, -1), "embedding")]
     return hooks + [build_position(cfg.position, position_dims(cfg, i), "attention") for i in range(cfg.n_layers)]
 

@@ -33,10 +33,11 @@ from minilm.errors import MinilmError
 from minilm.files import atomic_write
 
 CKPT_PATTERN = re.compile(r"^step-(\d+)\.ckpt$")
-TRAINED_WITH = "minilm_config"  # a step checkpoint's key: what its phase trains by (phases._what_trains), for --resume
+# a step checkpoint's key: what its phase trains by (run_checks._what_trains), for --resume
+TRAINED_WITH = "minilm_config"
 MODEL_METADATA = "minilm.model"  # safetensors metadata: the model section the weights were trained with, as JSON
 # model keys of kernels and memory savers, which give the same outputs: a run resumes with other values
-# (phases.HOW_NOT_WHAT), and trained weights are read under others
+# (run_checks.HOW_NOT_WHAT), and trained weights are read under others
 SAME_OUTPUTS = ("loss_chunk_size", "activation_checkpointing", "sdpa_kernel")
 # model keys that do not change what trained weights compute: those, and dropout (training alone). The others must
 # be the same to read the weights as trained (init_std too: sinusoidal's default scale follows it).

@@ -82,7 +82,7 @@ class PhaseData(L.LightningDataModule):
         (every other rank warned that its batches "differ from the original run" on an exact resume). And the
         sampler draws the global batch, ``batch_size x world_size`` rows, whatever their split: 2 processes x 2 rows
         continue as 1 x 4. Another global batch is refused: ``--resume`` says so before the run changes
-        (phases._check_trained_with); this is the check of a checkpoint restored any other way."""
+        (run_checks._check_trained_with); this is the check of a checkpoint restored any other way."""
         was = (saved.get("batch_size"), saved.get("world_size", 1))
         now = sampler.batch_size * sampler.world_size
         if was[0] is not None and was[0] * was[1] != now:

@@ -1,5 +1,6 @@
 """``train.precision: auto`` resolved: one rule for the trainer (minilm/training/phases.py) and the benchmark
-scripts. No Lightning import.
+scripts; ``precision``, a phase's as Lightning names it, for the trainer and its checks (run_checks.py). No Lightning
+import.
 
 - CUDA: ``bf16-mixed``.
 - A CPU with bf16 matrix hardware: ``bf16-mixed`` too. Two kinds, as torch's probes report them:
@@ -45,6 +46,20 @@ def resolve_precision(precision: str, device_type: str) -> str:
     if device_type == "cuda" or (device_type == "cpu" and cpu_bf16_unit()):
         return "bf16-mixed"
     return "32"
+
+
+def precision(pcfg) -> str:
+    """Lightning's name for the phase's ``train.precision``, "auto" resolved for the device Lightning will pick
+    (``resolve_precision``)."""
+    p = resolve_precision(pcfg.train.precision, _device_type(pcfg))
+    return "32-true" if p == "32" else p
+
+
+def _device_type(pcfg) -> str:
+    """"cuda" or "cpu": the device Lightning will train on; "" for another accelerator (no rule of ours)."""
+    accelerator = pcfg.trainer.accelerator
+    gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")
+    return "cuda" if gpu else "cpu" if accelerator in ("auto", "cpu") else ""
 
 
 def auto_precision_note(device_type: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 from minilm.config import load_config, phase_config
 from minilm.data import load_corpus
 from minilm.errors import MinilmError
-from minilm.training import phases
+from minilm.training import phases, run_checks
 from minilm.training.datamodule import PhaseData
 from tests.conftest import tiny_run_yaml
 
@@ -96,8 +96,8 @@ def test_resume_compares_the_global_batch_not_the_per_device_one(config, tmp_pat
     corpus, said, pcfg = load_corpus(cfg.data), [], phase_config(cfg, "train")
 
     def check():
-        ckpt, sampler = phases._check_interrupted_phase(pcfg, "train", run_dir, world_size, said.append)
-        phases._check_resumed_sampler(corpus, pcfg, "train", ckpt, sampler, world_size)
+        ckpt, sampler = run_checks._check_interrupted_phase(pcfg, "train", run_dir, world_size, said.append)
+        run_checks._check_resumed_sampler(corpus, pcfg, "train", ckpt, sampler, world_size)
         return ckpt
 
     if says is None:
@@ -116,8 +116,8 @@ def test_resume_on_another_batch_split_keeps_the_micro_batches_per_step_and_the_
 
     def check(*over, world_size=2):
         pcfg = phase_config(load_config(config, [f"run.dir={run_dir}", *over]), "train")
-        ckpt, sampler = phases._check_interrupted_phase(pcfg, "train", run_dir, world_size, lambda msg: None)
-        phases._check_resumed_sampler(corpus, pcfg, "train", ckpt, sampler, world_size)
+        ckpt, sampler = run_checks._check_interrupted_phase(pcfg, "train", run_dir, world_size, lambda msg: None)
+        run_checks._check_resumed_sampler(corpus, pcfg, "train", ckpt, sampler, world_size)
         return ckpt
 
     assert check("train.batch_size=2", "train.micro_batch_size=1") is not None  # 2 micro-batches of 1 per step
@@ -202,7 +202,7 @@ def test_another_device_count_hides_no_other_change_of_a_phase(config, tmp_path)
                                                  "train.steps=8"]), "train")  # fmt: skip
         with pytest.raises(phases.ChangedPhaseError, match=r"finished with train.steps = 4 .*now says 8"):
             phases.check_finished_phase(pcfg, "train", run_dir, "--resume", False, world_size)
-    trained = phases._what_trains(pcfg)  # an interrupted phase, in what its checkpoint records: 1 x 4 rows of 64
+    trained = run_checks._what_trains(pcfg)  # an interrupted phase, in what its checkpoint records: 1 x 4 rows of 64
     trained["train"].update(batch_size=4, seq_len=64)
     with pytest.raises(MinilmError, match=r"interrupted training with train.seq_len = 64 .*now says 32"):
-        phases._check_trained_with(trained, pcfg, "train", run_dir / "step.ckpt", 1, 2)
+        run_checks._check_trained_with(trained, pcfg, "train", run_dir / "step.ckpt", 1, 2)

@@ -532,7 +532,7 @@ def test_resume_takes_new_kernel_and_memory_settings(config, tmp_path):
     # another encoding is named by its name, not by the first of the parameters that differ with it (base)
     with pytest.raises(MinilmError, match=r"--resume: model\.position\.name is 'alibi' here but 'rope' in the run's"):
         run_phases(load_config(config, [*over, "model.position.name=alibi"]), resume=True, log=lambda m: None)
-    # booleans as the config writes them (a changed-phase refusal does alike: phases._shown)
+    # booleans as the config writes them (a changed-phase refusal does alike: run_checks._shown)
     with pytest.raises(MinilmError, match=r"--resume: model\.tie_embeddings is false here but true in the run's"):
         run_phases(load_config(config, [*over, "model.tie_embeddings=false"]), resume=True, log=lambda m: None)
     run_phases(load_config(config, [*over, *how]), resume=True, log=lambda m: None)
@@ -995,7 +995,7 @@ def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
 def test_resume_of_a_run_stopped_before_its_first_phase_says_what_it_found(tmp_path):
     """A run killed before its first phase began has its config, tokenizer and TensorBoard files: --resume said it
     'holds no run yet', which the user could see was not so."""
-    from minilm.training.phases import _nothing_to_resume
+    from minilm.training.run_checks import _nothing_to_resume
 
     run = tmp_path / "run"
     (run / "tb").mkdir(parents=True)
@@ -1086,7 +1086,7 @@ def test_the_command_that_resumes_a_phase_as_begun_names_its_init_file_not_the_r
     weights file it resolved to, which works from any directory."""
     import json
 
-    from minilm.training.phases import STARTED, _check_begun_from
+    from minilm.training.run_checks import STARTED, _check_begun_from
 
     (tmp_path / "b").mkdir()
     donor = tmp_path / "elsewhere" / "donor.safetensors"
@@ -1105,7 +1105,7 @@ def test_a_phase_whose_beginning_weights_are_gone_is_offered_only_its_retraining
     before b, where b began after a)."""
     import json
 
-    from minilm.training.phases import STARTED, _check_begun_from
+    from minilm.training.run_checks import STARTED, _check_begun_from
 
     (tmp_path / "b").mkdir()
     donor = tmp_path / "donor.safetensors"

@@ -171,10 +171,10 @@ def test_ctrl_c_says_how_to_continue_and_the_run_resumes(tmp_path, tiny_text_dir
 
 
 def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir, train_here, monkeypatch):
-    from minilm.training import checkpoint, phases
+    from minilm.training import checkpoint, run_checks
 
     reads, read = [], checkpoint.read_weights_and_model  # the --init file is read once (GPT-2-small's .ckpt: 1.5 GB)
-    for module in (checkpoint, phases):
+    for module in (checkpoint, run_checks):
         monkeypatch.setattr(module, "read_weights_and_model", lambda path: reads.append(path) or read(path))
     train = train_here
     cfg = write_config(tmp_path, tiny_text_dir, phases=True, long_steps=4)
