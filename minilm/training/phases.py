@@ -346,9 +346,12 @@ def run_phases(
                                       if (start_phase and not resume) or not is_complete(run_dir, n)]):  # fmt: skip
             log(line)
     model = _new_model(cfg, pcfgs, corpus.tokenizer.vocab_size, log)
-    if weights is not None:  # weights that do not fit are refused before run.dir is written and --phase deletes phases
+    # weights that do not fit are refused before run.dir is written and --phase deletes phases; a phase that resumes
+    # from its checkpoint takes the checkpoint's weights (its start checked to be these: _check_resumed_init), and
+    # the log said 'initial weights from W' just before 'resumes at step N ... from <checkpoint>'
+    if weights is not None and names[start] not in resume_from:
         _load_init(model, weights, init, init_model, pcfgs[names[start]].model, names[start], log)
-        weights = None  # (the model holds copies: not a second set of them through training)
+    weights = None  # (the model holds copies: not a second set of them through training)
     # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted --phase
     # run). Every rank decides so from the command line, not from run.dir: rank 0 deletes their old outputs, and
     # under torchrun / SLURM the other ranks start with it and looked before it had: they found the phases complete

@@ -812,8 +812,12 @@ def test_resume_compares_init_weights_by_content_not_by_path(config, tmp_path):
                                           rf"interrupted .* after it started from --init {init} \(sha256 "
                                           rf"{started[:12]}\), .* resume it without --init, or retrain it"):
         run_phases(cfg, start_phase="b", init=str(init), resume=True, log=lambda m: None)
-    run_phases(cfg, start_phase="b", init=str(copy), resume=True, log=lambda m: None)  # the same weights elsewhere
+    said = []
+    run_phases(cfg, start_phase="b", init=str(copy), resume=True, log=said.append)  # the same weights elsewhere
     assert json.loads((run / "b" / "complete.json").read_text())["started_from"]["sha256"] == started
+    # the checkpoint's weights continue it: the --init ones are checked, not loaded (the log said they were)
+    assert any("resumes at step 1 of 2 from" in line for line in said), said
+    assert not any(line.startswith("initial weights from") for line in said), said
 
 
 def test_resume_before_the_first_checkpoint_starts_the_phase_from_the_weights_it_began_from(config, tmp_path,
