@@ -488,6 +488,7 @@ def test_an_evaluation_made_with_other_settings_than_the_study_asks_is_named_wit
     now names each such run and the evaluate.py command that measures it as the study asks."""
     import shlex
 
+    from minilm.cli import one_run
     from minilm.files import atomic_write_text
 
     study_file.write_text("config: base.yaml\nvariants: {a: []}\n")
@@ -507,6 +508,7 @@ def test_an_evaluation_made_with_other_settings_than_the_study_asks_is_named_wit
     command = shlex.split(line.split("`")[1])
     assert command[:2] == ["python", "scripts/evaluate.py"]
     args = _script("evaluate").parser().parse_args(command[2:])
+    one_run(args, "run", "evaluate.py RUN")  # (as evaluate.py's main reads the run: first or --run)
     assert (args.run, args.phase, args.samples) == (str(out / "a"), "long", 3)
     report = json.loads((out / "study.json").read_text())
     assert report["variants"][0]["runs"]["a"]["evaluated_with_other_settings"] == {
