@@ -967,8 +967,8 @@ def _validate_phase(cfg: DictConfig, merged: DictConfig, phase: DictConfig, name
         validate_position(merged.model.position, where=f"phases.{name}.position", head_dim=head_dim(merged.model),
                           base=cfg.model.position, n_layers=merged.model.n_layers)  # fmt: skip
     except ConfigError as e:  # a value the phase inherits (scaling lists, against its fraction) is model.position's
-        raise _inherited(e, name, f"phases.{name}.position", "model.position", phase.position,
-                         merged.model.position) from None  # fmt: skip
+        raise _with_original_length(_inherited(e, name, f"phases.{name}.position", "model.position", phase.position,
+                                               merged.model.position), cfg, name) from None  # fmt: skip
     from minilm.eval import validate_eval
 
     # a phase's own lengths are its eval_lengths (phases.NAME.eval is no key of the config)
@@ -979,6 +979,22 @@ def _validate_phase(cfg: DictConfig, merged: DictConfig, phase: DictConfig, name
                       names=names)  # fmt: skip
     except ConfigError as e:  # any other eval key is the run's, which it inherits (its stride, against eval_lengths)
         raise _inherited(e, name, f"phases.{name}.eval", "eval", OmegaConf.create(), None) from None
+
+
+def _with_original_length(e: ConfigError, cfg: DictConfig, name: str) -> ConfigError:
+    """``e``, where it says phase ``name``'s scaling block lacks ``original_max_position_embeddings``, with the value
+    a staged extension means there: the length the last phase before it trained at without scaling (the unscaled
+    model's context, which every later scaling is relative to: configs/rope_yarn.yaml gives 256, its pretraining's,
+    to both extensions). Any other error, or no such phase, is ``e`` itself."""
+    if not re.search(r"\.scaling\.original_max_position_embeddings: required for rope_type '\w+'$", str(e)):
+        return e
+    before = list(cfg.phases)[: list(cfg.phases).index(name)]
+    plain = [p for p in before if (_scaling_type(cfg.phases[p].position) or _scaling_type(cfg.model.position)) is None]
+    if not plain:
+        return e
+    length = cfg.phases[plain[-1]].seq_len or cfg.train.seq_len
+    return ConfigError(f"{e}; to extend the model phase '{plain[-1]}' trained without scaling, give the length it "
+                       f"trained at: original_max_position_embeddings: {length}")
 
 
 # data keys the corpus is prepared from, once for the run (minilm.data.prepare.load_corpus reads the run's): a phase

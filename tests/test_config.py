@@ -896,6 +896,29 @@ def test_a_value_a_later_block_replaced_is_not_named_as_where_the_bad_value_was_
         load_config(tmp_path / "b.yaml")
 
 
+def test_a_missing_original_length_names_the_length_the_unscaled_model_trained_at(tmp_path):
+    """A staged extension's scaling block without original_max_position_embeddings said only that it is required;
+    the value it means is the length the last phase before it trained at without scaling (both extensions of
+    configs/rope_yarn.yaml give 256, the pretraining's), which the error now names. Without such a phase (the first
+    phase scaled, or the run's own position scaled) it says no more."""
+    (tmp_path / "exp.yaml").write_text(
+        "train: {seq_len: 32}\nphases:\n  pre: {seq_len: 48, steps: 3}\n"
+        "  mid: {seq_len: 96, steps: 3, position: {scaling: {rope_type: yarn, factor: 2.0,"
+        " original_max_position_embeddings: 48}}}\n"
+        "  long: {seq_len: 192, steps: 3, position: {scaling: {rope_type: ntk, factor: 4.0}}}\n")
+    yarn = "phases.long.position.scaling={rope_type: yarn, factor: 4.0}"
+    with pytest.raises(ConfigError, match=r"^phases\.long\.position\.scaling\.original_max_position_embeddings: "
+                                          r"required for rope_type 'yarn'; to extend the model phase 'pre' trained "
+                                          r"without scaling, give the length it trained at: "
+                                          r"original_max_position_embeddings: 48$"):  # fmt: skip
+        load_config(tmp_path / "exp.yaml", [yarn])
+    load_config(tmp_path / "exp.yaml", [yarn.replace("}", ", original_max_position_embeddings: 48}")])
+    first = "phases.pre.position.scaling={rope_type: yarn, factor: 2.0}"
+    with pytest.raises(ConfigError, match=r"^phases\.pre\.position\.scaling\.original_max_position_embeddings: "
+                                          r"required for rope_type 'yarn'$"):  # fmt: skip
+        load_config(tmp_path / "exp.yaml", [first])
+
+
 def test_a_key_in_the_wrong_section_names_the_section_it_is_in(tmp_path):
     """OmegaConf suggests names within the key's own section only: train.seed=5 said "Key 'seed' not in
     'TrainConfig'" and nothing more, where the key is run.seed; in a YAML file as on the command line."""
