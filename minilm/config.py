@@ -988,13 +988,16 @@ def _with_original_length(e: ConfigError, cfg: DictConfig, name: str) -> ConfigE
     to both extensions). Any other error, or no such phase, is ``e`` itself."""
     if not re.search(r"\.scaling\.original_max_position_embeddings: required for rope_type '\w+'$", str(e)):
         return e
-    before = list(cfg.phases)[: list(cfg.phases).index(name)]
-    plain = [p for p in before if (_scaling_type(cfg.phases[p].position) or _scaling_type(cfg.model.position)) is None]
+    # the phases before it, as they train (validated before this one): a scaling block merged from the run's or
+    # replaced by the phase's, rope_type default (no scaling), the run's seq_len where a phase sets none
+    before = [phase_config(cfg, p) for p in list(cfg.phases)[: list(cfg.phases).index(name)]]
+    plain = [(p, pcfg) for p, pcfg in zip(cfg.phases, before)
+             if (_scaling_type(pcfg.model.position) or "default") == "default"]  # fmt: skip
     if not plain:
         return e
-    length = cfg.phases[plain[-1]].seq_len or cfg.train.seq_len
-    return ConfigError(f"{e}; to extend the model phase '{plain[-1]}' trained without scaling, give the length it "
-                       f"trained at: original_max_position_embeddings: {length}")
+    phase, pcfg = plain[-1]
+    return ConfigError(f"{e}; to extend the model phase '{phase}' trained without scaling, give the length it "
+                       f"trained at: original_max_position_embeddings: {pcfg.train.seq_len}")
 
 
 # data keys the corpus is prepared from, once for the run (minilm.data.prepare.load_corpus reads the run's): a phase

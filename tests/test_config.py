@@ -913,6 +913,8 @@ def test_a_missing_original_length_names_the_length_the_unscaled_model_trained_a
                                           r"original_max_position_embeddings: 48$"):  # fmt: skip
         load_config(tmp_path / "exp.yaml", [yarn])
     load_config(tmp_path / "exp.yaml", [yarn.replace("}", ", original_max_position_embeddings: 48}")])
+    with pytest.raises(ConfigError, match=r"phase 'pre' trained without scaling, .*: 48$"):  # rope_type default: none
+        load_config(tmp_path / "exp.yaml", ["phases.pre.position.scaling={rope_type: default}", yarn])
     first = "phases.pre.position.scaling={rope_type: yarn, factor: 2.0}"
     with pytest.raises(ConfigError, match=r"^phases\.pre\.position\.scaling\.original_max_position_embeddings: "
                                           r"required for rope_type 'yarn'$"):  # fmt: skip
