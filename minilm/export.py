@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -45,6 +44,7 @@ from torch import Tensor
 from minilm.config import ffn_dim, head_dim
 from minilm.errors import MinilmError
 from minilm.files import fsync_path
+from minilm.positions.rope_scaling import longrope_attention
 
 # minilm rope_type -> transformers rope_type (None: rewritten below into an equivalent transformers form)
 HF_ROPE_TYPES = {
@@ -147,11 +147,10 @@ def hf_rope_parameters(position: dict, dh: int) -> tuple[dict, Optional[int]]:
         params.setdefault("high_freq_factor", 4.0)
     original = params.get("original_max_position_embeddings")
     if rope_type == "longrope" and params.get("factor") and "attention_factor" not in params:
-        # written out as minilm computes it (_longrope): transformers 4.x takes the factor of the temperature from
-        # max_position_embeddings / original_max_position_embeddings, the target length rounded below (32 · 3.3 =
-        # 105.6 -> 106: 3.3125), so a factor whose target length is no integer gave another temperature there
-        f = params["factor"]
-        params["attention_factor"] = 1.0 if f <= 1 else math.sqrt(1 + math.log(f) / math.log(original))
+        # written out as minilm computes it (longrope_attention): transformers 4.x takes the factor of the temperature
+        # from max_position_embeddings / original_max_position_embeddings, the target length rounded below (32 · 3.3
+        # = 105.6 -> 106: 3.3125), so a factor whose target length is no integer gave another temperature there
+        params["attention_factor"] = longrope_attention(params["factor"], original)
     if rope_type == "dynamic":  # transformers' dynamic NTK reads max_position_embeddings as the original length,
         del params["original_max_position_embeddings"]  # and warns at every load about this key in rope_parameters
         return params, int(original)

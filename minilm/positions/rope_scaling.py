@@ -452,11 +452,14 @@ def _longrope(p: LongRopeScaling, dim: int, base: float, seq_len: Optional[int |
     else:
         factors = long if seq_len is not None and seq_len > L else short
     inv_freq = _inv_freq64(dim, base, device) / factors
-    if p.attention_factor is not None:
-        attention = float(p.attention_factor)
-    else:  # sqrt(1 + ln(s)/ln(L)), applied at every length (as Phi-3 / transformers do)
-        attention = 1.0 if p.factor <= 1 else math.sqrt(1 + math.log(p.factor) / math.log(L))
+    attention = float(p.attention_factor) if p.attention_factor is not None else longrope_attention(p.factor, L)
     return inv_freq, attention
+
+
+def longrope_attention(factor: float, original: int) -> float:
+    """LongRoPE's temperature without an explicit attention_factor: sqrt(1 + ln(s)/ln(L)) for the factor s and the
+    original length L, applied at every length (as Phi-3 / transformers do); 1 where s <= 1."""
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 class ScalingEntry(NamedTuple):
