@@ -73,20 +73,11 @@ def check_model_fits_host(model_cfg, vocab_size: int, processes: int = 1) -> Non
     the machine's memory: it can never train here. ``vocab_size`` 0 counts the model without its embedding and
     head (a lower bound, before the tokenizer says its vocabulary), and the message says so."""
     total = host_memory_bytes()
-    if total is None:
-        return
-    n = param_count(model_cfg, vocab_size)
-    need = TRAINING_BYTES_PER_PARAM * n * processes
-    if need <= total:
-        return
-    copies = f" × {processes} processes (trainer.devices)" if processes > 1 else ""
-    counted = " (not counting the embedding and LM head)" if vocab_size == 0 else ""
-    raise MinilmError(
-        f"model.n_layers={model_cfg.n_layers}, model.d_model={model_cfg.d_model}: {n / 1e9:,.2f}G parameters"
-        f"{counted}; training holds {TRAINING_BYTES_PER_PARAM} bytes per parameter (fp32 weights and gradients, "
-        f"AdamW's two moments){copies}: {_gb(need)}, more than this machine's {_gb(total)} of memory (RAM and swap, "
-        f"or the process's cgroup limit); make the model smaller ({SIZE_KEYS}) or train on a larger machine"
-    )
+    if total is not None:
+        copies = f" × {processes} processes (trainer.devices)" if processes > 1 else ""
+        _check_state_fits(model_cfg, vocab_size, processes, total, copies,
+                          "this machine's {} of memory (RAM and swap, or the process's cgroup limit)",
+                          "train on a larger machine")  # fmt: skip
 
 
 def device_memory_bytes() -> Optional[int]:
@@ -100,18 +91,24 @@ def check_model_fits_device(model_cfg, vocab_size: int) -> None:
     """Refuse a model whose training state is larger than the GPU's memory (each process trains a whole copy on its
     own device): it can never train there, whatever the batch or length. ``vocab_size`` as ``check_model_fits_host``."""
     total = device_memory_bytes()
-    if total is None:
-        return
+    if total is not None:
+        _check_state_fits(model_cfg, vocab_size, 1, total, " on each GPU", "this GPU's {}",
+                          "train on a GPU with more memory (minilm keeps a whole copy per device: no sharded strategy)")
+
+
+def _check_state_fits(model_cfg, vocab_size: int, copies: int, total: int, held: str, memory: str, or_: str) -> None:
+    """The refusal of both checks: ``copies`` training states (``held``: where, in words) larger than ``total`` bytes
+    (``memory``: whose, its size at ``{}``); ``or_``: the remedy besides a smaller model."""
     n = param_count(model_cfg, vocab_size)
-    need = TRAINING_BYTES_PER_PARAM * n
+    need = TRAINING_BYTES_PER_PARAM * n * copies
     if need <= total:
         return
     counted = " (not counting the embedding and LM head)" if vocab_size == 0 else ""
     raise MinilmError(
         f"model.n_layers={model_cfg.n_layers}, model.d_model={model_cfg.d_model}: {n / 1e9:,.2f}G parameters"
         f"{counted}; training holds {TRAINING_BYTES_PER_PARAM} bytes per parameter (fp32 weights and gradients, "
-        f"AdamW's two moments) on each GPU: {_gb(need)}, more than this GPU's {_gb(total)}; make the model smaller "
-        f"({SIZE_KEYS}) or train on a GPU with more memory (minilm keeps a whole copy per device: no sharded strategy)"
+        f"AdamW's two moments){held}: {_gb(need)}, more than {memory.format(_gb(total))}; make the model smaller "
+        f"({SIZE_KEYS}) or {or_}"
     )
 
 
