@@ -72,7 +72,7 @@ from minilm.training.memory import is_out_of_memory, out_of_memory
 from minilm.training.datamodule import PhaseData
 from minilm.training.lit_module import AtomicCheckpointIO, LitGPT
 from minilm.training.optim import check_optimizer_params
-from minilm.training.precision import _device_type, auto_precision_note, cpu_precision_note, precision
+from minilm.training.precision import auto_precision_note, cpu_precision_note, precision, trainer_device
 from minilm.training.progress import progress_bar
 
 # what a command may do with run.dir, checked before anything trains, and the layout of run.dir that both read
@@ -437,10 +437,10 @@ def _new_model(cfg, pcfgs: dict, vocab_size: int, log) -> GPT:
     torch.manual_seed(cfg.run.seed)
     model = GPT(cfg.model, vocab_size)
     first = next(iter(pcfgs.values()))  # phases share the run's trainer section and precision
-    used = precision(first)
+    used, device = precision(first), trainer_device(first)
     log(f"model: {model.num_params() / 1e6:.2f}M non-embedding parameters, vocab {vocab_size}, precision {used}"
-        + (auto_precision_note(_device_type(first)) if cfg.train.precision == "auto" else "") + _compile_note(cfg.train)
-        + _sdpa_note(cfg.model) + cpu_precision_note(used, _device_type(first)))  # fmt: skip
+        + (auto_precision_note(device) if cfg.train.precision == "auto" else "") + _compile_note(cfg.train)
+        + _sdpa_note(cfg.model) + cpu_precision_note(used, device))  # fmt: skip
     return model
 
 

@@ -51,11 +51,11 @@ def resolve_precision(precision: str, device_type: str) -> str:
 def precision(pcfg) -> str:
     """Lightning's name for the phase's ``train.precision``, "auto" resolved for the device Lightning will pick
     (``resolve_precision``)."""
-    p = resolve_precision(pcfg.train.precision, _device_type(pcfg))
+    p = resolve_precision(pcfg.train.precision, trainer_device(pcfg))
     return "32-true" if p == "32" else p
 
 
-def _device_type(pcfg) -> str:
+def trainer_device(pcfg) -> str:
     """"cuda" or "cpu": the device Lightning will train on; "" for another accelerator (no rule of ours)."""
     accelerator = pcfg.trainer.accelerator
     gpu = torch.cuda.is_available() and accelerator in ("auto", "gpu", "cuda")

@@ -48,7 +48,7 @@ from minilm.training.checkpoint import (
 )
 from minilm.training.datamodule import PhaseData
 from minilm.training.memory import check_model_fits_device, check_model_fits_host, processes_on_this_host
-from minilm.training.precision import _device_type, precision
+from minilm.training.precision import precision, trainer_device
 
 
 # ------------------------------------------------------------------------------------- the run directory
@@ -200,7 +200,7 @@ def _check_model_fits(cfg, world_size: int, vocab_size: int) -> None:
     """Refuse a model whose training state is larger than the machine, on the CPU, or than the GPU, on CUDA
     (minilm/training/memory.py); ``vocab_size`` 0: before the corpus is prepared, counting the model without its
     embedding and LM head."""
-    device = _device_type(cfg)  # (phases share the run's trainer section)
+    device = trainer_device(cfg)  # (phases share the run's trainer section)
     if device == "cpu":
         check_model_fits_host(cfg.model, vocab_size, processes_on_this_host(world_size, cfg.trainer.num_nodes))
     elif device == "cuda":
