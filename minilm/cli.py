@@ -236,6 +236,6 @@ def _primary_process() -> bool:
     says it too, which is harmless), and this does not import it: generate.py's Ctrl-C stays immediate."""
     if "lightning.pytorch" not in sys.modules:
         return True
-    from minilm.training.phases import is_primary_process
+    from minilm.training.run_checks import is_primary_process
 
     return is_primary_process()

@@ -301,7 +301,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     unknown = [n for n in only or [] if n not in names]
     if unknown:
         raise MinilmError(f"--only {unknown[0]}: no such variant in {study.path}; variants are: {', '.join(names)}")
-    from minilm.training.phases import is_primary_process, silent
+    from minilm.training.run_checks import is_primary_process, silent
 
     if not is_primary_process():  # under DDP every rank runs the study alike: each line was printed once per rank
         log = silent  # (what goes wrong on another rank is raised there, and reaches the user from it)
@@ -343,7 +343,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
 def _open_out_dir(out_dir: Path) -> None:
     """Refuse an ``--out`` the runs could not be written to; remove what a killed study left half-written there."""
     from minilm.files import remove_stale_temporaries
-    from minilm.training.phases import check_writable_dir, is_primary_process
+    from minilm.training.run_checks import check_writable_dir, is_primary_process
 
     first = out_dir.parts[0] if out_dir.parts else ""
     if first.startswith("~"):  # else each run's run.dir check advised run.dir=$HOME/..., refused here
@@ -376,7 +376,8 @@ def study_phase_notes(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[Stu
     ``todo`` have not finished (trained or copied from another run), once, naming the runs it concerns unless it is
     every one of them: each run's own run_phases said it again (a study of 5 runs of 3 short phases printed the
     same 3 warnings 5 times)."""
-    from minilm.training.phases import is_complete, phase_notes
+    from minilm.training.phases import phase_notes
+    from minilm.training.run_checks import is_complete
 
     runs: dict[str, list[str]] = {}
     for r in todo:
@@ -424,7 +425,7 @@ def _check_resumed_runs(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[S
     it will copy from its donor; with ``data``, also its samplers, tokenizer and held-out documents against the
     corpus. All before the first run trains, not after the hours of the runs before it. Every run whose finished
     phase the study now trains differently is named in one refusal, with one remedy for them all."""
-    from minilm.training.phases import (
+    from minilm.training.run_checks import (
         ChangedPhaseError,
         carries_optimizer,
         check_finished_phase,
@@ -455,7 +456,7 @@ def _check_resumed_runs(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[S
 def _study_remedy(label: str, cfgs: dict[str, DictConfig], again: str):
     """A finished phase the study now trains differently (ChangedPhaseError) is refused with a study's remedy, the
     run's label first: its own advice names train.py's flags."""
-    from minilm.training.phases import ChangedPhaseError
+    from minilm.training.run_checks import ChangedPhaseError
 
     try:
         yield
@@ -488,7 +489,7 @@ def _changed_phases(changed: list, cfgs: dict[str, DictConfig], again: str) -> M
 def _loan(out_dir: Path, label: str, cfg: DictConfig, shared: tuple[str, int]) -> list[str]:
     """The phases run ``label`` shares with its donor (``shared`` = (donor label, how many)) and has not got yet (a
     resumed run may have them); MinilmError if the donor has not finished them."""
-    from minilm.training.phases import is_complete
+    from minilm.training.run_checks import is_complete
 
     donor, k = shared
     missing = [p for p in phase_names(cfg)[:k] if not is_complete(out_dir / label, p)]
@@ -502,13 +503,8 @@ def _train_run(study: Study, run: StudyRun, out_dir: Path, cfg: DictConfig, shar
                log: Callable[[str], None]) -> None:  # fmt: skip
     """One run: first a copy of the phases it shares with an earlier run (``shared`` = (donor label, how many)),
     then ``run_phases`` for the rest (resuming whatever is there)."""
-    from minilm.training.phases import (
-        carries_optimizer,
-        check_finished_phase,
-        is_primary_process,
-        phase_dir,
-        run_phases,
-    )
+    from minilm.training.phases import run_phases
+    from minilm.training.run_checks import carries_optimizer, check_finished_phase, is_primary_process, phase_dir
 
     run_dir = out_dir / run.label
     if shared is not None and is_primary_process():
@@ -617,7 +613,7 @@ def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, 
     evaluating phase's (the last phase if none evaluates: where scripts/evaluate.py writes), counted once that
     phase has finished: a run stopped after a shared phase holds that phase's evaluation, not the variant's."""
     from minilm.eval import load_results
-    from minilm.training.phases import is_complete
+    from minilm.training.run_checks import is_complete
 
     runs = [r for r in study_runs(study) if r.variant == variant.name]
     cfg = cfgs[runs[0].label]

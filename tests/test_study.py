@@ -726,7 +726,7 @@ def test_only_rank_zero_prints_the_studys_lines(tmp_path, study_file, monkeypatc
     """Under DDP every rank runs the whole study; its lines ('study …: <run> (overrides)', the summary's path) were
     printed once per rank."""
     import minilm.study as study_mod
-    import minilm.training.phases as phases_mod
+    import minilm.training.run_checks as run_checks
 
     def train(study, run, out_dir, cfg, shared, log):
         log(f"training {run.label}")
@@ -734,7 +734,7 @@ def test_only_rank_zero_prints_the_studys_lines(tmp_path, study_file, monkeypatc
     monkeypatch.setattr(study_mod, "_train_run", train)
     printed = {}
     for rank in (0, 1):
-        monkeypatch.setattr(phases_mod, "is_primary_process", lambda: rank == 0)
+        monkeypatch.setattr(run_checks, "is_primary_process", lambda: rank == 0)
         lines = printed[rank] = []
         study_mod.run_study(load_study(study_file), tmp_path / f"out{rank}", log=lines.append)
     assert any("training" in line for line in printed[0]) and printed[1] == []

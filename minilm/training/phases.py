@@ -76,11 +76,10 @@ from minilm.training.precision import auto_precision_note, cpu_precision_note, p
 from minilm.training.progress import progress_bar
 
 # what a command may do with run.dir, checked before anything trains, and the layout of run.dir that both read
-# (run_checks.py); its public names are imported from here too (study.py, cli.py): __all__ at the end
+# (run_checks.py)
 from minilm.training.run_checks import (
     CARRIED,
     STARTED,
-    ChangedPhaseError,
     _check_fits,
     _check_run,
     _has_outputs,
@@ -91,10 +90,6 @@ from minilm.training.run_checks import (
     _started_from,
     _what_trains,
     carries_optimizer,
-    check_finished_phase,
-    check_run,
-    check_trainer,
-    check_writable_dir,
     is_complete,
     is_primary_process,
     phase_dir,
@@ -661,26 +656,3 @@ def _val_summary(pcfg, val_loss: Optional[float]) -> str:
         return "no validation (train.val_batches=0)"
     return "no validation loss"
 
-
-__all__ = [
-    # the loop
-    "run_phases",
-    "apply_phase",
-    "check_phase_fits",
-    "phase_notes",
-    "precision",
-    "run_lock",
-    # the checks and the run directory's layout (run_checks.py)
-    "CARRIED",
-    "STARTED",
-    "ChangedPhaseError",
-    "carries_optimizer",
-    "check_finished_phase",
-    "check_run",
-    "check_trainer",
-    "check_writable_dir",
-    "is_complete",
-    "is_primary_process",
-    "phase_dir",
-    "silent",
-]

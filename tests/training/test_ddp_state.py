@@ -159,11 +159,11 @@ def test_the_first_process_of_a_second_node_is_not_the_primary_one(monkeypatch, 
     node 1 has local rank 0, and took the run lock and wrote run.dir's files as if it were rank 0."""
     for key in ("NODE_RANK", "GROUP_RANK"):
         monkeypatch.delenv(key, raising=False)
-    assert phases.is_primary_process()
+    assert run_checks.is_primary_process()
     monkeypatch.setenv(var, "1")
-    assert not phases.is_primary_process()
+    assert not run_checks.is_primary_process()
     monkeypatch.setenv(var, "0")
-    assert phases.is_primary_process()
+    assert run_checks.is_primary_process()
 
 
 def test_resume_compares_a_finished_phase_by_its_global_batch(config, tmp_path):
@@ -179,15 +179,15 @@ def test_resume_compares_a_finished_phase_by_its_global_batch(config, tmp_path):
 
     def check(batch_size: int, world_size: int):
         pcfg = phase_config(load_config(config, [f"run.dir={run_dir}", f"train.batch_size={batch_size}"]), "train")
-        phases.check_finished_phase(pcfg, "train", run_dir, "--resume", False, world_size)
+        run_checks.check_finished_phase(pcfg, "train", run_dir, "--resume", False, world_size)
 
     check(2, 2)
     check(1, 4)
-    with pytest.raises(phases.ChangedPhaseError, match=r"the global batch \(train.batch_size x processes\) = "
+    with pytest.raises(run_checks.ChangedPhaseError, match=r"the global batch \(train.batch_size x processes\) = "
                                                        r"'4 x 1' .*now says '2 x 1'"):  # fmt: skip
         check(2, 1)
     summary.write_text(json.dumps({k: v for k, v in json.loads(summary.read_text()).items() if k != "world_size"}))
-    with pytest.raises(phases.ChangedPhaseError, match=r"train.batch_size = 4"):
+    with pytest.raises(run_checks.ChangedPhaseError, match=r"train.batch_size = 4"):
         check(2, 2)
 
 
@@ -200,8 +200,8 @@ def test_another_device_count_hides_no_other_change_of_a_phase(config, tmp_path)
     for batch_size, world_size in [(4, 1), (2, 2)]:
         pcfg = phase_config(load_config(config, [f"run.dir={run_dir}", f"train.batch_size={batch_size}",
                                                  "train.steps=8"]), "train")  # fmt: skip
-        with pytest.raises(phases.ChangedPhaseError, match=r"finished with train.steps = 4 .*now says 8"):
-            phases.check_finished_phase(pcfg, "train", run_dir, "--resume", False, world_size)
+        with pytest.raises(run_checks.ChangedPhaseError, match=r"finished with train.steps = 4 .*now says 8"):
+            run_checks.check_finished_phase(pcfg, "train", run_dir, "--resume", False, world_size)
     trained = run_checks._what_trains(pcfg)  # an interrupted phase, in what its checkpoint records: 1 x 4 rows of 64
     trained["train"].update(batch_size=4, seq_len=64)
     with pytest.raises(MinilmError, match=r"interrupted training with train.seq_len = 64 .*now says 32"):

@@ -95,12 +95,12 @@ def test_without_cuda_no_device_memory_is_read():
 def test_the_run_check_refuses_a_model_too_large_for_the_device_it_trains_on(monkeypatch, tmp_path, cuda):
     """Through the check a run makes before its corpus is prepared (train.py's, a study's): on CUDA against the GPU's
     memory, on the CPU against the host's; each refusal names the memory it was judged by."""
-    from minilm.training import phases
+    from minilm.training import phases, run_checks
 
     cfg = load_config("configs/tiny.yaml", [f"run.dir={tmp_path / 'run'}", "model.n_layers=2000"])
     monkeypatch.setattr(phases.torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(memory, "device_memory_bytes", lambda: 10**9)  # a 1 GB GPU
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: 10**9)  # and a 1 GB host
     with pytest.raises(MinilmError, match="this GPU's 1.0 GB" if cuda else "this machine's 1.0 GB"):
-        phases.check_run(cfg, resume=False, data=False)
+        run_checks.check_run(cfg, resume=False, data=False)
     assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -604,7 +604,7 @@ def test_resume_refuses_a_changed_finished_phase_before_the_corpus_is_prepared(c
     import json
 
     from minilm.config import phase_config, save_config
-    from minilm.training.phases import ChangedPhaseError
+    from minilm.training.run_checks import ChangedPhaseError
 
     run = tmp_path / "run"
     cfg = load_config(config, [f"run.dir={run}"])
@@ -1128,7 +1128,7 @@ def test_the_same_command_after_a_kill_before_the_first_checkpoint_starts_over(c
     """A phase writes started_from.json as it begins; a run killed before its first checkpoint then counted as one
     that holds outputs, and the same command run again was refused ('already holds a run'), where it used to start
     over: nothing had been saved."""
-    from minilm.training.phases import STARTED
+    from minilm.training.run_checks import STARTED
 
     run = tmp_path / "run"
     cfg = load_config(config, [f"run.dir={run}"])

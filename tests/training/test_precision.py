@@ -9,7 +9,7 @@ import minilm.training.precision as precision_module
 from minilm.config import load_config
 from minilm.errors import MinilmError
 from minilm.model import GPT
-from minilm.training import phases
+from minilm.training import phases, run_checks
 from minilm.training.precision import cpu_bf16_unit, cpu_precision_note, resolve_precision
 from tests.conftest import local_data_yaml
 
@@ -78,8 +78,8 @@ def test_a_precision_lightning_would_replace_on_the_device_is_refused_before_tra
                                  f"run.dir={tmp_path / 'run'}"])  # fmt: skip
     with pytest.raises(MinilmError, match=r"train\.precision: 16-mixed cannot train on the CPUAccelerator .*"
                                           r"bf16-mixed instead; set train\.precision to auto, 32 or bf16-mixed"):
-        phases.check_run(cfg, resume=False, data=False)
-    assert phases.check_trainer(load_config(overrides=["trainer.accelerator=cpu", "train.precision=32"])) == 1
+        run_checks.check_run(cfg, resume=False, data=False)
+    assert run_checks.check_trainer(load_config(overrides=["trainer.accelerator=cpu", "train.precision=32"])) == 1
 
 
 CONFIG = """
