@@ -33,7 +33,7 @@ from minilm.errors import MinilmError
 from minilm.files import atomic_write
 
 CKPT_PATTERN = re.compile(r"^step-(\d+)\.ckpt$")
-# a step checkpoint's key: what its phase trains by (run_checks._what_trains), for --resume
+# a step checkpoint's key: what its phase trains by (run_checks.what_trains), for --resume
 TRAINED_WITH = "minilm_config"
 MODEL_METADATA = "minilm.model"  # safetensors metadata: the model section the weights were trained with, as JSON
 # model keys of kernels and memory savers, which give the same outputs: a run resumes with other values

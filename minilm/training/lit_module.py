@@ -67,8 +67,8 @@ class LitGPT(L.LightningModule):
                  tokens_offset: int = 0, started_from: Optional[dict] = None):  # fmt: skip
         """``cfg`` is the phase's resolved config (minilm.config.phase_config); ``tokens_offset``: the tokens the
         earlier phases trained on (their batch_size · seq_len may differ from this phase's); ``started_from``: the
-        weights the phase started from (minilm.training.run_checks._started_from), kept in its checkpoints: a resumed
-        phase continues from a checkpoint, and what the phase started from is the checkpoint's record."""
+        weights the phase started from (minilm.training.run_checks.started_from_record), kept in its checkpoints: a
+        resumed phase continues from a checkpoint, and what the phase started from is the checkpoint's record."""
         super().__init__()
         self.model, self.cfg = model, cfg
         self.total_steps, self.step_offset, self.phase = total_steps, step_offset, phase

@@ -80,20 +80,20 @@ from minilm.training.progress import progress_bar
 from minilm.training.run_checks import (
     CARRIED,
     STARTED,
-    _check_fits,
-    _check_run,
-    _has_outputs,
-    _init_weights,
-    _nothing_to_resume,
-    _optimizer_state_path,
-    _resume_as_begun,
-    _started_from,
-    _what_trains,
     carries_optimizer,
+    check_before_training,
+    check_fits,
+    has_outputs,
+    init_weights,
     is_complete,
     is_primary_process,
+    nothing_to_resume,
+    optimizer_state_path,
     phase_dir,
+    resume_as_begun,
     silent,
+    started_from_record,
+    what_trains,
 )
 
 
@@ -201,9 +201,9 @@ def _verify_rotary(model: GPT, params, phase: str) -> None:
 
 
 def check_phase_fits(model: GPT, pcfg, phase: str, set_in=None) -> None:
-    """The phase's seq_len within the limits of the model's encoding as the phase configures it (``_check_fits``;
+    """The phase's seq_len within the limits of the model's encoding as the phase configures it (``check_fits``;
     ``set_in``: the run config's section of the phase, for the key the error names)."""
-    _check_fits([model.pos_emb, *model.position_modules()], pcfg, phase, set_in)
+    check_fits([model.pos_emb, *model.position_modules()], pcfg, phase, set_in)
 
 
 # -------------------------------------------------------------------------------------------- the loop
@@ -244,7 +244,7 @@ class _StepCheckpoint(L.Callback):
         self._after_validation: Optional[int] = None  # the step whose checkpoint waits for its validation
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[TRAINED_WITH] = _what_trains(pl_module.cfg)  # compared with the config on --resume
+        checkpoint[TRAINED_WITH] = what_trains(pl_module.cfg)  # compared with the config on --resume
         checkpoint[CARRIED] = self.carried
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -280,9 +280,9 @@ def _flush_events(trainer) -> None:
 def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
               init: Optional[dict] = None,
               log: Callable[[str], None] = print) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
-    """``_check_run``, then create run.dir; returns what ``_check_run`` does. ``init``: the --init weights'
+    """``check_before_training``, then create run.dir; returns what it does. ``init``: the --init weights'
     ``_init_record`` (None: no --init), as the checks take it."""
-    opened = _check_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
+    opened = check_before_training(cfg, pcfgs, run_dir, resume, start_phase, primary, init, log)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -333,7 +333,7 @@ def run_phases(
     if not primary:  # every rank runs the phases alike, and each line was printed once per process; what goes wrong
         log = silent  # on another rank is raised there, and reaches the user from it
     start_phase, begun, read_begun = _what_resumes(run_dir, names, resume, start_phase, init, primary, log)
-    init, weights, init_model, init_record = _init_weights(init, begun, read_begun)
+    init, weights, init_model, init_record = init_weights(init, begun, read_begun)
     corpus, resume_from, held_out = _open_run(cfg, pcfgs, run_dir, resume, start_phase, primary, init_record, log)
     start = names.index(start_phase) if start_phase else 0
     if notes:  # said before training, of what will train
@@ -378,9 +378,9 @@ def run_phases(
                     # (a phase resumed from its checkpoint takes the moments saved there)
                     opt_state = None if not carry or n in resume_from else (
                         carried.pop(n, None) or _carried_optimizer_state(model, pcfg, run_dir, prev, n))
+                    began = started_from_record(names, i, start, init_record, cfg.run.seed)
                     _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, carry, log,
-                                 tokens, fresh=n in restarts,
-                                 started_from=_started_from(names, i, start, init_record, cfg.run.seed))  # fmt: skip
+                                 tokens, fresh=n in restarts, started_from=began)
                 prev, offset, tokens = n, offset + steps, tokens + _phase_tokens(pcfg)
             if primary:
                 save_weights(model, run_dir / "model.safetensors", pcfgs[names[-1]].model)
@@ -394,13 +394,13 @@ def run_phases(
 def _what_resumes(run_dir: Path, names: list, resume: bool, start_phase: Optional[str], init: Optional[str],
                   primary: bool, log) -> tuple[Optional[str], Optional[dict], bool]:  # fmt: skip
     """(the phase to start at, the --init record --resume goes on with where the phase it continues began with one,
-    whether to read its weights: ``_resume_as_begun``); says so where --resume finds nothing to resume ("always pass
+    whether to read its weights: ``resume_as_begun``); says so where --resume finds nothing to resume ("always pass
     --resume", a requeued job, is fine, but the log says that nothing was resumed)."""
     begun, read = None, True
     if resume and init is None:
-        start_phase, begun, read = _resume_as_begun(run_dir, names, start_phase, log)
-    if resume and primary and begun is None and not _has_outputs(run_dir, names):
-        log(_nothing_to_resume(run_dir, names[0]))
+        start_phase, begun, read = resume_as_begun(run_dir, names, start_phase, log)
+    if resume and primary and begun is None and not has_outputs(run_dir, names):
+        log(nothing_to_resume(run_dir, names[0]))
     return start_phase, begun, read
 
 
@@ -514,7 +514,7 @@ def _load_finished_phase(model: GPT, run_dir: Path, phase: str, starting: Option
 def _carried_optimizer_state(model: GPT, pcfg, run_dir: Path, phase: str, carrying: str) -> dict:
     """Finished phase ``phase``'s optimizer.pt for phase ``carrying`` (of config ``pcfg``), refused unless its moments
     are of ``model``'s parameters in the order the optimizer takes them (an older minilm grouped them otherwise)."""
-    path = _optimizer_state_path(run_dir, phase, carrying)
+    path = optimizer_state_path(run_dir, phase, carrying)
     carried = load_checkpoint_dict(path)
     shapes = {i: s["exp_avg"].shape for i, s in carried["state"].items() if "exp_avg" in s}
     check_optimizer_params({"names": carried.get("params"), "shapes": shapes}, model, pcfg.optim.weight_decay,
@@ -548,7 +548,7 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
     """Train phase ``name``: from its newest good checkpoint, or from its start when it has none or is ``fresh``
     (restarted by --phase: its old checkpoints are being deleted by rank 0). ``carried_opt``: the AdamW moments it
     starts from (``carries``: the config's carry_optimizer; none are given to a phase resumed from a checkpoint).
-    ``started_from``: the weights it starts from at its first step (``_started_from``); a phase resumed from a
+    ``started_from``: the weights it starts from at its first step (``started_from_record``); a phase resumed from a
     checkpoint keeps the checkpoint's record (LitGPT)."""
     pdir = phase_dir(run_dir, name)
     ckpt_dir = pdir / "checkpoints"

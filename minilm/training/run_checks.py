@@ -10,10 +10,10 @@ phase's checkpoint the config cannot continue (its length, what it trains by, it
 moments, its data sampler, the --init weights it started from), a phase that --resume would start over from other
 weights than it began from (its STARTED file), and a corpus whose tokenizer or held-out documents differ from those
 the kept phases trained with. Where a phase was begun by ``--phase P --init W``, a plain --resume goes on with it as
-it was begun (``_resume_as_begun``). Also here: the run directory's layout as both read it (``phase_dir``,
-``is_complete``, STARTED, CARRIED) and the --init weights a command starts from (``_init_weights``,
-``_started_from``). Nothing here trains or writes to run.dir (``_check_with_data`` prepares the corpus, in its cache);
-phases.py imports from this module, never the other way.
+it was begun (``resume_as_begun``). Also here: the run directory's layout as both read it (``phase_dir``,
+``is_complete``, STARTED, CARRIED) and the --init weights a command starts from (``init_weights``,
+``started_from_record``). Nothing here trains or writes to run.dir (``_check_with_data`` prepares the corpus, in its
+cache); phases.py imports from this module, never the other way.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def is_complete(run_dir: Path, phase: str) -> bool:
     return (phase_dir(run_dir, phase) / COMPLETE).is_file()
 
 
-def _has_outputs(run_dir: Path, names: list[str]) -> bool:
+def has_outputs(run_dir: Path, names: list[str]) -> bool:
     """Whether a phase has saved anything: a checkpoint, its outputs. The STARTED file a phase writes as it begins is
     not one: the same command run again after a kill before the first checkpoint starts over, as before that file
     existed (and --resume checks it: ``_check_begun_from``)."""
@@ -87,7 +87,7 @@ def _written_from(name: str) -> str:
     return m.group(1) if (m := TEMPORARY.match(name)) else name
 
 
-def _optimizer_state_path(run_dir: Path, phase: str, carrying: str) -> Path:
+def optimizer_state_path(run_dir: Path, phase: str, carrying: str) -> Path:
     """Where finished phase ``phase`` left its AdamW moments for phase ``carrying`` (carry_optimizer)."""
     path = phase_dir(run_dir, phase) / "optimizer.pt"
     if not path.is_file():  # never a silent fresh optimizer where the config asks to carry one
@@ -214,10 +214,10 @@ def _check_phases_fit(model_cfg, pcfgs: dict, phases=None) -> None:
     keys as (a run without phases has no phases.train.seq_len)."""
     hooks = position_hooks(model_cfg)
     for n, pcfg in pcfgs.items():
-        _check_fits(hooks, pcfg, n, (phases or {}).get(n))
+        check_fits(hooks, pcfg, n, (phases or {}).get(n))
 
 
-def _check_fits(hooks: list, pcfg, phase: str, set_in=None) -> None:
+def check_fits(hooks: list, pcfg, phase: str, set_in=None) -> None:
     """The phase's seq_len within the limits of position ``hooks`` (a model's) as the phase configures them: a phase
     may give a rotary encoding new parameters (apply_phase), and xPos's limit follows its scale_base, so a module
     that would take new ones is measured on a copy configured with them; the hooks themselves are left as they are."""
@@ -245,7 +245,7 @@ def _check_fits(hooks: list, pcfg, phase: str, set_in=None) -> None:
 # -------------------------------------------------------------------- what a command may do with run.dir
 
 
-def _nothing_to_resume(run_dir: Path, first: str) -> str:
+def nothing_to_resume(run_dir: Path, first: str) -> str:
     """What --resume says where no phase has saved anything: no run at all, or a run stopped before its first phase's
     first checkpoint (its config, tokenizer and TensorBoard files written, at most the phase's STARTED file): 'holds
     no run yet' was not true."""
@@ -367,7 +367,7 @@ def _phase_steps_of(train: dict) -> int:
 
 def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, trained_world: Optional[int] = None,
                         world_size: int = 1, set_in=None) -> None:  # fmt: skip
-    """What the interrupted phase's checkpoint trained by (``_what_trains``; None: a checkpoint written before it
+    """What the interrupted phase's checkpoint trained by (``what_trains``; None: a checkpoint written before it
     was saved there) must be what the config says now, but for the phase's length. Lightning restores the
     optimizer's lr, betas and weight decay and the schedule's base lr from the checkpoint, and the position settings
     would change under weights trained with the old ones: a changed value was silently ignored (or applied halfway),
@@ -381,7 +381,7 @@ def _check_trained_with(trained: Optional[dict], pcfg, phase: str, ckpt: Path, t
     the phase's own section of the run config, as ``check_finished_phase`` takes it."""
     if trained is None:
         return
-    now = _what_trains(pcfg)
+    now = what_trains(pcfg)
     was_t, now_t = trained["train"], now["train"]
     trained_world = world_size if trained_world is None else trained_world
     diff = next((d for key in trained if (d := _first_difference(trained[key], now.get(key), key,
@@ -465,7 +465,7 @@ def _first_difference(old, new, key: str, ignore: tuple[str, ...] = ()) -> Optio
     return None if old == new or key in HOW_NOT_WHAT or key in ignore else (key, old, new)
 
 
-def _what_trains(pcfg) -> dict:
+def what_trains(pcfg) -> dict:
     """The parts of a phase config its weights depend on: the TRAINED_BY sections and run.seed, as plain values."""
     plain = OmegaConf.to_container(pcfg, resolve=True)
     return {**{key: plain[key] for key in TRAINED_BY}, "run": {"seed": plain["run"]["seed"]}}
@@ -492,7 +492,7 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
     path = phase_dir(run_dir, phase) / "config.yaml"
     if not path.is_file():
         return
-    saved, now = _what_trains(load_run_config(path)), _what_trains(pcfg)
+    saved, now = what_trains(load_run_config(path)), what_trains(pcfg)
     summary_path = phase_dir(run_dir, phase) / COMPLETE
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     was, was_world = summary.get("carried_optimizer"), summary.get("world_size")
@@ -533,7 +533,7 @@ def _check_command(names: list[str], run_dir: Path, resume: bool, start_phase: O
     --init after an unfinished phase."""
     if start_phase is not None and start_phase not in names:
         raise MinilmError(f"--phase {start_phase}: no such phase; phases are: {', '.join(names)}")
-    if primary and not resume and start_phase is None and _has_outputs(run_dir, names):
+    if primary and not resume and start_phase is None and has_outputs(run_dir, names):
         raise MinilmError(
             f"{run_dir} already holds a run; continue it with --resume, restart a phase with --phase NAME, or set "
             "run.name / run.dir to start a new one"
@@ -564,27 +564,27 @@ def _check_phases_from(start: int, cfg, pcfgs: dict, run_dir: Path, resume: bool
             if ckpt is not None:
                 resume_from[n] = (ckpt, sampler)
             elif n == pending:  # trains from its first step again
-                _check_begun_from(run_dir, n, _started_from(names, i, start, init, cfg.run.seed),
-                                  _started_from(names, i, start, None, cfg.run.seed))  # fmt: skip
+                _check_begun_from(run_dir, n, started_from_record(names, i, start, init, cfg.run.seed),
+                                  started_from_record(names, i, start, None, cfg.run.seed))  # fmt: skip
         if carry and init is not None and i == start:
             raise MinilmError(f"--init gives phase '{n}' weights only, but phases.{n}.carry_optimizer asks for the "
                               f"previous phase's optimizer moments; add phases.{n}.carry_optimizer=false")
         retrains = i == start if start_phase is not None and not resume else not is_complete(run_dir, n)
         if carry and retrains and is_complete(run_dir, names[i - 1]):
-            _optimizer_state_path(run_dir, names[i - 1], n)
+            optimizer_state_path(run_dir, names[i - 1], n)
     return resume_from
 
 
 def _goes_on_unaided(run_dir: Path, names: list[str], i: int) -> bool:
     """Whether a plain --resume (no --phase, no --init) goes on with the interrupted phase ``names[i]``: it is the
-    first phase, the phase before it has finished, or ``_resume_as_begun`` goes on with it as it was begun by --init."""
+    first phase, the phase before it has finished, or ``resume_as_begun`` goes on with it as it was begun by --init."""
     return i == 0 or is_complete(run_dir, names[i - 1]) or (
         _last_begun(run_dir, names) == names[i] and _init_begun(run_dir, names[i]) is not None)
 
 
 def _check_begun_from(run_dir: Path, phase: str, now: dict, plain: dict) -> None:
     """--resume into ``phase``, interrupted before its first step checkpoint: it trains from its first step again,
-    from the weights this command gives it (``now``: ``_started_from``'s), which must be those it began from (its
+    from the weights this command gives it (``now``: ``started_from_record``'s), which must be those it began from (its
     STARTED file; none: the phase never began, or an older minilm began it). Begun with --phase b --init X, a plain
     --resume (a requeued job's) retrained it from the previous phase's weights without a word. ``plain``: what the
     command would give it without --init."""
@@ -642,7 +642,7 @@ def _still_holds(record: dict) -> bool:
         return False
 
 
-def _resume_as_begun(run_dir: Path, names: list[str], start_phase: Optional[str],
+def resume_as_begun(run_dir: Path, names: list[str], start_phase: Optional[str],
                      log: Callable[[str], None]) -> tuple[Optional[str], Optional[dict], bool]:  # fmt: skip
     """--resume without --init: the --phase and the --init record (its STARTED file's) it goes on with, where the phase
     it continues was begun by ``--phase P --init W`` (``_last_begun``) and W still holds the weights it records (by
@@ -730,7 +730,7 @@ def check_run(cfg, *, resume: bool, data: bool = True) -> None:
     prepares the corpus), checked without touching run.dir and without a word: a study checks every run it continues
     with it before the first one trains."""
     pcfgs = {n: phase_config(cfg, n) for n in phase_names(cfg)}
-    start_phase, begun, _ = _resume_as_begun(Path(cfg.run.dir), list(pcfgs), None, silent) if resume else (
+    start_phase, begun, _ = resume_as_begun(Path(cfg.run.dir), list(pcfgs), None, silent) if resume else (
         None, None, True)
     args = (cfg, pcfgs, Path(cfg.run.dir), resume, start_phase)
     found = _check_without_data(*args, is_primary_process(), begun, silent)
@@ -738,7 +738,7 @@ def check_run(cfg, *, resume: bool, data: bool = True) -> None:
         _check_with_data(*args, found, silent)
 
 
-def _check_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
+def check_before_training(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Optional[str], primary: bool,
                init: Optional[dict],
                log: Callable[[str], None]) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
     """Refuse what cannot run, without touching run.dir: first what needs no data (``_check_without_data``), so that
@@ -767,7 +767,7 @@ def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_pha
         _check_saved_model(cfg, run_dir)
     start = names.index(start_phase) if start_phase else 0
     # --phase: the weights it starts from are the earlier phases' finished ones; --resume keeps them all, also where it
-    # goes on at a phase begun with --init (_resume_as_begun), as a plain --resume into it checked them before
+    # goes on at a phase begun with --init (resume_as_begun), as a plain --resume into it checked them before
     if init is None or resume:
         for n in [n for n in names[:start] if is_complete(run_dir, n)]:
             check_finished_phase(pcfgs[n], n, run_dir, "--resume" if resume else f"--phase {start_phase}",
@@ -788,7 +788,7 @@ def _check_with_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase:
                      log: Callable[[str], None]) -> tuple[Any, dict[str, Path], Optional[dict]]:  # fmt: skip
     """The corpus (bad data fails here), each phase's sampling from it, an interrupted phase's sampler, a tokenizer
     other than the one the kept phases trained with, a corpus that holds out other documents than those they trained
-    beside. ``found``: what ``_check_without_data`` returned. Returns what ``_check_run`` does."""
+    beside. ``found``: what ``_check_without_data`` returned. Returns what ``check_before_training`` does."""
     from minilm.data import check_phase_data, load_corpus
 
     world_size, resume_from, kept = found
@@ -885,11 +885,11 @@ def _check_held_out_record(corpus, run_dir: Path, kept: list[str], trains: bool,
 # ---------------------------------------------------------------------------------------- --init weights
 
 
-def _init_weights(given: Optional[str], begun: Optional[dict],
+def init_weights(given: Optional[str], begun: Optional[dict],
                   read_begun: bool = True) -> tuple[Optional[str], Optional[dict], Optional[dict],
                                                     Optional[dict]]:  # fmt: skip
     """(the weights file, its weights, the model section they record, its ``_init_record``) of --init ``given``, or of
-    the --init record ``begun`` that --resume goes on with (``_resume_as_begun``: kept as recorded, its file just
+    the --init record ``begun`` that --resume goes on with (``resume_as_begun``: kept as recorded, its file just
     checked against its sha256; not read where ``read_begun`` is False: a checkpoint continues the phase, and the
     file no longer holds those weights); all None with neither. Read once, before the corpus is prepared and run.dir
     is written, so that a missing or unreadable file fails first."""
@@ -949,7 +949,7 @@ def _sha256(file: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def _started_from(names: list[str], i: int, start: int, init: Optional[dict], seed: int) -> dict:
+def started_from_record(names: list[str], i: int, start: int, init: Optional[dict], seed: int) -> dict:
     """complete.json's ``started_from`` of phase ``names[i]`` trained from its first step, by a command that starts at
     phase ``names[start]``: the --init weights (``init``: ``_init_record``'s) for the phase it starts at, else the
     previous phase's, else (the run's first phase) the model initialized from run.seed ``seed``."""

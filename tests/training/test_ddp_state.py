@@ -202,7 +202,7 @@ def test_another_device_count_hides_no_other_change_of_a_phase(config, tmp_path)
                                                  "train.steps=8"]), "train")  # fmt: skip
         with pytest.raises(run_checks.ChangedPhaseError, match=r"finished with train.steps = 4 .*now says 8"):
             run_checks.check_finished_phase(pcfg, "train", run_dir, "--resume", False, world_size)
-    trained = run_checks._what_trains(pcfg)  # an interrupted phase, in what its checkpoint records: 1 x 4 rows of 64
+    trained = run_checks.what_trains(pcfg)  # an interrupted phase, in what its checkpoint records: 1 x 4 rows of 64
     trained["train"].update(batch_size=4, seq_len=64)
     with pytest.raises(MinilmError, match=r"interrupted training with train.seq_len = 64 .*now says 32"):
         run_checks._check_trained_with(trained, pcfg, "train", run_dir / "step.ckpt", 1, 2)

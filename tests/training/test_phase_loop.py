@@ -999,17 +999,17 @@ def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
 def test_resume_of_a_run_stopped_before_its_first_phase_says_what_it_found(tmp_path):
     """A run killed before its first phase began has its config, tokenizer and TensorBoard files: --resume said it
     'holds no run yet', which the user could see was not so."""
-    from minilm.training.run_checks import _nothing_to_resume
+    from minilm.training.run_checks import nothing_to_resume
 
     run = tmp_path / "run"
     (run / "tb").mkdir(parents=True)
     (run / "config.yaml").write_text("")
     (run / "tokenizer.model").write_text("")
-    said = _nothing_to_resume(run, "pretrain")
+    said = nothing_to_resume(run, "pretrain")
     assert said == (f"--resume: {run} holds no checkpoint yet, only config.yaml, tb/, tokenizer.model (the run "
                     "stopped before its first phase began training); nothing to resume, so phase 'pretrain' starts "
                     "from step 0")
-    assert _nothing_to_resume(tmp_path / "none", "a") == f"--resume: {tmp_path / 'none'} holds no run yet; starting one"
+    assert nothing_to_resume(tmp_path / "none", "a") == f"--resume: {tmp_path / 'none'} holds no run yet; starting one"
 
 
 def test_a_resume_removes_what_writes_a_kill_cut_short_left_beside_the_outputs(config, tmp_path):
