@@ -395,8 +395,11 @@ def _what_resumes(run_dir: Path, names: list, resume: bool, start_phase: Optiona
                   primary: bool, log) -> tuple[Optional[str], Optional[dict], bool]:  # fmt: skip
     """(the phase to start at, the --init record --resume goes on with where the phase it continues began with one,
     whether to read its weights: ``resume_as_begun``); says so where --resume finds nothing to resume ("always pass
-    --resume", a requeued job, is fine, but the log says that nothing was resumed)."""
+    --resume", a requeued job, is fine, but the log says that nothing was resumed; not before an unknown --phase's
+    error, as if the run were starting)."""
     begun, read = None, True
+    if start_phase is not None and start_phase not in names:  # (refused by the checks that follow)
+        return start_phase, begun, read
     if resume and init is None:
         start_phase, begun, read = resume_as_begun(run_dir, names, start_phase, log)
     if resume and primary and begun is None and not has_outputs(run_dir, names):

@@ -996,6 +996,15 @@ def test_resume_with_no_run_there_says_it_starts_one(config, tmp_path):
     assert not any("holds no run yet" in m for m in said)
 
 
+def test_resume_with_an_unknown_phase_is_refused_without_saying_it_starts_a_run(config, tmp_path):
+    """--resume --phase with a misspelled name said "holds no run yet; starting one" before the error that refused
+    it, as if a run had started."""
+    run, said = tmp_path / "run", []
+    with pytest.raises(MinilmError, match="--phase zzz: no such phase; phases are: train"):
+        run_phases(load_config(config, [f"run.dir={run}"]), log=said.append, resume=True, start_phase="zzz")
+    assert said == [] and not run.exists()
+
+
 def test_resume_of_a_run_stopped_before_its_first_phase_says_what_it_found(tmp_path):
     """A run killed before its first phase began has its config, tokenizer and TensorBoard files: --resume said it
     'holds no run yet', which the user could see was not so."""
