@@ -365,3 +365,14 @@ def test_a_misspelled_encoding_or_absent_cuda_stops_before_any_measurement(bench
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench.main(["--device", "cuda", *argv]) == 2
     assert "--device cuda: CUDA is not available" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_peer_without_a_rope_measurement_is_a_usage_error(bench, tmp_path, capsys):
+    """The peer is a RoPE model, compared only with the rope encoding: --peer with only other encodings measured
+    them and left the peer out without a word."""
+    argv = ["--lengths", "8", "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu", "--peer",
+            "--out", str(tmp_path), *TINY]  # fmt: skip
+    assert bench.main(["--encodings", "alibi,t5", *argv]) == 2
+    assert ("--peer: the peer (LlamaForCausalLM) is compared with minilm's rope encoding only, and this run measures "
+            "alibi, t5: add rope to --encodings, or drop --peer") in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
