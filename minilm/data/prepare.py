@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from minilm.data.sources import SourceDocs, _plain, parse_sources, read_source, source_fingerprint
+from minilm.data.sources import SourceDocs, _plain, name_bytes, parse_sources, read_source, source_fingerprint
 from minilm.data.tokenizer import Tokenizer, check_trainable, file_digest, sample_chunks, train_tokenizer
 from minilm.errors import DataError
 from minilm.files import disk_full, fsync_path, is_locked, lock_file, pid_alive
@@ -388,7 +388,7 @@ def held_out(names: Sequence[str], val_fraction: float, texts: Sequence[str] | N
         for d, n in zip(digests, names):
             first[d] = min(first.get(d, n), n)
         names = [first[d] for d in digests]
-    h = np.array([int.from_bytes(hashlib.sha1(n.encode()).digest()[:8], "big") / 2**64 for n in names])
+    h = np.array([int.from_bytes(hashlib.sha1(name_bytes(n)).digest()[:8], "big") / 2**64 for n in names])
     is_val = h < val_fraction
     groups = np.zeros(len(names), np.int64) if sources is None else np.asarray(sources, dtype=np.int64)
     # (identical texts have one hash: flipping by hash moves their copies together, in every source holding one)
@@ -414,7 +414,7 @@ def _make_tokenizer(data_cfg: Any, names: List[str], texts: List[str], dest: Pat
         shutil.copyfile(tok_cfg.model_file, dest)
         return Tokenizer(dest)
     # documents in hash order: a spread over all sources and files rather than the first ones in sorted order
-    order = sorted(range(len(texts)), key=lambda i: hashlib.sha1(names[i].encode()).digest())
+    order = sorted(range(len(texts)), key=lambda i: hashlib.sha1(name_bytes(names[i])).digest())
     chunks = sample_chunks(texts, order, tok_cfg.sample_chars)
     # one thread, whatever data.num_proc (not part of the cache key): unigram's EM sums scores over per-thread shards,
     # so 2 threads gave other scores and piece order (other ids) than 1; BPE gained nothing from a second thread

@@ -482,8 +482,15 @@ def _stat_digest(files: List[Path]) -> str:
     h = hashlib.sha256()
     for p in files:
         st = p.stat()
-        h.update(f"{p.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        h.update(name_bytes(f"{p.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n"))
     return h.hexdigest()
+
+
+def name_bytes(name: str) -> bytes:
+    """A file's path (or a document name holding one) as the bytes to hash: UTF-8, the bytes of a file name that is
+    not UTF-8 (``caf\\xe9.txt`` from a Latin-1 archive, which Python holds as lone surrogates) given back as they
+    are. A plain ``encode()`` refused them, and such a file in a glob stopped the preparation with a traceback."""
+    return name.encode("utf-8", "surrogateescape")
 
 
 @contextlib.contextmanager

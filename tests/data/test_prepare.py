@@ -131,6 +131,27 @@ def test_stats_are_saved_and_count_skipped_files(tmp_path, tiny_text_dir):
     assert saved["train"]["long_share"]["64"] == pytest.approx(long_share(corpus.train, 64), abs=1e-4)
 
 
+def test_a_file_whose_name_is_not_utf8_is_read(tmp_path, tiny_text_dir):
+    """A file name of Latin-1 bytes (an old archive unpacked) is a str with lone surrogates in Python: hashing it for
+    the cache key, the held-out split and the tokenizer sample with a plain encode() stopped the preparation with a
+    UnicodeEncodeError traceback."""
+    import os
+
+    from tests.data.conftest import make_data_cfg
+
+    try:
+        with open(os.path.join(os.fsencode(tiny_text_dir), b"caf\xe9.py"), "w") as f:
+            f.write("caf\u00e9 = 'a file whose name is Latin-1'\n")
+    except (OSError, UnicodeError):  # a file system that takes UTF-8 names alone (macOS)
+        pytest.skip("this file system refuses a file name that is not UTF-8")
+    cfg = make_data_cfg(tmp_path, {"tiny": {"kind": "files", "paths": [f"{tiny_text_dir}/*.py"]}})
+    corpus = load_corpus(cfg, progress=False)
+    assert corpus.train.n_docs + corpus.val.n_docs == 41  # the 40 of tiny_text_dir and that one
+    texts = {corpus.tokenizer.decode(s.doc(i)[:-1].tolist()) for s in (corpus.train, corpus.val)
+             for i in range(s.n_docs)}  # fmt: skip
+    assert "caf\u00e9 = 'a file whose name is Latin-1'\n" in texts
+
+
 def test_long_share_counts_tokens_in_long_documents(files_cfg):
     store = load_corpus(files_cfg(), progress=False).train
     n = int(np.median(store.doc_lengths))
