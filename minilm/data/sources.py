@@ -430,9 +430,17 @@ def _check_local_file(spec: HfSource, where: str) -> None:
     """An hf ``path`` that names a data file is read as that local file; a missing one (a typo, another working
     directory) went to the Hub as a dataset name: 20 s of retries, then "Couldn't reach 'trian.jsonl' on the Hub".
     A local ``.txt`` file was sent there too (only ``.jsonl/.json/.parquet/.csv/.tsv`` open directly), and so was an
-    existing file of any other format (``.arrow``, ``.xml``): the same retries, naming neither the file nor why."""
+    existing file of any other format (``.arrow``, ``.xml``): the same retries, naming neither the file nor why. A
+    ``name`` is refused where it selects nothing: a local file, or a builder of data files (``json``, ``csv``, ...)."""
     path = Path(spec.path)
     suffix, compressed = _data_suffix(path)
+    local = spec.data_files is None and path.is_file()
+    if spec.name is not None and (local or spec.path in RECORD_BUILDERS + ("text",)):
+        # as for a save_to_disk directory: datasets took the name as that of a config of the file's builder, which
+        # has none, and went on; it changed nothing read (a Hub config name kept on a local copy: wikitext-103-raw-v1)
+        what = "a local file" if local else f"datasets' {spec.path} builder, which reads data_files"
+        raise DataError(f"{where}.name: {spec.path} is {what}, and has no dataset configs: name {spec.name!r} "
+                        f"selects nothing (the same records are read); remove name")  # fmt: skip
     if spec.data_files is not None:
         return
     if path.is_file() and suffix not in LOCAL_FILE_SUFFIXES + (".py",):  # (.py: datasets says scripts are gone)

@@ -493,6 +493,18 @@ def test_bad_source_configs_name_the_key(sources, match):
         parse_sources(sources)
 
 
+def test_a_name_that_selects_nothing_is_refused(tmp_path):
+    """A local file and datasets' builders of data files have no configs: a name (a Hub config name kept on a local
+    copy) was taken silently, and only renamed the records, so another held-out split, as for save_to_disk."""
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"text": "record {i}"}}\n' for i in range(5)))
+    for src in ({"path": str(tmp_path / "a.jsonl")}, {"path": "json", "data_files": str(tmp_path / "a.jsonl")}):
+        cfg = make_data_cfg(tmp_path, {"x": {"kind": "hf", "name": "wikitext-103-raw-v1", **src}})
+        with pytest.raises(DataError, match=r"data\.sources\.x\.name: .* has no dataset configs: name "
+                                            r"'wikitext-103-raw-v1' selects nothing .*; remove name"):
+            load_corpus(cfg, progress=False)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").glob("corpus-*"))
+
+
 def test_glob_that_matches_nothing(tmp_path):
     cfg = make_data_cfg(tmp_path, {"x": {"kind": "files", "paths": [f"{tmp_path}/nothing/*.txt"]}})
     with pytest.raises(DataError, match=r"data\.sources\.x\.paths: the glob .* matches no file"):
