@@ -442,6 +442,7 @@ def _check_local_file(spec: HfSource, where: str) -> None:
         raise DataError(f"{where}.name: {spec.path} is {what}, and has no dataset configs: name {spec.name!r} "
                         f"selects nothing (the same records are read); remove name")  # fmt: skip
     if spec.data_files is not None:
+        _check_data_files_match(spec, where)
         return
     if path.is_file() and suffix not in LOCAL_FILE_SUFFIXES + (".py",):  # (.py: datasets says scripts are gone)
         ending = suffix + (path.suffix.lower() if compressed else "") or path.suffix or "suffix-less"
@@ -465,6 +466,22 @@ def _check_local_file(spec: HfSource, where: str) -> None:
                         f"data_files: {spec.path} (one line = one document)")  # fmt: skip
     if path.is_file() and suffix == ".parquet" and compressed:  # datasets said "Couldn't find any data file at"
         raise _compressed_parquet(f"{where}.path", spec.path)
+
+
+def _check_data_files_match(spec: HfSource, where: str) -> None:
+    """Each of ``data_files``' files or globs must match a local file where they are local (``path`` a builder of
+    data files, or a local directory; a Hub dataset's are paths in its repository, a URL is remote): datasets 5
+    ends a glob that matches nothing with a bare StopIteration, reported as "no records (an empty file?)"."""
+    if spec.path not in RECORD_BUILDERS + ("text",) and not Path(spec.path).is_dir():
+        return
+    df = spec.data_files
+    bases = [Path(".")] + ([Path(spec.path)] if Path(spec.path).is_dir() else [])
+    for pattern in (p for v in (df.values() if isinstance(df, dict) else [df]) for p in _as_list(v)):
+        if "://" in pattern:  # a remote file (https://, hf://, s3://): datasets reaches it through fsspec
+            continue
+        if not any(os.path.isfile(m) for base in bases for m in _glob(os.path.join(base, os.path.expanduser(pattern)))):
+            raise DataError(f"{where}.data_files: {pattern!r} matches no file (cwd: {os.getcwd()}"
+                            + (f"; nor under {spec.path}" if len(bases) > 1 else "") + ")")
 
 
 def _hf_local_files(spec: HfSource, data_files_only: bool = False) -> List[Path]:

@@ -511,6 +511,23 @@ def test_glob_that_matches_nothing(tmp_path):
         load_corpus(cfg, progress=False)
 
 
+def test_hf_data_files_that_match_no_file_are_named(tmp_path):
+    """datasets 5 ends a data_files glob that matches no file with a bare StopIteration, which was reported as
+    "no records (an empty file?)"; now the key and the pattern are named, before any source is read."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.jsonl").write_text("".join(f'{{"text": "record {i}"}}\n' for i in range(5)))
+    for entry, pattern in (({"path": "json", "data_files": f"{tmp_path}/nothing/*.jsonl"}, "nothing/*.jsonl"),
+                           ({"path": "json", "data_files": {"train": f"{tmp_path}/d/a.jsonl",
+                                                            "validation": f"{tmp_path}/d/b.jsonl"}}, "d/b.jsonl"),
+                           ({"path": str(tmp_path / "d"), "data_files": "b*.jsonl"}, "b*.jsonl")):  # fmt: skip
+        cfg = make_data_cfg(tmp_path, {"x": {"kind": "hf", **entry}})
+        with pytest.raises(DataError, match=rf"^data\.sources\.x\.data_files: '[^']*{re.escape(pattern)}' matches no "
+                                            r"file \(cwd: "):  # fmt: skip
+            load_corpus(cfg, progress=False)
+    ok = make_data_cfg(tmp_path, {"x": {"kind": "hf", "path": str(tmp_path / "d"), "data_files": "a*.jsonl"}})
+    assert load_corpus(ok, progress=False).train.n_docs + load_corpus(ok, progress=False).val.n_docs == 5
+
+
 def test_a_directory_instead_of_a_glob_says_how_to_read_its_files(tmp_path):
     (tmp_path / "d" / "sub").mkdir(parents=True)
     (tmp_path / "d" / "sub" / "a.txt").write_text("nested document\n" * 20)
