@@ -874,10 +874,33 @@ def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_f
         if isinstance(e, ValueError):  # datasets' error for a split it lacks ("Unknown split", "Bad split")
             _check_split(where, path, name, split, data_files, cache_dir, call, settings)
         raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}{files}) failed: "
-                        f"{_cause(e)}{_builder_hint(path, data_files)}") from None  # fmt: skip
+                        f"{_cause(e)}{_builder_hint(path, data_files)}{_bad_file_hint(path, data_files)}") \
+            from None  # fmt: skip
 
 
 RECORD_BUILDERS = ("json", "csv", "parquet", "arrow")
+
+
+def _bad_file_hint(path: str, data_files: Any) -> str:
+    """Where the load of local data files failed, the first of them that holds no records: datasets' error names none
+    ("CastError: Couldn't cast text: string to {}" for a shard of blank lines or a .json of ``[]`` read first among
+    others), where the files kind skips such a file. Bounded reads alone (a large corpus failing for another reason
+    is not read through to say so): the header or first characters, and a small file's text."""
+    base = path if Path(path).is_dir() else "."
+    if data_files is None and base == ".":
+        return ""
+    listed = data_files.values() if isinstance(data_files, dict) else [data_files]
+    patterns = [f for v in listed for f in _as_list(v)] if data_files is not None else ["**/*"]
+    for pattern in patterns:
+        for m in sorted(glob.glob(os.path.join(base, pattern), recursive=True)):  # (a file's pattern is escaped)
+            f = Path(m)
+            if not (_record_builder(f) and f.is_file()):
+                continue
+            small = f.stat().st_size <= 1 << 20 and _record_builder(f) != "parquet"
+            if _no_records(f) or (small and _text_problem(f) == "empty"):
+                return (f"; {m} holds no records, which datasets does not skip (the files kind does): leave it out of "
+                        f"the source, or read the files with kind: files")
+    return ""
 
 
 def _builder_hint(path: str, data_files: Any) -> str:

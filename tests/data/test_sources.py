@@ -528,6 +528,22 @@ def test_hf_data_files_that_match_no_file_are_named(tmp_path):
     assert load_corpus(ok, progress=False).train.n_docs + load_corpus(ok, progress=False).val.n_docs == 5
 
 
+@pytest.mark.parametrize("empty", ["a.jsonl", "a.json"])
+def test_an_empty_hf_data_file_that_datasets_fails_on_is_named(tmp_path, empty):
+    """A shard of blank lines, or a .json of [], read first among others: datasets fails with "CastError: Couldn't
+    cast", naming no file (the files kind skips such a file); the error now names it."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / empty).write_text("\n\n" if empty.endswith("l") else "[]\n")
+    (d / "b.jsonl").write_text("".join(f'{{"text": "record {i}"}}\n' for i in range(5)))
+    for entry in ({"path": "json", "data_files": [str(d / empty), str(d / "b.jsonl")]}, {"path": str(d)}):
+        cfg = make_data_cfg(tmp_path, {"x": {"kind": "hf", **entry}})
+        with pytest.raises(DataError, match=rf"^data\.sources\.x: datasets.load_dataset.* failed: .*; "
+                                            rf"{re.escape(str(d / empty))} holds no records, which datasets "
+                                            r"does not skip \(the files kind does\)"):  # fmt: skip
+            load_corpus(cfg, progress=False)
+
+
 def test_a_directory_instead_of_a_glob_says_how_to_read_its_files(tmp_path):
     (tmp_path / "d" / "sub").mkdir(parents=True)
     (tmp_path / "d" / "sub" / "a.txt").write_text("nested document\n" * 20)
