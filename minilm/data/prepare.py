@@ -520,6 +520,8 @@ def _open(out: Path, from_cache: bool) -> Corpus:
     try:
         meta = json.loads((out / "meta.json").read_text())
         stats = json.loads((out / "stats.json").read_text())
+        if not isinstance(stats, dict) or not all(isinstance(stats.get(k), dict) for k in (*SPLITS, "skipped")):
+            raise ValueError("stats.json lacks the splits' stats")  # (format_stats read them: a KeyError traceback)
         stores = {}
         for split in SPLITS:
             with np.load(out / f"{split}.index.npz") as idx:

@@ -242,7 +242,8 @@ def test_cache_dir_that_cannot_be_written_is_a_data_error_before_any_reading(fil
         load_corpus(files_cfg(cache_dir=str(tmp_path / "a_file")), progress=False)
 
 
-@pytest.mark.parametrize("damage", ["delete_index", "truncate_tokens", "bad_json", "shorter_tokens", "delete_meta"])
+@pytest.mark.parametrize("damage", ["delete_index", "truncate_tokens", "bad_json", "shorter_tokens", "delete_meta",
+                                    "empty_stats"])
 def test_damaged_cache_says_to_delete_the_directory(files_cfg, damage):
     """A cache directory with a file deleted, truncated or garbled was a numpy/json traceback (or, with tokens
     cut to a whole number of items, silently a corpus whose index points past its end). Without its meta.json
@@ -259,6 +260,8 @@ def test_damaged_cache_says_to_delete_the_directory(files_cfg, damage):
             f.truncate(1000)
     elif damage == "bad_json":
         (d / "stats.json").write_text("{")
+    elif damage == "empty_stats":  # valid JSON without the stats: prepare_data.py's format_stats was a KeyError
+        (d / "stats.json").write_text("{}")
     else:
         tokens = np.load(d / "train.tokens.npy")
         np.save(d / "train.tokens.npy", tokens[:-10])
