@@ -387,7 +387,8 @@ def _file_format(path: Path, formats: Dict[str, str], skipped: set) -> Optional[
 def _check_one_format(spec: HfSource, where: str) -> None:
     """An hf source whose path is a local directory of data files reads the files of one format: datasets infers its
     builder from their most common suffix and leaves the files of every other format out, without a word (a
-    directory of 3 .jsonl files and 2 .csv ones gave the .jsonl records alone). Refused, naming one file of each."""
+    directory of 3 .jsonl files and 2 .csv ones gave the .jsonl records alone). Refused, naming one file of each; so
+    is a directory of text files, as a .txt ``path`` is (datasets reads them one line = one document)."""
     path = Path(spec.path)
     if not path.is_dir() or _saved_to_disk(path):
         return
@@ -402,6 +403,13 @@ def _check_one_format(spec: HfSource, where: str) -> None:
         raise DataError(f"{where}.{key}: {spec.path} holds data files of {len(first)} formats: {found}; datasets reads "
                         f"those of its most common format alone and leaves the others out without a word; give "
                         f"data_files of one format, make one source per format, or read them with kind: files")
+    if list(first) == ["text"]:  # as a local .txt path (_check_local_file): datasets' text builder made each line of
+        # each file a document, without a word (a folder of notes: every line, blank ones skipped as empty)
+        key, f = ("data_files" if spec.data_files is not None else "path"), first["text"]
+        raise DataError(f"{where}.{key}: {spec.path} holds text files ({f}), which datasets reads one line = one "
+                        f"document; for one file = one document use kind: files with paths: "
+                        f"['{spec.path}/**/*{f.suffix}'], or, for one line = one document, path: text with data_files: "
+                        f"'{spec.path}/**/*{f.suffix}'")  # fmt: skip
 
 
 def _hf_csv_settings(spec: HfSource, where: str) -> Dict[str, str]:

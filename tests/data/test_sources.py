@@ -776,6 +776,27 @@ def test_an_hf_directory_of_several_formats_is_refused_naming_one_file_of_each(t
         source_fingerprint("d", spec)
 
 
+def test_an_hf_directory_of_text_files_is_refused_as_a_txt_path_is(tmp_path):
+    """datasets reads a directory of .txt files with its text builder, one line = one document: a folder of notes
+    became a corpus of single lines without a word, where a .txt path is refused. Refused before anything is read,
+    naming the two ways to read them; path: text with data_files reads them by line, as asked."""
+    from minilm.data.sources import source_fingerprint
+
+    d = tmp_path / "notes"
+    d.mkdir()
+    (d / "a.txt").write_text("Title\n\nfirst line\nsecond line\n")
+    (d / "README.md").write_text("# a dataset card\n")
+    for entry, key in (({"path": str(d)}, "path"), ({"path": str(d), "data_files": "a.txt"}, "data_files")):
+        spec = parse_sources({"d": {"kind": "hf", **entry}})["d"]
+        with pytest.raises(DataError, match=rf"^data\.sources\.d\.{key}: {re.escape(str(d))} holds text files "
+                                            r"\(.*a\.txt\), which datasets reads one line = one document; .*kind: "
+                                            r"files .*path: text with data_files"):  # fmt: skip
+            source_fingerprint("d", spec)
+    by_line = parse_sources({"t": {"kind": "hf", "path": "text", "data_files": f"{d}/*.txt"}})["t"]
+    source_fingerprint("t", by_line)
+    assert read_source("t", by_line, progress=False).texts == ["Title", "first line", "second line"]
+
+
 @pytest.mark.parametrize("builder, name, content, asks", [
     ("json", "a.csv", "text\nhello\n", "csv"),
     ("parquet", "b.jsonl", '{"text": "a"}\n', "json"),
