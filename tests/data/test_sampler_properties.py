@@ -99,6 +99,21 @@ def test_a_document_of_exactly_long_min_tokens_is_long_and_the_default_is_seq_le
         assert {d for d, _ in long_rows(s, 10)} == {0}  # never the 19-token one
 
 
+def test_a_long_window_is_one_document_where_it_fits_it_and_runs_on_into_long_documents_where_not():
+    """docs/data.md said long windows were one document each; with long_min_tokens below seq_len a long document is
+    shorter than the row, and the window runs on into the next long documents (never a short one), each its own
+    doc_id, as for packed rows."""
+    store = store_of([40, 12, 12, 12, 12, 3, 3])
+    fits = sampler(store, long_fraction=1.0, long_min_tokens=20, document_mask=True)  # only the 40-token document
+    assert all(int(fits.batch(i)["doc_ids"].max()) == 0 for i in range(5))
+    runs = sampler(store, long_fraction=1.0, long_min_tokens=10, document_mask=True, seq_len=30)
+    for i in range(5):
+        b = runs.batch(i)
+        assert int(b["doc_ids"].max()) >= 1
+        ids = {int(t) for t in b["input_ids"].flatten() if t != EOS}
+        assert all(where(store, t)[0] <= 4 for t in ids)  # the 3-token documents are short: never in a long row
+
+
 def test_without_long_rows_the_packed_stream_holds_every_document():
     """long_fraction 0: plain pretraining, nothing thrown away — the long document is packed like the others."""
     store = store_of([100, 10, 10])
