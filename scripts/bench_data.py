@@ -32,6 +32,15 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def cpus_visible() -> int:
+    """The CPUs this process may run on, as ``nproc`` counts them (its affinity: taskset, a SLURM job's or a
+    container's cpuset); ``os.cpu_count()`` counts the machine's (under ``taskset -c 0`` on 2 cores: 2, nproc 1)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity to ask: macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def parser() -> argparse.ArgumentParser:
     from minilm.cli import add_config_args
 
@@ -71,7 +80,7 @@ def bench(config: str | None, overrides: list[str], num_proc: int | None) -> Non
         docs = st["train"]["docs"] + st["val"]["docs"]
         tokens = st["train"]["tokens"] + st["val"]["tokens"]
         tok_s = st["tokenize_seconds"]
-        print(f"machine: {os.cpu_count()} CPUs visible (nproc), {cpu_name()}, Python {platform.python_version()}")
+        print(f"machine: {cpus_visible()} CPUs visible (nproc), {cpu_name()}, Python {platform.python_version()}")
         print(f"corpus: {docs} docs, {st['chars'] / 1e6:.1f} M chars, {tokens / 1e6:.2f} M tokens, "
               f"vocab {corpus.tokenizer.vocab_size}, num_proc {cfg.data.num_proc}")  # fmt: skip
         sample = min(cfg.data.tokenizer.sample_chars, st["chars"])  # the setting is an upper bound

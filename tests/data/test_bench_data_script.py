@@ -46,3 +46,15 @@ def test_bad_input_exits_2_with_a_message(script, capsys, args, message):
     assert script.main(args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_the_cpus_reported_are_those_the_process_may_run_on_as_nproc_counts(script, monkeypatch):
+    """The report said "N CPUs visible (nproc)" with os.cpu_count(), the machine's count: under taskset, or in a SLURM
+    job or a container given a few cores of a large machine, not the cores the measurement ran on."""
+    import os
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert script.cpus_visible() == 1
