@@ -52,6 +52,7 @@ RECORD_FORMATS: Dict[str, Tuple[str, Dict[str, str]]] = {
     ".csv": ("csv", {}), ".tsv": ("csv", {"sep": "\t"}),
 }  # fmt: skip
 RECORD_SUFFIXES = tuple(RECORD_FORMATS)
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # a UTF-16 text (Windows editors, PowerShell's >): NUL bytes, yet text
 COMPRESSIONS = (".gz", ".bz2", ".xz")  # a record file but .parquet compressed so: datasets (fsspec) decompresses it
 KINDS = ("embedded", "files", "hf")
 
@@ -666,9 +667,11 @@ def _text_problem(path: Path) -> Optional[str]:
     decoder, blank = codecs.getincrementaldecoder("utf-8-sig")(), True
     try:
         with _open_record_file(path) as f:
+            first = True
             while block := f.read(1 << 20):
                 if b"\0" in block:
-                    return "binary"
+                    return "non_utf8" if first and block.startswith(UTF16_BOMS) else "binary"
+                first = False
                 text = decoder.decode(block)  # every block: after `blank and ...` short-circuited, a file whose
                 blank = blank and not text.strip()  # first MB was text was never checked further
             blank = not decoder.decode(b"", final=True).strip() and blank
@@ -694,8 +697,8 @@ def _read_text_files(name: str, files: List[Path], root: Optional[str], progress
         except OSError:
             docs.skip("unreadable", path)
             continue
-        if b"\0" in raw:
-            docs.skip("binary", path)
+        if b"\0" in raw:  # (UTF-16 text is not UTF-8, not binary: the warning says what to do, re-encode it)
+            docs.skip("non_utf8" if raw.startswith(UTF16_BOMS) else "binary", path)
             continue
         try:
             # utf-8-sig: a leading byte order mark (Windows editors write one) is an encoding marker, not text; kept,

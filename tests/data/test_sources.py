@@ -608,6 +608,7 @@ def test_empty_and_non_utf8_record_files_are_skipped_and_counted_like_text_files
 
 @pytest.mark.parametrize("name, content, reason", [("latin1.csv", b"story\ncaf\xe9\n", "non_utf8"),
                                                    ("nul.csv", b"story\nab\0c\n", "binary"),
+                                                   ("utf16.csv", "story\ncafé\n".encode("utf-16"), "non_utf8"),
                                                    ("cut.csv.gz", b"\x1f\x8b\x08\x00", "unreadable")])  # fmt: skip
 def test_an_hf_path_naming_a_csv_file_that_cannot_give_records_yields_no_documents_as_a_files_glob_skips_it(
         tmp_path, name, content, reason):  # fmt: skip
@@ -620,6 +621,16 @@ def test_an_hf_path_naming_a_csv_file_that_cannot_give_records_yields_no_documen
         with pytest.raises(DataError, match=rf"^data\.sources\.s: the source yields no documents \(skipped: {reason}: "
                                             rf"1 \(first: {re.escape(str(tmp_path / name))}\)\)"):  # fmt: skip
             read_source("s", spec, progress=False)
+
+
+def test_a_utf16_text_file_is_skipped_as_not_utf8_not_as_binary(tmp_path, caplog):
+    """A UTF-16 file (a Windows editor's, PowerShell's > redirect) holds NUL bytes and was counted as binary, which
+    says nothing of the fix: it is text to re-encode as UTF-8."""
+    (tmp_path / "notes.txt").write_text("notes from windows\n" * 20, encoding="utf-16")
+    (tmp_path / "ok.txt").write_text("fine text\n" * 20)
+    spec = parse_sources({"s": {"kind": "files", "paths": [f"{tmp_path}/*.txt"]}})["s"]
+    docs = read_source("s", spec, progress=False)
+    assert docs.texts == ["fine text\n" * 20] and dict(docs.skipped) == {"non_utf8": 1}
 
 
 @pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
