@@ -280,7 +280,11 @@ def _expand_globs(spec: FilesSource, where: str, cache_dir: Optional[Path] = Non
         # data/**/* covers the default data.cache_dir, data/cache, and each run keyed, and read, the previous one's
         # files (meta.json "is not a column" of its records)
         cache = Path(cache_dir).resolve()
-        files = [p for p in files if not p.resolve().is_relative_to(cache)]
+        kept = [p for p in files if not p.resolve().is_relative_to(cache)]
+        if files and not kept:  # (it "yielded no documents (skipped: nothing)", naming neither glob nor cache)
+            raise DataError(f"{where}.paths: every file {spec.paths} match is under data.cache_dir ({cache}), whose "
+                            f"prepared corpora are never read (cwd: {os.getcwd()})")  # fmt: skip
+        files = kept
     for p in files:  # (refused before any source is read: the cache key expands the globs first)
         if _data_suffix(p) == (".parquet", True):  # as the hf kind: it was skipped as "unsupported suffix", and a
             # source of only such files "yields no documents (skipped: not_text: 1)", naming neither file nor cause

@@ -45,6 +45,19 @@ def test_a_glob_over_the_cache_dir_reads_none_of_its_files(tmp_path, tiny_text_d
     assert again.from_cache and again.cache_dir == first.cache_dir
 
 
+def test_globs_matching_only_files_of_the_cache_dir_say_so(tmp_path, tiny_text_dir):
+    """A data/ directory holding the default data/cache alone (the corpus not copied in yet), read with paths:
+    [data/**/*]: every file matched is the cache's, none is read, and the error was "the source yields no documents
+    (skipped: nothing)", naming neither the glob nor the cache."""
+    cache = tmp_path / "data" / "cache"
+    load_corpus(make_data_cfg(tmp_path, {"mine": {"kind": "files", "paths": [f"{tiny_text_dir}/*.py"]}},
+                              cache_dir=str(cache)), progress=False)  # fmt: skip
+    cfg = make_data_cfg(tmp_path, {"mine": {"kind": "files", "paths": [f"{tmp_path}/data/**/*"]}}, cache_dir=str(cache))
+    with pytest.raises(DataError, match=r"^data\.sources\.mine\.paths: every file \[.*data/\*\*/\*'\] match is "
+                                        rf"under data\.cache_dir \({re.escape(str(cache))}\)"):  # fmt: skip
+        load_corpus(cfg, progress=False)
+
+
 @pytest.mark.parametrize("kind", ["files", "hf"])
 def test_a_record_file_rewritten_with_its_old_mtime_is_read_afresh(tmp_path, kind):
     """datasets caches a local file's records keyed by its mtime alone: a .jsonl replaced by another one with the
