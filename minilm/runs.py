@@ -166,12 +166,25 @@ def started_from_text(record: Optional[dict]) -> str:
     return f"fresh weights (run.seed {record['seed']})"
 
 
-def _finish(run_dir: Path) -> str:
+def phase_dir_of(path: Path) -> Optional[tuple[Path, str]]:
+    """(run directory, phase) when ``path`` is a phase directory of a run: it holds a config.yaml too (its phase's),
+    so it read as a run whose only phase is 'train'."""
+    path = Path(path)
+    if not (path / "config.yaml").is_file() or not (path.parent / "config.yaml").is_file():
+        return None
+    try:
+        names = run_phase_names(path.parent)
+    except MinilmError:  # (a parent whose config cannot be read is no run of ours)
+        return None
+    return (path.parent, path.name) if path.name in names else None
+
+
+def _finish(run_dir: Path, what: str = "finish its first phase") -> str:
     """The remedy for a run with no finished phase: nothing can be evaluated before one finishes."""
     import shlex  # (run.dir given: the saved config's is where the run was made, which a moved run is not in)
 
     words = ["python", "train.py", "--config", str(run_dir / "config.yaml"), f"run.dir={run_dir}", "--resume"]
-    return f"finish its first phase with: {shlex.join(words)}"
+    return f"{what} with: {shlex.join(words)}"
 
 
 def load_run_config(path: Path) -> DictConfig:
@@ -251,6 +264,13 @@ def find_results(path: str | Path) -> Path:
                 return path / phase / "eval" / "results.json"
     if not path.is_dir():
         raise MinilmError(f"{path}: no such file or directory (a run, a phase, an eval directory or a results.json)")
+    if (phase := phase_dir_of(path)) is not None:  # its config.yaml is its phase's: not a run of one phase 'train'
+        run_dir, name = phase
+        if not (path / "model.safetensors").is_file():
+            raise MinilmError(f"{path}: phase '{name}' of {run_dir} has not finished, so it has no evaluation; "
+                              f"{_finish(run_dir, 'continue the run')}")  # fmt: skip
+        raise MinilmError(f"{path}: phase '{name}' of {run_dir} has no evaluation (no eval/results.json); run "
+                          f"scripts/evaluate.py --run {run_dir} --phase {name} first")  # fmt: skip
     if not (path / "config.yaml").is_file():  # not a run: a folder of runs (a study's variant, runs/) is not one
         runs = sorted(p.name for p in path.iterdir() if (p / "config.yaml").is_file())
         if runs:

@@ -75,11 +75,11 @@ def earlier_phase_note(run: Path, found: Path) -> str | None:
     """What to say when a run directory stands for an earlier phase's evaluation than its last phase's (that one
     not evaluated, or its end-of-phase evaluation failed): the line was labelled by that phase, said nowhere else,
     and set beside other runs' last phases, trained at other lengths."""
-    from minilm.runs import run_phase_names
+    from minilm.runs import phase_dir_of, run_phase_names
     from minilm.eval.suite import PHASE_ERROR
 
-    if not (run / "config.yaml").is_file() or not found.is_relative_to(run):
-        return None
+    if not (run / "config.yaml").is_file() or not found.is_relative_to(run) or phase_dir_of(run) is not None:
+        return None  # (a phase directory, with a config.yaml of its own, stands for its own evaluation)
     last = run_phase_names(run)[-1]
     if found.parent == run / last / "eval" or found.parent == run:
         return None

@@ -282,3 +282,21 @@ def test_evaluate_py_on_a_studys_folder_names_only_runs_that_exist(tmp_path):
     with pytest.raises(MinilmError, match=rf"{study} is a study's folder \(study.json\) whose runs have not begun: run "
                                           rf"or --resume the study first"):
         resolve_run(study)
+
+
+def test_a_phase_directory_stands_for_its_own_evaluation_without_a_note(tmp_path, capsys):
+    """A phase directory holds a config.yaml (its phase's): compare_runs.py took it for a run whose last phase is
+    'train', and said 'its last phase 'train' is not compared: it has no evaluation' of every phase directory given."""
+    from minilm.config import load_config, phase_config, save_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "rope_yarn_tiny.yaml")
+    run = tmp_path / "run"
+    save_config(cfg, run / "config.yaml")
+    for phase in ("pretrain", "extend_512"):
+        _evaluation(run, phase, 50.0)
+        save_config(phase_config(cfg, phase), run / phase / "config.yaml")
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args([str(run / "pretrain"), str(run), "--out", str(tmp_path / "c")])) == 0
+    err = capsys.readouterr().err
+    assert f"note: {run / 'pretrain'}" not in err and "'train'" not in err
+    assert f"note: {run}: its last phase 'extend_2k' is not compared" in err  # (the run itself: its extend_512)

@@ -80,3 +80,22 @@ def test_a_run_without_a_finished_phase_is_told_to_finish_it_not_to_evaluate_it(
     (run / "pretrain" / "model.safetensors").write_bytes(b"")  # a finished phase: evaluate it
     with pytest.raises(MinilmError, match=rf"no results.json found; run scripts/evaluate.py --run {run} first"):
         find_results(run)
+
+
+def test_a_phase_directory_without_an_evaluation_is_named_as_a_phase_of_its_run(tmp_path):
+    """A phase directory holds a config.yaml of its own (its phase's, without phases): it was taken for a run whose
+    only phase is 'train', and compare_runs.py advised training into the phase directory: 'finish its first phase
+    with: python train.py --config RUN/extend_512/config.yaml run.dir=RUN/extend_512 --resume'."""
+    from minilm.config import phase_config
+
+    run = _run(tmp_path)
+    cfg = load_config(str(run / "config.yaml"))
+    save_config(phase_config(cfg, "extend_512"), run / "extend_512" / "config.yaml")
+    with pytest.raises(MinilmError, match=rf"^{run / 'extend_512'}: phase 'extend_512' of {run} has not finished, so "
+                                          rf"it has no evaluation; continue the run with: python train.py --config "
+                                          rf"{run}/config.yaml run.dir={run} --resume$"):
+        find_results(run / "extend_512")
+    (run / "extend_512" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(MinilmError, match=rf"has no evaluation \(no eval/results.json\); run scripts/evaluate.py "
+                                          rf"--run {run} --phase extend_512 first$"):
+        find_results(run / "extend_512")
