@@ -757,9 +757,15 @@ def _check_given(given: Mapping[str, Any], names: Mapping[str, str]) -> None:
     which pass it (what depends on the run, a stride against the config's lengths, is checked again with it), an
     empty ``out`` (it took the default folder) and ``none``'s parameters."""
     EvalSettings(**EvalSettings.fields_of({k: v for k, v in given.items() if v is not None})).validate(names=names)
+    flag = names.get("out", "out")
     if given["out"] is not None and not str(given["out"]).strip():
-        flag = names.get("out", "out")
         raise ConfigError(f"{flag}: empty; give an output directory, or leave {flag} out for RUN/PHASE/eval[-METHOD]/")
+    if given["out"] is not None and any((Path(given["out"]) / f).is_file() for f in ("config.yaml", "complete.json")):
+        # its files beside the run's, its scalars in the run's own tb/ (OUT/tb), and a run directory's results.json
+        # then stood for the run's evaluation in compare_runs.py (find_results), in place of its last phase's
+        raise ConfigError(f"{flag}: {given['out']} is a minilm run or phase directory (it holds config.yaml); the "
+                          "evaluation's results.json, report.md, figures and tb/ would be mixed with the run's files: "
+                          f"give another directory, or leave {flag} out for RUN/PHASE/eval[-METHOD]/")  # fmt: skip
     _check_plain(given["extension"] or {}, f"extension {NO_EXTENSION!r}")
 
 

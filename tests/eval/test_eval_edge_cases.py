@@ -454,3 +454,20 @@ def test_a_study_runs_report_and_every_figure_name_its_variant_and_seed(fake_run
                rep._retrieval_figure(res)]  # fmt: skip
     for fig in figures:
         assert fig.axes[0].get_title().endswith("\nyarn-seed1/train"), fig.axes[0].get_title()
+
+
+@pytest.mark.parametrize("where", ["", "train"])
+def test_out_into_a_run_or_phase_directory_is_refused(fake_run, capsys, where):
+    """--out RUN wrote results.json, report.md and the figures among the run's files and the side evaluation's
+    scalars into the run's own tb/ (OUT/tb), and compare_runs.py RUN then read RUN/results.json in place of its
+    last phase's evaluation; --out RUN/PHASE likewise, with a tb/ inside the phase."""
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    out = fake_run / where if where else fake_run
+    before = sorted(p.name for p in out.iterdir())
+    assert run_cli(ev.main, ev.parser(), ["--run", str(fake_run), "--device", "cpu", "--lengths", "64", "--tasks",
+                                          "ppl", "--out", str(out)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"error: --out: {out} is a minilm run or phase directory (it holds config.yaml)" in err
+    assert sorted(p.name for p in out.iterdir()) == before
