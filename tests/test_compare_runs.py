@@ -300,3 +300,15 @@ def test_a_phase_directory_stands_for_its_own_evaluation_without_a_note(tmp_path
     err = capsys.readouterr().err
     assert f"note: {run / 'pretrain'}" not in err and "'train'" not in err
     assert f"note: {run}: its last phase 'extend_2k' is not compared" in err  # (the run itself: its extend_512)
+
+
+def test_a_label_with_a_pipe_keeps_the_table_rows_intact(tmp_path):
+    """compare.md's rows split on '|': --label 'rope | 128' (or a run.name with one) gave the row a column too many,
+    its numbers shifted under the wrong lengths."""
+    run = tmp_path / "r"
+    _evaluation(run, "train", 10.0, name="r")
+    cmp = load_script("scripts/compare_runs.py")
+    argv = [str(run / "train"), "--label", "rope | 128", "--out", str(tmp_path / "c")]
+    assert cmp.main(cmp.parser().parse_args(argv)) == 0
+    rows = [line for line in (tmp_path / "c" / "compare.md").read_text().splitlines() if line.startswith("| rope")]
+    assert rows == ["| rope \\| 128 | 10.00 |"]

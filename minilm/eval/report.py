@@ -662,7 +662,9 @@ def _compare_table(runs: Sequence[dict], labels: Sequence[str], panels: list[str
                       + "; ".join(f"{label} {c.split(' ', 1)[1]}" for label, c in counts if c) + ".", ""]  # fmt: skip
         lines += ["| run | " + " | ".join(str(L) for L in lengths) + " |", "|---|" + "---:|" * len(lengths)]
         for r, label in zip(runs, labels):
-            lines.append(f"| {label} | " + " | ".join(_compare_cell(r, key, L) for L in lengths) + " |")
+            # a '|' in a label (--label, run.name) ended its cell: the row had a column too many, shifted right
+            row = label.replace("|", "\\|")
+            lines.append(f"| {row} | " + " | ".join(_compare_cell(r, key, L) for L in lengths) + " |")
         lines.append("")
     return "\n".join(lines + [f"![compare]({figure})", ""])
 
