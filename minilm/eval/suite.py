@@ -412,7 +412,9 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
     run_cfg = cfg
     if run_dir is not None and (Path(run_dir) / "config.yaml").is_file():
         run_cfg = _run_config(Path(run_dir))
-    corpus = load_corpus(run_cfg.data, progress=False)
+    # a corpus prepared again is said, with its progress: data.cache_dir is relative to the working directory, and
+    # evaluate.py run from another one than training prepared the whole corpus there again, in silence
+    corpus = load_corpus(run_cfg.data, progress=True)
     tok_file = Path(run_dir) / "tokenizer.model" if run_dir is not None else None
     same = (tok_file is None or not tok_file.is_file()
             or file_digest(corpus.tokenizer.model_file) == file_digest(tok_file))  # fmt: skip

@@ -17,7 +17,7 @@ from minilm.eval.retrieval import make_needle_sample
 
 from tests.conftest import load_script
 
-from .conftest import tiny_gpt
+from .conftest import make_cfg, tiny_gpt
 
 
 
@@ -471,3 +471,17 @@ def test_out_into_a_run_or_phase_directory_is_refused(fake_run, capsys, where):
     err = capsys.readouterr().err
     assert f"error: --out: {out} is a minilm run or phase directory (it holds config.yaml)" in err
     assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_corpus_prepared_again_for_an_evaluation_is_said(corpus_setup, tmp_path, capsys):
+    """data.cache_dir is relative to the working directory: evaluate.py run from another directory than training
+    (or after the cache was deleted) prepared the whole corpus again there — minutes for a large one, and a new
+    data/cache/ in that directory — without a word."""
+    from minilm.eval import eval_data
+
+    cfg, _ = corpus_setup
+    moved = make_cfg(tmp_path / "elsewhere", Path(cfg.data.sources.tiny.paths[0]).parent)
+    eval_data(moved)
+    assert f"prepared {tmp_path / 'elsewhere'}" in capsys.readouterr().out
+    eval_data(moved)  # (from the cache: nothing to say)
+    assert capsys.readouterr().out == ""
