@@ -14,6 +14,7 @@ import threading
 import traceback
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from minilm.errors import ConfigError, MinilmError
@@ -83,6 +84,18 @@ def run_after_extension(args: argparse.Namespace, dest: str, write: str) -> None
     if getattr(args, dest) is None:
         raise ConfigError(f"no run directory or checkpoint given; write: {write} ... (a run directory, a phase "
                           "directory or a model.safetensors)")  # fmt: skip
+
+
+def check_home_expanded(path, flag: str) -> None:
+    """Refuse an output path that begins with '~': a shell expands it neither quoted nor after '=' (``--out=~/x``),
+    so it names a directory called '~' in the working directory, where the outputs then went while the command
+    said it wrote '~/x/...'. ``flag``: how the user gave the path (``--out``, or ``OUT_DIR`` for an argument)."""
+    first = Path(path).parts[0] if Path(path).parts else ""
+    if first.startswith("~"):
+        home = f"$HOME{str(path)[1:]}" if first == "~" else "/full/path"
+        example = f"{flag} {home}" if flag.startswith("-") else home
+        raise ConfigError(f"{flag} {str(path)!r}: '~' is not expanded (quoted, or after '='): it names a directory "
+                          f"called {first!r}; write the full path, e.g. {example}")  # fmt: skip
 
 
 def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:

@@ -342,14 +342,11 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
 
 def _open_out_dir(out_dir: Path) -> None:
     """Refuse an ``--out`` the runs could not be written to; remove what a killed study left half-written there."""
+    from minilm.cli import check_home_expanded
     from minilm.files import remove_stale_temporaries
     from minilm.training.run_checks import check_writable_dir, is_primary_process
 
-    first = out_dir.parts[0] if out_dir.parts else ""
-    if first.startswith("~"):  # else each run's run.dir check advised run.dir=$HOME/..., refused here
-        home = f"$HOME{str(out_dir)[1:]}" if first == "~" else "/full/path"
-        raise MinilmError(f"--out {str(out_dir)!r}: '~' is not expanded (quoted, or after '='): it names a directory "
-                          f"called {first!r}; write the full path, e.g. --out {home}")  # fmt: skip
+    check_home_expanded(out_dir, "--out")  # else each run's run.dir check advised run.dir=$HOME/..., refused here
     check_writable_dir(out_dir, "--out")  # else each run's run.dir check advises setting run.dir, refused here
     if is_primary_process():  # a kill while the summary was written left its temporary file (.study.json.<pid>.tmp,
         remove_stale_temporaries(out_dir)  # compare.png's): never read, and beside the outputs for good otherwise

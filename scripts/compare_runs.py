@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import once_parser, run_cli  # noqa: E402
+from minilm.cli import check_home_expanded, once_parser, run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 
@@ -36,6 +36,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.runs:  # --label (nargs="+") takes every word after it, the runs too when they come after it
         took = f" (--label took all of: {' '.join(args.label)})" if args.label else ""
         raise MinilmError(f"no runs given{took}; write the runs first: compare_runs.py RUN RUN ... --label A B ...")
+    check_home_expanded(args.out, "--out")
     runs = study_runs(args.runs)
     if args.label and len(args.label) != len(runs):
         raise MinilmError(f"--label: give one label per run ({len(runs)}" + (f": {' '.join(map(str, runs))}"

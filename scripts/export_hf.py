@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import once_parser, run_cli  # noqa: E402
+from minilm.cli import check_home_expanded, once_parser, run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 TOLERANCE = 1e-4
@@ -32,6 +32,7 @@ def main(args: argparse.Namespace) -> int:
     from minilm.export import check_out_dir, export_model, max_logit_difference
     from minilm.runs import load_run
 
+    check_home_expanded(args.out_dir, "OUT_DIR")
     check_out_dir(Path(args.out_dir))  # a refused OUT_DIR before the run loads (export_model checks it again)
     run = load_run(args.checkpoint, phase=args.phase)
     L = int(run.cfg.train.seq_len)

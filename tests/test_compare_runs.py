@@ -312,3 +312,16 @@ def test_a_label_with_a_pipe_keeps_the_table_rows_intact(tmp_path):
     assert cmp.main(cmp.parser().parse_args(argv)) == 0
     rows = [line for line in (tmp_path / "c" / "compare.md").read_text().splitlines() if line.startswith("| rope")]
     assert rows == ["| rope \\| 128 | 10.00 |"]
+
+
+def test_an_out_with_an_unexpanded_tilde_is_refused(tmp_path, monkeypatch, capsys):
+    """compare_runs.py ... --out=~/cmp (after '=' no shell expands it) wrote into a folder called '~' in the working
+    directory and said 'table: ~/cmp/compare.md', as if in the home directory."""
+    from minilm.cli import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    _evaluation(tmp_path / "r", "train", 10.0, name="r")
+    cmp = load_script("scripts/compare_runs.py")
+    assert run_cli(cmp.main, cmp.parser(), [str(tmp_path / "r" / "train"), "--out=~/cmp"]) == 2
+    assert "error: --out '~/cmp': '~' is not expanded" in capsys.readouterr().err
+    assert not (tmp_path / "~").exists()

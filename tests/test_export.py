@@ -274,6 +274,22 @@ def test_the_export_script_refuses_its_output_folder_before_it_loads_the_run(tmp
     assert "is a minilm run or phase directory" in capsys.readouterr().err
 
 
+def test_the_export_script_refuses_an_out_dir_with_an_unexpanded_tilde(tmp_path, capsys, monkeypatch):
+    """export_hf.py RUN '~/hf' (quoted: no shell expands it) exported into a folder called '~' in the working
+    directory and said 'exported ... -> ~/hf', as if in the home directory."""
+    import minilm.runs
+    from minilm.cli import run_cli
+    from tests.conftest import load_script
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(minilm.runs, "load_run", lambda *a, **k: pytest.fail("the run was loaded first"))
+    script = load_script("scripts/export_hf.py")
+    assert run_cli(script.main, script.parser(), [str(tmp_path / "some_run"), "~/hf"]) == 2
+    err = capsys.readouterr().err
+    assert "error: OUT_DIR '~/hf': '~' is not expanded" in err and err.strip().endswith("e.g. $HOME/hf")
+    assert not (tmp_path / "~").exists()
+
+
 def test_refuses_a_folder_with_other_files_but_takes_an_empty_one(tmp_path):
     """An existing folder that is no run and holds no model.safetensors (a phase's eval/, a folder of the user's)
     was written into, the export's files mixed with what it held. An empty folder, or one holding only the staging

@@ -762,6 +762,10 @@ def _check_given(given: Mapping[str, Any], names: Mapping[str, str]) -> None:
     flag = names.get("out", "out")
     if given["out"] is not None and not str(given["out"]).strip():
         raise ConfigError(f"{flag}: empty; give an output directory, or leave {flag} out for RUN/PHASE/eval[-METHOD]/")
+    if given["out"] is not None:
+        from minilm.cli import check_home_expanded
+
+        check_home_expanded(given["out"], flag)
     if given["out"] is not None and any((Path(given["out"]) / f).is_file() for f in ("config.yaml", "complete.json")):
         # its files beside the run's, its scalars in the run's own tb/ (OUT/tb), and a run directory's results.json
         # then stood for the run's evaluation in compare_runs.py (find_results), in place of its last phase's

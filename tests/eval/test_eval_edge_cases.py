@@ -485,3 +485,16 @@ def test_a_corpus_prepared_again_for_an_evaluation_is_said(corpus_setup, tmp_pat
     assert f"prepared {tmp_path / 'elsewhere'}" in capsys.readouterr().out
     eval_data(moved)  # (from the cache: nothing to say)
     assert capsys.readouterr().out == ""
+
+
+def test_out_with_an_unexpanded_tilde_is_refused(fake_run, tmp_path, monkeypatch, capsys):
+    """evaluate.py ... --out=~/evals (after '=' no shell expands it) wrote into a folder called '~' in the working
+    directory and said 'report: ~/evals/report.md', as if in the home directory."""
+    from minilm.cli import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    ev = _script("evaluate")
+    assert run_cli(ev.main, ev.parser(), _evaluate_argv(fake_run) + ["--out=~/evals"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --out '~/evals': '~' is not expanded" in err and err.strip().endswith("e.g. --out $HOME/evals")
+    assert not (tmp_path / "~").exists()
