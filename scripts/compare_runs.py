@@ -37,12 +37,12 @@ def main(args: argparse.Namespace) -> int:
         took = f" (--label took all of: {' '.join(args.label)})" if args.label else ""
         raise MinilmError(f"no runs given{took}; write the runs first: compare_runs.py RUN RUN ... --label A B ...")
     check_home_expanded(args.out, "--out")
-    runs = study_runs(args.runs)
+    runs, given = map(list, zip(*study_runs(args.runs)))  # (each argument gives one run at least)
     if args.label and len(args.label) != len(runs):
         raise MinilmError(f"--label: give one label per run ({len(runs)}" + (f": {' '.join(map(str, runs))}"
                           if runs != args.runs else "") + f"), got {len(args.label)}")  # fmt: skip
     found = [find_results(Path(r)) for r in runs]
-    check_distinct(runs, found, args.label)
+    check_distinct(runs, found, args.label, given)
     for r, path in zip(runs, found):
         if note := earlier_phase_note(Path(r), path):
             print(f"note: {note}", file=sys.stderr)
@@ -56,16 +56,18 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_distinct(runs: list, found: list[Path], labels: list[str] | None) -> None:
+def check_distinct(runs: list, found: list[Path], labels: list[str] | None, given: list | None = None) -> None:
     """Refuse an evaluation given twice (a run named twice, or a run and its study's folder) and a --label given to
-    two runs: either drew two lines, and two rows, that a reader cannot tell apart."""
+    two runs: either drew two lines, and two rows, that a reader cannot tell apart. ``given``: the argument each run
+    came from (a study's folder for its runs), which the refusal names."""
     seen: dict[Path, str] = {}
-    for run, path in zip(runs, found):
+    for run, path, arg in zip(runs, found, given or runs):
+        name = str(run) if str(arg) == str(run) else f"{run} (of study {arg})"
         if path.resolve() in seen:
             first = seen[path.resolve()]
-            also = "" if first == str(run) else f", also as {first}"
-            raise MinilmError(f"{run}: the same evaluation ({path}) given twice{also}; give each run once")
-        seen[path.resolve()] = str(run)
+            also = "" if first == name else f", also as {first}"
+            raise MinilmError(f"{name}: the same evaluation ({path}) given twice{also}; give each run once")
+        seen[path.resolve()] = name
     twice = next((label for label in labels or [] if labels.count(label) > 1), None)
     if twice is not None:
         raise MinilmError(f"--label: {twice!r} given twice ({' '.join(labels)}); each run needs its own label, which "
@@ -90,16 +92,16 @@ def earlier_phase_note(run: Path, found: Path) -> str | None:
             f"'{found.parent.parent.name}' ({found}); scripts/evaluate.py --run {run} evaluates '{last}'")
 
 
-def study_runs(args: list[str]) -> list:
-    """The arguments with a study's folder replaced by its runs (as its study.json lists them) that have an
-    evaluation: the study's runs compared. A run without one is left out, and said so."""
+def study_runs(args: list[str]) -> list[tuple]:
+    """(run, the argument it came from) for each argument, a study's folder replaced by its runs (as its study.json
+    lists them) that have an evaluation: the study's runs compared. A run without one is left out, and said so."""
     from minilm.runs import find_results, study_run_dirs
 
     out = []
     for arg in args:
         runs = study_run_dirs(Path(arg)) if not (Path(arg) / "config.yaml").is_file() else None
         if runs is None:
-            out.append(arg)
+            out.append((arg, arg))
             continue
         found = []
         for label, run_dir in runs:
@@ -109,7 +111,7 @@ def study_runs(args: list[str]) -> list:
                 print(f"note: {arg}: its run {label} has no evaluation yet; left out", file=sys.stderr)
             else:
                 found.append(run_dir)
-        out += found
+        out += [(run_dir, arg) for run_dir in found]
         if not found:
             raise MinilmError(f"{arg}: a study's folder whose runs have no evaluation yet (its runs: "
                               f"{', '.join(label for label, _ in runs)}); run or --resume the study first")

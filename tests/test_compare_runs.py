@@ -325,3 +325,15 @@ def test_an_out_with_an_unexpanded_tilde_is_refused(tmp_path, monkeypatch, capsy
     assert run_cli(cmp.main, cmp.parser(), [str(tmp_path / "r" / "train"), "--out=~/cmp"]) == 2
     assert "error: --out '~/cmp': '~' is not expanded" in capsys.readouterr().err
     assert not (tmp_path / "~").exists()
+
+
+def test_a_run_given_with_its_studys_folder_is_named_with_the_folder_it_came_from(tmp_path, capsys):
+    """compare_runs.py STUDY STUDY/alibi/seed2 said 'STUDY/alibi/seed2: the same evaluation (...) given twice': the
+    user had typed it once, and the message did not say that the study's folder stood for it too."""
+    from minilm.cli import run_cli
+
+    study = _study(tmp_path)
+    run = study / "alibi" / "seed2"
+    cmp = load_script("scripts/compare_runs.py")
+    assert run_cli(cmp.main, cmp.parser(), [str(study), str(run), "--out", str(tmp_path / "cmp")]) == 2
+    assert f"given twice, also as {run} (of study {study}); give each run once" in capsys.readouterr().err
