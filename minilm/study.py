@@ -128,7 +128,10 @@ def load_study(path: str | Path) -> Study:
                           "seeds")  # fmt: skip
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not _NAME.match(name):
-        raise ConfigError(f"{path}: name: letters, digits, '_', '-', '.' expected, got {name!r}")
+        # (without a name: key, the file's stem: 'name:' alone named a key the file does not have)
+        given = f"got {name!r}" if "name" in raw else f"none given, and the file's name {name!r} is not one"
+        raise ConfigError(f"{path}: name: letters, digits, '_', '-', '.' expected ({given}); it names the default "
+                          "--out, runs/studies/<name>")  # fmt: skip
     config = _config_path(path, raw.get("config"), f"{path}: config")
     common = _overrides(raw.get("overrides"), f"{path}: overrides")
     variants = raw.get("variants")

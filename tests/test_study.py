@@ -145,6 +145,21 @@ def test_bad_study_files_are_refused_with_the_key(study_file, text, message):
         load_study(study_file)
 
 
+def test_a_study_file_whose_name_is_no_study_name_says_so_not_that_its_name_key_is_wrong(study_file):
+    """Without a name: key the study is named by its file: 'my study.yaml' was refused with "name: ... got 'my
+    study'", naming a key the file does not have."""
+    named = study_file.with_name("my study.yaml")
+    named.write_text(study_file.read_text())
+    with pytest.raises(ConfigError, match=r"my study.yaml: name: letters, digits, '_', '-', '.' expected \(none given, "
+                                          r"and the file's name 'my study' is not one\)"):
+        load_study(named)
+    named.write_text(study_file.read_text() + "name: my_study\n")
+    assert load_study(named).name == "my_study"
+    named.write_text(study_file.read_text() + "name: a b\n")
+    with pytest.raises(ConfigError, match=r"name: letters, digits, '_', '-', '.' expected \(got 'a b'\)"):
+        load_study(named)
+
+
 def test_a_bad_variant_override_exits_2_naming_the_variant_before_anything_trains(tmp_path, study_file, capsys):
     study_file.write_text(STUDY + "  broken: [model.n_layer=3]\n")
     assert _study([study_file, "--out", tmp_path / "out"]) == 2
