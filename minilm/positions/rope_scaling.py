@@ -31,6 +31,7 @@ Conventions chosen here (implementations differ; docs/extension.md repeats them)
 from __future__ import annotations
 
 import math
+import sys
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, MISSING
@@ -77,7 +78,9 @@ def _check_betas(beta_fast: float, beta_slow: float) -> None:
 # positions whose angle m·θ_i/λ_i must stay finite. A longrope rescale factor λ_i below 2^24 / FP32_MAX (4.9e-32)
 # makes θ_0/λ_i (θ_0 = 1, the largest θ_i) so large that an angle below position 2^24 is inf in fp32, and its cos and
 # sin NaN: at fp32's smallest normal number (the bound before) from position 4 on, at 1e-35 from position 3403 on.
-LONGROPE_MIN_FACTOR = 2.0**24 / FP32_MAX
+FP32_POSITIONS = 2**24  # the positions fp32 counts exactly: the longest length the checks below consider
+LONGROPE_MIN_FACTOR = FP32_POSITIONS / FP32_MAX
+FLOAT_MAX = sys.float_info.max
 
 
 def _round_up(x: float, digits: int = 3) -> float:
@@ -96,29 +99,40 @@ def _check_rescale_factor(key: str, value: float) -> None:
         )
 
 
-def _check_mscales(p: Any, factor: Optional[float]) -> None:
+# The attention factor multiplies cos and sin, so queries and keys each carry it and every logit its square: that
+# square must stay within fp32's range with room for the q·k it multiplies, else every logit is inf and the attention
+# NaN (attention_factor 1e19 on a tiny model, though fp32 holds 1e19: its largest number, 3.4e38, was the bound). At
+# most e^40, so the logits' factor is at most e^80 and leaves fp32's e^88 to q·k, as xPos leaves it to its decay.
+ATTENTION_FACTOR_MAX = math.exp(40.0)  # 2.35e17
+ATTENTION_FACTOR_WHY = ("e^40: queries and keys each carry it, so the logits carry its square, which must leave room "
+                        "for q·k within fp32's range")
+
+
+def _check_mscales(p: Any, factor: Optional[float], at: str = "") -> None:
     """YaRN's mscale / mscale_all_dim scale the 0.1·ln(s) term of the temperature 0.1·mscale·ln(s) + 1 (s >= 1), and
     the attention factor is the ratio of two such terms (``_yarn_attention``). A negative one lets a term reach 0:
     mscale_all_dim −7.21 at factor 4 was a ZeroDivisionError traceback, −100 a negative attention factor (every
-    q·k negated); and dynamic_yarn's s grows with the length, so any negative one reaches 0 at some length. With
-    ``factor`` (yarn's, fixed) the ratio itself must be a normal fp32 number: it multiplies cos and sin in fp32, and
-    mscale 1e40 gave 1.2e39, inf there."""
+    q·k negated); and dynamic_yarn's s grows with the length, so any negative one reaches 0 at some length. At
+    ``factor`` (yarn's; dynamic_yarn's at the longest length, ``at`` says so: the ratio is monotone in s, so its
+    extremes lie at s = 1, where it is 1, and there) the ratio itself must lie between fp32's smallest normal number
+    and ``ATTENTION_FACTOR_MAX``: mscale 1e40 gave 1.2e39, inf in fp32, and 1e25 NaN logits."""
     for key in ("mscale", "mscale_all_dim"):
         value = getattr(p, key)
         if value is not None:
             _check(value >= 0, key, "must be >= 0 (it scales the 0.1·ln(factor) term of YaRN's temperature)", value)
     if factor is not None:
         t = _yarn_attention(p, factor)
-        _check(t <= FP32_MAX, "mscale", f"gives the attention factor {t:g} (its ratio to mscale_all_dim's term at "
-               f"factor {factor:g}), above fp32's largest number {FP32_MAX:.3g}; give a smaller one", p.mscale)
+        _check(t <= ATTENTION_FACTOR_MAX, "mscale", f"gives the attention factor {t:g} (its ratio to mscale_all_dim's "
+               f"term at factor {factor:g}{at}), above {ATTENTION_FACTOR_MAX:.3g} = {ATTENTION_FACTOR_WHY}; give a "
+               "smaller one", p.mscale)
         _check(t >= FP32_TINY, "mscale_all_dim", f"gives the attention factor {t:g} (mscale's term over its own at "
-               f"factor {factor:g}), below fp32's smallest normal number {FP32_TINY:.3g}; give a smaller one",
+               f"factor {factor:g}{at}), below fp32's smallest normal number {FP32_TINY:.3g}; give a smaller one",
                p.mscale_all_dim)
 
 
 def _check_optional_positive(key: str, value: Optional[float]) -> None:
-    if value is not None:  # (the attention factor multiplies cos and sin in fp32)
-        check_in_fp32(key, value)
+    if value is not None:  # (the attention factor multiplies cos and sin in fp32, and the logits by its square)
+        check_in_fp32(key, value, ATTENTION_FACTOR_MAX, ATTENTION_FACTOR_WHY)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -240,7 +254,9 @@ class DynamicYarnScaling:
         _check_length(self.original_max_position_embeddings)
         _check_betas(self.beta_fast, self.beta_slow)
         _check_optional_positive("attention_factor", self.attention_factor)
-        _check_mscales(self, None)  # (its factor follows the length: only the signs can be checked here)
+        # its factor follows the length: checked at the longest, FP32_POSITIONS (finite: a huge factor overflowed)
+        longest = min(_dynamic_scale(self.factor, self.original_max_position_embeddings, FP32_POSITIONS), FLOAT_MAX)
+        _check_mscales(self, longest, ", the one it reaches at length 2^24")
         _check_fraction(self.partial_rotary_factor)
 
 

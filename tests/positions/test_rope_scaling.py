@@ -255,6 +255,16 @@ INVALID = [
      "mscale_all_dim: must be >= 0"),
     ({**YARN, "mscale": 1e40, "mscale_all_dim": 1.0}, "mscale: gives the attention factor 6.48216e+38 (its ratio"),
     ({**YARN, "mscale": 1.0, "mscale_all_dim": 1e300}, "mscale_all_dim: gives the attention factor 1.54"),
+    # finite in fp32, but q and k each carry it, so the logits its square: 1e19 made every logit inf, the output NaN
+    ({**YARN, "attention_factor": 1e19}, "attention_factor: must be at most 2.35e+17 (e^40"),
+    ({**LONG, "attention_factor": 1e30}, "attention_factor: must be at most 2.35e+17 (e^40"),
+    ({**YARN, "mscale": 1e25, "mscale_all_dim": 1.0}, "mscale: gives the attention factor 6.48216e+23 (its ratio"),
+    # dynamic_yarn's ratio grows with the length: checked at 2^24 (it was not checked at all: NaN from 8 tokens on)
+    ({"rope_type": "dynamic_yarn", "original_max_position_embeddings": L, "mscale": 1e39, "mscale_all_dim": 1.0},
+     "mscale: gives the attention factor 5.55094e+38 (its ratio to mscale_all_dim's term at factor 262144, the one it "
+     "reaches at length 2^24)"),
+    ({"rope_type": "dynamic_yarn", "original_max_position_embeddings": L, "mscale": 1.0, "mscale_all_dim": 1e300},
+     "mscale_all_dim: gives the attention factor 1.8015e-300"),
     ({"rope_type": "linear", "factor": "2"}, "factor: must be a number"),
     ({"rope_type": "linear", "factor": "4e0"}, "factor: must be a number, got the string '4e0'; write it without"),
     ({"rope_type": "linear", "factor": 2, "beta_fast": 4},
@@ -314,6 +324,40 @@ def test_longrope_s_smallest_rescale_factor_keeps_every_angle_finite_up_to_posit
 def _longrope_refusal() -> str:
     with pytest.raises(ConfigError) as e:
         compute_rope(D, BASE, {**LONG, "long_factor": [1e-35] * (D // 2)})
+    return str(e.value)
+
+
+@pytest.mark.parametrize("block", [
+    {**YARN, "attention_factor": None},
+    {"rope_type": "dynamic_yarn", "original_max_position_embeddings": 4, "mscale": None, "mscale_all_dim": 1.0},
+])  # fmt: skip
+def test_the_largest_attention_factor_allowed_keeps_the_logits_finite(block):
+    """The attention factor multiplies cos and sin, so the logits carry its square: at the printed bound (itself
+    allowed) a model's outputs are finite, where 1e19, which fp32 holds (its largest number was the bound), made every
+    logit inf and the output NaN. For dynamic_yarn the mscale whose ratio reaches the bound at length 2^24."""
+    from minilm.config import load_config
+    from minilm.model import GPT
+    from minilm.positions.rope_scaling import ATTENTION_FACTOR_MAX
+
+    if block["rope_type"] == "yarn":
+        block = {**block, "attention_factor": float(re.search(r"at most (\S+) ", _refusal(block, 1e19)).group(1))}
+    else:  # the mscale whose ratio at length 2^24 is the bound: (0.1·m·ln s + 1) / (0.1·ln s + 1) = the bound
+        s = 1 + (2**24 - 4) / 4
+        block = {**block, "mscale": (ATTENTION_FACTOR_MAX * (0.1 * math.log(s) + 1) - 1) / (0.1 * math.log(s)) * 0.999}
+    assert block[next(k for k in ("attention_factor", "mscale") if block.get(k))] > 1e16
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "model.position.name=rope",
+                                 f"model.position.scaling={block}"])  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg.model, 50).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape))
+        assert torch.isfinite(model(torch.randint(0, 50, (2, 64)))).all()
+
+
+def _refusal(block, attention_factor) -> str:
+    with pytest.raises(ConfigError) as e:
+        compute_rope(D, BASE, {**block, "attention_factor": attention_factor})
     return str(e.value)
 
 
