@@ -38,6 +38,7 @@ from torch import Tensor
 from minilm.errors import ConfigError
 from minilm.model.attention import in_query_blocks
 from minilm.positions.base import make_params
+from minilm.positions.bias import INT64_MAX
 from minilm.positions.rope_scaling import parse_scaling, scaled_frequencies, validate_scaling
 from minilm.positions.rotary import Rope, apply_rotary, cos_sin_tables
 
@@ -105,6 +106,9 @@ def _required(key: str, value: Optional[int], minimum: int) -> None:
         raise ValueError(f"{key}: required")
     if value < minimum:
         raise ValueError(f"{key}: must be >= {minimum}, got {value}")
+    if value > INT64_MAX:  # (rerope's window and dca's chunk_size become positions: a torch RuntimeError traceback)
+        raise ValueError(f"{key}: must be at most {INT64_MAX} (2^63 − 1: positions are int64, and these parameters "
+                         f"are positions and lengths), got {value}")
 
 
 class Extension:

@@ -320,6 +320,10 @@ def test_clear_error_for_a_model_that_is_not_rope(position, name):
         ("self_extend", {"window": 4}, r"extension\.self_extend\.group_size: required"),
         ("dca", {"chunk_size": 4, "local_window": 4}, r"extension\.dca\.chunk_size: must be > local_window"),
         ("logn", {"train_len": 1}, r"extension\.logn\.train_len: must be >= 2"),
+        # beyond int64 (positions' type) they became positions: torch's "value cannot be converted to type int64_t
+        # without overflow", a traceback from evaluate.py --extension rerope window=10000000000000000000
+        ("rerope", {"window": 2**63}, r"extension\.rerope\.window: must be at most 9223372036854775807 \(2\^63"),
+        ("dca", {"chunk_size": 2**63, "local_window": 4}, r"extension\.dca\.chunk_size: must be at most 92233720"),
         (
             "rope_scaling",
             {"rope_type": "dynamic", "factor": 2},
