@@ -191,6 +191,15 @@ def _pairs(t: Tensor, dr: int, layout: str) -> tuple[Tensor, Tensor]:
     return t[..., 0:dr:2], t[..., 1:dr:2]
 
 
+def current_length(k_pos: Tensor) -> Tensor:
+    """The current length the LENGTH_DEPENDENT types read: 1 + the largest key position, a 0-d tensor (no host sync).
+    1 for no keys (an input of zero tokens, which has no score to act on): the largest of no positions is an error
+    from torch, where every other encoding gives the empty result."""
+    if k_pos.numel() == 0:
+        return torch.ones((), dtype=k_pos.dtype, device=k_pos.device)
+    return k_pos.amax() + 1
+
+
 def cos_sin_tables(positions: Tensor, inv_freq: Tensor, factor: float | Tensor) -> tuple[Tensor, Tensor]:
     """cos and sin of positions · θ, times the attention factor: (B|1, 1, T, Dr/2) each, for ``apply_rotary``."""
     angles = positions.unsqueeze(-1).float() * inv_freq  # (B|1, T, Dr/2)
@@ -241,7 +250,7 @@ class Rope(PositionEncoding):
     def tables(self, q_pos: Tensor, k_pos: Tensor):
         """((cos, sin) of the queries, (cos, sin) of the keys) at the current length; the keys' tables are the
         queries' when ``k_pos is q_pos`` (training: one position tensor for both), so they are computed once."""
-        seq_len = k_pos.amax() + 1 if self.rope_type in LENGTH_DEPENDENT else k_pos.shape[-1]  # tensor: no sync
+        seq_len = current_length(k_pos) if self.rope_type in LENGTH_DEPENDENT else k_pos.shape[-1]  # tensor: no sync
         q_tables = self.cos_sin(q_pos, seq_len)
         return q_tables, q_tables if k_pos is q_pos else self.cos_sin(k_pos, seq_len)
 

@@ -40,7 +40,7 @@ from minilm.model.attention import in_query_blocks
 from minilm.positions.base import make_params
 from minilm.positions.bias import INT64_MAX
 from minilm.positions.rope_scaling import parse_scaling, scaled_frequencies, validate_scaling
-from minilm.positions.rotary import Rope, apply_rotary, cos_sin_tables
+from minilm.positions.rotary import Rope, apply_rotary, cos_sin_tables, current_length
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def supports(rotary: Any) -> bool:
 
 
 def _length(k_pos: Tensor) -> Tensor:
-    return k_pos.amax() + 1  # the current length, as Rope.tables reads it: a 0-d tensor (no host sync)
+    return current_length(k_pos)  # the current length, as Rope.tables reads it: a 0-d tensor (no host sync)
 
 
 def _rot(x: Tensor, rotary: Rope, positions: Tensor, seq_len: Tensor) -> Tensor:

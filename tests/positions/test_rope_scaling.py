@@ -165,6 +165,22 @@ def test_rotary_module_keeps_no_state_between_lengths(rope_type):
 
 
 @pytest.mark.parametrize("rope_type", sorted(LENGTH_DEPENDENT))
+def test_a_length_dependent_type_gives_empty_logits_for_zero_tokens(rope_type):
+    """A model with a length-dependent scaling gives (B, 0, V) logits for zero tokens, as every encoding does with its
+    defaults (tests/positions/test_registry.py): its current length was the largest of no key positions, which torch
+    refuses ("amax(): Expected reduction dim to be specified for input.numel() == 0")."""
+    from .helpers import V, tiny_model
+
+    block = {"rope_type": rope_type, **FACTOR_ONE[rope_type], "factor": 2.0}
+    if rope_type == "longrope":
+        block.update(short_factor=[1.0] * 4, long_factor=[1.0] * 4)  # the tiny model's 8 rotary dims: 4 frequencies
+    for name in ("rope", "xpos"):
+        model = tiny_model(name, f"model.position.scaling={block}")
+        with torch.no_grad():
+            assert model(torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0, V)
+
+
+@pytest.mark.parametrize("rope_type", sorted(LENGTH_DEPENDENT))
 @pytest.mark.parametrize("seq_len", [1, L - 1, L, L + 1, 4 * L])
 def test_a_tensor_length_gives_what_the_int_length_gives(rope_type, seq_len):
     """The rotary module passes the current length as a 0-d tensor (no host sync under torch.compile); the

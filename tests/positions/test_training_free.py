@@ -493,3 +493,20 @@ def test_logits_equal_plain_rope_wherever_the_method_keeps_exact_positions(metho
     torch.testing.assert_close(got[..., exact & causal], plain[..., exact & causal], rtol=1e-5, atol=1e-5)
     outside = ~exact & causal
     assert outside.any() and (got[..., outside] - plain[..., outside]).abs().amax() > 1e-2
+
+
+@pytest.mark.parametrize("name", list(EXTENSIONS))
+def test_an_input_of_zero_tokens_gives_empty_logits(name):
+    """Every method gives (B, 0, V) logits for zero tokens, alone or after a KV cache's prefill, as every encoding
+    does (tests/positions/test_registry.py): the current length was the largest of no key positions, which torch
+    refuses ("amax(): Expected reduction dim to be specified for input.numel() == 0")."""
+    from minilm.model.cache import KVCache
+
+    model = tiny()
+    install_extension(model, name, **LARGE[name])
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    with torch.no_grad():
+        assert model(empty).shape == (2, 0, V)
+        cache = KVCache.for_model(model)
+        model(torch.randint(0, V, (2, 5)), cache=cache)
+        assert model(empty, cache=cache).shape == (2, 0, V)
