@@ -254,8 +254,8 @@ class DynamicYarnScaling:
         _check_length(self.original_max_position_embeddings)
         _check_betas(self.beta_fast, self.beta_slow)
         _check_optional_positive("attention_factor", self.attention_factor)
-        # its factor follows the length: checked at the longest, FP32_POSITIONS (finite: a huge factor overflowed)
-        longest = min(_dynamic_scale(self.factor, self.original_max_position_embeddings, FP32_POSITIONS), FLOAT_MAX)
+        # its factor follows the length: checked at the longest, FP32_POSITIONS
+        longest = _dynamic_scale(self.factor, self.original_max_position_embeddings, FP32_POSITIONS)
         _check_mscales(self, longest, ", the one it reaches at length 2^24")
         _check_fraction(self.partial_rotary_factor)
 
@@ -410,8 +410,11 @@ def _ntk_base(base: float, scale: float | Tensor, exponent: float) -> Tensor:
 def _dynamic_scale(factor: float, original: int, seq_len: Optional[int | Tensor]) -> float | Tensor:
     """factor·L'/L − (factor − 1), written 1 + factor·(L' − L)/L: the same number, but the first form cancels to 0
     at L' = L for a factor from about 2^53 = 9e15 (factor − 1 rounds to factor in float64), and base · 0^(d/(d−2))
-    = 0 made every frequency but θ_0 inf, so cos and sin NaN at and below the original length."""
-    return 1 + factor * (_current(seq_len, original) - original) / original
+    = 0 made every frequency but θ_0 inf, so cos and sin NaN at and below the original length. At most float64's
+    largest number: a factor from about 1e307 made it inf, and dynamic_yarn's temperature 0.1·ln(inf) + 1 inf (NaN
+    logits), where a finite scale gives the limit (θ_0 and the kept dimensions, the others 0; temperature <= 72)."""
+    scale = 1 + factor * (_current(seq_len, original) - original) / original
+    return scale.clamp(max=FLOAT_MAX) if isinstance(scale, Tensor) else min(scale, FLOAT_MAX)
 
 
 def _dynamic(p: DynamicScaling, dim: int, base: float, seq_len: Optional[int | Tensor]) -> tuple[Tensor, Any]:

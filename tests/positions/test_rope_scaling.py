@@ -3,6 +3,7 @@ same rope_type. Tiny shapes: every test runs in milliseconds."""
 
 import math
 import re
+import sys
 from dataclasses import fields
 
 import pytest
@@ -401,6 +402,18 @@ def test_an_ntk_base_past_float64_gives_the_limit_not_an_overflow_error(block, s
         torch.testing.assert_close(inv_freq, compute_rope(D, BASE)[0])
     else:
         assert inv_freq[0] == 1 and (inv_freq[1:] == 0).all()
+
+
+@pytest.mark.parametrize("seq_len", [2 * L, 3 * L, torch.tensor(3 * L)])
+def test_a_dynamic_scale_past_float64_gives_the_limit_and_a_finite_temperature(seq_len):
+    """1 + factor·(L' − L)/L left float64 for a factor from about 1e307: inf, and dynamic_yarn's temperature
+    0.1·ln(inf) + 1 inf, so every logit NaN. Held at float64's largest number: the limit of the frequencies (θ_0 = 1
+    kept, the interpolated ones 0) and a finite temperature: yarn's at the largest factor."""
+    block = {"rope_type": "dynamic_yarn", "factor": 1e308, "original_max_position_embeddings": L}
+    inv_freq, factor = compute_rope(D, BASE, block, seq_len)
+    limit, temperature = compute_rope(D, BASE, {**YARN, "factor": sys.float_info.max})
+    torch.testing.assert_close(inv_freq, limit)
+    assert (inv_freq == 0).any() and math.isfinite(float(factor)) and float(factor) == pytest.approx(temperature)
 
 
 @pytest.mark.parametrize("base", [1.0, 0.5, float("inf"), float("nan")])
