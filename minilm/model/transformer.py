@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from minilm.config import ffn_dim, head_dim
+from minilm.errors import MinilmError
 from minilm.model.attention import Attention, AttentionMask
 from minilm.model.loss import chunked_cross_entropy
 from minilm.model.norm import RMSNorm
@@ -121,6 +122,10 @@ class GPT(nn.Module):
         offset = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(offset, offset + T, device=idx.device).unsqueeze(0)  # (1, T)
+        elif positions.dim() != 2 or positions.shape[1] != T or positions.shape[0] not in (1, B):
+            # a (B, 1) tensor broadcast every token to one position without a word; others were torch shape errors
+            raise MinilmError(f"positions: must have shape (1, T) or (B, T) for input ids of shape (B, T) = "
+                              f"({B}, {T}), got {tuple(positions.shape)}")  # fmt: skip
         k_doc = doc_ids if cache is None or doc_ids is None else cache.update_docs(doc_ids)
         mask = AttentionMask(offset=offset, q_doc=doc_ids, k_doc=k_doc)
         x = self.tok_emb(idx)  # (B, T, D)

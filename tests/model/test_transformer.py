@@ -100,3 +100,19 @@ def test_dropout_acts_on_embeddings_and_each_residual_branch():
     dropped.clear()
     model.eval()(torch.randint(0, V, (2, 8)))
     assert len(dropped) == 7 and all(torch.equal(i, o) for i, o in dropped)
+
+
+@pytest.mark.parametrize("shape", [(2, 1), (12,), (1, 3), (3, 12)])
+def test_positions_of_another_shape_than_the_input_are_refused(shape):
+    """positions are (1, T) or (B, T): a (B, 1) tensor broadcast every token to one position and ran without a word
+    (RoPE, ALiBi, T5, learned alike); the others were torch's shape errors from inside an encoding."""
+    from minilm.errors import MinilmError
+
+    x = torch.randint(0, 50, (2, 12))
+    for name in ("rope", "alibi", "none"):
+        model = tiny(f"model.position.name={name}").eval()
+        with pytest.raises(MinilmError, match=r"^positions: must have shape \(1, T\) or \(B, T\) for input ids of "
+                                              rf"shape \(B, T\) = \(2, 12\), got \({', '.join(map(str, shape))},?\)"):
+            model(x, positions=torch.zeros(shape, dtype=torch.long))
+        for good in (torch.arange(12).unsqueeze(0), torch.arange(12).repeat(2, 1)):
+            assert model(x, positions=good).shape == (2, 12, model.vocab_size)
