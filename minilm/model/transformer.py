@@ -126,6 +126,10 @@ class GPT(nn.Module):
             # a (B, 1) tensor broadcast every token to one position without a word; others were torch shape errors
             raise MinilmError(f"positions: must have shape (1, T) or (B, T) for input ids of shape (B, T) = "
                               f"({B}, {T}), got {tuple(positions.shape)}")  # fmt: skip
+        if doc_ids is not None and (doc_ids.dim() != 2 or doc_ids.shape[1] != T or doc_ids.shape[0] not in (1, B)):
+            # (B, 1) put every token of a row in one document: no document mask, without a word
+            raise MinilmError(f"doc_ids: must have shape (1, T) or (B, T) for input ids of shape (B, T) = "
+                              f"({B}, {T}), got {tuple(doc_ids.shape)}")  # fmt: skip
         k_doc = doc_ids if cache is None or doc_ids is None else cache.update_docs(doc_ids)
         mask = AttentionMask(offset=offset, q_doc=doc_ids, k_doc=k_doc)
         x = self.tok_emb(idx)  # (B, T, D)

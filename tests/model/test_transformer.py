@@ -116,3 +116,19 @@ def test_positions_of_another_shape_than_the_input_are_refused(shape):
             model(x, positions=torch.zeros(shape, dtype=torch.long))
         for good in (torch.arange(12).unsqueeze(0), torch.arange(12).repeat(2, 1)):
             assert model(x, positions=good).shape == (2, 12, model.vocab_size)
+
+
+@pytest.mark.parametrize("shape", [(2, 1), (12,), (1, 3)])
+def test_document_ids_of_another_shape_than_the_input_are_refused(shape):
+    """doc_ids are (1, T) or (B, T): a (B, 1) tensor put every token of a row in one document, so the document mask
+    masked nothing, without a word."""
+    from minilm.errors import MinilmError
+
+    x = torch.randint(0, 50, (2, 12))
+    model = tiny()
+    with pytest.raises(MinilmError, match=r"^doc_ids: must have shape \(1, T\) or \(B, T\) for input ids of shape "
+                                          rf"\(B, T\) = \(2, 12\), got \({', '.join(map(str, shape))},?\)"):
+        model(x, doc_ids=torch.zeros(shape, dtype=torch.long))
+    docs = torch.zeros(2, 12, dtype=torch.long)
+    docs[:, 6:] = 1
+    assert not torch.allclose(model(x, doc_ids=docs), model(x))  # (B, T): masked per document, as before
