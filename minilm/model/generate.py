@@ -69,17 +69,21 @@ def check_sampling(max_new_tokens, temperature, top_k, top_p, names: Optional[di
 
 
 def _check_room(model, prompt_len: int, max_new_tokens: int, names: Optional[dict] = None) -> None:
-    """The prompt and the new tokens within the positions the model's encodings accept (a learned table's
-    max_positions); ``names`` as ``check_sampling``'s (scripts/generate.py: ``--prompt``, ``--max-new-tokens``)."""
+    """The positions the model reads within those its encodings accept (a learned table's max_positions): the prompt
+    and every new token but the last, which is chosen from the logits of the one before and never read back (a
+    64-position model continues a 64-token prompt by one token; that was refused). ``names`` as ``check_sampling``'s
+    (scripts/generate.py: ``--prompt``, ``--max-new-tokens``)."""
     limit = max_length(model)
-    if limit is None or prompt_len + max_new_tokens <= limit:
+    read = prompt_len + max(max_new_tokens, 1) - 1
+    if limit is None or read <= limit:
         return
     name = (names or {}).get
-    room = limit - prompt_len  # what is allowed, so the user need not work it out
-    allowed = f"at most {room} new tokens fit after this prompt" if room > 0 else "shorten the prompt"
+    room = limit - prompt_len + 1  # what is allowed, so the user need not work it out
+    allowed = (f"at most {room} new tokens fit after this prompt" if room > 0 else
+               f"shorten the prompt to at most {limit} tokens")  # fmt: skip
     raise MinilmError(f"{name('prompt', 'prompt')} ({prompt_len} tokens) + {name('max_new_tokens', 'max_new_tokens')} "
-                      f"({max_new_tokens}) exceeds the {limit} positions this model's {model.cfg.position.name} "
-                      f"encoding supports; {allowed}")  # fmt: skip
+                      f"({max_new_tokens}) reads {read} positions (the last new token is not read back), more than "
+                      f"the {limit} this model's {model.cfg.position.name} encoding supports; {allowed}")  # fmt: skip
 
 
 def _as_batch(prompt_ids: Union[Sequence[int], Tensor], device, vocab_size: int) -> Tensor:

@@ -179,8 +179,9 @@ def test_a_prompt_too_long_for_the_model_names_the_flags(fake_run, corpus_setup,
     gen = load_script("scripts/generate.py")
     argv = [str(fake_run), "--prompt", prompt, "--max-new-tokens", "100", "--device", "cpu"]
     assert run_cli(gen.main, gen.parser(), argv) == 2
-    said = (f"error: --prompt ({n} tokens) + --max-new-tokens (100) exceeds the 64 positions this model's learned "
-            f"encoding supports; at most {64 - n} new tokens fit after this prompt\n")
+    said = (f"error: --prompt ({n} tokens) + --max-new-tokens (100) reads {n + 99} positions (the last new token is not "
+            f"read back), more than the 64 this model's learned encoding supports; at most {65 - n} new tokens fit "
+            f"after this prompt\n")
     assert capsys.readouterr() == ("", said)
 
 

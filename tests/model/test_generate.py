@@ -222,7 +222,7 @@ def test_bad_arguments_and_bounded_encodings():
     with pytest.raises(MinilmError, match="prompt"):
         generate(model, [], 3)
     learned = tiny("learned")
-    with pytest.raises(MinilmError, match="64 positions"):
+    with pytest.raises(MinilmError, match="more than the 64 this model"):
         generate(learned, [1] * 60, 10)
 
 
@@ -344,17 +344,23 @@ def test_generation_leaves_the_model_in_the_mode_it_found():
 
 
 def test_a_bounded_encoding_decodes_up_to_its_last_position_and_no_further():
+    """The last new token is chosen from the logits at the last position and never read back: a 64-position model
+    continues a 64-token prompt by one token (refused before), and 60 by 5, the same as the full forward's choice."""
     learned = tiny("learned")  # 64 positions (SMALL)
-    assert generate(learned, [1] * 60, 4, greedy=True).shape == (1, 64)
-    said = (r"^prompt \(60 tokens\) \+ max_new_tokens \(5\) exceeds the 64 positions this model's learned encoding "
-            r"supports; at most 4 new tokens fit after this prompt$")
+    for prompt, new in ((60, 5), (64, 1)):
+        out = generate(learned, [1] * prompt, new, greedy=True)
+        assert out.shape == (1, 65)
+        assert out[0, -1] == learned(out[:, :64])[0, -1].argmax()
+    said = (r"^prompt \(60 tokens\) \+ max_new_tokens \(6\) reads 65 positions \(the last new token is not read "
+            r"back\), more than the 64 this model's learned encoding supports; at most 5 new tokens fit after this "
+            r"prompt$")
     with pytest.raises(MinilmError, match=said):
-        generate(learned, [1] * 60, 5, greedy=True)
+        generate(learned, [1] * 60, 6, greedy=True)
     # named as a caller's user gives them (scripts/generate.py: its flags), as check_sampling's errors are
     flags = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens"}
-    said = r"^--prompt \(64 tokens\) \+ --max-new-tokens \(1\) exceeds the 64 .*; shorten the prompt$"
+    said = r"^--prompt \(65 tokens\) \+ --max-new-tokens \(1\) reads 65 .*; shorten the prompt to at most 64 tokens$"
     with pytest.raises(MinilmError, match=said):
-        generate(learned, [1] * 64, 1, greedy=True, names=flags)
+        generate(learned, [1] * 65, 1, greedy=True, names=flags)
 
 
 def test_the_tightest_bound_of_any_position_module_limits_generation():
@@ -362,8 +368,8 @@ def test_the_tightest_bound_of_any_position_module_limits_generation():
     assert max_length(model) == 64 and max_length(tiny("rope")) is None
     model.blocks[1].attn.pos.max_length = lambda: 20  # one layer accepting fewer positions than the embedding
     assert max_length(model) == 20
-    with pytest.raises(MinilmError, match="exceeds the 20 positions"):
-        generate(model, [1] * 15, 6, greedy=True)
+    with pytest.raises(MinilmError, match="more than the 20 this model"):
+        generate(model, [1] * 15, 7, greedy=True)
 
 
 def test_top_k_below_one_and_a_negative_token_count_are_refused():
