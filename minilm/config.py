@@ -619,7 +619,8 @@ def _set_where(message: str, layers: List[tuple[str, DictConfig]],
     no layer gives it (a schema default, or a key no config has). With ``cfg`` (the
     loaded config), a layer whose value is not the one ``cfg`` holds is not named: a scaling block of another
     rope_type replaces the earlier one (``_fresh_scaling``), so the YAML's dropped ``factor`` did not set the
-    ``factor: required`` that the new block lacks: that value is said to be dropped instead."""
+    ``factor: required`` that the new block lacks: that value is said to be dropped instead; a key no layer gave
+    that ``cfg`` lacks (``original_max_position_embeddings: required``) names the block given without it."""
     key = KEY_PREFIX.match(message)
     if not key:
         return ""
@@ -636,7 +637,22 @@ def _set_where(message: str, layers: List[tuple[str, DictConfig]],
             return f" (set {label}{_file_line(label, key.group(1))})"
         if final is absent and not dropped and not OmegaConf.is_config(given):  # why a value given is missing
             dropped = f" (the {given!r} set {label} was dropped: {_replaced_by(key.group(1), layers[i + 1:])})"
-    return dropped
+    if dropped or cfg is None or final is not absent:
+        return dropped
+    return _lacking_block(key.group(1), layers)
+
+
+def _lacking_block(key: str, layers: List[tuple[str, DictConfig]]) -> str:
+    """' (the B block set in FILE, line N lacks it)' for a ``key`` the loaded config lacks: the nearest block above it,
+    below a section (``model``, ``phases.P``), that a layer gives, the last such layer named. A required key's message
+    named no file: a long chain of base files left the user to search for the block."""
+    parent = key.rpartition(".")[0]
+    while parent.count(".") >= 1 + parent.startswith("phases."):
+        for label, layer in reversed(layers):
+            if isinstance(OmegaConf.select(layer, parent, default=None, throw_on_resolution_failure=False), DictConfig):
+                return f" (the {parent} block set {label}{_file_line(label, parent)} lacks it)"
+        parent = parent.rpartition(".")[0]
+    return ""
 
 
 def _replaced_by(key: str, later: List[tuple[str, DictConfig]]) -> str:

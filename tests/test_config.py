@@ -896,6 +896,22 @@ def test_a_value_a_later_block_replaced_is_not_named_as_where_the_bad_value_was_
         load_config(tmp_path / "b.yaml")
 
 
+def test_a_required_key_no_layer_gives_names_the_block_that_lacks_it(tmp_path):
+    """'original_max_position_embeddings: required' named no file: the key is in no layer, so there was no '(set in
+    FILE)' to say, and a chain of base files left the user to search for the block. The block given without it is
+    named, with its file and line, or the command line; a section above it (model, phases.P) never is."""
+    (tmp_path / "a.yaml").write_text("model:\n  n_layers: 2\n  position:\n    name: rope\n"
+                                     "    scaling: {rope_type: yarn, factor: 4.0}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\ntrain: {steps: 3}\n")
+    with pytest.raises(ConfigError, match=r"^model.position.scaling.original_max_position_embeddings: required for "
+                                          r"rope_type 'yarn' \(the model.position.scaling block set in .*a\.yaml, "
+                                          r"line 5 lacks it\)$"):
+        load_config(tmp_path / "b.yaml")
+    with pytest.raises(ConfigError, match=r"^eval.extension.window: required \(the eval.extension block set on the "
+                                          r"command line lacks it\)$"):
+        load_config(None, ["eval.extension={name: rerope}"])
+
+
 def test_a_missing_original_length_names_the_length_the_unscaled_model_trained_at(tmp_path):
     """A staged extension's scaling block without original_max_position_embeddings said only that it is required;
     the value it means is the length the last phase before it trained at without scaling (both extensions of
@@ -910,14 +926,16 @@ def test_a_missing_original_length_names_the_length_the_unscaled_model_trained_a
     with pytest.raises(ConfigError, match=r"^phases\.long\.position\.scaling\.original_max_position_embeddings: "
                                           r"required for rope_type 'yarn'; to extend the model phase 'pre' trained "
                                           r"without scaling, give the length it trained at: "
-                                          r"original_max_position_embeddings: 48$"):  # fmt: skip
+                                          r"original_max_position_embeddings: 48 \(the phases.long.position.scaling "
+                                          r"block set on the command line lacks it\)$"):  # fmt: skip
         load_config(tmp_path / "exp.yaml", [yarn])
     load_config(tmp_path / "exp.yaml", [yarn.replace("}", ", original_max_position_embeddings: 48}")])
-    with pytest.raises(ConfigError, match=r"phase 'pre' trained without scaling, .*: 48$"):  # rope_type default: none
+    with pytest.raises(ConfigError, match=r"phase 'pre' trained without scaling, .*: 48 \(the .*lacks it\)$"):  # rope_type default: none
         load_config(tmp_path / "exp.yaml", ["phases.pre.position.scaling={rope_type: default}", yarn])
     first = "phases.pre.position.scaling={rope_type: yarn, factor: 2.0}"
     with pytest.raises(ConfigError, match=r"^phases\.pre\.position\.scaling\.original_max_position_embeddings: "
-                                          r"required for rope_type 'yarn'$"):  # fmt: skip
+                                          r"required for rope_type 'yarn' \(the phases.pre.position.scaling block "
+                                          r"set on the command line lacks it\)$"):  # fmt: skip
         load_config(tmp_path / "exp.yaml", [first])
 
 
