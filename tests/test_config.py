@@ -930,7 +930,8 @@ def test_a_missing_original_length_names_the_length_the_unscaled_model_trained_a
                                           r"block set on the command line lacks it\)$"):  # fmt: skip
         load_config(tmp_path / "exp.yaml", [yarn])
     load_config(tmp_path / "exp.yaml", [yarn.replace("}", ", original_max_position_embeddings: 48}")])
-    with pytest.raises(ConfigError, match=r"phase 'pre' trained without scaling, .*: 48 \(the .*lacks it\)$"):  # rope_type default: none
+    # rope_type default: no scaling
+    with pytest.raises(ConfigError, match=r"phase 'pre' trained without scaling, .*: 48 \(the .*lacks it\)$"):
         load_config(tmp_path / "exp.yaml", ["phases.pre.position.scaling={rope_type: default}", yarn])
     first = "phases.pre.position.scaling={rope_type: yarn, factor: 2.0}"
     with pytest.raises(ConfigError, match=r"^phases\.pre\.position\.scaling\.original_max_position_embeddings: "
