@@ -126,6 +126,9 @@ class GPT(nn.Module):
             # a (B, 1) tensor broadcast every token to one position without a word; others were torch shape errors
             raise MinilmError(f"positions: must have shape (1, T) or (B, T) for input ids of shape (B, T) = "
                               f"({B}, {T}), got {tuple(positions.shape)}")  # fmt: skip
+        elif positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+            # (RoPE and ALiBi took 2.5 as a position between two, a learned table failed with an IndexError)
+            raise MinilmError(f"positions: must be integers (token indices), got {positions.dtype} values")
         if doc_ids is not None and (doc_ids.dim() != 2 or doc_ids.shape[1] != T or doc_ids.shape[0] not in (1, B)):
             # (B, 1) put every token of a row in one document: no document mask, without a word
             raise MinilmError(f"doc_ids: must have shape (1, T) or (B, T) for input ids of shape (B, T) = "

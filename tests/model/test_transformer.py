@@ -118,6 +118,20 @@ def test_positions_of_another_shape_than_the_input_are_refused(shape):
             assert model(x, positions=good).shape == (2, 12, model.vocab_size)
 
 
+def test_positions_that_are_not_integers_are_refused():
+    """Masking is by index and the encodings read integer positions: RoPE and ALiBi took 2.5 as a position between
+    two without a word, and a learned table failed with torch's IndexError."""
+    from minilm.errors import MinilmError
+
+    x = torch.randint(0, 50, (2, 12))
+    for name in ("rope", "learned"):
+        model = tiny(f"model.position.name={name}").eval()
+        for dtype in (torch.float32, torch.bool):
+            with pytest.raises(MinilmError, match=rf"^positions: must be integers \(token indices\), got {dtype}"):
+                model(x, positions=torch.arange(12).unsqueeze(0).to(dtype))
+        assert model(x, positions=torch.arange(12, dtype=torch.int32).unsqueeze(0)).shape == (2, 12, model.vocab_size)
+
+
 @pytest.mark.parametrize("shape", [(2, 1), (12,), (1, 3)])
 def test_document_ids_of_another_shape_than_the_input_are_refused(shape):
     """doc_ids are (1, T) or (B, T): a (B, 1) tensor put every token of a row in one document, so the document mask
