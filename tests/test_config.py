@@ -976,3 +976,17 @@ def test_run_seed_must_fit_64_bits(seed, ok):
         return
     with pytest.raises(ConfigError, match=r"run\.seed: must be a 64-bit integer, in \[-2\^63, 2\^63 - 1\], got"):
         load_config(None, [f"run.seed={seed}"])
+
+
+def test_a_yaml_merge_key_merges_as_in_plain_yaml(tmp_path):
+    """``<<: *anchor`` (phases sharing one block) is YAML that yaml.safe_load merges; the duplicate-key loader
+    refused it: "not valid YAML: could not determine a constructor for the tag 'tag:yaml.org,2002:merge'". The
+    mapping's own keys win over the merged ones; a key given twice among its own is still an error."""
+    (tmp_path / "m.yaml").write_text(
+        "train: &t {seq_len: 32, steps: 3}\n"
+        "phases:\n  a: {<<: *t}\n  b:\n    <<: *t\n    steps: 5\n")
+    cfg = load_config(tmp_path / "m.yaml")
+    assert (cfg.train.steps, cfg.phases.a.seq_len, cfg.phases.a.steps, cfg.phases.b.steps) == (3, 32, 3, 5)
+    (tmp_path / "dup.yaml").write_text("train: &t {steps: 3}\nphases:\n  a:\n    <<: *t\n    steps: 4\n    steps: 5\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'steps'"):
+        load_config(tmp_path / "dup.yaml")
