@@ -135,7 +135,9 @@ class TrainConfig:
     # time change (the same rows are trained on and validated on)
     micro_batch_size: Optional[int] = None
     steps: int = 1000
-    tokens: Optional[int] = None  # when set, wins over steps: steps = ceil(tokens / (batch_size · seq_len))
+    # when set, wins over steps: steps = ceil(tokens / (batch_size · seq_len)) (a steps given in a later layer is an
+    # error: _check_run_length)
+    tokens: Optional[int] = None
     # auto: bf16-mixed on GPU and on CPUs with AMX or AVX512-BF16, else 32 (minilm/training/precision.py)
     precision: str = "auto"  # auto | 32 | bf16-mixed | 16-mixed
     compile: bool = False
@@ -539,12 +541,34 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
         raise ConfigError(f"cannot resolve config: {e}") from None
     _drop_null_sources(cfg.data)
     _typed_position_values(cfg)
+    _check_run_length(cfg, layers)
     OmegaConf.set_readonly(cfg, True)  # before validating: the phase configs its checks build are kept (phase_config)
     try:
         validate(cfg)
     except ConfigError as e:  # value checks name the key; say which layer gave it (a base YAML, the command line)
         raise ConfigError(f"{e}{_set_where(str(e), layers, cfg)}") from None
     return cfg
+
+
+def _check_run_length(cfg: DictConfig, layers: List[tuple[str, DictConfig]]) -> None:
+    """train.tokens, once set, decides the run's length over train.steps (the schema's default steps must not count),
+    so a ``train.steps`` that a later layer gives than the last one giving the tokens is not used: ``train.steps=5``
+    on a YAML with ``train: {tokens: ...}`` trained the tokens' steps without a word. Refused, as a phase giving both
+    is (``_build_phase_config``). Both in one layer stay as they were: a saved config.yaml holds both, and reloads."""
+    if cfg.train.tokens is None:
+        return
+
+    def last(key: str) -> int:
+        return max((i for i, (_, layer) in enumerate(layers)
+                    if OmegaConf.select(layer, key, default=None, throw_on_resolution_failure=False) is not None),
+                   default=-1)  # fmt: skip
+
+    if last("train.steps") > last("train.tokens"):
+        raise ConfigError(
+            f"train.steps: {cfg.train.steps}{_set_where('train.steps: ', layers)} is not used: train.tokens = "
+            f"{cfg.train.tokens}{_set_where('train.tokens: ', layers)} sets the run's length and wins over it; give "
+            "one of them (on the command line: train.tokens=null to train by steps)"
+        )
 
 
 def _typed_position_values(cfg: DictConfig) -> None:

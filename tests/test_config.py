@@ -990,3 +990,25 @@ def test_a_yaml_merge_key_merges_as_in_plain_yaml(tmp_path):
     (tmp_path / "dup.yaml").write_text("train: &t {steps: 3}\nphases:\n  a:\n    <<: *t\n    steps: 4\n    steps: 5\n")
     with pytest.raises(ConfigError, match=r"duplicate key 'steps'"):
         load_config(tmp_path / "dup.yaml")
+
+
+def test_run_steps_given_after_the_run_tokens_are_refused_not_ignored(tmp_path):
+    """train.tokens wins over train.steps, so ``train.steps=5`` on a YAML that sets ``train.tokens`` trained the
+    tokens' steps (10 here) without a word, where a phase giving both is refused. A steps given after the last layer
+    giving the tokens is refused now, naming both layers; tokens given after steps (over a YAML's steps) win, and a
+    layer that gives both, as a saved config.yaml does, loads as before."""
+    y = tmp_path / "tok.yaml"
+    y.write_text("train: {tokens: 20480, batch_size: 16, seq_len: 128}\n")
+    with pytest.raises(ConfigError, match=r"^train\.steps: 5 \(set on the command line\) is not used: train\.tokens = "
+                                          r"20480 \(set in .*tok\.yaml, line 1\).*train\.tokens=null"):
+        load_config(y, ["train.steps=5"])
+    (tmp_path / "child.yaml").write_text("base: tok.yaml\ntrain: {steps: 7}\n")
+    with pytest.raises(ConfigError, match=r"^train\.steps: 7 \(set in .*child\.yaml, line 2\) is not used"):
+        load_config(tmp_path / "child.yaml")
+    assert phase_steps(load_config(overrides=["train.steps=5", "train.tokens=2048", "train.batch_size=16",
+                                              "train.seq_len=128"])) == 1  # fmt: skip
+    (tmp_path / "saved.yaml").write_text("train: {steps: 1000, tokens: 20480, batch_size: 16, seq_len: 128}\n")
+    assert phase_steps(load_config(tmp_path / "saved.yaml")) == 10
+    assert phase_steps(load_config(y)) == 10
+    assert phase_steps(load_config(y, ["train.tokens=null", "train.steps=5"])) == 5
+    assert phase_steps(load_config(REPO / "configs/tiny.yaml", ["train.tokens=20480"])) == 10  # over the YAML's 400
