@@ -714,14 +714,15 @@ def _kept(layer: DictConfig, key: str, given: Any, final: Any, absent: Any) -> b
         except OmegaConfBaseException:
             return True
     if isinstance(given, str) and not isinstance(final, str):
-        from minilm.positions.base import YAML_STRING_FLOAT  # (1e-3: a string to YAML 1.1, a float to the schema)
-
         try:
             given = yaml.safe_load(given)
         except yaml.YAMLError:
             return True
-        if isinstance(final, float) and isinstance(given, str) and YAML_STRING_FLOAT.fullmatch(given.strip()):
+        # a text the schema reads as a float: 1e-3 (a string to YAML 1.1), nan and inf (strings to YAML 1.2)
+        if isinstance(final, float) and _number_text(given):
             given = float(given)
+    if isinstance(given, float) and isinstance(final, float) and math.isnan(given) and math.isnan(final):
+        return True  # (nan != nan: an lr of .nan was said set by no layer, its message named no file)
     return given == final  # (10000 == 10000.0 and 1 == True, as the schema converts them)
 
 

@@ -1012,3 +1012,17 @@ def test_run_steps_given_after_the_run_tokens_are_refused_not_ignored(tmp_path):
     assert phase_steps(load_config(y)) == 10
     assert phase_steps(load_config(y, ["train.tokens=null", "train.steps=5"])) == 5
     assert phase_steps(load_config(REPO / "configs/tiny.yaml", ["train.tokens=20480"])) == 10  # over the YAML's 400
+
+
+def test_a_nan_or_inf_value_s_error_names_the_layer_that_set_it(tmp_path):
+    """``optim.lr=nan`` (or ``lr: .nan`` in a file) was refused without saying where it was set: the check that names
+    the layer compared the value given with the loaded one, and nan != nan (the command line's 'nan' is text to YAML
+    1.2, which the schema reads as the float)."""
+    (tmp_path / "nan.yaml").write_text("optim:\n  lr: .nan\n")
+    with pytest.raises(ConfigError, match=r"^optim\.lr: must be > 0 and finite, got nan \(set in .*nan\.yaml, line 2\)"):
+        load_config(tmp_path / "nan.yaml")
+    for value in ("nan", ".nan", "NaN"):
+        with pytest.raises(ConfigError, match=r"^optim\.lr: .*got nan \(set on the command line\)$"):
+            load_config(overrides=[f"optim.lr={value}"])
+    with pytest.raises(ConfigError, match=r"^optim\.eps: .*got inf \(set on the command line\)$"):
+        load_config(overrides=["optim.eps=Infinity"])
