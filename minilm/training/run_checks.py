@@ -725,6 +725,29 @@ def _check_finished_follow(names: list[str], run_dir: Path) -> None:
                           "(run.name / run.dir)")  # fmt: skip
 
 
+def _check_finished_chain(names: list[str], run_dir: Path, kept: list[str], flag: str) -> None:
+    """Each finished phase the run keeps (``kept``) must have started from the weights of the phase before it in the
+    config now (its complete.json's ``started_from``; one begun from --init or fresh weights is not checked): a phase
+    removed from the config, or the phases reordered, left a finished phase that trained after another one, which
+    --resume skipped as finished, so the run's weights were those of a chain its config no longer describes."""
+    for n in kept:
+        path = phase_dir(run_dir, n) / COMPLETE
+        try:
+            began = json.loads(path.read_text()).get("started_from")
+        except (OSError, ValueError, AttributeError):
+            continue  # (read, and refused where unreadable, by the checks that need it)
+        if not isinstance(began, dict) or began.get("kind") != "phase":
+            continue
+        i = names.index(n)
+        before = names[i - 1] if i else None
+        if began.get("phase") != before:
+            now = f"after phase '{before}'" if before else "as its first phase, from fresh weights"
+            raise MinilmError(f"{flag}: phase '{n}' finished after phase '{began.get('phase')}' ({path}), but the "
+                              f"config now trains it {now}: its weights are not those the config describes; retrain "
+                              f"it and the phases after it with --phase {n}, or start a new run "
+                              "(run.name / run.dir)")  # fmt: skip
+
+
 def check_run(cfg, *, resume: bool, data: bool = True) -> None:
     """What ``run_phases(cfg, resume=resume)`` refuses before it trains (with ``data=False``, what it refuses before it
     prepares the corpus), checked without touching run.dir and without a word: a study checks every run it continues
@@ -773,6 +796,10 @@ def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_pha
             check_finished_phase(pcfgs[n], n, run_dir, "--resume" if resume else f"--phase {start_phase}",
                                  carries_optimizer(cfg, n), world_size, cfg.phases.get(n))  # fmt: skip
     resume_from = _check_phases_from(start, cfg, pcfgs, run_dir, resume, start_phase, init, world_size, log)
+    if init is None or resume:  # (after _check_phases_from: a phase inserted before finished ones is said so there)
+        _check_finished_chain(names, run_dir, [n for n in (names if resume else names[:start])
+                                               if is_complete(run_dir, n)],
+                              "--resume" if resume else f"--phase {start_phase}")  # fmt: skip
     # phases trained on the split held_out.json records, which the run keeps: finished ones before the phase --phase
     # restarts, or on --resume every finished one and every checkpoint it continues from
     kept = [n for n in (names if resume else names[:start]) if is_complete(run_dir, n)] + list(resume_from)

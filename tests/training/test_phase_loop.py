@@ -143,6 +143,30 @@ def test_resume_refuses_a_phase_inserted_before_finished_ones_and_an_init_it_wou
     assert (run / "mid" / "complete.json").exists() and (run / "b" / "complete.json").exists()
 
 
+def test_resume_refuses_finished_phases_the_config_now_chains_otherwise(config, tmp_path):
+    """A phase removed from the config (or the phases reordered) left a finished phase that had trained after another
+    one: --resume skipped it as finished, and the run's weights were those of a chain the config no longer describes
+    ('c' trained after 'b', the config now a then c). Refused before anything is written; --phase c retrains it."""
+    run = tmp_path / "run"
+    a, b, c = ("phases.a={seq_len: 32, steps: 1}", "phases.b={seq_len: 32, steps: 1}",
+               "phases.c={seq_len: 32, steps: 1}")  # fmt: skip
+    run_phases(load_config(config, [f"run.dir={run}", a, b, c]), log=lambda m: None)
+    written = (run / "config.yaml").stat().st_mtime_ns
+    removed = load_config(config, [f"run.dir={run}", a, c])
+    with pytest.raises(MinilmError, match=r"--resume: phase 'c' finished after phase 'b' \(.*complete\.json\), but the "
+                                          r"config now trains it after phase 'a'.*--phase c"):  # fmt: skip
+        run_phases(removed, resume=True, log=lambda m: None)
+    with pytest.raises(MinilmError, match=r"--resume: phase 'b' finished after phase 'a' .*trains it as its first "
+                                          r"phase"):  # fmt: skip
+        run_phases(load_config(config, [f"run.dir={run}", b, a, c]), resume=True, log=lambda m: None)
+    with pytest.raises(MinilmError, match=r"--phase d: phase 'c' finished after phase 'b'"):  # the phase d starts from
+        run_phases(load_config(config, [f"run.dir={run}", a, c, "phases.d={seq_len: 32, steps: 1}"]),
+                   start_phase="d", log=lambda m: None)  # fmt: skip
+    assert (run / "config.yaml").stat().st_mtime_ns == written
+    run_phases(removed, start_phase="c", log=lambda m: None)  # what the message says
+    run_phases(removed, resume=True, log=lambda m: None)  # the chain is the config's now
+
+
 def test_tokens_seen_adds_each_phase_at_its_own_batch_and_length(config, tmp_path):
     """tokens_seen counted every step of the earlier phases at the current phase's batch_size · seq_len."""
     run = tmp_path / "run"
