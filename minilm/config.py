@@ -300,9 +300,12 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
     except OSError as e:
         raise ConfigError(f"{path}{where}: cannot be read ({e.strerror})") from None
     try:
-        raw = yaml.load(text, Loader=UniqueKeyLoader) or {}
+        raw = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if raw is None:  # (it trained the schema's defaults, 1000 steps into runs/run, without a word)
+        raise ConfigError(f"{path}{where}: holds no config (empty, or only comments): a truncated or wrong file? give "
+                          f"its keys, or 'base: FILE' to extend one ('{{}}' for the schema's defaults alone)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a config must be a mapping of sections, got {type(raw).__name__}")
     base = raw.pop("base", None)
@@ -608,9 +611,22 @@ def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: A
                           f"'key={{a: 1, b: [x, y]}}' with a space after each colon)") from None
     _check_glued_colon(dot, _overrides_label(source))
     _check_phase_names(cfg, dot, path, source)
-    cfg = _merge_layer(cfg, dot, source, dotlist=True)
+    try:
+        cfg = _merge_layer(cfg, dot, source, dotlist=True)
+    except ConfigError as e:
+        raise ConfigError(f"{e}{_empty_value_hint(str(e), overrides)}") from None
     _check_shadowed(cfg, dot, source)
     return cfg, dot
+
+
+def _empty_value_hint(message: str, overrides: List[str]) -> str:
+    """Where a null was refused for a key (``Incompatible value 'None'``) that an override gave with nothing after
+    its '=' (``run.dir=$UNSET``, expanded by the shell to ``run.dir=``): the message named the key and a None that the
+    user never typed."""
+    key = re.search(r"bad config key '([^']+)': Incompatible value 'None'", message)
+    empty = [item for item in overrides if key and item.partition("=")[0] == key.group(1)
+             and not item.partition("=")[2].strip()]  # fmt: skip
+    return f" ('{empty[-1]}' gives no value after '=': an unset shell variable? give the value)" if empty else ""
 
 
 def _dotlist(overrides: List[str]) -> DictConfig:

@@ -896,6 +896,24 @@ def test_a_value_a_later_block_replaced_is_not_named_as_where_the_bad_value_was_
         load_config(tmp_path / "b.yaml")
 
 
+def test_an_empty_config_file_is_refused_and_an_empty_override_value_is_named(tmp_path):
+    """An empty or comment-only YAML trained the schema's defaults (1000 steps into runs/run) without a word; a
+    truncated or wrong file looks the same. '{}' still asks for the defaults. 'run.dir=' (an unset shell variable
+    expanded to nothing) said only "Incompatible value 'None'", a None the user never typed."""
+    for text in ("", "# only a comment\n\n"):
+        (tmp_path / "e.yaml").write_text(text)
+        with pytest.raises(ConfigError, match=r"e\.yaml: holds no config \(empty, or only comments\): a truncated"):
+            load_config(tmp_path / "e.yaml")
+    (tmp_path / "child.yaml").write_text("base: e.yaml\n")
+    with pytest.raises(ConfigError, match=r"e\.yaml \(named by 'base:' in .*child\.yaml\): holds no config"):
+        load_config(tmp_path / "child.yaml")
+    (tmp_path / "e.yaml").write_text("{}\n")
+    assert load_config(tmp_path / "e.yaml").train.steps == 1000
+    with pytest.raises(ConfigError, match=r"bad config key 'run.dir': Incompatible value 'None' .* \('run.dir=' gives "
+                                          r"no value after '=': an unset shell variable\? give the value\)$"):
+        load_config(tmp_path / "e.yaml", ["run.dir="])
+
+
 def test_a_required_key_no_layer_gives_names_the_block_that_lacks_it(tmp_path):
     """'original_max_position_embeddings: required' named no file: the key is in no layer, so there was no '(set in
     FILE)' to say, and a chain of base files left the user to search for the block. The block given without it is
