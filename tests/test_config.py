@@ -870,6 +870,11 @@ def test_a_quoted_position_parameter_is_held_as_the_number_it_is_read_as(tmp_pat
     with pytest.raises(ConfigError, match=r"model.position.max_bias: must be float, got the string '8'; write it "
                                           r"without quotes \(set in .*b\.yaml, line 2\)"):
         load_config(tmp_path / "b.yaml")
+    # nan / inf (text to YAML 1.2, floats to a schema key: optim.lr=nan) are refused as not finite; they were told to
+    # drop quotes they never had
+    for text, got in (("nan", "nan"), ("-Infinity", "-inf"), ("inf", "inf")):
+        with pytest.raises(ConfigError, match=rf"^model.position.base: must be a finite number, got {got} \(set on"):
+            load_config(None, [f"model.position.base={text}"])
 
 
 def test_a_value_a_later_block_replaced_is_not_named_as_where_the_bad_value_was_set(tmp_path):

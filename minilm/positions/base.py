@@ -232,6 +232,8 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
 
 # What YAML 1.1 reads as a string although it is a float: an exponent without a dot (1e-6, 5E+3)
 YAML_STRING_FLOAT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
+# nan, inf, -Infinity: text to YAML 1.2 (its own are .nan, .inf), floats to OmegaConf's typed keys (optim.lr=nan)
+_NON_FINITE_WORD = re.compile(r"[-+]?(nan|inf|infinity)", re.IGNORECASE)
 
 
 def _is_number(text: str) -> bool:
@@ -244,9 +246,11 @@ def _is_number(text: str) -> bool:
 
 def _yaml_float(value: str) -> Any:
     """``eps: 1e-6`` is a string to YAML 1.1; OmegaConf's typed config converts it for every schema key
-    (``optim.lr: 1e-3`` works), so the free-form position block must too. Other strings (a quoted "2") are
+    (``optim.lr: 1e-3`` works), so the free-form position block must too, and ``nan`` / ``inf`` as it converts them
+    (then refused as not finite: ``base=nan`` was told to drop quotes it never had). Other strings (a quoted "2") are
     returned as they are, and refused by the caller."""
-    return float(value) if YAML_STRING_FLOAT.fullmatch(value.strip()) else value
+    text = value.strip()
+    return float(text) if YAML_STRING_FLOAT.fullmatch(text) or _NON_FINITE_WORD.fullmatch(text) else value
 
 
 def positions_like(x: Tensor, offset: int = 0) -> Tensor:
