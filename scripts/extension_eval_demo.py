@@ -87,6 +87,9 @@ def main(args: argparse.Namespace) -> int:
                          ("threads", 1)):  # fmt: skip
         if getattr(args, key) < minimum:
             raise ConfigError(f"--{key.replace('_', '-')}: must be >= {minimum}, got {getattr(args, key)}")
+    if not (math.isfinite(args.lr) and args.lr > 0):  # a NaN or negative lr: AdamW's ValueError traceback; inf or
+        # 0 trained on, to NaN losses or to the untrained model's, as if they were the methods' numbers
+        raise ConfigError(f"--lr: must be a finite number > 0, got {args.lr}")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 

@@ -42,3 +42,13 @@ def test_a_rope_model_trains_and_reports_every_method(tiny_text_dir, tmp_path, c
     out = capsys.readouterr().out
     rows = out.split("positions >= L")[1].strip().splitlines()
     assert len(rows) == len(demo.methods(16, 4)) and rows[0].startswith("extrapolation")
+
+
+@pytest.mark.parametrize("lr", ["nan", "-1", "inf", "0"])
+def test_a_learning_rate_that_cannot_train_is_refused(lr, capsys):
+    """--lr nan or -1 stopped with AdamW's ValueError traceback (exit 1); inf trained to NaN losses and 0 left the
+    model untrained, each printed as the methods' numbers."""
+    demo = load_script("scripts/extension_eval_demo.py")
+    assert run_cli(demo.main, demo.parser(), ["--lr", lr]) == 2
+    err = capsys.readouterr().err
+    assert f"--lr: must be a finite number > 0, got {float(lr)}" in err and "Traceback" not in err
