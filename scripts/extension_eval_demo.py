@@ -10,8 +10,8 @@ cached by ``minilm.data.load_corpus``) and a plain AdamW loop over ``minilm.mode
 with ``minilm.positions.training_free.install_extension``; none changes a weight.
 
 Measured numbers (shared 2-core CPU, one seed each) are in docs/extension.md, "Measurement"; for example at
-``--seq-len 32 --steps 600``, loss on positions >= L of 4L-token sequences: extrapolation 4.105, dynamic NTK 4.092,
-YaRN (factor 4) 4.127, ReRoPE 4.049, Self-Extend 4.056.
+``--seq-len 32 --steps 600``, loss on positions >= L of 4L-token sequences: extrapolation 4.130, dynamic NTK 4.117,
+YaRN (factor 4) 4.125, ReRoPE 4.058, Self-Extend 4.079.
 """
 
 from __future__ import annotations
