@@ -59,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--config", help="YAML experiment config (default: the schema defaults)")
     ap.add_argument("--lengths", type=bench.lengths_list, default=None,
                     help="comma-separated sequence lengths (default: train.seq_len)")  # fmt: skip
-    ap.add_argument("--encodings", default="rope,alibi,t5,kerple,fire", help="comma-separated model.position.name")
+    ap.add_argument("--encodings", type=bench.names_list, default="rope,alibi,t5,kerple,fire",
+                    help="comma-separated model.position.name")  # fmt: skip
     ap.add_argument("--tokens", type=bench.whole_number(1), default=None,
                     help="tokens per step, B = tokens // T (default: config's)")  # fmt: skip
     ap.add_argument("--steps", type=bench.whole_number(1), default=10, help="timed steps per measurement")
@@ -74,7 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", type=bench.device_name, default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--out", default=str(bench.REPO / "benchmarks" / "results"), help="folder for JSON and markdown")
     ap.add_argument("--update-docs", action="store_true", help="write the table into docs/performance.md")
-    ap.add_argument("--tag", default="", help="appended to the result files' names and the docs table's key")
+    ap.add_argument("--tag", type=bench.file_tag, default="",
+                    help="appended to the result files' names and the docs table's key")  # fmt: skip
     ap.add_argument("--note", default="", help="free text stored with the results")
     ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     return ap.parse_args(argv)

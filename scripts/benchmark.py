@@ -138,9 +138,25 @@ def positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not 0 < value < float("inf"):  # (inf gave an MFU of 0.0 % without a word)
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
+
+
+def names_list(text: str) -> str:
+    """An argparse ``type``: comma-separated names, none empty (``--encodings ,`` said 'unknown encoding None')."""
+    if any(not item.strip() for item in text.split(",")):
+        raise argparse.ArgumentTypeError(f"comma-separated names, none of them empty, expected; got {text!r}")
+    return ",".join(item.strip() for item in text.split(","))
+
+
+def file_tag(text: str) -> str:
+    """An argparse ``type``: a tag for the result files' names: letters, digits, '.', '_', '-' (a '/' wrote into a
+    folder of that name)."""
+    if not re.fullmatch(r"[\w.-]*", text):
+        raise argparse.ArgumentTypeError(f"letters, digits, '.', '_' and '-' expected (it ends the result files' "
+                                         f"names), got {text!r}")  # fmt: skip
+    return text
 
 
 def device_name(text: str) -> str:
@@ -203,7 +219,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--config", help="YAML experiment config (default: the schema defaults)")
     ap.add_argument("--lengths", type=lengths_list, default=None,
                     help="comma-separated sequence lengths (default: train.seq_len)")  # fmt: skip
-    ap.add_argument("--encodings", default=None, help="comma-separated model.position.name values (default: config's)")
+    ap.add_argument("--encodings", type=names_list, default=None,
+                    help="comma-separated model.position.name values (default: config's)")  # fmt: skip
     ap.add_argument("--steps", type=whole_number(1), default=10, help="timed steps per measurement")
     ap.add_argument("--warmup", type=whole_number(0), default=3, help="untimed steps first (compilation happens here)")
     ap.add_argument("--repeats", type=whole_number(1), default=1,
@@ -225,7 +242,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--device", type=device_name, default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results"), help="folder for the JSON and markdown")
     ap.add_argument("--update-docs", action="store_true", help="write the table into docs/performance.md")
-    ap.add_argument("--tag", default="", help="appended to the result files' names and the docs table's key")
+    ap.add_argument("--tag", type=file_tag, default="",
+                    help="appended to the result files' names and the docs table's key")  # fmt: skip
     ap.add_argument("--note", default="", help="free text stored with the results (e.g. 'machine shared')")
     ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
     args = ap.parse_args(argv)
@@ -884,6 +902,7 @@ def run_measurements(report: dict, measure_loop, out: Path, now, update: bool, t
     part-way leaves what it measured, and once more at the end with ``complete`` True. SIGINT becomes
     ``StoppedEarly``, saying how far the run got and where its results are."""
     table = table or markdown_table
+    _check_out(out)
     print(setup_line(report), flush=True)
 
     def done():
@@ -914,6 +933,14 @@ def run_measurements(report: dict, measure_loop, out: Path, now, update: bool, t
     return report
 
 
+def _check_out(out: Path) -> None:
+    """--out a folder that can be written, before the first measurement: a file there (or a path under one) was a
+    FileExistsError traceback once the first measurement had run, minutes of GPU time on."""
+    from minilm.training.run_checks import check_writable_dir
+
+    check_writable_dir(out, "--out")
+
+
 def result_stem(report: dict, out: Path, now) -> Path:
     return out / f"{now.strftime('%Y-%m-%d')}-{report['device_slug']}-{report['config_name']}"
 
@@ -925,10 +952,10 @@ def write_report(report: dict, out: Path, now, update: bool, table=None, title: 
         report["memory_kind"] = report["results"][0].get("memory_kind", report["memory_kind"])
     out.mkdir(parents=True, exist_ok=True)
     stem = result_stem(report, out, now)
-    atomic_write_text(stem.with_suffix(".json"), json.dumps(report, indent=2) + "\n")
+    atomic_write_text(Path(f"{stem}.json"), json.dumps(report, indent=2) + "\n")  # (with_suffix cut a tag "v1.5")
     md = (table or markdown_table)(report)
     heading = f"# {title}: {report['config_name']} on {report['device_name']}"
-    atomic_write_text(stem.with_suffix(".md"), f"{heading}\n\n{md}")
+    atomic_write_text(Path(f"{stem}.md"), f"{heading}\n\n{md}")
     if update:
         update_docs(report, md, DOCS)
 

@@ -344,7 +344,10 @@ def test_mfu_peak_follows_the_gpu_model(bench, monkeypatch, name, peak):
     (["--repeats", "0"], "argument --repeats: must be at least 1"),  # was an IndexError
     (["--batch-size", "0"], "argument --batch-size: must be at least 1"),  # was the config's batch, silently
     (["--warmup", "-1"], "argument --warmup: must be at least 0"),
-    (["--peak-tflops", "0"], "argument --peak-tflops: must be > 0"),
+    (["--peak-tflops", "0"], "argument --peak-tflops: must be a finite number > 0, got 0"),
+    (["--peak-tflops", "inf"], "argument --peak-tflops: must be a finite number > 0, got inf"),  # was MFU 0.0 %
+    (["--encodings", ","], "argument --encodings: comma-separated names, none of them empty"),  # 'unknown ... None'
+    (["--tag", "a/b"], "argument --tag: letters, digits, '.', '_' and '-' expected"),  # wrote into a folder a/
     (["--device", "gpu"], "argument --device: must be cpu, cuda or cuda:N, got 'gpu'"),  # was a RuntimeError
     (["--peer-precision", "32"], "--peer-precision needs --peer"),
 ])  # fmt: skip
@@ -365,6 +368,18 @@ def test_a_misspelled_encoding_or_absent_cuda_stops_before_any_measurement(bench
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert bench.main(["--device", "cuda", *argv]) == 2
     assert "--device cuda: CUDA is not available" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_result_files_keep_a_dotted_tag_and_out_must_be_a_writable_folder(bench, tmp_path, capsys):
+    """--tag v1.5 wrote ...-v1.json (Path.with_suffix took '.5' for a suffix: it collided with --tag v1), and an
+    --out that is a file was a FileExistsError traceback once the first measurement had run."""
+    argv = ["--lengths", "8", "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu", *TINY]
+    (tmp_path / "afile").write_text("")
+    assert bench.main([*argv, "--out", str(tmp_path / "afile")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --out {tmp_path / 'afile'} is not writable" in err and "tok/s" not in err
+    bench.main([*argv, "--out", str(tmp_path / "r"), "--tag", "v1.5"])
+    assert sorted(p.name.split("-cpu-")[1] for p in (tmp_path / "r").iterdir()) == ["run-v1.5.json", "run-v1.5.md"]
 
 
 def test_peer_without_a_rope_measurement_is_a_usage_error(bench, tmp_path, capsys):
