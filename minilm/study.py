@@ -822,10 +822,14 @@ def _paired_table(entries: list[dict], n: int) -> list[str]:
           f"Within a seed every variant shares {first}'s pretraining (where it can) and reads the same validation "
           "and evaluation text, so these differences are much less noisy than the means above. Negative = better "
           f"than {first}.", "",
-          f"| variant | val loss {last} | " + " | ".join(f"ppl {L}" for L in ppl) + " |",
+          _row(["variant", f"val loss {last}", *(f"ppl {L}" for L in ppl)]),
           "|---|---:|" + "---:|" * len(ppl)]  # fmt: skip
-    for e in entries[1:]:
+    for e in entries[1:]:  # (cells joined: with no ppl column, a trailing empty one broke the table's markdown)
         d = e.get("vs_first", {})
-        md.append(f"| {e['variant']} | {_cell(d.get('val_loss'), 4, n, '+')} | "
-                  + " | ".join(_cell(d.get(f"ppl@{L}"), 2, n, "+") for L in ppl) + " |")  # fmt: skip
+        md.append(_row([e["variant"], _cell(d.get("val_loss"), 4, n, "+"),
+                        *(_cell(d.get(f"ppl@{L}"), 2, n, "+") for L in ppl)]))  # fmt: skip
     return md
+
+
+def _row(cells: list) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"

@@ -276,6 +276,17 @@ def test_seeds_give_one_run_per_variant_and_seed_and_mean_sd_tables(tmp_path, st
     assert "| b | -0.1000 (n=1) | -1.00 (n=1) |" in paired
 
 
+def test_the_paired_table_without_an_evaluation_has_as_many_cells_as_its_header():
+    """With no phase evaluated (no ppl column) the header had a trailing empty cell over a two-cell separator, which
+    markdown does not render as a table."""
+    from minilm.study import _paired_table
+
+    entries = [{"variant": "a", "val_loss": {"long": 4.0}},
+               {"variant": "b", "val_loss": {"long": 3.9}, "vs_first": {"val_loss": {"mean": -0.1, "sd": 0.0, "n": 1}}}]
+    table = [line for line in _paired_table(entries, 2) if line.startswith("|")]
+    assert table == ["| variant | val loss long |", "|---|---:|", "| b | -0.1000 (n=1) |"]
+
+
 def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_file, capsys):
     assert _study([study_file, "--out", tmp_path / "out", "--seeds=--1"]) == 2
     assert "--seeds: a non-empty list of integer seeds" in capsys.readouterr().err
