@@ -280,4 +280,9 @@ def find_results(path: str | Path) -> Path:
     if not any((path / p / "model.safetensors").is_file() for p in run_phase_names(path)):  # evaluate.py would refuse
         raise MinilmError(f"{path}: no evaluation, and no finished phase to evaluate yet; {_finish(path)}, then "
                           f"scripts/evaluate.py --run {path}")  # fmt: skip
+    others = sorted(str(f.parent) for p in run_phase_names(path) for f in (path / p).glob("eval-*/results.json"))
+    if others:  # (--extension's and a step checkpoint's: "no results.json found" while there were some)
+        raise MinilmError(f"{path}: none of its phases has its own evaluation (eval/results.json); name one of "
+                          f"its other evaluations ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}), or "
+                          f"run scripts/evaluate.py --run {path}")  # fmt: skip
     raise MinilmError(f"{path}: no results.json found; run scripts/evaluate.py --run {path} first")

@@ -56,6 +56,12 @@ def test_each_documented_path_finds_its_results(tmp_path):
     (run / "pretrain" / "model.safetensors").write_bytes(b"")  # finished, not evaluated
     with pytest.raises(MinilmError, match="no results.json found; run scripts/evaluate.py --run"):
         find_results(run)  # a run not evaluated yet
+    # evaluated only with a training-free method (evaluate.py --extension): "no results.json found" was not so
+    method = _results(run / "pretrain" / "eval-dynamic")
+    with pytest.raises(MinilmError, match=rf"none of its phases has its own evaluation \(eval/results.json\); name "
+                                          rf"one of its other evaluations \({method.parent}\), or run scripts/"):
+        find_results(run)
+    assert find_results(method.parent) == method
 
 
 def test_a_path_outside_any_run_is_named_as_given(tmp_path):
