@@ -1243,7 +1243,7 @@ def validate(cfg: DictConfig) -> None:
     from minilm.positions import validate_position
 
     validate_position(cfg.model.position, where="model.position", head_dim=head_dim(cfg.model),
-                      n_layers=cfg.model.n_layers)  # fmt: skip
+                      n_layers=cfg.model.n_layers, d_model=cfg.model.d_model)  # fmt: skip
     validate_eval(cfg.eval, position=cfg.model.position, head_dim=head_dim(cfg.model), train_len=cfg.train.seq_len)
     _validate_phases(cfg)
 

@@ -107,10 +107,12 @@ def validate_position(
     head_dim: Optional[int] = None,
     base: Optional[Mapping[str, Any]] = None,
     n_layers: Optional[int] = None,
+    d_model: Optional[int] = None,
 ) -> Any:
     """Check a position block; returns its parameter object. With ``head_dim`` (and ``n_layers``) also what depends
     on the model's size (the parameters' ``check_dims``, where they have one: RoPE's rotary dimensions, scaling lists
-    and NoPE pattern). With
+    and NoPE pattern), and with ``d_model`` their ``check_width`` (the sinusoidal table's scale: checked when the
+    config loads, so the message says where the value was set, not only when the model is built). With
     ``base`` (the run's ``model.position``, when ``cfg`` is a phase's) also that the phase changes only what its
     encoding can change between phases: only modules with ``configure`` (the rotary family) take new parameters
     (minilm.training.phases.apply_phase), so a phase that changes another encoding's is refused when the config
@@ -119,6 +121,8 @@ def validate_position(
     entry, params = _entry(plain, where)
     if head_dim is not None and hasattr(params, "check_dims"):
         params.check_dims(head_dim, where, n_layers)
+    if d_model is not None and hasattr(params, "check_width"):
+        params.check_width(d_model, where)
     if base is not None and not hasattr(entry.attention, "configure"):
         built = asdict(_entry(_plain(base), "model.position")[1])  # (the same encoding: config.py checks the name)
         changed = [key for key, value in asdict(params).items() if key in built and built[key] != value]

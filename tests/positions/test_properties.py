@@ -52,6 +52,12 @@ def test_sinusoidal_refuses_a_scale_whose_squares_overflow_the_norms():
     with pytest.raises(ConfigError, match=r"model\.position\.scale: must be at most 1\.63e\+18 \(√\(3\.4e38 / d_model "
                                           r"128\): .*, got 2\.4e\+18"):  # fmt: skip
         embedding_hook("sinusoidal", d_model=128, scale=2.4e18)
+    # and when the config loads, saying where the value was set (it was found only as the model was built)
+    from minilm.config import load_config
+
+    with pytest.raises(ConfigError, match=r"model\.position\.scale: must be at most 1\.63e\+18 .*, got 2\.4e\+18 "
+                                          r"\(set on the command line\)$"):  # fmt: skip
+        load_config(None, ["model.d_model=128", "model.position={name: sinusoidal, scale: 2.4e18}"])
     p = torch.arange(64)[None]
     for width, scale in ((128, 1.63e18), (32, 3.26e18)):
         x = embedding_hook("sinusoidal", d_model=width, scale=scale).embed(torch.zeros(1, 64, width), p)
