@@ -184,7 +184,8 @@ def run_config(study: Study, run: StudyRun, out_dir: Path, extra: list[str]) -> 
     """The resolved config of one run of the study, its run directory ``out_dir/<label>``. ``extra``: overrides
     for every variant from the command line (after the study's own)."""
     variant = next(v for v in study.variants if v.name == run.variant)
-    own = [f"run.name={run.label.replace('/', '-')}", f"run.dir={out_dir / run.label}"]
+    # (run.dir quoted: a path is YAML to an override, so '--out "a #b"' put every run in 'a', a comment cut off)
+    own = [f"run.name={run.label.replace('/', '-')}", f"run.dir={json.dumps(str(out_dir / run.label))}"]
     own += [] if run.seed is None else [f"run.seed={run.seed}"]
     for item in variant.overrides + list(extra):  # the study sets these itself: a given one would be ignored
         key = item.partition("=")[0].strip()

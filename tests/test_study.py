@@ -698,6 +698,16 @@ def test_run_placement_overrides_and_mixed_layouts_are_refused(tmp_path, study_f
         run_study(load_study(study_file), tmp_path / "out", resume=True)
 
 
+@pytest.mark.parametrize("name", ["out #1", "a: b", "[x], {y}", "été"])
+def test_each_run_is_placed_under_out_whatever_characters_its_path_holds(tmp_path, study_file, name):
+    """The run directory reached load_config as a YAML override: '--out "runs/s #1"' put every run in 'runs/s' (' #1'
+    a comment), the second refused as 'already holds a run', and 'a: b' was refused as a mapping."""
+    study = load_study(study_file)
+    out = tmp_path / name
+    for run in study_runs(study):
+        assert run_config(study, run, out, []).run.dir == str(out / run.label)
+
+
 def test_a_failing_run_still_leaves_the_summary_of_the_finished_ones(tmp_path, study_file, monkeypatch):
     import minilm.study as study_mod
 
