@@ -31,7 +31,10 @@ def main(args: argparse.Namespace) -> int:
     study = load_study(args.study)
     if args.seeds is not None:  # given empty ("--seeds ''"), an error: not silently the file's seeds
         study.seeds = check_seeds([_int_or_text(x) for x in args.seeds.split(",")], "--seeds")
-    out = Path(args.out) if args.out else Path("runs") / "studies" / study.name
+    if args.out is not None and not args.out.strip():  # (an unset shell variable): not silently the default --out
+        raise MinilmError(f"--out: a directory expected, got {args.out!r}; leave --out out for the default, "
+                          f"runs/studies/{study.name}")  # fmt: skip
+    out = Path(args.out) if args.out is not None else Path("runs") / "studies" / study.name
     only = None
     if args.only is not None:  # given empty, an error: an empty selection would train every variant
         only = [n.strip() for n in args.only.split(",")]

@@ -349,6 +349,16 @@ def test_an_empty_only_or_seeds_exits_2_not_the_whole_study(tmp_path, study_file
     assert _study([study_file, "--out", tmp_path / "out", flag]) == 2
     assert message in capsys.readouterr().err
 
+@pytest.mark.parametrize("out", ["", " "])
+def test_an_empty_out_exits_2_not_the_default_out(tmp_path, study_file, capsys, monkeypatch, out):
+    """--out '' (an unset shell variable) trained into runs/studies/<name>, the default, without a word."""
+    import minilm.study
+
+    monkeypatch.setattr(minilm.study, "run_study", lambda *a, **k: pytest.fail("the study ran"))
+    assert _study([study_file, f"--out={out}"]) == 2
+    assert f"--out: a directory expected, got {out!r}" in capsys.readouterr().err
+
+
 def _finished(cfg, run_dir: Path, phases, val_loss=4.0) -> None:
     """What a finished phase leaves (weights faked): config.yaml of the run and of each phase, complete.json."""
     from minilm.config import save_config
