@@ -310,6 +310,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     if not is_primary_process():  # under DDP every rank runs the study alike: each line was printed once per rank
         log = silent  # (what goes wrong on another rank is raised there, and reaches the user from it)
     _open_out_dir(out_dir)
+    _check_same_study(study, out_dir)
     runs = study_runs(study)
     todo = [r for r in runs if not only or r.variant in only]
     seeds = f" × {len(study.seeds)} seeds" if study.seeds else ""
@@ -356,6 +357,19 @@ def _open_out_dir(out_dir: Path) -> None:
         remove_stale_temporaries(out_dir)  # compare.png's): never read, and beside the outputs for good otherwise
         for run_dir in [*out_dir.glob("*/"), *out_dir.glob("*/seed*/")]:  # and a phase copy cut short, in any run
             remove_stale_copies(run_dir)
+
+
+def _check_same_study(study: Study, out_dir: Path) -> None:
+    """Refuse an ``--out`` whose summary (study.json) is another study's: this study's summary would replace it, and
+    the runs of both would share one folder, the other's no longer in any table."""
+    try:
+        other = json.loads((out_dir / "study.json").read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return  # none yet (or not a study's: no name to tell)
+    if other is not None and other != study.name:
+        raise MinilmError(f"{out_dir} holds study '{other}' ({out_dir / 'study.json'}); study '{study.name}' would "
+                          "replace its summary there: choose another --out (or, for the same study under a new file "
+                          f"name, set name: {other} in {study.path})")
 
 
 def _checked_configs(study: Study, runs: list, out_dir: Path, extra: list[str], again: str) -> tuple[dict, dict]:

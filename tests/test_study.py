@@ -718,6 +718,19 @@ def test_each_run_is_placed_under_out_whatever_characters_its_path_holds(tmp_pat
         assert run_config(study, run, out, []).run.dir == str(out / run.label)
 
 
+def test_a_study_into_an_out_holding_another_studys_summary_is_refused(tmp_path, study_file):
+    """A second study given the --out of a first (its variants named otherwise) trained beside its runs and replaced
+    its study.md / study.json / compare.* without a word."""
+    from minilm.study import run_study
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "study.json").write_text(json.dumps({"name": "first", "variants": []}))
+    with pytest.raises(MinilmError, match=f"holds study 'first'.*study '{study_file.stem}' would replace its summary"):
+        run_study(load_study(study_file), out, resume=True)
+    assert sorted(p.name for p in out.iterdir()) == ["study.json"]  # nothing trained, nothing written
+
+
 def test_a_failing_run_still_leaves_the_summary_of_the_finished_ones(tmp_path, study_file, monkeypatch):
     import minilm.study as study_mod
 
