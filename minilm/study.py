@@ -470,13 +470,16 @@ def _check_resumed_runs(out_dir: Path, cfgs: dict[str, DictConfig], todo: list[S
 @contextlib.contextmanager
 def _study_remedy(label: str, cfgs: dict[str, DictConfig], again: str):
     """A finished phase the study now trains differently (ChangedPhaseError) is refused with a study's remedy, the
-    run's label first: its own advice names train.py's flags."""
+    run's label first: its own advice names train.py's flags. Any other refusal while the run trains is prefixed
+    with its label."""
     from minilm.training.run_checks import ChangedPhaseError
 
     try:
         yield
     except ChangedPhaseError as e:
         raise _changed_phases([(label, e)], cfgs, again) from None
+    except MinilmError as e:  # which run failed: run_phases names the phase, which every run of the study has
+        raise type(e)(f"'{label}': {e}") from None
 
 
 def _changed_phases(changed: list, cfgs: dict[str, DictConfig], again: str) -> MinilmError:
