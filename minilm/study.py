@@ -835,7 +835,10 @@ def _paired_table(entries: list[dict], n: int) -> list[str]:
     first = entries[0]["variant"]
     ppl = sorted({k.split("@")[1] for e in entries[1:] for k in e.get("vs_first", {}) if k.startswith("ppl@")},
                  key=int)  # fmt: skip
-    last = list(entries[0]["val_loss"])[-1]
+    # (the first variant's last phase named only where it is every variant's: one from another config may end in
+    # another phase, whose loss _numbers takes)
+    lasts = {list(e["val_loss"])[-1] for e in entries}
+    last = lasts.pop() if len(lasts) == 1 else "(each variant's last phase)"
     md = ["", f"## Difference from {first}, paired by seed", "",
           f"Within a seed every variant shares {first}'s pretraining (where it can) and reads the same validation "
           "and evaluation text, so these differences are much less noisy than the means above. Negative = better "

@@ -287,6 +287,17 @@ def test_the_paired_table_without_an_evaluation_has_as_many_cells_as_its_header(
     assert table == ["| variant | val loss long |", "|---|---:|", "| b | -0.1000 (n=1) |"]
 
 
+def test_the_paired_table_names_no_phase_a_variant_from_another_config_lacks():
+    """A variant whose config ends in another phase ('train', a config without phases) was compared on its own last
+    phase's loss under the header 'val loss long', the first variant's phase."""
+    from minilm.study import _paired_table
+
+    entries = [{"variant": "a", "val_loss": {"short": 4.1, "long": 4.0}},
+               {"variant": "b", "val_loss": {"train": 3.9},
+                "vs_first": {"val_loss": {"mean": -0.1, "sd": 0.0, "n": 1}}}]  # fmt: skip
+    assert "| variant | val loss (each variant's last phase) |" in _paired_table(entries, 2)
+
+
 def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_file, capsys):
     assert _study([study_file, "--out", tmp_path / "out", "--seeds=--1"]) == 2
     assert "--seeds: a non-empty list of integer seeds" in capsys.readouterr().err
