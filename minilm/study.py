@@ -33,6 +33,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import statistics
 import shutil
 from dataclasses import dataclass, field
@@ -487,8 +488,6 @@ def _changed_phases(changed: list, cfgs: dict[str, DictConfig], again: str) -> M
     the first difference in full, the other runs by name, and the commands that retrain them — the changed phase's
     directory and those of the phases after it removed, then the study continued (train.py's --phase, --init and
     run.name, which the error's own advice names, are not a study's)."""
-    import shlex
-
     label, first = changed[0]
     others = [f"'{lb}' ({e.phase})" for lb, e in changed[1:]]
     remove = []
@@ -798,8 +797,8 @@ def _markdown(study: Study, report: dict, figure: bool) -> str:
         for phase, label, differ in other:
             what = "; ".join(f"{k} {json.dumps(d['evaluated'])} (study: {json.dumps(d['study'])})"
                              for k, d in differ.items())  # fmt: skip
-            run = f"{report['out']}/{label}"
-            md.append(f"- {label}: {what}: `python scripts/evaluate.py --run {run} --phase {phase}"
+            run = f"{report['out']}/{label}"  # (quoted: an --out with a space broke the command at it)
+            md.append(f"- {label}: {what}: `python scripts/evaluate.py --run {shlex.quote(run)} --phase {phase}"
                       f"{_evaluate_flags(differ, f'{run}/{phase}')}`")
     if n > 1 and len(entries) > 1:
         md += _paired_table(entries, n)
@@ -821,7 +820,7 @@ def _evaluate_flags(differ: dict, phase_dir: str) -> str:
 
     flags = {"lengths": lambda v: f"--lengths {','.join(map(str, v))}", "tasks": lambda v: f"--tasks {','.join(v)}",
              "depths": lambda v: f"--depths {','.join(f'{d:g}' for d in v)}",
-             "extension": lambda v: f"--extension {extension(v)} --out {phase_dir}/eval"}  # fmt: skip
+             "extension": lambda v: f"--extension {extension(v)} --out {shlex.quote(f'{phase_dir}/eval')}"}  # fmt: skip
 
     def flag(key, value):  # a number: the flag SETTINGS_READ_BY names for it
         return flags[key](value) if key in flags else f"{SETTINGS_READ_BY[key][2]} {value}"

@@ -529,10 +529,13 @@ def test_the_studys_compare_counts_the_prompts_of_every_seed_behind_a_mean_accur
     assert "prompts per length: a 8." in table and "| a | 0.38 [0.14, 0.69] |" in table  # 3 of 8
 
 
-def test_an_evaluation_made_with_other_settings_than_the_study_asks_is_named_with_its_remedy(tmp_path, study_file):
+@pytest.mark.parametrize("name", ["out", "my out"])
+def test_an_evaluation_made_with_other_settings_than_the_study_asks_is_named_with_its_remedy(tmp_path, study_file,
+                                                                                             name):
     """--resume skips finished phases, so raising eval.samples in the study file (or on its command line) left the
     old evaluations in the tables, silently: numbers of 1 prompt per cell under a study that asks for 3. The summary
-    now names each such run and the evaluate.py command that measures it as the study asks."""
+    now names each such run and the evaluate.py command that measures it as the study asks (its paths quoted: an
+    --out with a space broke the command there)."""
     import shlex
 
     from minilm.cli import one_run
@@ -540,7 +543,7 @@ def test_an_evaluation_made_with_other_settings_than_the_study_asks_is_named_wit
 
     study_file.write_text("config: base.yaml\nvariants: {a: []}\n")
     study = load_study(study_file)
-    out = tmp_path / "out"
+    out = tmp_path / name
     extra = ["eval.tasks=[ppl,passkey]", "eval.samples=3"]
     cfgs = {r.label: run_config(study, r, out, extra) for r in study_runs(study)}
     _finished(cfgs["a"], out / "a", ["short", "long"])
@@ -591,6 +594,8 @@ def test_the_remedy_command_sets_each_differing_setting_as_evaluate_py_reads_it(
     assert args.out == "/r/a/long/eval"  # an --extension would be written beside eval/, not into it
     none = _evaluate_flags({"extension": {"evaluated": {"name": "logn"}, "study": None}}, "/r/a/long")
     assert shlex.split(none) == ["--extension", "none", "--out", "/r/a/long/eval"]
+    spaced = _evaluate_flags({"extension": {"evaluated": {"name": "logn"}, "study": None}}, "/my runs/a/long")
+    assert shlex.split(spaced) == ["--extension", "none", "--out", "/my runs/a/long/eval"]
 
 
 def test_seeds_one_seed_is_named_and_val_batches_0_is_not_a_missing_run(tmp_path, study_file):
