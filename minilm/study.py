@@ -210,14 +210,28 @@ def phase_keys(cfg: DictConfig) -> list[str]:
     """One string per phase that is equal for two configs exactly when they train that phase and every earlier
     one alike: the model they are built with, and per phase its name, resolved config (without run.name and
     run.dir) and whether it carries the optimizer over."""
-    keys, parts = [], [OmegaConf.to_yaml(cfg.model, resolve=True)]
+    keys, parts = [], [yaml.safe_dump(_same_numbers(OmegaConf.to_container(cfg.model, resolve=True)), sort_keys=True)]
     for name in phase_names(cfg):
         pcfg = OmegaConf.to_container(phase_config(cfg, name), resolve=True)
         pcfg["run"].pop("name"), pcfg["run"].pop("dir")
         carry = bool(name in cfg.phases and cfg.phases[name].carry_optimizer)
-        parts.append(yaml.safe_dump({"phase": name, "carry_optimizer": carry, "config": pcfg}, sort_keys=True))
+        parts.append(yaml.safe_dump({"phase": name, "carry_optimizer": carry, "config": _same_numbers(pcfg)},
+                                    sort_keys=True))  # fmt: skip
         keys.append("\n".join(parts))
     return keys
+
+
+def _same_numbers(value):
+    """``value`` (plain containers) with each integer a float where the float is exact: a position block is untyped,
+    so ``factor=16`` stays 16 where the config says 16.0, which trains alike (and --resume compares them equal), but
+    dumped as text they differed: two variants that train alike were not refused, nor their phases shared."""
+    if isinstance(value, dict):
+        return {k: _same_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_same_numbers(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= 2**53:
+        return float(value)
+    return value
 
 
 def check_variants_differ(study: Study, keys: dict[str, list[str]]) -> None:

@@ -169,10 +169,12 @@ def test_a_bad_variant_override_exits_2_naming_the_variant_before_anything_train
 
 
 
-@pytest.mark.parametrize("same", ["[]", "[phases.long.steps=6]", "{config: base.yaml}"])
+@pytest.mark.parametrize("same", ["[]", "[phases.long.steps=6]", "{config: base.yaml}",
+                                  "[phases.long.position.scaling.factor=2]"])  # fmt: skip
 def test_two_variants_that_train_alike_exit_2_before_anything_trains(tmp_path, study_file, capsys, monkeypatch, same):
     """A variant whose overrides change nothing (left out, or setting what the config says) trained the other variant
-    again and reported a difference of nothing, without a word."""
+    again and reported a difference of nothing, without a word. A position parameter given as the integer 2 where the
+    config says 2.0 (position blocks are untyped) trains alike too, as --resume sees it."""
     import minilm.study
 
     monkeypatch.setattr(minilm.study, "_check_data", lambda *a: pytest.fail("the data was prepared"))
