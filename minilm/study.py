@@ -356,7 +356,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
                 _train_run(study, r, out_dir, cfgs[r.label], plan.get(r.label), log)
     finally:  # also when a run fails or is interrupted: the summary of what has finished
         if is_primary_process() and out_dir.is_dir():
-            write_summary(study, out_dir, cfgs, plan, log, extra=list(extra))
+            write_summary(study, out_dir, cfgs, log, extra=list(extra))
     return out_dir
 
 
@@ -639,7 +639,16 @@ def _cell(stat: Optional[dict], digits: int, n_seeds: int, sign: str = "") -> st
     return text
 
 
-def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, plan: dict) -> tuple[dict, dict]:
+def _trained_by(phase_dir: Path) -> Optional[str]:
+    """The run.name of the run that trained a finished phase (its config.yaml's; a phase copied from another run keeps
+    that run's), None where it cannot be read."""
+    try:
+        return str(yaml.safe_load((phase_dir / "config.yaml").read_text())["run"]["name"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return None
+
+
+def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict) -> tuple[dict, dict]:
     """(the variant's study.json entry, its runs' evaluation results by seed). A run's evaluation is its last
     evaluating phase's (the last phase if none evaluates: where scripts/evaluate.py writes), counted once that
     phase has finished: a run stopped after a shared phase holds that phase's evaluation, not the variant's."""
@@ -652,13 +661,16 @@ def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict, 
     pcfgs = {p: phase_config(cfg, p) for p in phases}
     evaluated = next((p for p in reversed(phases) if pcfgs[p].eval.lengths), phases[-1])
     per_run, by_seed = {}, {}
+    labels = {str(c.run.name): label for label, c in cfgs.items()}
     for r in runs:
-        donor, k = plan.get(r.label, (None, 0))
-        # shared once copied (its phases finished in the run's folder), not merely planned: a variant --only left
-        # untrained shares nothing yet
-        copied = donor and is_complete(out_dir / r.label, phases[k - 1])
-        per_run[r.label] = {"seed": r.seed, "shared": {"from": donor, "phases": phases[:k]} if copied else None,
-                            "val_loss": _val_losses(out_dir / r.label, phases)}  # fmt: skip
+        # shared: its finished phases another run trained (their config.yaml names that run), as copied, not as this
+        # invocation plans: a variant --only left untrained shares nothing yet, one trained with --no-share nothing
+        # ever, and one that copied them before a --no-share --resume still holds the copies
+        trained_by = {p: _trained_by(out_dir / r.label / p) for p in phases if is_complete(out_dir / r.label, p)}
+        copied = [p for p, name in trained_by.items() if name not in (None, cfgs[r.label].run.name)]
+        donor = trained_by[copied[0]] if copied else None
+        per_run[r.label] = {"seed": r.seed, "shared": {"from": labels.get(donor, donor), "phases": copied} if copied
+                            else None, "val_loss": _val_losses(out_dir / r.label, phases)}  # fmt: skip
         if is_complete(out_dir / r.label, evaluated):
             try:
                 by_seed[r.seed] = load_results(out_dir / r.label / evaluated / "eval" / "results.json")
@@ -729,7 +741,7 @@ def _averaged(results: list[dict], entry: dict, out_dir: Path) -> dict:
     return out
 
 
-def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Callable[[str], None] = print,
+def write_summary(study: Study, out_dir: Path, cfgs: dict, log: Callable[[str], None] = print,
                   extra: Optional[list[str]] = None) -> None:  # fmt: skip
     """study.json and study.md (per variant: what it sets and shares, validation loss per phase, its last
     evaluation; over seeds: mean ± sample sd, and the difference from the first variant paired by seed),
@@ -741,7 +753,7 @@ def write_summary(study: Study, out_dir: Path, cfgs: dict, plan: dict, log: Call
 
     entries, averaged, by_seed = [], [], []
     for v in study.variants:
-        entry, results = _variant_summary(study, v, out_dir, cfgs, plan)
+        entry, results = _variant_summary(study, v, out_dir, cfgs)
         entries.append(entry)
         by_seed.append(results)
         if results:

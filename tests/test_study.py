@@ -264,7 +264,7 @@ def test_seeds_give_one_run_per_variant_and_seed_and_mean_sd_tables(tmp_path, st
             atomic_write_text(out / label / phase / "complete.json", json.dumps({"val_loss": loss}))
         results = {"lengths": [32], "ppl": {"32": ppl}, "train_seq_len": 64, "phase": "long", "run": label}
         atomic_write_text(out / label / "long" / "eval" / "results.json", json.dumps(results))
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    write_summary(study, out, cfgs, log=lambda msg: None)
     md = (out / "study.md").read_text()
     assert "| a | – | – | 4.1000 ± 0.1414 | 4.1000 ± 0.1414 |" in md
     assert "| b | `phases.long.lr=0.001` | – | 3.9000 (n=1) |" in md
@@ -395,6 +395,21 @@ def test_a_variant_only_left_untrained_shares_nothing_in_the_summary(tmp_path, s
     assert row.split(" | ")[2] == "–", row
 
 
+def test_the_summary_says_what_each_run_copied_not_what_this_invocation_plans(tmp_path, study_file):
+    """Trained with --no-share, then continued without it, pi was summarized as 'short from yarn' (the plan's word)
+    though it had trained short itself; and a copy made before a --no-share --resume was summarized as nothing."""
+    out = tmp_path / "out"
+    assert _study([study_file, "--out", out, "--only", "yarn,pi", "--no-share"]) == 0
+    assert _study([study_file, "--out", out, "--only", "yarn,pi", "--resume"]) == 0
+    rows = {r["variant"]: r for r in json.loads((out / "study.json").read_text())["variants"]}
+    assert rows["pi"]["runs"]["pi"]["shared"] is None
+    shutil.rmtree(out / "pi")
+    assert _study([study_file, "--out", out, "--only", "yarn,pi", "--resume"]) == 0  # pi copies yarn's short
+    assert _study([study_file, "--out", out, "--only", "yarn,pi", "--resume", "--no-share"]) == 0
+    rows = {r["variant"]: r for r in json.loads((out / "study.json").read_text())["variants"]}
+    assert rows["pi"]["runs"]["pi"]["shared"] == {"from": "yarn", "phases": ["short"]}
+
+
 def test_seeds_summary_compares_only_each_runs_last_phase_evaluation(tmp_path, study_file):
     """A run stopped after its shared pretraining holds that phase's evaluation (copied): it is not the variant's
     result, and must not be averaged with the finished seeds' last-phase numbers."""
@@ -409,7 +424,7 @@ def test_seeds_summary_compares_only_each_runs_last_phase_evaluation(tmp_path, s
         _finished(cfgs[label], out / label, phases)
         results = {"lengths": [32], "ppl": {"32": ppl}, "train_seq_len": 32, "phase": phases[-1], "run": label}
         atomic_write_text(out / label / phases[-1] / "eval" / "results.json", json.dumps(results))
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    write_summary(study, out, cfgs, log=lambda msg: None)
     md = (out / "study.md").read_text()
     assert "| b | 9.00 (n=1) |" in md and "| a | 11.00 ± 1.41 |" in md
     assert "| b | 9.00 |" in (out / "compare.md").read_text()
@@ -422,7 +437,7 @@ def test_the_summary_records_the_overrides_given_on_the_studys_command_line(tmp_
     study, out, extra = load_study(study_file), tmp_path / "out", ["phases.short.steps=5", "train.log_every=2"]
     cfgs = {r.label: run_config(study, r, out, extra) for r in study_runs(study)}
     _finished(cfgs["a"], out / "a", ["short", "long"])
-    write_summary(study, out, cfgs, {}, log=lambda msg: None, extra=extra)
+    write_summary(study, out, cfgs, log=lambda msg: None, extra=extra)
     assert json.loads((out / "study.json").read_text())["command_line_overrides"] == extra
     assert "Command-line overrides (every variant): `phases.short.steps=5` `train.log_every=2`." in (
         out / "study.md").read_text()
@@ -439,7 +454,7 @@ def test_the_studys_common_overrides_are_listed_once_above_the_table_not_in_ever
     assert phase_steps(phase_config(cfgs["b"], "short")) == 5 and cfgs["b"].phases.long.lr == 0.001
     for label in ("a", "b"):
         _finished(cfgs[label], out / label, ["short", "long"])
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    write_summary(study, out, cfgs, log=lambda msg: None)
     md = (out / "study.md").read_text()
     assert "The study file's overrides (every variant): `phases.short.steps=5` `train.log_every=2`." in md
     assert md.count("phases.short.steps=5") == 1
@@ -461,7 +476,7 @@ def test_a_variant_that_starts_from_another_config_says_which_in_the_table(tmp_p
     cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
     for label in ("a", "c"):
         _finished(cfgs[label], out / label, ["short", "long"])
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    write_summary(study, out, cfgs, log=lambda msg: None)
     md = (out / "study.md").read_text()
     assert "| a | – |" in md and "| c | config `other.yaml`<br>`optim.lr=0.01` |" in md
     assert json.loads((out / "study.json").read_text())["config"] == str(tmp_path / "base.yaml")
@@ -513,7 +528,7 @@ def _summarized_two_seed_study(tmp_path, study_file, results) -> Path:
     for label, cfg in cfgs.items():
         _finished(cfg, out / label, ["short", "long"])
         atomic_write_text(out / label / "long" / "eval" / "results.json", json.dumps(results(label, cfg)))
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    write_summary(study, out, cfgs, log=lambda msg: None)
     return out
 
 
@@ -553,7 +568,7 @@ def test_an_evaluation_made_with_other_settings_than_the_study_asks_is_named_wit
                "extension": None, "train_seq_len": 64, "phase": "long", "run": str(out / "a"),
                "ppl": {"32": 10.0, "64": 11.0}, "passkey": {"32": 0.0, "64": 0.0}}  # fmt: skip
     atomic_write_text(out / "a" / "long" / "eval" / "results.json", json.dumps(results))
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    write_summary(study, out, cfgs, log=lambda msg: None)
     md = (out / "study.md").read_text()
     assert "## Evaluated with other settings than the study asks" in md
     line = next(x for x in md.splitlines() if x.startswith("- a: samples 1 (study: 3)"))
@@ -569,13 +584,13 @@ def test_an_evaluation_made_with_other_settings_than_the_study_asks_is_named_wit
     batches, seed = cfgs["a"].eval.batches, cfgs["a"].run.seed
     atomic_write_text(out / "a" / "long" / "eval" / "results.json",
                       json.dumps({**results, "samples": 3, "batches": batches + 1, "seed": seed + 1}))
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    write_summary(study, out, cfgs, log=lambda msg: None)
     report = json.loads((out / "study.json").read_text())
     assert report["variants"][0]["runs"]["a"]["evaluated_with_other_settings"] == {
         "batches": {"evaluated": batches + 1, "study": batches}, "seed": {"evaluated": seed + 1, "study": seed}}
     # evaluated as the study asks (as the end of the phase does): nothing to say
     atomic_write_text(out / "a" / "long" / "eval" / "results.json", json.dumps({**results, "samples": 3}))
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    write_summary(study, out, cfgs, log=lambda msg: None)
     assert "other settings" not in (out / "study.md").read_text()
 
 
@@ -607,7 +622,7 @@ def test_seeds_one_seed_is_named_and_val_batches_0_is_not_a_missing_run(tmp_path
     cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
     _finished(cfgs["a/seed7"], out / "a/seed7", ["short", "long"])
     _finished(cfgs["c/seed7"], out / "c/seed7", ["short", "long"], val_loss=None)
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    write_summary(study, out, cfgs, log=lambda msg: None)
     md = (out / "study.md").read_text()
     assert "seed 7." in md and "the config's" not in md
     assert "| c | `train.val_batches=0` | – | no validation | no validation |" in md
@@ -624,7 +639,7 @@ def test_a_one_seed_study_says_no_difference_is_significant_and_shows_the_varian
     cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
     for r, loss in zip(study_runs(study), (4.0, 3.5, 4.1, 3.4)):
         _finished(cfgs[r.label], out / r.label, ["short", "long"], val_loss=loss)
-    write_summary(study, out, cfgs, {}, log=lambda msg: None)
+    write_summary(study, out, cfgs, log=lambda msg: None)
     md = (out / "study.md").read_text()
     one = seeds != "seeds: [7, 8]\n"
     assert ("no difference between the variants below can be called significant" in md) == one
@@ -997,7 +1012,7 @@ def test_a_variant_whose_phases_evaluate_nowhere_is_read_from_its_last_phase(tmp
     cfgs = {r.label: run_config(study, r, tmp_path / "out", ["phases.short.eval_lengths=[]",
                                                                 "phases.long.eval_lengths=[]"])
             for r in study_runs(study)}  # fmt: skip
-    entry, results = _variant_summary(study, study.variants[0], tmp_path / "out", cfgs, {})
+    entry, results = _variant_summary(study, study.variants[0], tmp_path / "out", cfgs)
     assert entry["evaluated_phase"] == "long" and results == {}
 
 
