@@ -797,7 +797,8 @@ def _quote_base_60(item: str) -> str:
 
 def _keep_string(item: str) -> str:
     """A command-line value for a string key is the text as typed: YAML would read run.name=007 as the int 7 (and
-    yes as True, 1e3 as 1000.0), which the schema then stored as '7'."""
+    yes as True, 1e3 as 1000.0), which the schema then stored as '7'; 'run.dir=/tmp/a #b' as '/tmp/a' (' #b' a
+    comment, cut without a word) and 'run.dir=/tmp/a: b' as a mapping (refused: "Cannot convert 'DictConfig'")."""
     key, raw = item.split("=", 1)
     if _schema_type(key) is not str:
         return item
@@ -805,7 +806,9 @@ def _keep_string(item: str) -> str:
         value = OmegaConf.from_dotlist([f"v={raw}"]).v
     except (OmegaConfBaseException, yaml.YAMLError):
         return item
-    return f"{key}={json.dumps(raw)}" if isinstance(value, (bool, int, float)) else item
+    cut = isinstance(value, str) and re.search(r"\s#", raw) is not None and "#" not in value
+    other = isinstance(value, (bool, int, float, DictConfig)) or cut
+    return f"{key}={json.dumps(raw)}" if other else item
 
 
 def _check_shadowed(cfg: DictConfig, dot: DictConfig, source: str = COMMAND_LINE) -> None:

@@ -403,6 +403,14 @@ def test_a_string_key_from_the_command_line_keeps_its_text(value):
     assert load_config(overrides=["data.tokenizer.vocab_size=1_024"]).data.tokenizer.vocab_size == 1024  # not a str
 
 
+def test_a_string_key_keeps_a_hash_or_a_colon_as_typed():
+    """'run.dir=/tmp/a #b' was '/tmp/a' (YAML took ' #b' for a comment, cut without a word) and 'run.dir=/tmp/a: b'
+    a mapping, refused as "Cannot convert 'DictConfig' to string": a path holds either."""
+    for text in ("/tmp/a #b", "/tmp/a: b", "a#b"):
+        assert load_config(overrides=[f"run.dir={text}"]).run.dir == text
+    assert load_config(overrides=["run.name='a' "]).run.name == "a"  # quoted: the text inside the quotes
+
+
 def test_a_misspelled_phase_on_the_command_line_is_an_error():
     """phases.NAME.key=value for a NAME the YAML lacks used to append a phase of that name, trained after the
     others with the run's settings (here: a 4th phase at seq_len 128). A config without phases may still declare
