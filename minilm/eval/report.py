@@ -420,7 +420,9 @@ def _summary_lines(results: dict) -> list[str]:
     cols = [c for c in SCALARS if c in results]
     lines = ["## Summary", "", "| length | " + " | ".join(cols) + " |", "|---:|" + "---:|" * len(cols)]
     unsupported = results.get("unsupported", {})
-    for L in results.get("lengths", []):
+    # by length, as the grid tables and the figures: lengths are evaluated (and results.json keeps them) as given,
+    # and --lengths 96,48 put 96 above 48 here while the heatmap table below read 48 first
+    for L in sorted(results.get("lengths", [])):
         if str(L) in unsupported:
             lines.append(f"| {L} | " + " | ".join("unsupported" for _ in cols) + " |")
             continue
@@ -487,7 +489,7 @@ def _example_lines(results: dict) -> list[str]:
     lines = ["## Greedy continuations (one sample per length)", "", "| task | length | depth | answer | greedy |",
              "|---|---:|---:|---|---|"]  # fmt: skip
     for task, rows in examples.items():
-        for r in rows:
+        for r in sorted(rows, key=lambda r: r["length"]):  # (by length, as the tables above)
             d = "" if r.get("depth") is None else depth_label(r["depth"])
             cells = [task, str(r["length"]), d, _code_cell(r["answer"]), _code_cell(r["greedy"])]
             lines.append("| " + " | ".join(cells) + " |")

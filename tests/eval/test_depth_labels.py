@@ -24,3 +24,17 @@ def test_each_depth_is_labelled_as_given_in_the_heatmap_the_grid_table_and_the_e
     assert "| length | " + " | ".join(labels) + " |" in report
     assert "| 64 | 0.00 | 0.50 | 1.00 | 0.50 | 0.50 |" in report
     assert "| passkey | 64 | 12.5% |" in report
+
+
+def test_the_report_lists_lengths_in_order_whatever_order_they_were_given_in():
+    """Lengths are evaluated, and kept in results.json, as given: with --lengths 96,48 the summary table and the
+    examples read 96 before 48, while the grid table below them (and every figure) read 48 first."""
+    grid = {"48": {"0.5": 1.0}, "96": {"0.5": 0.5}}
+    results = {"lengths": [96, 48], "depths": [0.5], "tasks": ["passkey"], "samples": 2, "passkey_grid": grid,
+               "passkey": {"96": 0.5, "48": 1.0}, "details": {"passkey": {"96": {"samples": 2}, "48": {"samples": 2}}},
+               "examples": {"passkey": [{"length": L, "depth": 0.5, "answer": '12345"', "greedy": '12345"',
+                                         "exact": True} for L in (96, 48)]}}  # fmt: skip
+    report = markdown(results, {})
+    for first, second in (("| 48 | 1.00 [", "| 96 | 0.50 ["), ("| 48 | 1.00 |", "| 96 | 0.50 |"),
+                          ("| passkey | 48 |", "| passkey | 96 |")):  # summary, grid, examples
+        assert report.index(first) < report.index(second), (first, second)
