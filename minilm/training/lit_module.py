@@ -19,6 +19,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from torch import nn
 
 from minilm.cli import sigterm_without_collective
+from minilm.config import key_as_set
 from minilm.data import IGNORE
 from minilm.errors import MinilmError
 from minilm.training.checkpoint import atomic_torch_save, load_checkpoint_dict
@@ -64,14 +65,17 @@ class AtomicCheckpointIO(CheckpointIO):
 
 class LitGPT(L.LightningModule):
     def __init__(self, model: nn.Module, cfg, total_steps: int, step_offset: int = 0, phase: str = "train",
-                 tokens_offset: int = 0, started_from: Optional[dict] = None):  # fmt: skip
-        """``cfg`` is the phase's resolved config (minilm.config.phase_config); ``tokens_offset``: the tokens the
+                 tokens_offset: int = 0, started_from: Optional[dict] = None, set_in=None):  # fmt: skip
+        """``cfg`` is the phase's resolved config (minilm.config.phase_config); ``set_in``: the phase's own section of
+        the run's config (``cfg.phases.get(phase)``), so that advice names the key the user sets (phases.P.lr, not
+        an optim.lr the phase overrides: ``key_as_set``); ``tokens_offset``: the tokens the
         earlier phases trained on (their batch_size · seq_len may differ from this phase's); ``started_from``: the
         weights the phase started from (minilm.training.run_checks.started_from_record), kept in its checkpoints: a
         resumed phase continues from a checkpoint, and what the phase started from is the checkpoint's record."""
         super().__init__()
         self.model, self.cfg = model, cfg
         self.total_steps, self.step_offset, self.phase = total_steps, step_offset, phase
+        self.set_in = set_in
         self.tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
         self.tokens_offset = tokens_offset
         # train.compile compiles the loss (what a step calls), not the module: a compiled module's .loss attribute
@@ -161,14 +165,18 @@ class LitGPT(L.LightningModule):
         """Count a skipped step (``train.max_bad_steps``; ``step`` on the run's axis), or stop the phase once there
         are too many."""
         self.bad_steps += 1
+        # (after earlier phases, the run's step alone read as beyond the phase: "at step 6" of a 2-step phase)
+        at = f"step {step}" + (f" (the phase's step {step - self.step_offset} of {self.total_steps})"
+                               if self.step_offset else "")  # fmt: skip
         if self.bad_steps > self.cfg.train.max_bad_steps:
+            lr, warmup = (key_as_set(k, self.phase, self.set_in) for k in ("optim.lr", "optim.warmup_steps"))
             raise MinilmError(
-                f"phase '{self.phase}': {what} at step {step}; stopping (no bad step changed the weights: a checkpoint "
-                "the phase wrote holds good steps only). Lower optim.lr, raise optim.warmup_steps, or allow skipping "
-                "with train.max_bad_steps."
+                f"phase '{self.phase}': {what} at {at}; stopping (no bad step changed the weights: a checkpoint the "
+                f"phase wrote holds good steps only). Lower {lr}, raise {warmup}, or allow skipping with "
+                "train.max_bad_steps."
             )
         if self.global_rank == 0:  # every DDP rank skips the step alike (the norm is of the all-reduced gradient)
-            print(f"warning: {what} at step {step}; skipped ({self.bad_steps}/{self.cfg.train.max_bad_steps})")
+            print(f"warning: {what} at {at}; skipped ({self.bad_steps}/{self.cfg.train.max_bad_steps})")
 
     def _step_loss(self, loss_sum: torch.Tensor, count) -> float:
         """A step's loss, the mean over the ranks: a collective, so every rank calls it alike (they do: a bad step is

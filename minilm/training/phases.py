@@ -380,7 +380,7 @@ def run_phases(
                         carried.pop(n, None) or _carried_optimizer_state(model, pcfg, run_dir, prev, n))
                     began = started_from_record(names, i, start, init_record, cfg.run.seed)
                     _train_phase(model, corpus, pcfg, n, offset, steps, run_dir, tb_logger, opt_state, carry, log,
-                                 tokens, fresh=n in restarts, started_from=began)
+                                 tokens, fresh=n in restarts, started_from=began, set_in=cfg.phases.get(n))
                 prev, offset, tokens = n, offset + steps, tokens + _phase_tokens(pcfg)
             if primary:
                 save_weights(model, run_dir / "model.safetensors", pcfgs[names[-1]].model)
@@ -547,12 +547,13 @@ def _phase_tokens(pcfg) -> int:
 
 
 def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, carried_opt, carries: bool, log,
-                 tokens_offset: int, fresh: bool = False, started_from: Optional[dict] = None) -> None:  # fmt: skip
+                 tokens_offset: int, fresh: bool = False, started_from: Optional[dict] = None,
+                 set_in=None) -> None:  # fmt: skip
     """Train phase ``name``: from its newest good checkpoint, or from its start when it has none or is ``fresh``
     (restarted by --phase: its old checkpoints are being deleted by rank 0). ``carried_opt``: the AdamW moments it
     starts from (``carries``: the config's carry_optimizer; none are given to a phase resumed from a checkpoint).
     ``started_from``: the weights it starts from at its first step (``started_from_record``); a phase resumed from a
-    checkpoint keeps the checkpoint's record (LitGPT)."""
+    checkpoint keeps the checkpoint's record (LitGPT). ``set_in``: the phase's section of the run's config (LitGPT)."""
     pdir = phase_dir(run_dir, name)
     ckpt_dir = pdir / "checkpoints"
     ckpt = None if fresh else latest_good_checkpoint(ckpt_dir, log)
@@ -594,7 +595,7 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         pdir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(pdir / STARTED, json.dumps(started_from, indent=2) + "\n")
     module = LitGPT(model, pcfg, total_steps=steps, step_offset=offset, phase=name, tokens_offset=tokens_offset,
-                    started_from=started_from)  # fmt: skip
+                    started_from=started_from, set_in=set_in)  # fmt: skip
     module.initial_optimizer_state = carried_opt if ckpt is None else None
     data = PhaseData(corpus, pcfg, name)
     if ckpt is None:  # the loss before the phase's first step: the start of the curve (and, for an extension

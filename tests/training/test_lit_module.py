@@ -390,6 +390,25 @@ def _module(phase: str = "train", **over):
     return module
 
 
+def test_a_phase_that_stops_on_bad_steps_names_its_own_keys_and_its_own_step():
+    """After a NaN, a phase giving its own lr was told to 'Lower optim.lr', which it overrides (nothing changed), and
+    the step was the run's alone: 'at step 6' for a 2-step phase after a 4-step one."""
+    import pytest
+    from omegaconf import OmegaConf
+
+    from minilm.errors import MinilmError
+
+    module = _module(phase="long", **{"train.max_bad_steps": 0})
+    module.set_in = OmegaConf.create({"lr": 1.0e30, "steps": 10})
+    with pytest.raises(MinilmError, match=r"^phase 'long': the loss became nan at step 103 \(the phase's step 3 of "
+                                          r"10\); stopping .* Lower phases.long.lr, raise optim.warmup_steps, or "):
+        module._bad_step("the loss became nan", 103)
+    module = _module(**{"train.max_bad_steps": 0})
+    module.step_offset = 0
+    with pytest.raises(MinilmError, match=r"nan at step 3; stopping .* Lower optim.lr, raise optim.warmup_steps"):
+        module._bad_step("the loss became nan", 3)
+
+
 def test_dropout_seed_is_a_function_of_the_micro_step_phase_and_seed():
     """Each micro-batch of an accumulated step draws its own dropout masks (not the step's first one's again), and
     the same (seed, phase, micro-step) draws the same masks whatever the generator held before (exact resume)."""
