@@ -163,6 +163,10 @@ def _check_hf_types(spec: HfSource, where: str) -> None:
     if not isinstance(spec.split, str) or not spec.split:
         raise DataError(f"{where}.split: give one split (a string: train, validation, train[:1000], ...), got "
                         f"{spec.split!r}")  # fmt: skip
+    joined = re.sub(r"\s+", "", spec.split)
+    if joined != spec.split:  # (datasets' "Split name should match ... but got ' train'", under the source)
+        raise DataError(f"{where}.split: {spec.split!r} holds spaces, which datasets' split specs do not take; write "
+                        f"{joined!r}")  # fmt: skip
     if not isinstance(spec.streaming, bool):
         raise DataError(f"{where}.streaming: must be true or false, got {spec.streaming!r}")
     files = spec.data_files

@@ -168,6 +168,15 @@ def test_a_split_load_dataset_lacks_is_reported_under_the_split_key(tmp_path, js
         load_corpus(make_data_cfg(tmp_path, {"st": spec}), progress=False)
 
 
+def test_a_split_spec_with_spaces_is_refused_under_the_split_key_with_the_spec_to_write(tmp_path, jsonl_file):
+    """'train[:2] + train[3:5]' failed with datasets' "Split name should match ... but got ' train'", reported under
+    the source, not its split key, and not saying that the spaces were the trouble."""
+    spec = {"kind": "hf", "path": str(jsonl_file), "text_field": "story", "split": "train[:2] + train[3:5]"}
+    with pytest.raises(DataError, match=r"^data\.sources\.st\.split: 'train\[:2\] \+ train\[3:5\]' holds spaces, "
+                                        r"which datasets' split specs do not take; write 'train\[:2\]\+train\[3:5\]'$"):
+        load_corpus(make_data_cfg(tmp_path, {"st": spec}), progress=False)
+
+
 def test_a_streamed_slice_is_refused_naming_split_and_max_docs(tmp_path, jsonl_file):
     """datasets cannot stream a slice: its "Bad split: train[:5]" came under data.sources.st alone; the error names
     the split key and the way to a quick run (max_docs), and the split's name alone streams."""
