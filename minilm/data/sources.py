@@ -491,14 +491,25 @@ def _check_data_files_match(spec: HfSource, where: str) -> None:
     ends a glob that matches nothing with a bare StopIteration, reported as "no records (an empty file?)"."""
     if spec.path not in RECORD_BUILDERS + ("text",) and not Path(spec.path).is_dir():
         return
-    df = spec.data_files
-    bases = [Path(".")] + ([Path(spec.path)] if Path(spec.path).is_dir() else [])
-    for pattern in (p for v in (df.values() if isinstance(df, dict) else [df]) for p in _as_list(v)):
+    for pattern in _data_file_patterns(spec.data_files):
         if "://" in pattern:  # a remote file (https://, hf://, s3://): datasets reaches it through fsspec
             continue
-        if not any(os.path.isfile(m) for base in bases for m in _glob(os.path.join(base, os.path.expanduser(pattern)))):
+        if not any(os.path.isfile(m) for m in _local_matches(spec, pattern)):
             raise DataError(f"{where}.data_files: {pattern!r} matches no file (cwd: {os.getcwd()}"
-                            + (f"; nor under {spec.path}" if len(bases) > 1 else "") + ")")
+                            + (f"; nor under {spec.path}" if Path(spec.path).is_dir() else "") + ")")
+
+
+def _data_file_patterns(data_files: Any) -> List[str]:
+    """``data_files`` (a file or glob, a list, a ``{split: ...}`` mapping of them) as one list of its patterns."""
+    listed = data_files.values() if isinstance(data_files, dict) else [data_files]
+    return [p for v in listed for p in _as_list(v)]
+
+
+def _local_matches(spec: HfSource, pattern: str) -> List[str]:
+    """The local files a ``data_files`` pattern names, as datasets takes it: relative to the working directory, and
+    to ``path`` when that is a local directory (each one's matches sorted)."""
+    bases = [Path(".")] + ([Path(spec.path)] if Path(spec.path).is_dir() else [])
+    return [m for base in bases for m in sorted(_glob(os.path.join(base, os.path.expanduser(str(pattern)))))]
 
 
 def _hf_local_files(spec: HfSource, data_files_only: bool = False) -> List[Path]:
@@ -507,12 +518,8 @@ def _hf_local_files(spec: HfSource, data_files_only: bool = False) -> List[Path]
     takes them (relative to the working directory, or to ``path`` when that is a local directory). Patterns are
     expanded here: hashing the pattern alone would keep a stale cache when a file it matches is added or edited.
     ``data_files_only``: the files ``data_files`` names alone (those datasets reads, where ``path`` is a directory)."""
-    df = spec.data_files
-    patterns = [p for v in (df.values() if isinstance(df, dict) else [df]) for p in _as_list(v)]
-    bases = [Path(".")] + ([Path(spec.path)] if Path(spec.path).is_dir() else [])
     found = [] if data_files_only else [Path(spec.path)]
-    found += [Path(m) for pat in patterns for base in bases
-              for m in sorted(_glob(os.path.join(base, os.path.expanduser(str(pat)))))]  # fmt: skip
+    found += [Path(m) for pat in _data_file_patterns(spec.data_files) for m in _local_matches(spec, pat)]
     # a local directory (save_to_disk, or data files of a builder) by the files in it: rewriting a shard in place
     # does not change the directory's own mtime
     files = [f for p in found for f in (sorted(x for x in p.rglob("*") if x.is_file()) if p.is_dir() else [p])]
@@ -908,8 +915,7 @@ def _bad_file_hint(path: str, data_files: Any) -> str:
     base = path if Path(path).is_dir() else "."
     if data_files is None and base == ".":
         return ""
-    listed = data_files.values() if isinstance(data_files, dict) else [data_files]
-    patterns = [f for v in listed for f in _as_list(v)] if data_files is not None else ["**/*"]
+    patterns = _data_file_patterns(data_files) if data_files is not None else ["**/*"]
     for pattern in patterns:
         for m in sorted(glob.glob(os.path.join(base, pattern), recursive=True)):  # (a file's pattern is escaped)
             f = Path(m)
@@ -930,8 +936,7 @@ def _builder_hint(path: str, data_files: Any) -> str:
     if path not in RECORD_BUILDERS:
         return ""
     formats, _ = _datasets_formats()
-    listed = data_files.values() if isinstance(data_files, dict) else [data_files]
-    for f in (f for v in listed for f in _as_list(v)):
+    for f in _data_file_patterns(data_files):
         fmt = _file_format(Path(Path(str(f)).name), formats, set())
         if fmt in RECORD_BUILDERS and fmt != path:
             return (f"; {f} is a {fmt} file by its suffix, which path: {path} reads with datasets' {path} builder: "
