@@ -55,10 +55,6 @@ def supports(rotary: Any) -> bool:
     return issubclass(cls, Rope) and cls.rotate is Rope.rotate
 
 
-def _length(k_pos: Tensor) -> Tensor:
-    return current_length(k_pos)  # the current length, as Rope.tables reads it: a 0-d tensor (no host sync)
-
-
 def _rot(x: Tensor, rotary: Rope, positions: Tensor, seq_len: Tensor) -> Tensor:
     """x (B, H, N, Dh) rotated at ``positions`` (1 or B, N) by the layer's own rotary module."""
     if not rotary.rotates:
@@ -151,7 +147,7 @@ class _Merged(Extension):
     function of its own query, and the current length is read from all the keys before the blocks."""
 
     def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
-        n = _length(k_pos)
+        n = current_length(k_pos)
 
         def block(q, k, v, rotary, q_pos, k_pos, mask):
             return _softmax_attend(self.logits(q, k, rotary, q_pos, k_pos, n), v, mask, q.dtype)
@@ -186,7 +182,7 @@ class LogN(Extension):
     Params = LognParams
 
     def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
-        n = _length(k_pos)
+        n = current_length(k_pos)
         scale = (torch.log(q_pos.float() + 1) / math.log(self.params.train_len)).clamp(min=1.0)  # (B|1, T)
         q = q * scale[:, None, :, None].to(q.dtype)
         q, k = _rot(q, rotary, q_pos, n), _rot(k, rotary, k_pos, n)
@@ -354,7 +350,7 @@ class RopeScaling(Extension):
         return apply_rotary(x, cos, sin, rotary.layout)
 
     def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
-        n = _length(k_pos)
+        n = current_length(k_pos)
         q, k = self._rot(q, rotary, q_pos, n), self._rot(k, rotary, k_pos, n)
         return _sdpa(q, k, v, rotary.softmax_scale(q.shape[-1]), mask)
 
