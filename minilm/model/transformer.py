@@ -57,6 +57,13 @@ def position_dims(cfg, layer: int) -> PositionDims:
     return PositionDims(cfg.d_model, cfg.n_heads, kv, head_dim(cfg), cfg.n_layers, layer, init_std=cfg.init_std)
 
 
+def _check_per_token(name: str, t: Tensor, B: int, T: int) -> None:
+    """A tensor of one value per input token, (1, T) or (B, T) for input ids of shape (B, T)."""
+    if t.dim() != 2 or t.shape[1] != T or t.shape[0] not in (1, B):
+        raise MinilmError(f"{name}: must have shape (1, T) or (B, T) for input ids of shape (B, T) = ({B}, {T}), got "
+                          f"{tuple(t.shape)}")
+
+
 def position_hooks(cfg) -> list:
     """The position hook objects a GPT of ``cfg`` holds (the embedding side's, then one per block), built alone,
     without the model's weights: a run checks its phases' lengths against their limits with them before it prepares
@@ -122,17 +129,13 @@ class GPT(nn.Module):
         offset = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(offset, offset + T, device=idx.device).unsqueeze(0)  # (1, T)
-        elif positions.dim() != 2 or positions.shape[1] != T or positions.shape[0] not in (1, B):
-            # a (B, 1) tensor broadcast every token to one position without a word; others were torch shape errors
-            raise MinilmError(f"positions: must have shape (1, T) or (B, T) for input ids of shape (B, T) = "
-                              f"({B}, {T}), got {tuple(positions.shape)}")  # fmt: skip
-        elif positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
-            # (RoPE and ALiBi took 2.5 as a position between two, a learned table failed with an IndexError)
-            raise MinilmError(f"positions: must be integers (token indices), got {positions.dtype} values")
-        if doc_ids is not None and (doc_ids.dim() != 2 or doc_ids.shape[1] != T or doc_ids.shape[0] not in (1, B)):
-            # (B, 1) put every token of a row in one document: no document mask, without a word
-            raise MinilmError(f"doc_ids: must have shape (1, T) or (B, T) for input ids of shape (B, T) = "
-                              f"({B}, {T}), got {tuple(doc_ids.shape)}")  # fmt: skip
+        else:  # (B, 1) positions put every token at one position, doc_ids in one document, without a word
+            _check_per_token("positions", positions, B, T)
+            if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
+                # (RoPE and ALiBi took 2.5 as a position between two, a learned table failed with an IndexError)
+                raise MinilmError(f"positions: must be integers (token indices), got {positions.dtype} values")
+        if doc_ids is not None:
+            _check_per_token("doc_ids", doc_ids, B, T)
         k_doc = doc_ids if cache is None or doc_ids is None else cache.update_docs(doc_ids)
         mask = AttentionMask(offset=offset, q_doc=doc_ids, k_doc=k_doc)
         x = self.tok_emb(idx)  # (B, T, D)
