@@ -753,25 +753,30 @@ def _clear_phase_error(out_dir: Path, phase_dir: Path) -> None:
         (out_dir / PHASE_ERROR).unlink(missing_ok=True)
 
 
+def _check_out(out, flag: str) -> None:
+    """An evaluation's given output directory: not empty (it took the default folder), no unexpanded '~', not a run's
+    or a phase's own directory."""
+    from minilm.cli import check_home_expanded
+
+    if not str(out).strip():
+        raise ConfigError(f"{flag}: empty; give an output directory, or leave {flag} out for RUN/PHASE/eval[-METHOD]/")
+    check_home_expanded(out, flag)
+    if any((Path(out) / f).is_file() for f in ("config.yaml", "complete.json")):
+        # its files beside the run's, its scalars in the run's own tb/ (OUT/tb), and a run directory's results.json
+        # then stood for the run's evaluation in compare_runs.py (find_results), in place of its last phase's
+        raise ConfigError(f"{flag}: {out} is a minilm run or phase directory (it holds config.yaml); the evaluation's "
+                          "results.json, report.md, figures and tb/ would be mixed with the run's files: give another "
+                          f"directory, or leave {flag} out for RUN/PHASE/eval[-METHOD]/")  # fmt: skip
+
+
 def _check_given(given: Mapping[str, Any], names: Mapping[str, str]) -> None:
     """What ``evaluate_run`` was given that is wrong whatever the run, refused before the run is loaded (its weights
     and config, seconds to minutes): the settings by ``EvalSettings.validate`` with the others at their defaults,
     which pass it (what depends on the run, a stride against the config's lengths, is checked again with it), an
     empty ``out`` (it took the default folder) and ``none``'s parameters."""
     EvalSettings(**EvalSettings.fields_of({k: v for k, v in given.items() if v is not None})).validate(names=names)
-    flag = names.get("out", "out")
-    if given["out"] is not None and not str(given["out"]).strip():
-        raise ConfigError(f"{flag}: empty; give an output directory, or leave {flag} out for RUN/PHASE/eval[-METHOD]/")
     if given["out"] is not None:
-        from minilm.cli import check_home_expanded
-
-        check_home_expanded(given["out"], flag)
-    if given["out"] is not None and any((Path(given["out"]) / f).is_file() for f in ("config.yaml", "complete.json")):
-        # its files beside the run's, its scalars in the run's own tb/ (OUT/tb), and a run directory's results.json
-        # then stood for the run's evaluation in compare_runs.py (find_results), in place of its last phase's
-        raise ConfigError(f"{flag}: {given['out']} is a minilm run or phase directory (it holds config.yaml); the "
-                          "evaluation's results.json, report.md, figures and tb/ would be mixed with the run's files: "
-                          f"give another directory, or leave {flag} out for RUN/PHASE/eval[-METHOD]/")  # fmt: skip
+        _check_out(given["out"], names.get("out", "out"))
     _check_plain(given["extension"] or {}, f"extension {NO_EXTENSION!r}")
 
 
