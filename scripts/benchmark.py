@@ -824,13 +824,14 @@ def measure_all(args, base, device, amps: dict, do_compile, peak_flops, report: 
 def run(args) -> dict:
     """Measure, writing the report after every (encoding, length); ``report["complete"]`` is True at the end."""
     base = load_config(args.config, args.overrides)
-    measured = list(dict.fromkeys(enc for enc, _ in plan(args, base)))
+    planned = plan(args, base)
+    measured = list(dict.fromkeys(enc for enc, _ in planned))
     if args.peer and "rope" not in measured:  # (measured without a word of the peer, it was silently left out)
         raise MinilmError(f"--peer: the peer (LlamaForCausalLM) is compared with minilm's rope encoding only, and this "
                           f"run measures {', '.join(measured)}: add rope to --encodings, or drop --peer")
     device, precisions, amps, do_compile, peak = _setup(args, base)
     now = datetime.datetime.now(datetime.timezone.utc)
-    report = new_report(args, base, device, precisions["minilm"], do_compile, now, len(plan(args, base)))
+    report = new_report(args, base, device, precisions["minilm"], do_compile, now, len(planned))
     report.update(
         transformers=package_version("transformers"),
         repeats=args.repeats,
