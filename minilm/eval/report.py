@@ -174,8 +174,30 @@ def load_results(path: Path) -> dict:
 
 def _title(results: dict, title: str) -> str:
     """``title`` and, below it, which run and phase (and extension) it shows — results' label: every figure of a
-    study's runs was titled alike ('Per-position loss'), so two opened side by side could not be told apart."""
-    return title + (f"\n{results['label']}" if results.get("label") else "")  # (a long label fits on a line of its own)
+    study's runs was titled alike ('Per-position loss'), so two opened side by side could not be told apart — and
+    the extension's parameters, which the label does not name (``+ rerope``): two figures of one method with other
+    parameters (``--out``) were titled alike."""
+    label = [results["label"]] if results.get("label") else []  # (a long label fits on a line of its own)
+    return "\n".join([title, *label, *_extension_lines(results)])
+
+
+FIGURE_LINE_CHARS = 60  # the extension's parameters in a figure's title are wrapped at this many characters
+
+
+def _extension_lines(results: dict) -> list[str]:
+    """The parameters of the extension an evaluation applied (results' ``extension`` as applied, filled-in values
+    included), ``key=value, ...`` in lines of up to ``FIGURE_LINE_CHARS``; a list (longrope's factors) as its length."""
+    ext = results.get("extension") or {}
+    lines: list[str] = []
+    for k, v in ext.items():
+        if k == "name":
+            continue
+        item = f"{k}={f'[{len(v)} values]' if isinstance(v, list) else v}"
+        if lines and len(lines[-1]) + 2 + len(item) <= FIGURE_LINE_CHARS:  # one parameter is never cut in two
+            lines[-1] += f", {item}"
+        else:
+            lines.append(item)
+    return lines
 
 
 def _train_len_line(ax, n: int, shown: Sequence[float], ls: str = "--") -> None:
@@ -279,7 +301,8 @@ def _heatmap_figure(results: dict, task: str):
                 data[i, j] = v
     # wide enough for the title and the axis label whatever the lengths: with two (1.2 + 0.9 * 2 inches) both were cut;
     # and for the run's label under the title (~0.09 inch a character)
-    width = max(4.0, 1.2 + 0.9 * len(lengths), 1.6 + 0.09 * len(results.get("label") or ""))
+    title_chars = max(map(len, [results.get("label") or "", *_extension_lines(results)]))
+    width = max(4.0, 1.2 + 0.9 * len(lengths), 1.6 + 0.09 * title_chars)
     fig, ax = plt.subplots(figsize=(width, 1.6 + 0.55 * max(len(depths), 2)))
     import matplotlib
 

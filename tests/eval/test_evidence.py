@@ -121,6 +121,27 @@ def test_one_prompt_is_one_prompt_and_every_title_and_axis_label_fits_its_figure
     assert " 1 prompts" not in report
 
 
+@pytest.mark.parametrize("extension,said", [
+    ({"name": "dca", "chunk_size": 48, "local_window": 4}, ["chunk_size=48, local_window=4"]),
+    ({"name": "rope_scaling", "rope_type": "longrope", "factor": 4, "original_max_position_embeddings": 256,
+      "short_factor": [1.0] * 32, "long_factor": [2.0] * 32, "attention_factor": 1.2},
+     ["rope_type=longrope", "short_factor=[32 values]", "attention_factor=1.2"]),
+])  # fmt: skip
+def test_every_figure_names_the_extension_parameters(extension, said):
+    """The figures' titles named the method alone (the label, "r/p + dca"): two evaluations of one method with other
+    parameters (--out) drew figures titled alike. Its parameters are under the label, and fit the figure."""
+    from minilm.eval.report import _heatmap_figure, _position_figure, _ppl_figure, _retrieval_figure
+
+    res = _retrieval_results({"64": 1.0, "128": 0.5})
+    res.update(label=f"r/p + {extension['name']}", extension=extension, ppl={"64": 30.0, "128": 40.0})
+    for fig in (_heatmap_figure(res, "passkey"), _ppl_figure(res), _position_figure(res), _retrieval_figure(res)):
+        fig.canvas.draw()
+        title = fig.axes[0].title
+        assert all(words in title.get_text() for words in said), title.get_text()
+        box = title.get_window_extent()
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and 0 <= box.y0 and box.y1 <= fig.bbox.y1, title.get_text()
+
+
 class _SmallMemory(torch.nn.Module):
     """A model that runs out of (GPU) memory on more than ``most`` sequences per forward, else is ``model``."""
 
