@@ -121,7 +121,8 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 def out_of_memory(e: BaseException, phase: str, step: int, device: str) -> MinilmError:
     """The error a phase that ran out of memory ends with: where, torch's own first line, and what a resumed run
-    may change (the settings that save memory with the same loss and gradients: README, "Resume")."""
+    may change (the settings that save memory with the same loss and gradients: docs/runs.md, "Interrupt and
+    resume")."""
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return MinilmError(
         f"phase '{phase}' ran out of memory on {device} at step {step} ({first}); continue with --resume and "
