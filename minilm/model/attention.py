@@ -282,18 +282,33 @@ class _CpuMatmulAttention(torch.autograd.Function):
 # cache. Exact: each query's softmax, and each term of these encodings, is a function of its own row. On the 2-core
 # development machine (AMD EPYC, torch 2.13, fp32, the tiny config's attention core, forward + backward at T 2048)
 # T5 453 -> 137 ms, KERPLE 654 -> 140, FIRE 2151 -> 627, ALiBi 187 -> 119 (docs/performance.md); blocks of 128
-# were within ~20 % of the best of 32..512 at every length measured. CPU only: not measured on a GPU, where these
-# rungs are FlexAttention's fallbacks.
+# were within ~20 % of the best of 32..512 at every length measured. Not measured on a GPU, where these rungs are
+# FlexAttention's fallbacks: there they run as one call while a (B, H, T, S) fp32 score matrix stays under
+# QUERY_BLOCK_BYTES, and in blocks past it, so that memory, not speed, decides (an evaluation at 32K tokens with a
+# training-free method built two or three such matrices of 48 GB each at 12 heads).
 CPU_QUERY_BLOCK = 128  # on CPU, queries per block of the bias and reference rungs
+QUERY_BLOCK_BYTES = 1 << 30  # elsewhere, the most bytes of fp32 scores (B, H, block, S) one block holds
+
+
+def query_block(q: Tensor, k: Tensor) -> int:
+    """The queries per block of ``in_query_blocks`` for q (B, H, T, Dh) against k (., ., S, Dh): ``CPU_QUERY_BLOCK``
+    on CPU; elsewhere all T while B · H · T · S fp32 scores fit in ``QUERY_BLOCK_BYTES``, else the most that fit,
+    in multiples of ``CPU_QUERY_BLOCK`` (one such block at the least)."""
+    T, S = q.shape[2], k.shape[2]
+    if q.device.type == "cpu":
+        return CPU_QUERY_BLOCK
+    rows = QUERY_BLOCK_BYTES // max(4 * q.shape[0] * q.shape[1] * S, 1)
+    return T if rows >= T else max(CPU_QUERY_BLOCK, rows - rows % CPU_QUERY_BLOCK)
 
 
 def in_query_blocks(attend, q, k, v, pos, q_pos, k_pos, mask: AttentionMask) -> Tensor:
-    """``attend(q, k, v, pos, q_pos, k_pos, mask)`` on CPU over blocks of ``CPU_QUERY_BLOCK`` queries, each against
-    the keys 0..s1−1 its last query can see (s1 = offset + its end); in one call elsewhere and for fewer queries.
-    For an attention whose every output row depends on its own row of the scores only (softmax, a bias of
-    (b, h, i, j), CoPE's cumulative sum over a row's keys, Shaw's value term): not for a score that mixes rows."""
+    """``attend(q, k, v, pos, q_pos, k_pos, mask)`` over blocks of ``query_block`` queries (on CPU 128; elsewhere one
+    call unless the scores would pass ``QUERY_BLOCK_BYTES``), each against the keys 0..s1−1 its last query can see
+    (s1 = offset + its end). For an attention whose every output row depends on its own row of the scores only
+    (softmax, a bias of (b, h, i, j), CoPE's cumulative sum over a row's keys, Shaw's value term): not for a score
+    that mixes rows."""
     T, S = q.shape[2], k.shape[2]
-    block = CPU_QUERY_BLOCK if q.device.type == "cpu" else T
+    block = query_block(q, k)
     if T <= block:
         return attend(q, k, v, pos, q_pos, k_pos, mask)
     out = []

@@ -142,9 +142,10 @@ class Extension:
 
 class _Merged(Extension):
     """A method that picks each logit from one of a few region matrices (``logits``), then takes one masked softmax:
-    on CPU in blocks of queries, each against the keys up to its last query (``in_query_blocks``), so no
-    (B, H, T, S) matrix is whole at once (four of them at 8K tokens and 4 heads would be 4 GB). Each row is a
-    function of its own query, and the current length is read from all the keys before the blocks."""
+    in blocks of queries, each against the keys up to its last query (``in_query_blocks``: 128 on CPU, elsewhere as
+    many as keep a block's fp32 logits within 1 GiB), so no large (B, H, T, S) matrix is whole at once (four of them
+    at 8K tokens and 4 heads would be 4 GB). Each row is a function of its own query, and the current length is read
+    from all the keys before the blocks."""
 
     def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
         n = current_length(k_pos)

@@ -205,3 +205,27 @@ def test_cpu_matmul_attention_backward_inside_autocast():
             out.float().square().sum().backward()
         grads.append([t.grad for t in (q, k, v)])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+@pytest.mark.parametrize("B, H, T, blocks", [(16, 12, 1024, 1), (1, 12, 32768, 52), (2, 4, 4096, 1)])
+def test_off_cpu_query_blocks_bound_the_scores_not_the_length(B, H, T, blocks):
+    """Off CPU the bias and reference rungs and the training-free methods ran ``in_query_blocks`` as one call at any
+    length: an evaluation at 32K tokens with ReRoPE, Self-Extend or DCA (or CoPE) built (B, H, T, S) fp32 matrices of
+    48 GB each at 12 heads. They still take one call while the scores fit in ``QUERY_BLOCK_BYTES`` (a training step
+    at 1K, batch 16), and past it blocks of a multiple of 128 queries, each against the keys it can see, that hold
+    no more than that. Shapes only, on the meta device (which is not CPU)."""
+    seen = []
+
+    def attend(q, k, v, pos, q_pos, k_pos, mask):
+        seen.append((q.shape[2], k.shape[2], mask.offset))
+        return torch.empty(q.shape[:3] + (v.shape[-1],), device=q.device)
+
+    q = torch.empty(B, H, T, 8, device="meta")
+    k = v = torch.empty(B, H // 2, T, 8, device="meta")
+    pos = torch.arange(T, device="meta")[None]
+    out = attention.in_query_blocks(attend, q, k, v, None, pos, pos, AttentionMask())
+    assert out.shape == (B, H, T, 8) and len(seen) == blocks
+    assert sum(t for t, _, _ in seen) == T
+    for t, s, offset in seen:
+        assert s == offset + t  # against the keys up to the block's last query
+        assert blocks == 1 or (4 * B * H * t * s <= attention.QUERY_BLOCK_BYTES and t % 128 in (0, T % 128))
