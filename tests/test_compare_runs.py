@@ -142,6 +142,32 @@ def test_the_legend_of_compare_png_lies_outside_every_panel(tmp_path, monkeypatc
     assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
 
 
+def test_each_run_has_one_colour_in_every_panel_and_a_legend_entry(tmp_path, monkeypatch):
+    """A panel took the colours of its own lines in turn: where the first run had no needle scores, the second run's
+    needle line was drawn in the first run's colour, which the legend gave the first run; and a run without
+    perplexity (retrieval alone) had no legend entry at all."""
+    import matplotlib.pyplot as plt
+
+    from minilm.eval import compare
+
+    base = {"lengths": [64, 128], "train_seq_len": 64, "position": {"name": "rope"}}
+    runs = [{**base, "run": "a", "ppl": {"64": 5.0, "128": 6.0}},
+            {**base, "run": "b", "ppl": {"64": 5.5, "128": 6.5}, "needle": {"64": 0.5, "128": 0.25}},
+            {**base, "run": "c", "needle": {"64": 1.0, "128": 0.75}}]  # fmt: skip
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    compare(runs, ["a/p", "b/p", "c/p"], tmp_path / "cmp")
+    fig = closed[0]
+    legend = fig.axes[-1].get_legend()
+    named = {t.get_text(): (h.get_color(), h.get_marker()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    assert {"a/p", "b/p", "c/p"} <= set(named)
+    assert len({named[label] for label in ("a/p", "b/p", "c/p")}) == 3
+    for ax in fig.axes:
+        for line in ax.get_lines():
+            if line.get_label() in named:
+                assert (line.get_color(), line.get_marker()) == named[line.get_label()], (ax.get_title(), line)
+
+
 def test_evaluations_made_with_different_settings_are_named_in_a_warning(tmp_path, capsys):
     """results.json did not record batches / batch_tokens (nor run.seed, stride, needles): two runs evaluated with
     --batches 4 and --batches 1 were overlaid as if measured alike. Each differing setting is now named with its

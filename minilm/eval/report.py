@@ -633,12 +633,15 @@ def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[st
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 4), squeeze=False)
     train_lens = sorted({r.get("train_seq_len") for r in runs if r.get("train_seq_len")})
     every = [L for key in panels for r in runs for L in _lengths(r, key)]  # the legend's note: of every panel
+    # each run's colour and marker, the same in every panel: a panel takes the colours of its own lines in turn, so
+    # where the first run had no needle scores the second run's needle line was drawn in the first run's colour
+    styles = [_run_style(i) for i in range(len(runs))]
     train = []
     for ax, key in zip(axes[0], panels):
-        for r, label in zip(runs, labels):
+        for r, label, style in zip(runs, labels, styles):
             xs = _lengths(r, key)
             if xs:
-                ax.plot(xs, [r[key][str(x)] for x in xs], "o-", label=label)
+                ax.plot(xs, [r[key][str(x)] for x in xs], ls="-", label=label, **style)
         shown = [L for r in runs for L in _lengths(r, key)]
         for i, n in enumerate(train_lens):  # named in the legend: with several, which run was trained where
             who = [lb for r, lb in zip(runs, labels) if r.get("train_seq_len") == n]
@@ -656,14 +659,24 @@ def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[st
         ax.set_xlabel("context length (tokens)")
         ax.set_title(key)
         ax.grid(alpha=0.3, which="both")
-    # one legend for every panel (each draws the runs in the same colours), right of the last one, outside the
-    # axes: inside the first panel it covered the curves it names
-    handles, _ = axes[0][0].get_legend_handles_labels()
+    # one legend for every panel (each draws the runs in the same styles), right of the last one, outside the
+    # axes: inside the first panel it covered the curves it names. Every run's entry, also of a run the first panel
+    # has no line of (one evaluated on retrieval alone)
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], ls="-", label=label, **style) for label, style in zip(labels, styles)]
     axes[0][-1].legend(handles=handles + train, fontsize=8, loc="upper left", bbox_to_anchor=(1.03, 1.0),
                        borderaxespad=0)
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png", bbox_inches="tight"))
     plt.close(fig)
+
+
+def _run_style(i: int) -> dict:
+    """The colour and marker of the ``i``-th run of a comparison: the colour cycle's, and past its colours (a study's
+    folder gives one run per variant and seed) another marker, so no two of the first 50 runs look alike."""
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    return {"color": colours[i % len(colours)], "marker": "os^Dv"[i // len(colours) % 5]}
 
 
 def _compare_table(runs: Sequence[dict], labels: Sequence[str], panels: list[str], figure: str) -> str:
