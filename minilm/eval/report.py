@@ -422,10 +422,11 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
           if "started_from" in results else []),  # (results.json of an older minilm does not record it)
         f"- position: `{json.dumps(results.get('position'))}`, trained at length {results.get('train_seq_len')}",
         f"- extension at evaluation: `{json.dumps(ext) if ext else 'none'}`",
-        f"- tasks: {', '.join(results.get('tasks', []))}; depths: {results.get('depths')}; "
-        f"{plural(results.get('samples'), 'sample')} per retrieval cell",
+        f"- tasks: {', '.join(results.get('tasks', []))}",
     ]
     tasks = set(results.get("tasks", []))
+    if tasks & set(RETRIEVAL):  # (the prompts' depths and count: of no perplexity-only evaluation)
+        lines[-1] += f"; depths: {results.get('depths')}; {plural(results.get('samples'), 'sample')} per retrieval cell"
     measured = tasks | ({"ppl_sliding"} if "ppl" in tasks and results.get("sliding", True) else set())
     recorded = [key for key, (metrics, _, _) in SETTINGS_READ_BY.items()  # those of a metric measured (not needles
                 if key not in ("samples", "depths") and key in results and measured & set(metrics)]  # without needle)
@@ -453,10 +454,15 @@ def _summary_lines(results: dict) -> list[str]:
                  for c in cols]  # fmt: skip
         lines.append(f"| {L} | " + " | ".join(cells) + " |")
     counts = _prompt_counts(results, [c for c in cols if c in RETRIEVAL])
-    lines += ["", "ppl: non-overlapping windows; ppl_sliding: sliding windows (after a document's first "
-              "window, every scored token has at least L − stride tokens of context); retrieval: exact-match "
-              "accuracy of greedy decoding" + (f" over n prompts per length ({counts}), in brackets its 95 % "
-                                               "Wilson interval" if counts else "") + ".", ""]  # fmt: skip
+    # what the columns shown mean (a perplexity-only evaluation's note explained retrieval, and one without
+    # sliding windows, or without perplexity at all, explained ppl_sliding)
+    notes = {"ppl": "ppl: non-overlapping windows",
+             "ppl_sliding": "ppl_sliding: sliding windows (after a document's first window, every scored token has "
+                            "at least L − stride tokens of context)",
+             "retrieval": "retrieval: exact-match accuracy of greedy decoding" + (
+                 f" over n prompts per length ({counts}), in brackets its 95 % Wilson interval" if counts else "")}
+    shown = [key for key in notes if key in cols or (key == "retrieval" and set(cols) & set(RETRIEVAL))]
+    lines += ["", "; ".join(notes[key] for key in shown) + ".", ""] if shown else [""]  # fmt: skip
     packed = _packed_lengths(results)
     if packed:  # (results.json said so in details only: the table showed them as any other length's)
         lines += [f"Perplexity at {', '.join(map(str, packed))}: no held-out document holds L + 1 tokens, so it was "

@@ -142,6 +142,20 @@ def test_every_figure_names_the_extension_parameters(extension, said):
         assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and 0 <= box.y0 and box.y1 <= fig.bbox.y1, title.get_text()
 
 
+def test_the_report_explains_the_columns_it_shows_and_the_settings_of_the_tasks_it_ran():
+    """A perplexity-only report explained retrieval accuracy and said how many prompts per depth it had not run; one
+    without sliding windows (--no-sliding), or of retrieval alone, explained a ppl_sliding column it did not have."""
+    from minilm.eval.report import markdown
+
+    base = {"lengths": [64], "depths": [0.0, 1.0], "samples": 3, "train_seq_len": 64}
+    ppl_only = markdown({**base, "tasks": ["ppl"], "sliding": False, "ppl": {"64": 30.0}}, {})
+    assert "ppl: non-overlapping windows" in ppl_only
+    assert "ppl_sliding" not in ppl_only and "retrieval" not in ppl_only and "depths" not in ppl_only
+    retrieval = markdown({**base, **_retrieval_results({"64": 0.5}, samples=3), "tasks": ["passkey"]}, {})
+    assert "retrieval: exact-match accuracy" in retrieval and "3 samples per retrieval cell" in retrieval
+    assert "ppl" not in retrieval.split("## Summary")[1]
+
+
 class _SmallMemory(torch.nn.Module):
     """A model that runs out of (GPU) memory on more than ``most`` sequences per forward, else is ``model``."""
 
