@@ -180,7 +180,7 @@ def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=Non
         + (f" per process ({pcfg.train.batch_size * world_size} in all)" if world_size > 1 else "")
         + f", lr {pcfg.optim.lr} ({pcfg.optim.decay}), "
         f"long_fraction {pcfg.data.long_fraction}, position {pos_desc}"
-        + (f" (reconfigured {len(changed)} layers)" if changed else "")
+        + (f" (reconfigured {plural(len(changed), 'layer')})" if changed else "")
         + (f"; starts from {started_from}" if started_from else "")
         + (f"; resumes at step {checkpoint_step(resumes)} of {phase_steps(pcfg)} from {resumes}" if resumes else "")
     )

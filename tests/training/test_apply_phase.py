@@ -42,6 +42,15 @@ def test_rope_base_and_scaling_change_every_layer_to_compute_rope(tmp_path):
     assert f"1 step of {batch} sequences per process ({2 * batch} in all), lr" in message, message
 
 
+def test_one_reconfigured_layer_is_one_layer(tmp_path):
+    """A one-layer model's extension phase said "(reconfigured 1 layers)"."""
+    cfg = _cfg(tmp_path, "phases:\n  a: {seq_len: 32, steps: 1}\n  b: {seq_len: 32, steps: 1, position: {base: 500.0}}\n",
+               "model.n_layers=1")  # fmt: skip
+    model = GPT(cfg.model, 64)
+    message = apply_phase(model, phase_config(cfg, "b"), "b", lambda m: None)
+    assert "(reconfigured 1 layer)" in message, message
+
+
 def test_unchanged_non_rotary_encoding_passes(tmp_path):
     cfg = _cfg(tmp_path, "model: {position: {name: alibi}}\nphases:\n  a: {steps: 1}\n  b: {seq_len: 64, steps: 1}\n")
     model = GPT(cfg.model, 64)
