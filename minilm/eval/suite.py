@@ -700,6 +700,12 @@ NO_EXTENSION = "none"  # --extension none: the plain model, without the config's
 PHASE_ERROR = "error.txt"  # what a failed end-of-phase evaluation leaves in RUN/PHASE/eval/
 
 
+def _extension_text(meta: Mapping[str, Any]) -> str:
+    """The end of an evaluation's first line: the extension as applied (the parameters taken from the training length
+    included), as the report records it; the line said nothing of it, so what ran was read only in the report."""
+    return f", with extension {json.dumps(meta['extension'])}" if meta.get("extension") else ""
+
+
 def _tb_prefix(extension: Mapping[str, Any]) -> str:
     return f"eval-{extension['name']}" if extension else "eval"
 
@@ -728,7 +734,8 @@ def _evaluate_phase(model, pcfg, phase_name: str, phase_dir: Path, global_step: 
     settings = EvalSettings.from_config(pcfg)
     data = eval_data(pcfg, phase_dir.parent)
     meta = _meta(pcfg, phase_dir.parent, phase_name, global_step, settings.extension, record=record)
-    log(f"phase '{phase_name}': evaluating at lengths {settings.lengths} ({', '.join(settings.tasks)})")
+    log(f"phase '{phase_name}': evaluating at lengths {settings.lengths} ({', '.join(settings.tasks)})"
+        + _extension_text(meta))
     target, undo = model, lambda: None
     if settings.extension:
         target, undo = apply_extension(model, pcfg.model, data.tokenizer.vocab_size, settings.extension,
@@ -839,8 +846,9 @@ def evaluate_run(
                                    names.get("extension"))  # fmt: skip
     out_dir = Path(out) if out else _run_out_dir(loaded, phase, extension)
     at = f"step {step}" + (f", step {loaded.step} of the phase" if mid_phase else "")
-    log(f"evaluating {loaded.weights} (phase {phase}, {at}) at lengths {settings.lengths} on {device}")
     meta = _meta(cfg, loaded.run_dir, phase, step, settings.extension, loaded.weights, loaded.step, loaded.record)
+    log(f"evaluating {loaded.weights} (phase {phase}, {at}) at lengths {settings.lengths} on {device}"
+        + _extension_text(meta))
     results = _evaluate_into(out_dir, model, data, settings, meta, log)
     figures = write_report(results, out_dir)
     _clear_phase_error(out_dir, loaded.run_dir / phase)

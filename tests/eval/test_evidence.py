@@ -31,6 +31,19 @@ def test_the_report_names_the_extension_parameters_taken_from_the_training_lengt
     assert f'"{key}": {value}' in (out / "report.md").read_text()
 
 
+def test_the_evaluation_s_first_line_names_the_extension_as_applied(fake_run, tmp_path):
+    """``--extension dynamic factor=2`` printed the same first line as the plain model's evaluation: which method ran,
+    and with which original length, was said only in the report written at the end."""
+    lines = []
+    quick = {**QUICK, "log": lines.append}
+    evaluate_run(fake_run, extension={"name": "dynamic", "factor": 2}, out=tmp_path / "ev", **quick)
+    assert lines[0].startswith("evaluating ")
+    assert 'with extension {"name": "dynamic", "factor": 2, "original_max_position_embeddings": 64}' in lines[0]
+    lines.clear()
+    evaluate_run(fake_run, out=tmp_path / "plain", **quick)
+    assert "extension" not in lines[0]
+
+
 def _retrieval_results(passkey: dict, samples: int = 2, depths=(0.0, 1.0)) -> dict:
     """A results dict as the suite writes it: passkey accuracy per length over samples × depths prompts."""
     n = samples * len(depths)
