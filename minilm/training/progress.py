@@ -75,6 +75,13 @@ class _RichBar(_Steps, _LastLoss, RichProgressBar):
 
 
 class _TqdmBar(_Steps, _LastLoss, TQDMProgressBar):
+    def get_metrics(self, trainer, pl_module) -> dict:
+        """Numbers with three decimals, as the rich bar writes them: Lightning's tqdm bar writes three significant
+        digits padded with zeros, so a loss of 7.5678 read 7.570 and one of 12.3456 read 12.30, and a loss falling
+        in its second decimal looked as if it stood still."""
+        metrics = super().get_metrics(trainer, pl_module)
+        return {k: f"{v:.3f}" if isinstance(v, float) else v for k, v in metrics.items()}
+
     def init_train_tqdm(self):
         """With its total: Lightning sets it when an epoch starts, which a resumed phase does not (it resumes within
         its one epoch), and the bar showed 'steps/?'."""

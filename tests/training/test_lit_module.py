@@ -703,6 +703,17 @@ def test_the_progress_bar_counts_optimizer_steps(tmp_path, kind):
     assert resumed.seen == [(1, 3)] * 3 + [(2, 3)] * 4 + [(3, 3)], resumed.seen
 
 
+def test_the_tqdm_bar_shows_the_loss_with_three_decimals():
+    """Lightning's tqdm bar writes three significant digits padded with zeros: a loss of 3.7012 read 3.700, one of
+    12.3456 read 12.30. It writes three decimals, as the rich bar does."""
+    from minilm.training import progress
+
+    bar = progress._TqdmBar()
+    logged = _fit(1, steps=2, log_every=1, callbacks=[bar])
+    loss = logged["train/loss"][-1][1]
+    assert f"loss={loss:.3f}" in bar.train_progress_bar.postfix, (loss, bar.train_progress_bar.postfix)
+
+
 @pytest.mark.parametrize("kind", ["rich", "tqdm"])
 def test_the_validation_bar_counts_validation_batches(kind):
     """The validation loader splits each of its train.val_batches batches into the step's micro-batches, and the
