@@ -34,12 +34,26 @@ FLAGS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperatur
          "top_p": "--top-p"}  # fmt: skip
 
 
+def check_text(text: str, flag: str) -> None:
+    """The prompt is UTF-8 text, which the tokenizer reads: bytes that are not (a Latin-1 file's, pasted as
+    --prompt "$(cat f)") reach Python as lone surrogates, and sentencepiece failed on them with a traceback
+    ('RuntimeError: Unable to cast Python instance of type <class 'str'> to C++ type')."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        what = f"byte 0x{ord(bad) - 0xDC00:02x}" if "\udc80" <= bad <= "\udcff" else f"U+{ord(bad):04X}"
+        raise MinilmError(f"{flag}: not UTF-8 text ({what} at character {e.start + 1}); give the text in UTF-8 "
+                          "(iconv -f latin1 -t utf-8 converts a Latin-1 file)") from None
+
+
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import extension_from_flag, resolve_device
     from minilm.model.generate import TextStream, cache_blockers, check_sampling, generate
     from minilm.runs import load_run
 
     one_run(args, "checkpoint", "generate.py RUN_DIR_OR_CHECKPOINT --prompt TEXT")
+    check_text(args.prompt, "--prompt")
     # --greedy ignores the sampling flags, as its help says: not used, so not checked either (a sampling command with
     # --greedy appended decodes by argmax, whatever values it carries)
     temperature, top_k, top_p = (1.0, None, None) if args.greedy else (args.temperature, args.top_k, args.top_p)

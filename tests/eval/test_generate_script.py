@@ -217,3 +217,15 @@ def test_an_encoding_without_kv_cache_is_one_warning_line(fake_run, monkeypatch,
     err = capsys.readouterr().err
     assert err.startswith("warning: CausalConv (") and "as --no-cache does" in err, err
     assert "UserWarning" not in err and err.count("\n") == 1
+
+
+def test_a_prompt_that_is_not_utf8_is_named(tmp_path, capsys):
+    """Bytes that are not UTF-8 in the command line (--prompt "$(cat latin1.txt)") reach Python as lone surrogates,
+    which sentencepiece refused with a RuntimeError traceback (exit 1): the flag is named, with the byte, before the run
+    is read."""
+    from minilm.cli import run_cli
+
+    gen = load_script("scripts/generate.py")
+    argv = [str(tmp_path / "no_run"), "--prompt", "caf\udce9 au lait", "--device", "cpu"]  # b"caf\xe9" as argv holds it
+    assert run_cli(gen.main, gen.parser(), argv) == 2
+    assert capsys.readouterr().err.startswith("error: --prompt: not UTF-8 text (byte 0xe9 at character 4); ")
