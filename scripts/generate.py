@@ -5,10 +5,10 @@
         [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0] [--greedy] [--phase NAME]
         [--extension METHOD key=value ...] [--no-cache] [--device cpu|cuda]
 
-RUN_DIR_OR_CHECKPOINT: a run directory (its final weights, or its newest finished phase), a phase directory, or a
-``model.safetensors`` inside either. ``--extension`` takes what scripts/evaluate.py's does: a training-free
-context-extension method (minilm.positions.training_free: logn, rerope, self_extend, dca, rope_scaling) or a RoPE
-scaling rope_type (linear, ntk, dynamic, yarn, ...) with its parameters, e.g.
+RUN_DIR_OR_CHECKPOINT: a run directory (its final weights, or its newest finished phase, said on stderr), a phase
+directory, or a ``model.safetensors`` inside either. ``--extension`` takes what scripts/evaluate.py's does: a
+training-free context-extension method (minilm.positions.training_free: logn, rerope, self_extend, dca, rope_scaling)
+or a RoPE scaling rope_type (linear, ntk, dynamic, yarn, ...) with its parameters, e.g.
 ``--extension self_extend group_size=4 window=256`` or ``--extension dynamic factor=4``;
 ``original_max_position_embeddings`` and logn's ``train_len`` default to the training length. The checkpoint may also
 come last, after the parameters (``--extension logn runs/tiny``): a last word that is not key=value is the checkpoint.
@@ -47,6 +47,22 @@ def check_text(text: str, flag: str) -> None:
                           "(iconv -f latin1 -t utf-8 converts a Latin-1 file)") from None
 
 
+def say_unfinished(run, given: str) -> None:
+    """A run directory whose last phase has not finished is decoded with its newest finished phase's weights and
+    config (minilm.runs.resolve_run), maybe a phase before the extension its user means to look at (the pretraining,
+    without its RoPE scaling): said on stderr, with the flag that picks a phase, instead of decoded silently. (A phase
+    directory, a weights file or --phase names the weights itself.)"""
+    from minilm.runs import run_phase_names
+
+    if run.phase is None or Path(given).resolve() != run.run_dir.resolve():
+        return
+    names = run_phase_names(run.run_dir)
+    unfinished = names[names.index(run.phase) + 1 :]
+    if unfinished:
+        print(f"warning: {run.run_dir} has not finished ({', '.join(unfinished)} to come): decoding with the weights "
+              f"of phase '{run.phase}', its newest finished one (--phase NAME picks a finished phase)", file=sys.stderr)
+
+
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import extension_from_flag, resolve_device
     from minilm.model.generate import TextStream, cache_blockers, check_sampling, generate
@@ -62,6 +78,8 @@ def main(args: argparse.Namespace) -> int:
     extension = extension_from_flag(args.extension)
     device = resolve_device(args.device, name="--device")
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
+    if args.phase is None:
+        say_unfinished(run, args.checkpoint)
     model = run.model
     if extension:  # as scripts/evaluate.py takes it: the same flag decodes with what it evaluated
         from minilm.eval import applied_extension, apply_extension

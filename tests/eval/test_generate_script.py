@@ -229,3 +229,26 @@ def test_a_prompt_that_is_not_utf8_is_named(tmp_path, capsys):
     argv = [str(tmp_path / "no_run"), "--prompt", "caf\udce9 au lait", "--device", "cpu"]  # b"caf\xe9" as argv holds it
     assert run_cli(gen.main, gen.parser(), argv) == 2
     assert capsys.readouterr().err.startswith("error: --prompt: not UTF-8 text (byte 0xe9 at character 4); ")
+
+
+def test_an_unfinished_run_says_which_phase_it_decodes_with(fake_run, capsys):
+    """A run whose last phase has not finished was decoded with an earlier phase's weights and config (its newest
+    finished one: the pretraining, without the extension's RoPE scaling) without a word; it is said on stderr, naming
+    the phase and the flag that picks one. A phase asked for by path or --phase is not warned about."""
+    from omegaconf import OmegaConf
+
+    from minilm.cli import run_cli
+
+    cfg = OmegaConf.load(fake_run / "config.yaml")
+    cfg.phases = {"train": {"steps": 3}, "extend": {"steps": 3, "seq_len": 256}}
+    (fake_run / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (fake_run / "model.safetensors").unlink()  # 'extend' has not finished: no final weights yet
+    gen = load_script("scripts/generate.py")
+    head = ["--prompt", "def f(x):", "--max-new-tokens", "3", "--greedy", "--device", "cpu"]
+    assert run_cli(gen.main, gen.parser(), [str(fake_run), *head]) == 0
+    err = capsys.readouterr().err
+    assert err == (f"warning: {fake_run} has not finished (extend to come): decoding with the weights of phase "
+                   "'train', its newest finished one (--phase NAME picks a finished phase)\n")
+    for argv in ([str(fake_run / "train"), *head], [str(fake_run), "--phase", "train", *head]):
+        assert run_cli(gen.main, gen.parser(), argv) == 0
+        assert capsys.readouterr().err == ""
