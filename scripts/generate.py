@@ -4,6 +4,7 @@
     python scripts/generate.py RUN_DIR_OR_CHECKPOINT --prompt "def main(" [--max-new-tokens 200]
         [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0] [--greedy] [--phase NAME]
         [--extension METHOD key=value ...] [--no-cache] [--device cpu|cuda]
+    python scripts/generate.py RUN_DIR_OR_CHECKPOINT --prompt-file FILE [...]   (FILE: - reads stdin)
 
 RUN_DIR_OR_CHECKPOINT: a run directory (its final weights, or its newest finished phase, said on stderr), a phase
 directory, or a ``model.safetensors`` inside either. ``--extension`` takes what scripts/evaluate.py's does: a
@@ -25,13 +26,33 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from minilm.cli import add_run_args, once_parser, one_run, run_cli  # noqa: E402
+from minilm.cli import add_run_args, check_home_expanded, once_parser, one_run, run_cli  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 
 
 # generate()'s arguments as this script's user gives them: its errors name the flags
 FLAGS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
          "top_p": "--top-p"}  # fmt: skip
+
+
+def read_prompt(args: argparse.Namespace) -> tuple[str, str]:
+    """(the prompt, the flag that gave it): --prompt TEXT, or --prompt-file FILE read as UTF-8 as it is (a trailing
+    newline included), ``-`` for stdin. A file takes a prompt longer than one command-line argument may be (Linux: 128
+    KiB, 'Argument list too long'), and text that the shell would have to quote."""
+    if args.prompt_file is None:
+        check_text(args.prompt, "--prompt")
+        return args.prompt, "--prompt"
+    flag = f"--prompt-file {args.prompt_file}"
+    check_home_expanded(args.prompt_file, "--prompt-file")
+    try:
+        data = sys.stdin.buffer.read() if args.prompt_file == "-" else Path(args.prompt_file).read_bytes()
+    except OSError as e:
+        raise MinilmError(f"{flag}: cannot be read ({e.strerror or e}); give a text file, or - for stdin") from None
+    try:
+        return data.decode("utf-8"), flag
+    except UnicodeDecodeError as e:
+        raise MinilmError(f"{flag}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); give the text in "
+                          "UTF-8 (iconv -f latin1 -t utf-8 converts a Latin-1 file)") from None
 
 
 def check_text(text: str, flag: str) -> None:
@@ -69,12 +90,13 @@ def main(args: argparse.Namespace) -> int:
     from minilm.runs import load_run
 
     one_run(args, "checkpoint", "generate.py RUN_DIR_OR_CHECKPOINT --prompt TEXT")
-    check_text(args.prompt, "--prompt")
+    prompt, prompt_flag = read_prompt(args)
+    names = {**FLAGS, "prompt": prompt_flag}  # generate()'s errors name the flag that gave the prompt
     # --greedy ignores the sampling flags, as its help says: not used, so not checked either (a sampling command with
     # --greedy appended decodes by argmax, whatever values it carries)
     temperature, top_k, top_p = (1.0, None, None) if args.greedy else (args.temperature, args.top_k, args.top_p)
     # bad flags before the run is loaded, each named as given here (generate() names its parameters: top_k)
-    check_sampling(args.max_new_tokens, temperature, top_k, top_p, names=FLAGS)
+    check_sampling(args.max_new_tokens, temperature, top_k, top_p, names=names)
     extension = extension_from_flag(args.extension)
     device = resolve_device(args.device, name="--device")
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
@@ -92,9 +114,9 @@ def main(args: argparse.Namespace) -> int:
             applied = applied_extension(extension, run.cfg.model, int(run.cfg.train.seq_len))
             words = [applied.pop("name")] + [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in applied.items()]
             print(f"[extension: {' '.join(words)}]", file=sys.stderr)
-    ids = run.tokenizer.encode(args.prompt)
+    ids = run.tokenizer.encode(prompt)
     if not ids:
-        raise MinilmError("--prompt: encodes to no tokens; give some text")
+        raise MinilmError(f"{prompt_flag}: encodes to no tokens; give some text")
     use_cache = not args.no_cache
     if use_cache and (blockers := cache_blockers(model)):  # said here in one line: generate()'s warning quoted source
         print(f"warning: {', '.join(blockers)} ({run.cfg.model.position.name}) cannot decode with a KV "
@@ -104,7 +126,7 @@ def main(args: argparse.Namespace) -> int:
     # printed as it is generated: the prompt with the first new token (after generate's checks of its arguments, so
     # bad input prints nothing), then each token's text; EOS, which ends decoding, is not printed
     stream = TextStream(run.tokenizer.decode)
-    pending = [args.prompt]
+    pending = [prompt]
 
     def show(nxt) -> None:
         text = "" if int(nxt[0]) == run.tokenizer.eos_id else stream.push(int(nxt[0]))
@@ -114,7 +136,7 @@ def main(args: argparse.Namespace) -> int:
 
     generate(
         model, ids, args.max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=args.greedy,
-        seed=args.seed, use_cache=use_cache, eos_id=run.tokenizer.eos_id, on_token=show, names=FLAGS,
+        seed=args.seed, use_cache=use_cache, eos_id=run.tokenizer.eos_id, on_token=show, names=names,
     )  # fmt: skip
     print("".join(pending) + stream.flush())
     return 0
@@ -122,10 +144,13 @@ def main(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = once_parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                    usage="%(prog)s RUN_DIR_OR_CHECKPOINT --prompt TEXT [options]   (or --run "
+                    usage="%(prog)s RUN_DIR_OR_CHECKPOINT --prompt TEXT | --prompt-file FILE [options]   (or --run "
                           "RUN_DIR_OR_CHECKPOINT)")  # fmt: skip
     add_run_args(p, "checkpoint", "RUN_DIR_OR_CHECKPOINT", "run directory, phase directory or model.safetensors")
-    p.add_argument("--prompt", required=True, help="the text to continue (printed first)")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="the text to continue (printed first)")
+    prompt.add_argument("--prompt-file", metavar="FILE",
+                        help="the same, read from FILE as UTF-8 as it is (a final newline included); - reads stdin")
     p.add_argument("--phase", help="a phase of the run (default: its final weights)")
     p.add_argument("--max-new-tokens", type=int, default=100, metavar="N",
                    help="tokens to generate at most; fewer when EOS comes first (default: 100)")

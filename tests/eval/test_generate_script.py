@@ -2,6 +2,8 @@
 
 import sys
 
+import pytest
+
 from tests.conftest import load_script
 
 
@@ -252,3 +254,34 @@ def test_an_unfinished_run_says_which_phase_it_decodes_with(fake_run, capsys):
     for argv in ([str(fake_run / "train"), *head], [str(fake_run), "--phase", "train", *head]):
         assert run_cli(gen.main, gen.parser(), argv) == 0
         assert capsys.readouterr().err == ""
+
+
+def test_the_prompt_may_come_from_a_file_or_stdin(fake_run, tmp_path, monkeypatch, capsys):
+    """--prompt alone took the text: a prompt longer than one command-line argument may be (Linux: 128 KiB), as a
+    long-context model's is, could not be given. --prompt-file FILE (- for stdin) reads it as UTF-8, as it is, and
+    decodes as --prompt does; an unreadable, non-UTF-8 or empty file is named."""
+    import io
+
+    from minilm.cli import run_cli
+
+    gen = load_script("scripts/generate.py")
+    text = "def main(x):\n    return é\n"
+    head = ["--max-new-tokens", "12", "--greedy", "--device", "cpu"]
+    assert run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt", text, *head]) == 0
+    given = capsys.readouterr()
+    (tmp_path / "p.txt").write_bytes(text.encode())
+    assert run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt-file", str(tmp_path / "p.txt"), *head]) == 0
+    assert capsys.readouterr() == given
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    assert run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt-file", "-", *head]) == 0
+    assert capsys.readouterr() == given
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    for name, said in (("none.txt", "cannot be read (No such file or directory)"),
+                       ("latin1.txt", "not UTF-8 text (byte 0xe9 at offset 3)"),
+                       ("empty.txt", "encodes to no tokens")):  # fmt: skip
+        assert run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt-file", str(tmp_path / name), *head]) == 2
+        assert capsys.readouterr().err.startswith(f"error: --prompt-file {tmp_path / name}: {said}")
+    with pytest.raises(SystemExit) as exited:  # (argparse's own error)
+        run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt", "x", "--prompt-file", "-", *head])
+    assert exited.value.code == 2 and "not allowed with argument --prompt" in capsys.readouterr().err
