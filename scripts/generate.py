@@ -2,7 +2,7 @@
 """Sample text from a trained run, with a KV cache.
 
     python scripts/generate.py RUN_DIR_OR_CHECKPOINT --prompt "def main(" [--max-new-tokens 200]
-        [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0] [--greedy] [--phase NAME]
+        [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0] [--num-samples N] [--greedy] [--phase NAME]
         [--extension METHOD key=value ...] [--no-cache] [--device cpu|cuda]
     python scripts/generate.py RUN_DIR_OR_CHECKPOINT --prompt-file FILE [...]   (FILE: - reads stdin)
 
@@ -55,6 +55,14 @@ def read_prompt(args: argparse.Namespace) -> tuple[str, str]:
                           "UTF-8 (iconv -f latin1 -t utf-8 converts a Latin-1 file)") from None
 
 
+def check_samples(n: int, greedy: bool) -> None:
+    if n < 1:
+        raise MinilmError(f"--num-samples: must be >= 1, got {n}")
+    if n > 1 and greedy:  # argmax decoding draws nothing: every sample would be the first
+        raise MinilmError(f"--num-samples {n}: greedy decoding (--greedy or --temperature 0) gives {n} identical "
+                          "samples; sample (a temperature > 0) or give one")
+
+
 def check_text(text: str, flag: str) -> None:
     """The prompt is UTF-8 text, which the tokenizer reads: bytes that are not (a Latin-1 file's, pasted as
     --prompt "$(cat f)") reach Python as lone surrogates, and sentencepiece failed on them with a traceback
@@ -97,6 +105,7 @@ def main(args: argparse.Namespace) -> int:
     temperature, top_k, top_p = (1.0, None, None) if args.greedy else (args.temperature, args.top_k, args.top_p)
     # bad flags before the run is loaded, each named as given here (generate() names its parameters: top_k)
     check_sampling(args.max_new_tokens, temperature, top_k, top_p, names=names)
+    check_samples(args.num_samples, args.greedy or temperature == 0)
     extension = extension_from_flag(args.extension)
     device = resolve_device(args.device, name="--device")
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
@@ -123,22 +132,26 @@ def main(args: argparse.Namespace) -> int:
               "cache; decoding without one, as --no-cache does (every step recomputes the whole sequence)",
               file=sys.stderr)  # fmt: skip
         use_cache = False
-    # printed as it is generated: the prompt with the first new token (after generate's checks of its arguments, so
-    # bad input prints nothing), then each token's text; EOS, which ends decoding, is not printed
-    stream = TextStream(run.tokenizer.decode)
-    pending = [prompt]
+    for i in range(args.num_samples):  # one after another, each streamed; sample i is what --seed SEED+i gives alone
+        seed = None if args.seed is None else args.seed + i
+        header = ([f"--- sample {i + 1}/{args.num_samples}" + ("" if seed is None else f" (--seed {seed})") + " ---\n"]
+                  if args.num_samples > 1 else [])  # fmt: skip
+        # printed as it is generated: the prompt with the first new token (after generate's checks of its arguments,
+        # so bad input prints nothing), then each token's text; EOS, which ends decoding, is not printed
+        stream = TextStream(run.tokenizer.decode)
+        pending = [*header, prompt]
 
-    def show(nxt) -> None:
-        text = "" if int(nxt[0]) == run.tokenizer.eos_id else stream.push(int(nxt[0]))
-        sys.stdout.write("".join(pending) + text)
-        sys.stdout.flush()
-        pending.clear()
+        def show(nxt) -> None:
+            text = "" if int(nxt[0]) == run.tokenizer.eos_id else stream.push(int(nxt[0]))
+            sys.stdout.write("".join(pending) + text)
+            sys.stdout.flush()
+            pending.clear()
 
-    generate(
-        model, ids, args.max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=args.greedy,
-        seed=args.seed, use_cache=use_cache, eos_id=run.tokenizer.eos_id, on_token=show, names=names,
-    )  # fmt: skip
-    print("".join(pending) + stream.flush())
+        generate(
+            model, ids, args.max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=args.greedy,
+            seed=seed, use_cache=use_cache, eos_id=run.tokenizer.eos_id, on_token=show, names=names,
+        )  # fmt: skip
+        print("".join(pending) + stream.flush())
     return 0
 
 
@@ -160,6 +173,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, metavar="P",
                    help="sample from the smallest set of tokens of total probability >= P, in (0, 1] (default: 1)")
     p.add_argument("--seed", type=int, help="seed of the sampling (default: a different draw each run)")
+    p.add_argument("--num-samples", type=int, default=1, metavar="N",
+                   help="decode N samples of the prompt, one after another, each under a '--- sample i/N ---' line; "
+                   "with --seed S, sample i draws as --seed S+i alone (default: 1, no header line)")
     p.add_argument("--greedy", action="store_true",
                    help="argmax decoding (ignores --temperature / --top-k / --top-p, unchecked, and --seed)")
     p.add_argument("--extension", nargs="+", metavar="ARG",

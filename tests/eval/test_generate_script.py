@@ -285,3 +285,25 @@ def test_the_prompt_may_come_from_a_file_or_stdin(fake_run, tmp_path, monkeypatc
     with pytest.raises(SystemExit) as exited:  # (argparse's own error)
         run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt", "x", "--prompt-file", "-", *head])
     assert exited.value.code == 2 and "not allowed with argument --prompt" in capsys.readouterr().err
+
+
+def test_several_samples_each_as_its_seed_alone(fake_run, capsys):
+    """generate.py decoded one sample per command: --num-samples N decodes N, each under a header line, sample i with
+    --seed S being what --seed S+i prints alone; N < 1, and N > 1 with greedy decoding (N identical samples), are
+    refused naming the flag."""
+    from minilm.cli import run_cli
+
+    gen = load_script("scripts/generate.py")
+    head = [str(fake_run), "--prompt", "def f(x):", "--max-new-tokens", "8", "--device", "cpu"]
+    alone = []
+    for seed in (7, 8, 9):
+        assert run_cli(gen.main, gen.parser(), [*head, "--seed", str(seed)]) == 0
+        alone.append(capsys.readouterr().out)
+    assert run_cli(gen.main, gen.parser(), [*head, "--seed", "7", "--num-samples", "3"]) == 0
+    assert capsys.readouterr().out == "".join(f"--- sample {i + 1}/3 (--seed {7 + i}) ---\n{out}"
+                                              for i, out in enumerate(alone))  # fmt: skip
+    for flags, said in ((["--num-samples", "0"], "error: --num-samples: must be >= 1, got 0\n"),
+                        (["--num-samples", "2", "--greedy"], "error: --num-samples 2: greedy decoding "),
+                        (["--num-samples", "2", "--temperature", "0"], "error: --num-samples 2: greedy decoding ")):
+        assert run_cli(gen.main, gen.parser(), [*head, *flags]) == 2
+        assert capsys.readouterr().err.startswith(said)
