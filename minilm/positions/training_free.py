@@ -184,10 +184,14 @@ class LogN(Extension):
 
     def attend(self, q, k, v, rotary, q_pos, k_pos, mask) -> Tensor:
         n = current_length(k_pos)
-        scale = (torch.log(q_pos.float() + 1) / math.log(self.params.train_len)).clamp(min=1.0)  # (B|1, T)
-        q = q * scale[:, None, :, None].to(q.dtype)
-        q, k = _rot(q, rotary, q_pos, n), _rot(k, rotary, k_pos, n)
+        q, k = _rot(logn_scaled(q, q_pos, self.params.train_len), rotary, q_pos, n), _rot(k, rotary, k_pos, n)
         return _sdpa(q, k, v, rotary.softmax_scale(q.shape[-1]), mask)
+
+
+def logn_scaled(q: Tensor, q_pos: Tensor, train_len: int) -> Tensor:
+    """q (B, H, T, Dh) at positions q_pos (B|1, T), each query times max(1, log(m + 1) / log train_len)."""
+    scale = (torch.log(q_pos.float() + 1) / math.log(train_len)).clamp(min=1.0)  # (B|1, T)
+    return q * scale[:, None, :, None].to(q.dtype)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -197,23 +201,29 @@ class LogN(Extension):
 @dataclass
 class ReRopeParams:
     window: Optional[int] = None  # w: relative positions below it are kept, the rest become w
+    train_len: Optional[int] = None  # with it, every query also scaled as logn's (Su's reference patch); none: off
 
     def __post_init__(self):
         _required("window", self.window, 1)
+        if self.train_len is not None:
+            _required("train_len", self.train_len, 2)
 
 
 class ReRope(_Merged):
     """ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", kexue.fm/archives/9708): relative position
     r = m − n if r < w, else w. Two logit matrices — q at m with k at n, and q at w with k at 0 — merged by the
     mask r < w (as Su's reference implementation does). Su's reference patch (bojone/rerope, rerope_patch.py) also
-    multiplies every query by log-n's max(1, log(m+1)/log L_train); this is ReRoPE alone (log-n is ``logn``), so
-    with w >= the length it is plain RoPE."""
+    multiplies every query by log-n's max(1, log(m+1)/log L_train): with ``train_len`` given, so does this (a model
+    holds one method at a time, so ``logn`` cannot be added to it); without, this is ReRoPE alone, and with w >= the
+    length plain RoPE."""
 
     name = "rerope"
     Params = ReRopeParams
 
     def logits(self, q, k, rotary, q_pos, k_pos, n: Tensor) -> Tensor:
         w, scale = self.params.window, rotary.softmax_scale(q.shape[-1])
+        if self.params.train_len is not None:
+            q = logn_scaled(q, q_pos, self.params.train_len)
         near = _logits(_rot(q, rotary, q_pos, n), _rot(k, rotary, k_pos, n), scale)  # relative m − n
         far = _logits(
             _rot(q, rotary, torch.full_like(q_pos, w), n), _rot(k, rotary, torch.zeros_like(k_pos), n), scale

@@ -239,6 +239,28 @@ SMALL = {  # parameters that remap positions inside T_MODEL tokens
 }
 
 
+def test_rerope_with_train_len_is_su_s_recipe_rerope_with_logn():
+    """Su's reference ReRoPE (bojone/rerope) scales every query by log-n too; a model holds one method at a time, so
+    ``logn`` could not be added to ``rerope``: ``train_len`` does it. With a window as long as the input it is log-n
+    alone; with a short window, ReRoPE on log-n's queries (the ``logn`` queries, then ReRoPE's two regions)."""
+    model = tiny()
+    x = torch.randint(0, V, (2, T_MODEL))
+    with torch.no_grad():
+        with extension(model, "logn", train_len=4):
+            logn = model(x)
+        with extension(model, "rerope", window=T_MODEL, train_len=4):
+            both_wide = model(x)
+        with extension(model, "rerope", window=4):
+            rerope = model(x)
+        with extension(model, "rerope", window=4, train_len=4):
+            both = model(x)
+        with extension(model, "rerope", window=4, train_len=T_MODEL):  # log-n is 1 up to train_len
+            rerope_again = model(x)
+    torch.testing.assert_close(both_wide, logn, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rerope_again, rerope, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(both, rerope, atol=1e-4) and not torch.allclose(both, logn, atol=1e-4)
+
+
 def test_tables_cover_the_registry():
     assert set(LARGE) == set(SMALL) == set(EXTENSIONS)
 
@@ -315,7 +337,9 @@ def test_clear_error_for_a_model_that_is_not_rope(position, name):
         ("yarn_please", {}, r"extension\.name: unknown training-free method 'yarn_please'; available: logn, rerope"),
         ("rerope", {}, r"extension\.rerope\.window: required"),
         ("rerope", {"window": 0}, r"extension\.rerope\.window: must be >= 1, got 0"),
-        ("rerope", {"window": 4, "size": 2}, r"extension\.rerope\.size: unknown parameter; rerope takes: window"),
+        ("rerope", {"window": 4, "size": 2}, r"extension\.rerope\.size: unknown parameter; rerope takes: window, "
+                                             r"train_len$"),
+        ("rerope", {"window": 4, "train_len": 1}, r"extension\.rerope\.train_len: must be >= 2, got 1"),
         ("rerope", {"window": 4.5}, r"extension\.rerope\.window: must be int"),
         ("self_extend", {"window": 4}, r"extension\.self_extend\.group_size: required"),
         ("dca", {"chunk_size": 4, "local_window": 4}, r"extension\.dca\.chunk_size: must be > local_window"),
