@@ -78,7 +78,15 @@ def study_label(run_dir: Path) -> Optional[str]:
 
 
 def _not_a_run(path: Path) -> Optional[str]:
-    """What a folder that is no run holds instead, and what to give: a study's folder, or a folder of runs."""
+    """What a folder that is no run holds instead, and what to give: a Hugging Face export (or a file in one), a
+    study's folder, or a folder of runs."""
+    from minilm.export import EXPORT_MARKER
+
+    export = path if path.is_dir() else path.parent
+    if (export / EXPORT_MARKER).is_file():  # (it said 'not inside a minilm run directory', and no more)
+        return (f"{path} is a Hugging Face transformers export ({EXPORT_MARKER}), not a minilm run: load it with "
+                f"transformers (AutoModelForCausalLM.from_pretrained('{export}')), or give the run it was exported "
+                "from")
     if not path.is_dir():
         return None
     listed = study_run_dirs(path)
@@ -143,7 +151,8 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
         if not weights.is_file():  # an unfinished run: its newest finished phase
             done = [p for p in run_phase_names(run_dir) if (run_dir / p / "model.safetensors").is_file()]
             if not done:
-                raise MinilmError(f"{run_dir} has no finished phase yet (no model.safetensors): {_finish(run_dir)}")
+                raise MinilmError(f"{run_dir} has no finished phase yet (no model.safetensors): {_finish(run_dir)}"
+                                  + _step_checkpoint_hint(run_dir))  # fmt: skip
             phase, weights = done[-1], run_dir / done[-1] / "model.safetensors"
     if not weights.is_file():
         raise MinilmError(f"{weights}: not found (has phase '{phase}' finished?)")
@@ -185,6 +194,18 @@ def _finish(run_dir: Path, what: str = "finish its first phase") -> str:
 
     words = ["python", "train.py", "--config", str(run_dir / "config.yaml"), f"run.dir={run_dir}", "--resume"]
     return f"{what} with: {shlex.join(words)}"
+
+
+def _step_checkpoint_hint(run_dir: Path) -> str:
+    """'; or give a step checkpoint, the newest: PATH' where an unfinished run has one (a weights file it takes)."""
+    from minilm.training.checkpoint import CKPT_PATTERN, checkpoint_step
+
+    for name in reversed(run_phase_names(run_dir)):  # the latest phase that has any, its latest step
+        ckpts = [c for c in (run_dir / name / "checkpoints").glob("*.ckpt") if CKPT_PATTERN.match(c.name)]
+        if ckpts:
+            newest = max(ckpts, key=checkpoint_step)
+            return f"; or give a step checkpoint, the newest: {newest} (phase '{name}', step {checkpoint_step(newest)})"
+    return ""
 
 
 def load_run_config(path: Path) -> DictConfig:

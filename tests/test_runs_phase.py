@@ -92,6 +92,38 @@ def test_an_unfinished_run_opens_its_newest_finished_phase(run_dir):
         resolve_run(run_dir)
 
 
+def test_a_run_with_step_checkpoints_alone_names_the_newest(run_dir):
+    """A run interrupted before any phase finished said only to finish its first phase; a step checkpoint, which
+    evaluate.py and generate.py take, is named too: the latest phase's latest step (not the one written last)."""
+    for name in PHASES:
+        (run_dir / name / "model.safetensors").unlink()
+    (run_dir / "model.safetensors").unlink()
+    with pytest.raises(MinilmError, match=r"has no finished phase yet .*--resume$"):  # none: no hint
+        resolve_run(run_dir)
+    for phase, step in [("extend_512", 30), ("pretrain", 300), ("extend_512", 40), ("extend_512", 5)]:
+        (run_dir / phase / "checkpoints").mkdir(exist_ok=True)
+        (run_dir / phase / "checkpoints" / f"step-{step:08d}.ckpt").write_bytes(b"")
+    (run_dir / "extend_512" / "checkpoints" / "step-00000090.ckpt.tmp").write_bytes(b"")  # a killed write
+    newest = run_dir / "extend_512" / "checkpoints" / "step-00000040.ckpt"
+    with pytest.raises(MinilmError, match=rf"--resume; or give a step checkpoint, the newest: {newest} \(phase "
+                                          r"'extend_512', step 40\)$"):  # fmt: skip
+        resolve_run(run_dir)
+    assert resolve_run(newest) == (run_dir, "extend_512", newest)
+
+
+def test_a_hugging_face_export_is_said_to_be_one(tmp_path):
+    """An export_hf.py directory (or its model.safetensors) given to evaluate.py, generate.py or --init said 'not
+    inside a minilm run directory' and no more."""
+    out = tmp_path / "exported"
+    out.mkdir()
+    for name in ["config.json", "model.safetensors", "minilm_export.json"]:
+        (out / name).write_text("{}")
+    for given in [out, out / "model.safetensors"]:
+        with pytest.raises(MinilmError, match=rf"{given} is a Hugging Face transformers export \(minilm_export.json\), "
+                                              r"not a minilm run: load it with transformers"):  # fmt: skip
+            resolve_run(given)
+
+
 def test_the_final_weights_load_under_the_last_phase_s_config(run_dir):
     """The run's model.safetensors is its last phase's: the config it is built with is that phase's (extend_2k's
     sequence length and RoPE scaling), never the pretraining's."""
