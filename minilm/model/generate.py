@@ -12,6 +12,7 @@ the cached path unchanged: its methods work from position values, which the cach
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from typing import Callable, Optional, Sequence, Union
 
@@ -57,6 +58,9 @@ def check_sampling(max_new_tokens, temperature, top_k, top_p, names: Optional[di
     """``generate``'s sampling arguments checked; ``names`` maps an argument to how the caller's user gives it
     (scripts/generate.py: ``{"top_k": "--top-k", ...}``), so that the error names the flag, not the parameter."""
     name = (names or {}).get
+    for key, value in (("max_new_tokens", max_new_tokens), ("top_k", top_k)):  # (2.5 failed in range() or topk)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise MinilmError(f"{name(key, key)}: must be a whole number, got {value!r}")
     if max_new_tokens < 0:
         raise MinilmError(f"{name('max_new_tokens', 'max_new_tokens')}: must be >= 0, got {max_new_tokens}")
     if not (math.isfinite(temperature) and temperature >= 0):  # nan passes a plain `< 0` test

@@ -224,6 +224,12 @@ def test_bad_arguments_and_bounded_encodings():
     learned = tiny("learned")
     with pytest.raises(MinilmError, match="more than the 64 this model"):
         generate(learned, [1] * 60, 10)
+    for kwargs, said in [({"top_k": 2.5}, "top_k: must be a whole number, got 2.5"),
+                         ({"max_new_tokens": 2.5}, "max_new_tokens: must be a whole number, got 2.5"),
+                         ({"top_k": True}, "top_k: must be a whole number, got True")]:  # fmt: skip
+        with pytest.raises(MinilmError, match=said):  # (torch's TypeError from topk, or range's)
+            generate(model, [1, 2], **{"max_new_tokens": 3, **kwargs})
+    assert generate(model, [1, 2], torch.tensor(2).item(), top_k=torch.tensor(2).item(), seed=0).shape == (1, 4)
 
 
 @pytest.mark.parametrize("prompt,said", [
