@@ -134,6 +134,9 @@ class GPT(nn.Module):
             if positions.is_floating_point() or positions.is_complex() or positions.dtype == torch.bool:
                 # (RoPE and ALiBi took 2.5 as a position between two, a learned table failed with an IndexError)
                 raise MinilmError(f"positions: must be integers (token indices), got {positions.dtype} values")
+            # int64, as the encodings compute with them: in uint8 a distance i − j wrapped around (xPos scored keys
+            # 255 apart), a learned table took uint8 positions for a boolean mask, and int16 is no index for gather
+            positions = positions.long()
         if doc_ids is not None:
             _check_per_token("doc_ids", doc_ids, B, T)
         k_doc = doc_ids if cache is None or doc_ids is None else cache.update_docs(doc_ids)

@@ -146,3 +146,17 @@ def test_document_ids_of_another_shape_than_the_input_are_refused(shape):
     docs = torch.zeros(2, 12, dtype=torch.long)
     docs[:, 6:] = 1
     assert not torch.allclose(model(x, doc_ids=docs), model(x))  # (B, T): masked per document, as before
+
+
+
+def test_positions_of_any_integer_dtype_are_the_same_positions():
+    """Integer positions of a small dtype mean what they say: in uint8 xPos's distances i − j wrapped around (wrong
+    logits without a word), a learned table read uint8 positions as a boolean mask (an IndexError), and the relative
+    encodings' gather refused int16 (a RuntimeError from torch)."""
+    x = torch.randint(0, 50, (2, 12))
+    for name in ("learned", "xpos", "shaw"):
+        model = tiny(f"model.position.name={name}")
+        with torch.no_grad():
+            want = model(x, positions=torch.arange(12).unsqueeze(0))
+            for dtype in (torch.int16, torch.uint8):
+                torch.testing.assert_close(model(x, positions=torch.arange(12, dtype=dtype).unsqueeze(0)), want)
