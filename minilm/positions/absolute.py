@@ -209,6 +209,10 @@ class Floater(PositionEncoding):
         tt = torch.full_like(p[..., :1], t)
         return self.h_out(torch.tanh(self.h_in(torch.cat((p, tt), dim=-1))))  # (D,)
 
+    # Eager under train.compile: the integration is a Python loop over positions, which dynamo unrolled into a graph
+    # of ~40 ops per position and step (every length its own graph), and inductor took minutes to compile it on CPU
+    # (train.seq_len 64: over 8 minutes; 8 tokens: 1.5), for a loop of tiny sequential ops that compiling cannot speed
+    @torch.compiler.disable
     def trajectory(self, n: int) -> Tensor:
         """p(0), p(Δ), ..., p((n-1)Δ): (n, D), by classic RK4 with ``substeps`` steps per position."""
         if n > self.limit:
