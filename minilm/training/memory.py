@@ -40,6 +40,18 @@ def param_count(model_cfg, vocab_size: int) -> int:
     return sum(p.numel() for p in model.parameters()) + (model_cfg.n_layers - 1) * per_block
 
 
+def position_param_count(model_cfg) -> int:
+    """The parameters of ``GPT(model_cfg, ·)``'s position encoding (its embedding-side module and every layer's),
+    counted on the meta device from the hooks alone."""
+    from minilm.model.transformer import position_hooks
+
+    one = OmegaConf.create({**OmegaConf.to_container(model_cfg, resolve=True), "n_layers": 1})
+    with torch.device("meta"):
+        embedding, layer = position_hooks(one)
+    per_layer = sum(p.numel() for p in layer.parameters())
+    return sum(p.numel() for p in embedding.parameters()) + model_cfg.n_layers * per_layer
+
+
 MEMINFO = Path("/proc/meminfo")
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))  # v2, v1
 
@@ -104,11 +116,19 @@ def _check_state_fits(model_cfg, vocab_size: int, copies: int, total: int, held:
     if need <= total:
         return
     counted = " (not counting the embedding and LM head)" if vocab_size == 0 else ""
+    # Most of them in the position encoding (a learned table of max_positions rows, Shaw's 2·max_distance + 1, ...):
+    # the message named model.n_layers and model.d_model only, which were not what made the model too large
+    position, keys, where = position_param_count(model_cfg), SIZE_KEYS, ""
+    if 2 * position > n:
+        block = OmegaConf.to_container(model_cfg.position, resolve=True)
+        sizes = [f"model.position.{k}" for k, v in block.items() if isinstance(v, int) and not isinstance(v, bool)]
+        keys = ", ".join(sizes) if sizes else "model.position"
+        where = f", {position / 1e9:,.2f}G of them in the position encoding ({block['name']})"
     raise MinilmError(
         f"model.n_layers={model_cfg.n_layers}, model.d_model={model_cfg.d_model}: {n / 1e9:,.2f}G parameters"
-        f"{counted}; training holds {TRAINING_BYTES_PER_PARAM} bytes per parameter (fp32 weights and gradients, "
-        f"AdamW's two moments){held}: {_gb(need)}, more than {memory.format(_gb(total))}; make the model smaller "
-        f"({SIZE_KEYS}) or {or_}"
+        f"{counted}{where}; training holds {TRAINING_BYTES_PER_PARAM} bytes per parameter (fp32 weights and "
+        f"gradients, AdamW's two moments){held}: {_gb(need)}, more than {memory.format(_gb(total))}; make the model "
+        f"smaller ({keys}) or {or_}"
     )
 
 

@@ -104,3 +104,18 @@ def test_the_run_check_refuses_a_model_too_large_for_the_device_it_trains_on(mon
     with pytest.raises(MinilmError, match="this GPU's 1.0 GB" if cuda else "this machine's 1.0 GB"):
         run_checks.check_run(cfg, resume=False, data=False)
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("name, key", [("learned", "max_positions"), ("shaw", "max_distance"), ("cope", "npos_max")])
+def test_a_position_table_too_large_for_the_machine_is_named(monkeypatch, name, key):
+    """A position encoding's table that makes the model too large (model.position.max_distance=1e11 for Shaw: 51,200G
+    parameters) was refused with "make the model smaller (model.n_layers, model.d_model, model.d_ff)", keys the user
+    had not changed; the refusal names the encoding's size parameter instead."""
+    mcfg = _model_cfg(n_layers=2, d_model=64, n_heads=4, **{"position.name": name, f"position.{key}": 10**6})
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 16 * 10**6)
+    with pytest.raises(MinilmError, match=rf"G of them in the position encoding \({name}\);.*make the model smaller "
+                                          rf"\(model\.position\.{key}\) or"):
+        check_model_fits_host(mcfg, 300)
+    small = _model_cfg(n_layers=2, d_model=64, n_heads=4, **{"position.name": name})
+    assert memory.position_param_count(small) == sum(
+        p.numel() for m in [GPT(small, 300).pos_emb, *GPT(small, 300).position_modules()] for p in m.parameters())
