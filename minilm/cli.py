@@ -1,10 +1,12 @@
 """What every command-line entry point shares: config arguments, quiet start-up, and the error contract
-(bad input -> one clear message on stderr, exit code 2, a traceback only with --debug)."""
+(bad input, and a disk that is full or read-only -> one clear message on stderr, exit code 2, a traceback only with
+--debug)."""
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import logging
 import os
 import re
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from minilm.errors import ConfigError, MinilmError
+from minilm.files import cannot_write
 
 
 class Once(argparse.Action):
@@ -222,6 +225,7 @@ def stop_on_sigterm():
 def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argparse.ArgumentParser,
             argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_intermixed_args(argv)  # overrides may follow flags: `--config X --resume key=value`
+    resumable = any("--resume" in a.option_strings for a in parser._actions)  # (train.py, study.py)
     try:  # (torch is first imported here, a second or two: a Ctrl-C then was a KeyboardInterrupt traceback)
         with stop_on_sigterm():
             set_up_process()  # before anything else runs: before torch starts its worker threads
@@ -233,13 +237,33 @@ def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argpars
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # the --resume hint only where there is one (train.py, study.py; not generate.py)
-        resumable = any("--resume" in a.option_strings for a in parser._actions)
         what = "terminated (SIGTERM)" if _sigterm.is_set() else "interrupted"
         if _primary_process():
             # (the same command: a phase begun with --phase NAME --init PATH resumes with them)
             hint = "; continue with the same command plus --resume" if resumable else ""
             print(f"\n{what}{hint}", file=sys.stderr)
         return 143 if _sigterm.is_set() else 130
+    except Exception as e:  # a full disk or a read-only file system: the user's to fix, not a bug (a traceback)
+        if (failed := cannot_write(e)) is None:
+            raise
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        print(f"error: {cannot_write_message(failed, resumable)}", file=sys.stderr)
+        return 2
+
+
+def cannot_write_message(e: OSError, resumable: bool) -> str:
+    """What a command that could not write (``minilm.files.cannot_write``: a full disk or quota, a read-only file
+    system) says: the file, why, and how to go on (``resumable``: the command has --resume, which continues from
+    the files written before: each one is whole, minilm.files.atomic_write)."""
+    what = f"cannot write {e.filename}" if e.filename else "cannot write its output"
+    if e.errno == errno.EROFS:
+        why, fix = "the file system is read-only", "make it writable" if resumable else "write to another directory"
+    else:
+        why = "the disk quota is exhausted" if e.errno == errno.EDQUOT else "the disk is full"
+        fix = "free some space"
+    then = ", then continue with the same command plus --resume" if resumable else " and run the command again"
+    return f"{what}: {why}; {fix}{then}"
 
 
 def _primary_process() -> bool:

@@ -40,6 +40,10 @@ def atomic_write(path: Path, write: Callable[[Any], None], mode: str = "wb") -> 
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # a write's error names no file, and the temporary's name is not the one the user knows:
+        if e.errno is not None and e.filename in (None, str(tmp)) and e.filename2 is None:  # (not the rename's)
+            raise OSError(e.errno, e.strerror, str(path)) from e  # say which (a full disk: ``cannot_write``)
+        raise
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -88,10 +92,22 @@ DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left on the device; the use
 def disk_full(e: Optional[BaseException]) -> Optional[OSError]:
     """The ``OSError`` saying the disk (or the quota) is full that ``e`` is or was raised from, else None. Libraries
     wrap it (datasets: ``DatasetGenerationError`` from pyarrow's ``OSError``), and that is still a full disk."""
+    return _raised_from(e, DISK_FULL)
+
+
+def cannot_write(e: Optional[BaseException]) -> Optional[OSError]:
+    """The ``OSError`` that ``e`` is or was raised from when it says that nothing can be written where the command
+    writes: a full disk or quota (``disk_full``), or a read-only file system (one remounted so after a disk error).
+    Not a bug to show as a traceback: the user frees space or writes elsewhere (minilm.cli.run_cli says so)."""
+    return _raised_from(e, (*DISK_FULL, errno.EROFS))
+
+
+def _raised_from(e: Optional[BaseException], errnos: Collection[int]) -> Optional[OSError]:
+    """The first ``OSError`` with one of ``errnos`` along ``e`` and the exceptions it was raised from."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in DISK_FULL:
+        if isinstance(e, OSError) and e.errno in errnos:
             return e
         e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)  # (``raise ... from None``: not)
     return None
