@@ -149,14 +149,22 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     else:
         weights = run_dir / "model.safetensors"
         if not weights.is_file():  # an unfinished run: its newest finished phase
-            done = [p for p in run_phase_names(run_dir) if (run_dir / p / "model.safetensors").is_file()]
+            done = [p for p in run_phase_names(run_dir) if phase_finished(run_dir, p)]
             if not done:
-                raise MinilmError(f"{run_dir} has no finished phase yet (no model.safetensors): {_finish(run_dir)}"
+                raise MinilmError(f"{run_dir} has no finished phase yet (no {COMPLETE}): {_finish(run_dir)}"
                                   + _step_checkpoint_hint(run_dir))  # fmt: skip
             phase, weights = done[-1], run_dir / done[-1] / "model.safetensors"
     if not weights.is_file():
         raise MinilmError(f"{weights}: not found (has phase '{phase}' finished?)")
     return run_dir, phase, weights
+
+
+def phase_finished(run_dir: Path, phase: str) -> bool:
+    """Whether ``phase`` of the run has finished: its ``complete.json``, written after everything else of the phase
+    (minilm.training.phases), beside its weights. Its weights alone are not: they are written before its evaluation
+    (``eval_lengths``), and a phase killed during it — or one resumed since, with another length — kept weights the
+    run's --resume trains again, which were read as the run's newest finished phase."""
+    return (run_dir / phase / COMPLETE).is_file() and (run_dir / phase / "model.safetensors").is_file()
 
 
 def started_from_text(record: Optional[dict]) -> str:
@@ -287,7 +295,7 @@ def find_results(path: str | Path) -> Path:
         raise MinilmError(f"{path}: no such file or directory (a run, a phase, an eval directory or a results.json)")
     if (phase := phase_dir_of(path)) is not None:  # its config.yaml is its phase's: not a run of one phase 'train'
         run_dir, name = phase
-        if not (path / "model.safetensors").is_file():
+        if not phase_finished(run_dir, name):
             raise MinilmError(f"{path}: phase '{name}' of {run_dir} has not finished, so it has no evaluation; "
                               f"{_finish(run_dir, 'continue the run')}")  # fmt: skip
         raise MinilmError(f"{path}: phase '{name}' of {run_dir} has no evaluation (no eval/results.json); run "
@@ -298,7 +306,7 @@ def find_results(path: str | Path) -> Path:
             raise MinilmError(f"{path}: not a run but a folder of runs ({', '.join(runs[:5])}"
                               f"{', ...' if len(runs) > 5 else ''}); name them: {path}/{runs[0]} ...")
         raise MinilmError(f"{path}: not a run directory (no config.yaml) and no results.json in it")
-    if not any((path / p / "model.safetensors").is_file() for p in run_phase_names(path)):  # evaluate.py would refuse
+    if not any(phase_finished(path, p) for p in run_phase_names(path)):  # evaluate.py would refuse
         raise MinilmError(f"{path}: no evaluation, and no finished phase to evaluate yet; {_finish(path)}, then "
                           f"scripts/evaluate.py --run {path}")  # fmt: skip
     others = sorted(str(f.parent) for p in run_phase_names(path) for f in (path / p).glob("eval-*/results.json"))

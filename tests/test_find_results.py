@@ -54,6 +54,7 @@ def test_each_documented_path_finds_its_results(tmp_path):
     for name in ("pretrain", "extend_512"):
         (run / name / "eval" / "results.json").unlink()
     (run / "pretrain" / "model.safetensors").write_bytes(b"")  # finished, not evaluated
+    (run / "pretrain" / "complete.json").write_text("{}")
     with pytest.raises(MinilmError, match="no results.json found; run scripts/evaluate.py --run"):
         find_results(run)  # a run not evaluated yet
     # evaluated only with a training-free method (evaluate.py --extension): "no results.json found" was not so
@@ -84,6 +85,7 @@ def test_a_run_without_a_finished_phase_is_told_to_finish_it_not_to_evaluate_it(
                                           r"--resume, then scripts/evaluate.py"):
         find_results(run)
     (run / "pretrain" / "model.safetensors").write_bytes(b"")  # a finished phase: evaluate it
+    (run / "pretrain" / "complete.json").write_text("{}")
     with pytest.raises(MinilmError, match=rf"no results.json found; run scripts/evaluate.py --run {run} first"):
         find_results(run)
 
@@ -101,7 +103,10 @@ def test_a_phase_directory_without_an_evaluation_is_named_as_a_phase_of_its_run(
                                           rf"it has no evaluation; continue the run with: python train.py --config "
                                           rf"{run}/config.yaml run.dir={run} --resume$"):
         find_results(run / "extend_512")
-    (run / "extend_512" / "model.safetensors").write_bytes(b"")
+    (run / "extend_512" / "model.safetensors").write_bytes(b"")  # written before its evaluation and complete.json
+    with pytest.raises(MinilmError, match=rf"phase 'extend_512' of {run} has not finished"):
+        find_results(run / "extend_512")
+    (run / "extend_512" / "complete.json").write_text("{}")
     with pytest.raises(MinilmError, match=rf"has no evaluation \(no eval/results.json\); run scripts/evaluate.py "
                                           rf"--run {run} --phase extend_512 first$"):
         find_results(run / "extend_512")

@@ -23,6 +23,7 @@ def run_dir(tmp_path):
     for name in PHASES:
         (run / name).mkdir()
         (run / name / "model.safetensors").write_bytes(b"")
+        (run / name / "complete.json").write_text("{}")  # written last: the phase has finished
     (run / "model.safetensors").write_bytes(b"")
     return run
 
@@ -122,6 +123,20 @@ def test_a_hugging_face_export_is_said_to_be_one(tmp_path):
         with pytest.raises(MinilmError, match=rf"{given} is a Hugging Face transformers export \(minilm_export.json\), "
                                               r"not a minilm run: load it with transformers"):  # fmt: skip
             resolve_run(given)
+
+
+def test_a_phase_killed_after_its_weights_is_not_taken_for_finished(run_dir):
+    """A phase writes its weights, then evaluates (eval_lengths: minutes at long lengths), then writes complete.json.
+    Killed during that evaluation, --resume trains it again from its last checkpoint, but evaluate.py, generate.py,
+    export_hf.py and --init RUN read its weights as the run's newest finished phase (with their step counted from a
+    length the resumed config may have changed), and compare_runs.py called it finished but not evaluated."""
+    (run_dir / "model.safetensors").unlink()
+    (run_dir / "extend_2k" / "complete.json").unlink()
+    assert resolve_run(run_dir) == (run_dir, "extend_512", run_dir / "extend_512" / "model.safetensors")
+    (run_dir / "extend_512" / "complete.json").unlink()
+    (run_dir / "pretrain" / "complete.json").unlink()
+    with pytest.raises(MinilmError, match="has no finished phase yet"):
+        resolve_run(run_dir)
 
 
 def test_the_final_weights_load_under_the_last_phase_s_config(run_dir):
