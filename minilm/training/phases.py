@@ -124,7 +124,7 @@ def run_lock(run_dir: Path, log: Callable[[str], None] = print):
         pid_s, _, their_host = holder.partition(" ")
         if pid_s.isdigit() and (their_host != host or pid_alive(int(pid_s))):
             os.close(fd)
-            raise _lock_in_use(run_dir, lock, holder)
+            raise _lock_in_use(run_dir, lock, holder, unsure=True)
         log(f"taking over a stale lock left by process {holder}")
     os.ftruncate(fd, 0)
     os.pwrite(fd, me.encode(), 0)
@@ -139,10 +139,16 @@ def run_lock(run_dir: Path, log: Callable[[str], None] = print):
         os.close(fd)
 
 
-def _lock_in_use(run_dir: Path, lock: Path, holder: str) -> MinilmError:
+def _lock_in_use(run_dir: Path, lock: Path, holder: str, unsure: bool = False) -> MinilmError:
+    """``unsure``: the lock is respected though no process holds its flock here (written on another host, where the
+    flock may not reach; or by a pid of this host that is alive, which may be another process's since). A run
+    killed on a machine that was lost, and requeued on another, met it for good, and the message did not say
+    that the lock file is what keeps it out."""
     pid_s, _, host = holder.partition(" ")
+    gone = (f"; if it no longer runs (it was killed, or its machine was lost), delete {lock} and run the command "
+            "again") if unsure else ""
     return MinilmError(f"{run_dir} is in use by process {pid_s or '?'} on {host or '?'} (lock file {lock}); wait for "
-                       "it, stop it, or choose another run.dir")
+                       f"it, stop it, or choose another run.dir{gone}")
 
 
 # ----------------------------------------------------------------------------------------- apply a phase

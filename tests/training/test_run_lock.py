@@ -73,6 +73,23 @@ def test_a_lock_of_another_host_is_respected_and_named(tmp_path):
     assert (tmp_path / ".lock").read_text() == "12345 other-node"
 
 
+def test_a_lock_that_may_be_stale_says_that_deleting_it_lets_the_run_go_on(tmp_path):
+    """A run killed with its machine (a lost node) and requeued on another met the first host's lock on every
+    --resume, told to 'wait for it, stop it, or choose another run.dir': not that the lock file was what kept it out,
+    nor that deleting it continues the run. A live holder with the lock's flock on this machine is not stale."""
+    lock = tmp_path / ".lock"
+    lock.write_text("12345 lost-node")
+    with pytest.raises(MinilmError, match=rf"on lost-node .*; if it no longer runs \(it was killed, or its machine "
+                                          rf"was lost\), delete {lock} and run the command again$"):
+        with phases.run_lock(tmp_path, log=lambda msg: None):
+            pass
+    lock.unlink()
+    with phases.run_lock(tmp_path, log=lambda msg: None):  # deleted: the run goes on
+        with pytest.raises(MinilmError, match=r"choose another run.dir$"):
+            with phases.run_lock(tmp_path, log=lambda msg: None):
+                pass
+
+
 def test_a_live_holder_refuses_another_and_its_lock_goes_with_it(tmp_path):
     said = []
     with phases.run_lock(tmp_path, log=said.append):
