@@ -314,6 +314,11 @@ class LongRopeScaling:
             "required for rope_type 'longrope' unless attention_factor is set",
             self.factor,
         )
+        if self.attention_factor is None and self.factor is not None and self.factor > 1:
+            # the temperature sqrt(1 + ln(factor)/ln(L)) divides by ln L: 0 at L = 1 (a ZeroDivisionError traceback)
+            _check(self.original_max_position_embeddings >= 2, "original_max_position_embeddings",
+                   "must be >= 2 for rope_type 'longrope' with factor > 1 (its temperature sqrt(1 + ln(factor)/ln(L)) "
+                   "divides by ln L, 0 at L = 1); or give attention_factor", self.original_max_position_embeddings)
         _check_fraction(self.partial_rotary_factor)
 
 

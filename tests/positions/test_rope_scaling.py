@@ -293,6 +293,9 @@ INVALID = [
     ({**LONG, "long_factor": [1.0] * 5}, "long_factor: must have one entry per rotary frequency (16), got 5"),
     ({**LONG, "short_factor": 1.0}, "short_factor: must be a list"),
     ({**LONG, "factor": None}, "factor: required for rope_type 'longrope' unless attention_factor is set"),
+    # its temperature sqrt(1 + ln(factor)/ln(L)) divided by ln 1 = 0: a ZeroDivisionError traceback
+    ({**LONG, "original_max_position_embeddings": 1},
+     "original_max_position_embeddings: must be >= 2 for rope_type 'longrope' with factor > 1"),
     # non-finite values passed the range checks: inf frequencies, or a "math domain error" traceback
     ({"rope_type": "linear", "factor": float("inf")}, "factor: must be a finite number, got inf"),
     ({**YARN, "beta_fast": float("inf")}, "beta_fast: must be a finite number, got inf"),
