@@ -65,8 +65,15 @@ def _check_fraction(partial_rotary_factor: float) -> None:
     _check(0 < partial_rotary_factor <= 1, "partial_rotary_factor", "must be in (0, 1]", partial_rotary_factor)
 
 
+INT64_MAX = torch.iinfo(torch.int64).max  # positions are int64
+
+
 def _check_length(original: int) -> None:
     _check(original >= 1, "original_max_position_embeddings", "must be >= 1", original)
+    # compared with the current length, a 0-d int64 tensor in the rotary module, and used in torch ops: beyond int64
+    # (1e30 is an integer to the parser) it passed this check, then the first forward was an OverflowError traceback
+    _check(original <= INT64_MAX, "original_max_position_embeddings",
+           f"must be at most {INT64_MAX} (2^63 − 1: positions are int64, and no length reaches beyond)", original)
 
 
 def _check_betas(beta_fast: float, beta_slow: float) -> None:

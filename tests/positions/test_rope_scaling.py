@@ -293,6 +293,11 @@ INVALID = [
     ({**LONG, "long_factor": [1.0] * 5}, "long_factor: must have one entry per rotary frequency (16), got 5"),
     ({**LONG, "short_factor": 1.0}, "short_factor: must be a list"),
     ({**LONG, "factor": None}, "factor: required for rope_type 'longrope' unless attention_factor is set"),
+    # beyond int64 (1e30 reads as an integer): passed, then an OverflowError at the first forward (llama3: at once)
+    *[({**block, "original_max_position_embeddings": 10**30},
+       "original_max_position_embeddings: must be at most 9223372036854775807 (2^63 − 1")
+      for block in (LONG, LLAMA3, {"rope_type": "dynamic", "factor": 2.0},
+                    {"rope_type": "dynamic_yarn"})],
     # its temperature sqrt(1 + ln(factor)/ln(L)) divided by ln 1 = 0: a ZeroDivisionError traceback
     ({**LONG, "original_max_position_embeddings": 1},
      "original_max_position_embeddings: must be >= 2 for rope_type 'longrope' with factor > 1"),
@@ -321,6 +326,18 @@ def test_invalid_parameters_raise_naming_the_key(block, message):
     assert str(e.value).startswith(message.split(":")[0] + ":") and message in str(e.value)
     with pytest.raises(ConfigError, match=r"^model\.position\.scaling\." + re.escape(message.split(":")[0]) + ":"):
         validate_scaling(block, D, "model.position.scaling")
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "dynamic_yarn", "longrope", "llama3", "yarn"])
+def test_the_longest_original_length_allowed_computes_at_a_tensor_length(rope_type):
+    """original_max_position_embeddings at its bound, 2^63 − 1, at the length the rotary module passes (a 0-d int64
+    tensor): finite frequencies and temperature, not an OverflowError (1e30 passed the config check, then failed so
+    at the first forward)."""
+    block = {"rope_type": rope_type, "factor": 2.0, "original_max_position_embeddings": 2**63 - 1}
+    if rope_type == "longrope":
+        block |= {"short_factor": [1.0] * (D // 2), "long_factor": [2.0] * (D // 2)}
+    inv_freq, factor = compute_rope(D, BASE, block, seq_len=torch.tensor(100))
+    assert torch.isfinite(inv_freq).all() and math.isfinite(float(factor))
 
 
 @pytest.mark.parametrize("seq_len", [None, 10 * L])  # short_factor, then long_factor
