@@ -375,7 +375,10 @@ def _yarn_inv_freq(dim: int, base: float, factor: float | Tensor, original: int,
     blended linearly (in i) between the two."""
 
     def dim_for(rotations: float) -> float:  # the (fractional) i at which L / λ_i == rotations
-        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+        # ln(L / (2π·rotations)) as a difference of logarithms: the quotient overflowed float64 for a tiny beta_slow
+        # (1e-310 at L = 128: floor(inf), an OverflowError traceback) and was 0 for a huge beta_fast (1e308: log(0),
+        # 'math domain error'); every log here is finite
+        return dim * (math.log(original) - math.log(rotations) - math.log(2 * math.pi)) / (2 * math.log(base))
 
     low, high = dim_for(beta_fast), dim_for(beta_slow)
     if truncate:

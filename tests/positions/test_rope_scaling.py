@@ -328,6 +328,19 @@ def test_invalid_parameters_raise_naming_the_key(block, message):
         validate_scaling(block, D, "model.position.scaling")
 
 
+@pytest.mark.parametrize("rope_type", ["yarn", "ntk_by_parts", "dynamic_yarn"])
+@pytest.mark.parametrize("betas", [{"beta_slow": 1e-310}, {"beta_fast": 1e308}])
+def test_extreme_ramp_betas_give_finite_frequencies_not_an_overflow(rope_type, betas):
+    """The ramp's ends d·ln(L / (2π·β)) / (2 ln base): the quotient overflowed float64 for a tiny beta_slow (floor(inf):
+    OverflowError) and underflowed to 0 for a huge beta_fast (log(0): 'math domain error'), tracebacks from the config
+    check. Finite ends, clamped into [0, d − 1] as ever: θ_0 keeps its frequency (L fits it more than β_fast times only
+    for β_fast below L/2π, and the ramp starts at dimension 0 at the latest)."""
+    block = {"rope_type": rope_type, "factor": 4.0, "original_max_position_embeddings": L, **betas}
+    for seq_len in (None, 4 * L):
+        inv_freq, factor = compute_rope(D, BASE, block, seq_len)
+        assert torch.isfinite(inv_freq).all() and math.isfinite(float(factor)) and inv_freq[0] == 1.0
+
+
 @pytest.mark.parametrize("rope_type", ["dynamic", "dynamic_yarn", "longrope", "llama3", "yarn"])
 def test_the_longest_original_length_allowed_computes_at_a_tensor_length(rope_type):
     """original_max_position_embeddings at its bound, 2^63 − 1, at the length the rotary module passes (a 0-d int64
