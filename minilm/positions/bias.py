@@ -230,7 +230,11 @@ class T5Bias(PositionEncoding):
         super().__init__()
         self.params = params
         self.table = nn.Parameter(torch.randn(params.num_buckets, dims.n_heads) * 0.02)  # (buckets, H)
-        self.thresholds = t5_thresholds(params.num_buckets, params.max_distance, params.bidirectional)
+        # Not where the model is built on the meta device to count its parameters (minilm.training.memory), which
+        # never runs it (None: it cannot): the search holds a tensor per bucket on the CPU, so num_buckets 2^40 died
+        # there with an allocation error before the count could refuse the model's 2^40-row table, naming the sizes
+        self.thresholds = None if self.table.is_meta else t5_thresholds(
+            params.num_buckets, params.max_distance, params.bidirectional)
 
     def buckets(self, distance: Tensor) -> Tensor:
         """``t5_bucket`` of each distance, from integer comparisons with ``thresholds`` (``t5_thresholds``):

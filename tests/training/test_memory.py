@@ -31,6 +31,17 @@ def test_the_count_from_one_block_is_the_models_count(over, vocab):
     assert param_count(mcfg, vocab) == sum(p.numel() for p in model.parameters())
 
 
+def test_a_t5_table_too_large_for_any_machine_is_counted_not_built():
+    """num_buckets 2^50: T5's bucket thresholds (a search holding a tensor per bucket, on the CPU) were computed
+    while the model was built on the meta device to be counted, an allocation error traceback before the count could
+    refuse the 2^50-row table."""
+    mcfg = _model_cfg(n_layers=2, d_model=32, n_heads=2, **{"position.name": "t5", "position.num_buckets": 2**50,
+                                                             "position.max_distance": 2**50 + 1})
+    assert param_count(mcfg, 0) > 2 * 2 * 2**50  # two layers of a (2^50, 2 heads) table
+    with pytest.raises(MinilmError, match=r"model\.n_layers=2, model\.d_model=32: .* more than this machine"):
+        check_model_fits_host(mcfg, 0)
+
+
 def test_host_memory_is_ram_and_swap_or_a_lower_cgroup_limit(tmp_path):
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       1000 kB\nMemFree:  10 kB\nSwapTotal:  24 kB\n")
