@@ -44,6 +44,7 @@ from minilm.errors import ConfigError
 FP32_MAX = torch.finfo(torch.float32).max  # 3.4e38
 FP32_TINY = torch.finfo(torch.float32).tiny  # 1.2e-38
 FP32_LOG_TINY = -math.log(FP32_TINY)  # 87.3
+FP32_POSITIONS = 2**24  # the positions fp32 counts exactly: the longest length the checks consider
 
 
 def check_in_fp32(key: str, value: float, at_most: float = FP32_MAX, why: str = "fp32's largest number") -> None:

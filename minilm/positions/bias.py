@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from minilm.positions.base import (
     FP32_LOG_TINY,
     FP32_MAX,
+    FP32_POSITIONS,
     FP32_TINY,
     FlexCoefficients,
     FlexPart,
@@ -489,13 +490,17 @@ class FireParams:
     def __post_init__(self):
         if self.mlp_width < 1:
             raise ValueError(f"mlp_width: must be >= 1, got {self.mlp_width}")
-        # c and L are fp32 parameters, and ψ(L) = ln(c·L + 1) normalizes every score: an overflowing c·L makes it
-        # inf, the input 0 and the gradients NaN; a c that is 0 in fp32 makes every ψ 0 (and takes no gradient)
+        # c and L are fp32 parameters, and ψ(x) = ln(c·|x| + 1) is taken of L, of every query position and of every
+        # distance: an overflowing c·x makes it inf, the input inf/inf = NaN (and the gradients NaN); a c that is 0 in
+        # fp32 makes every ψ 0 (and takes no gradient). Checked up to 2^24, the positions fp32 counts exactly: with
+        # c·L alone bounded, init_c 1e36 at init_L 1 passed and gave NaN scores from position 341 on
         check_in_fp32("init_c", self.init_c)
         check_in_fp32("init_L", self.init_L)
-        if self.init_c * self.init_L > FP32_MAX:
-            raise ValueError(f"init_c: init_c · init_L must be at most {FP32_MAX:.3g} (fp32's largest number), got "
-                             f"{self.init_c * self.init_L:.3g}: the normalizer ψ(L) = ln(c·L + 1) would overflow")
+        reach = max(self.init_L, FP32_POSITIONS)
+        if self.init_c * reach > FP32_MAX:
+            raise ValueError(f"init_c: init_c · max(init_L, 2^24) must be at most {FP32_MAX:.3g} (fp32's largest "
+                             f"number), got {self.init_c * reach:.3g}: ψ(x) = ln(c·|x| + 1) of L, or of a position or "
+                             "distance up to 2^24 (the positions fp32 counts exactly), would overflow: NaN scores")
         check_in_fp32("eps", self.eps)
 
 

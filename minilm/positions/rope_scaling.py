@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from minilm.errors import ConfigError
-from minilm.positions.base import FP32_MAX, FP32_TINY, YAML_STRING_FLOAT, check_in_fp32
+from minilm.positions.base import FP32_MAX, FP32_POSITIONS, FP32_TINY, YAML_STRING_FLOAT, check_in_fp32
 
 # rope_types whose frequencies depend on the current sequence length (recomputed per call, no state kept).
 # longrope is here because it switches from short_factor to long_factor beyond the original length.
@@ -85,7 +85,6 @@ def _check_betas(beta_fast: float, beta_slow: float) -> None:
 # positions whose angle m·θ_i/λ_i must stay finite. A longrope rescale factor λ_i below 2^24 / FP32_MAX (4.9e-32)
 # makes θ_0/λ_i (θ_0 = 1, the largest θ_i) so large that an angle below position 2^24 is inf in fp32, and its cos and
 # sin NaN: at fp32's smallest normal number (the bound before) from position 4 on, at 1e-35 from position 3403 on.
-FP32_POSITIONS = 2**24  # the positions fp32 counts exactly: the longest length the checks below consider
 LONGROPE_MIN_FACTOR = FP32_POSITIONS / FP32_MAX
 FLOAT_MAX = sys.float_info.max
 

@@ -393,6 +393,20 @@ def test_kerple_log_eps_is_bounded_where_the_bias_leaves_fp32_s_range():
             hook("kerple", eps=eps)
     assert 26.38 * math.log1p(26.38) <= 87.34 < 26.39 * math.log1p(26.39)
 
+def test_fire_at_its_largest_init_c_is_finite_up_to_position_2_24():
+    """init_c at its bound, fp32's largest number / 2^24: ψ of every position and distance up to 2^24 (the ones fp32
+    counts exactly) stays finite, and so does the bias; init_c 1e36 at init_L 1, which bounded c·L alone let pass,
+    was NaN from position 341 on."""
+    c = float(torch.finfo(torch.float32).max) / 2**24
+    fire = hook("fire", init_c=c, init_L=1.0)
+    q_pos, k_pos = torch.tensor([[2**24 - 1]]), torch.tensor([[0, 340, 2**24 - 1]])
+    with torch.no_grad():
+        fire.c.fill_(c)  # (off the perturbation hook applies)
+        assert torch.isfinite(fire.score(None, None, q_pos, k_pos, None)).all()
+    with pytest.raises(ConfigError, match=r"model\.position\.init_c: init_c · max\(init_L, 2\^24\)"):
+        validate_position({"name": "fire", "init_c": 1e36, "init_L": 1.0})
+
+
 def test_fire_input_is_normalized_at_every_length():
     """ψ(i − j)/ψ(max(L, i)) lies in [0, 1] for every causal pair, however long the sequence: the MLP never sees
     an input outside its training range, which is what lets FIRE extrapolate (Li et al. 2023, §3)."""

@@ -62,7 +62,10 @@ def test_unknown_parameter_is_named(name):
         # a torch traceback building the model, or NaN gradients (ψ(L) = ln(c·L + 1) overflowed)
         ({"name": "fire", "init_c": 1e39}, r"init_c: must be at most 3.4e\+38 \(fp32's largest number\), got 1e\+39"),
         ({"name": "fire", "init_L": 1e39}, r"init_L: must be at most 3.4e\+38"),
-        ({"name": "fire", "init_c": 1e38}, r"init_c: init_c · init_L must be at most 3.4e\+38 .*, got 5.12e\+40"),
+        ({"name": "fire", "init_c": 1e38}, r"init_c: init_c · max\(init_L, 2\^24\) must be at most 3.4e\+38 .*, got "
+                                           r"1.68e\+45"),
+        # c·L within fp32, but c·x of a later position or distance not: NaN scores from position 341 on
+        ({"name": "fire", "init_c": 1e36, "init_L": 1.0}, r"init_c: init_c · max\(init_L, 2\^24\) must be at most"),
         ({"name": "fire", "init_c": 0.0}, "init_c"),
         # > 0, but 0 in fp32, where the encodings use them: the table, trajectory or ψ switched off (sinusoidal,
         # FLOATER, multiplicative, FIRE's c and L; c then took no gradient), KERPLE's r >= eps lost (r1 reached 0)
