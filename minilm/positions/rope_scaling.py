@@ -383,6 +383,11 @@ def _yarn_inv_freq(dim: int, base: float, factor: float | Tensor, original: int,
     if truncate:
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)
+    if low > high:
+        # Both ends beyond d − 1 (every wavelength fits more than beta_fast times into L: keep every frequency, the
+        # paper's γ = 0) or both below 0 (none fits beta_slow times: interpolate every one). transformers' clamps
+        # cross there and invert the ramp: base 1.5 at L 2048 interpolated every frequency it should keep.
+        low, high = (dim, dim + 1) if high == dim - 1 else (-2, -1)
     if low == high:
         high += 0.001  # the reference's guard against a zero-width ramp
     device = _device(factor)  # a traced current-length factor: compute on its device

@@ -113,6 +113,22 @@ def test_yarn_temperature_choices():
     assert compute_rope(D, BASE, {**base, "mscale": 1.0})[1] == pytest.approx(0.1 * math.log(8) + 1)
 
 
+@pytest.mark.parametrize("truncate", [True, False])
+@pytest.mark.parametrize("rope_type", ["yarn", "ntk_by_parts", "dynamic_yarn"])
+def test_a_ramp_beyond_every_dimension_keeps_or_interpolates_them_all(rope_type, truncate):
+    """Where every wavelength fits more than beta_fast times into L (base 1.5: λ_i <= 2π·1.5 < 2048/32) YaRN keeps
+    every frequency; where none fits beta_slow times (L 1 < λ_0 = 2π) it divides every one by the factor. The
+    clamped ends crossed there (low > high) and inverted the ramp: all divided, and all kept."""
+    block = {"rope_type": rope_type, "factor": 4.0, "truncate": truncate}
+    seq_len = None if rope_type != "dynamic_yarn" else 4 * 2048  # (its factor at 4L: 1 + 4·3 = 13)
+    kept, _ = compute_rope(D, 1.5, {**block, "original_max_position_embeddings": 2048}, seq_len)
+    torch.testing.assert_close(kept, compute_rope(D, 1.5)[0], rtol=0, atol=0)
+    seq_len = None if rope_type != "dynamic_yarn" else 4
+    divided, _ = compute_rope(D, BASE, {**block, "original_max_position_embeddings": 1}, seq_len)
+    scale = 4.0 if rope_type != "dynamic_yarn" else 1 + 4.0 * 3
+    torch.testing.assert_close(divided, default() / scale, rtol=1e-6, atol=0)
+
+
 def test_ntk_by_parts_is_yarn_without_temperature():
     common = {"factor": 4, "original_max_position_embeddings": L}
     parts, t1 = compute_rope(D, BASE, {"rope_type": "ntk_by_parts", **common})
