@@ -179,6 +179,7 @@ def set_up_process() -> None:
 
 
 _sigterm = threading.Event()  # set once a SIGTERM arrived: what the KeyboardInterrupt that reaches run_cli was
+_interrupt = threading.Event()  # set once a Ctrl-C (SIGINT) or a SIGTERM arrived: the command is to stop
 
 
 def _on_sigterm(signum, frame):
@@ -186,8 +187,25 @@ def _on_sigterm(signum, frame):
     Lightning's graceful shutdown, the ``finally`` blocks that remove temporary files and directories — handles it
     alike (Lightning re-raises a plain one: the flag, not the exception's type, tells run_cli which it was)."""
     _sigterm.set()
+    _interrupt.set()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once, as before
     raise KeyboardInterrupt
+
+
+def _on_sigint(signum, frame):
+    """Ctrl-C: Python's own KeyboardInterrupt, and a flag that outlives it (``raise_if_interrupted``)."""
+    _interrupt.set()
+    raise KeyboardInterrupt
+
+
+def raise_if_interrupted() -> None:
+    """Raise KeyboardInterrupt again where a Ctrl-C or SIGTERM was swallowed. A signal handler's exception raised while
+    Python runs a finalizer (garbage collection: a ``weakref.finalize`` callback) is printed as 'Exception ignored
+    in: ...' and lost, and so is one a library catches as any exception: a study interrupted so trained on to its
+    end and exited 0. Called at every training step's end, before each phase and each study run, and when a
+    command returns (``run_cli``)."""
+    if _interrupt.is_set():
+        raise KeyboardInterrupt
 
 
 def sigterm_without_collective(world_size: int) -> None:
@@ -203,23 +221,29 @@ def sigterm_without_collective(world_size: int) -> None:
 
 
 @contextmanager
-def stop_on_sigterm():
+def stop_on_signals():
     """SIGTERM (a scheduler preempting or cancelling a job, ``kill``, ``timeout``) ends the command as Ctrl-C does:
     the work in hand stops, ``finally`` blocks run, and the message says how to continue (exit 143, 128 + 15).
     Its default action ended the process at once without a word, outside Lightning's training loop (which turns it
     into a stop at the next step): during data preparation, an evaluation, a study's summary; a corpus
-    preparation's temporary directory then stayed until the next one. The previous handler is restored after (an
-    entry point run in process, as the tests do)."""
+    preparation's temporary directory then stayed until the next one. Both signals also set the flag that
+    ``raise_if_interrupted`` reads. The previous handlers are restored after (an entry point run in process, as the
+    tests do)."""
+    _sigterm.clear()
+    _interrupt.clear()
     if threading.current_thread() is not threading.main_thread():  # (signal handlers live in the main thread)
         yield
         return
-    _sigterm.clear()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    previous = {sig: signal.signal(sig, handler) for sig, handler in ((signal.SIGTERM, _on_sigterm),
+                                                                      (signal.SIGINT, _on_sigint))}  # fmt: skip
     try:
         yield
     finally:
-        if previous is not None:  # (None: a handler set from C, which Python cannot put back)
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            if handler is not None:  # (None: a handler set from C, which Python cannot put back)
+                signal.signal(sig, handler)
+        _interrupt.clear()  # (the command has ended: what runs after it in the process is not interrupted; _sigterm
+        # stays set for run_cli's message)
 
 
 def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argparse.ArgumentParser,
@@ -227,10 +251,12 @@ def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argpars
     args = parser.parse_intermixed_args(argv)  # overrides may follow flags: `--config X --resume key=value`
     resumable = any("--resume" in a.option_strings for a in parser._actions)  # (train.py, study.py)
     try:  # (torch is first imported here, a second or two: a Ctrl-C then was a KeyboardInterrupt traceback)
-        with stop_on_sigterm():
+        with stop_on_signals():
             set_up_process()  # before anything else runs: before torch starts its worker threads
             quiet_libraries()
-            return main(args) or 0
+            code = main(args) or 0
+            raise_if_interrupted()  # (a Ctrl-C that something swallowed: the command did not end as it should)
+            return code
     except MinilmError as e:
         if getattr(args, "debug", False):
             traceback.print_exc()

@@ -43,6 +43,7 @@ from typing import Callable, Optional
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from minilm.cli import raise_if_interrupted
 from minilm.config import UniqueKeyLoader, load_config, phase_config, phase_names
 from minilm.errors import ConfigError, MinilmError
 from minilm.eval.report import SCALARS  # the per-length numbers of results.json
@@ -352,6 +353,7 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
         log(line)
     try:
         for r in todo:
+            raise_if_interrupted()  # (a Ctrl-C swallowed by a finalizer: the next run did not start the study over)
             with _study_remedy(r.label, cfgs, again):
                 _train_run(study, r, out_dir, cfgs[r.label], plan.get(r.label), log)
     finally:  # also when a run fails or is interrupted: the summary of what has finished

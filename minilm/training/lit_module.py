@@ -18,7 +18,7 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from torch import nn
 
-from minilm.cli import sigterm_without_collective
+from minilm.cli import raise_if_interrupted, sigterm_without_collective
 from minilm.config import key_as_set
 from minilm.data import IGNORE
 from minilm.errors import MinilmError
@@ -243,6 +243,7 @@ class LitGPT(L.LightningModule):
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         self.end_step(batch_idx)
+        raise_if_interrupted()  # a Ctrl-C lost where it arrived (in a finalizer) stops the phase here
 
     def end_step(self, batch_idx: int) -> None:
         """At an optimizer step's last micro-batch: log its scalars, once. The run's checkpoint callback calls it

@@ -32,6 +32,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
 
+from minilm.cli import raise_if_interrupted
 from minilm.config import (
     micro_batch_size,
     phase_config,
@@ -374,6 +375,7 @@ def run_phases(
             _load_finished_phase(model, run_dir, prev, start_phase)
         try:
             for i, n in enumerate(names[start:], start):
+                raise_if_interrupted()  # (a Ctrl-C swallowed by a finalizer after the last phase's steps)
                 pcfg, steps = pcfgs[n], phase_steps(pcfgs[n])
                 _wait_for_primary()
                 if n not in restarts and is_complete(run_dir, n):

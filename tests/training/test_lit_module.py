@@ -596,6 +596,25 @@ def test_a_skipped_step_is_reported_by_rank_0_only(capsys):
     assert capsys.readouterr().out.count("the loss became nan at step 3; skipped (1/5)") == 1
 
 
+def test_a_ctrl_c_swallowed_before_a_step_ends_stops_the_phase_at_that_step():
+    """A Ctrl-C lost where it arrived (a finalizer, a library's except) leaves the flag of ``minilm.cli``: the phase
+    stops at the end of the step, as Lightning stops on Ctrl-C (its shutdown exits; minilm's ``_run_trainer`` turns
+    that into the KeyboardInterrupt the CLI reports), instead of training on."""
+    from minilm.cli import _interrupt
+
+    seen = []
+
+    def swallow_after_the_first_step(module):
+        module.log_scalars = lambda scalars: seen.append(module.global_step) or _interrupt.set()
+
+    try:
+        with pytest.raises(SystemExit):
+            _fit(4, steps=5, prepare=swallow_after_the_first_step, log_every=1)
+    finally:
+        _interrupt.clear()
+    assert seen == [1]
+
+
 @pytest.mark.parametrize("hook", ["on_train_start", "on_validation_start"])
 def test_sigterm_under_ddp_interrupts_at_once_without_a_collective(hook):
     """Lightning's SIGTERM handler (installed by every fit / validate) calls dist.broadcast inside the signal
@@ -607,7 +626,7 @@ def test_sigterm_under_ddp_interrupts_at_once_without_a_collective(hook):
 
     import lightning as L
 
-    from minilm.cli import _sigterm
+    from minilm.cli import _interrupt, _sigterm
 
     before = signal.getsignal(signal.SIGTERM)
     connector = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)._signal_connector
@@ -625,6 +644,7 @@ def test_sigterm_under_ddp_interrupts_at_once_without_a_collective(hook):
         connector.teardown()
         signal.signal(signal.SIGTERM, before)
         _sigterm.clear()
+        _interrupt.clear()
 
 
 def test_the_logged_training_loss_under_ddp_is_the_global_batchs_mean():
