@@ -245,6 +245,7 @@ def test_an_unfinished_run_says_which_phase_it_decodes_with(fake_run, capsys):
     cfg.phases = {"train": {"steps": 3}, "extend": {"steps": 3, "seq_len": 256}}
     (fake_run / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     (fake_run / "model.safetensors").unlink()  # 'extend' has not finished: no final weights yet
+    (fake_run / "train" / "complete.json").write_text("{}")  # 'train' has (minilm.runs.phase_finished)
     gen = load_script("scripts/generate.py")
     head = ["--prompt", "def f(x):", "--max-new-tokens", "3", "--greedy", "--device", "cpu"]
     assert run_cli(gen.main, gen.parser(), [str(fake_run), *head]) == 0
