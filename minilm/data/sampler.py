@@ -147,6 +147,50 @@ class Sampler:
             raise DataError(f"no {split} documents in any source with weight > 0 (weights: {sampled}){hint}")
         if self.synthetic_fraction > 0:
             self._check_synthetic_fits()
+        if split == "train":
+            self._warn_unmet_weights()
+
+    def source_shares(self) -> Dict[str, float]:
+        """Each source's expected share of the rows. A row picks its source by weight among the sources with
+        documents for its part (long rows: documents of at least ``long_min_tokens`` tokens; short rows and the
+        filler of synthetic ones: shorter documents), so a source with documents for one part only is not sampled at
+        its weight's share."""
+        syn = self.synthetic_fraction if self.synthetic_tasks else 0.0
+        parts = ((1.0 - (1.0 - syn) * self.long_fraction, self._short), ((1.0 - syn) * self.long_fraction, self._long))
+        shares = np.zeros(len(self._weights))
+        for share, pools in parts:
+            keys = list(pools)
+            if share > 0 and keys:
+                shares[keys] += share * self._weights[keys] / self._weights[keys].sum()
+        return {n: float(x) for n, x in zip(self.store.source_names, shares)}
+
+    def _warn_unmet_weights(self) -> None:
+        """Say so when the sources' shares of the rows are not their weights' (a source of short documents alone in
+        a phase with long rows): the weights' normalization was logged as the shares, and the mixture changed
+        without a word."""
+        names, w = self.store.source_names, self._weights / self._weights.sum()
+        shares = self.source_shares()
+        if max(abs(shares[n] - x) for n, x in zip(names, w)) <= 0.01:
+            return
+        said = (str(self.corpus.cache_dir), self.phase, tuple(round(x, 3) for x in shares.values()))
+        if said in _UNMET:
+            return
+        _UNMET.add(said)
+        sampled = [n for n, x in zip(names, w) if x > 0]
+        no_long = [n for i, n in enumerate(names) if n in sampled and i not in self._long]
+        no_short = [n for i, n in enumerate(names) if n in sampled and i not in self._short]
+        why = "; ".join([f"{', '.join(no_long)} has no document of at least {self.long_min_tokens} tokens for the "
+                         f"long rows"] * bool(no_long and self.long_fraction > 0)
+                        + [f"{', '.join(no_short)} has no document shorter than {self.long_min_tokens} tokens for "
+                           f"the short and synthetic rows"] * bool(no_short))  # fmt: skip
+        log.warning("phase '%s': the sources' shares of the %s rows are %s, not their weights' %s: a row picks its "
+                    "source by weight among the sources with documents for its part (long rows, %s=%g of the rows "
+                    "not synthetic, draw documents of at least %s=%d tokens), and %s; re-weight the sources or "
+                    "change %s to change the mixture", self.phase, self.split,
+                    ", ".join(f"{n} {shares[n]:.3g}" for n in sampled),
+                    ", ".join(f"{n} {x:.3g}" for n, x in zip(names, w) if x > 0), self._key("data.long_fraction"),
+                    self.long_fraction, self._key("data.long_min_tokens"), self.long_min_tokens, why,
+                    self._key("data.long_fraction"))  # fmt: skip
 
     def _check_synthetic_fits(self) -> None:
         """A retrieval sample needs a minimum length (its needle, question and answer): refuse a seq_len too short
@@ -313,6 +357,7 @@ def _weights(data_cfg: Any, corpus: Corpus, key: str = "data.sources") -> Dict[s
 
 
 _NORMALIZED: set = set()  # (corpus, weights) whose normalization was logged
+_UNMET: set = set()  # (corpus, phase, shares) whose shares, other than the weights', were said (_warn_unmet_weights)
 
 
 def synthetic_style(data_cfg: Any) -> str:

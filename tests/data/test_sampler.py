@@ -136,6 +136,27 @@ def test_source_weights_hold_within_the_packed_part(tmp_path, caplog):
     assert np.mean(["alpha" in t for t in texts]) == pytest.approx(0.75, abs=0.05)
 
 
+def test_sources_sampled_off_their_weights_are_said_with_the_shares_realised(tmp_path, caplog):
+    """A source of short documents alone gives no long rows: with weights 1:1 and long_fraction 0.25 it takes 3/4
+    of the rows. The weights' normalization was logged as the shares of the rows, and nothing said otherwise."""
+    for name, word, lines in (("a", "alpha", 1), ("b", "omega", 40)):  # a: short documents only, b: long ones
+        (tmp_path / name).mkdir()
+        for i in range(12):
+            (tmp_path / name / f"{i}.txt").write_text(f"{word} = {word} + {i}\n" * lines)
+    cfg = make_data_cfg(tmp_path, {"a": {"kind": "files", "paths": [f"{tmp_path}/a/*.txt"]},
+                                   "b": {"kind": "files", "paths": [f"{tmp_path}/b/*.txt"]}},
+                        long_fraction=0.25)  # fmt: skip
+    corpus = load_corpus(cfg, progress=False)
+    with caplog.at_level("WARNING", logger="minilm.data.sampler"):
+        s = make_sampler(corpus, "train", cfg, seq_len=32, batch_size=8, seed=0, phase="p")
+    said = [r.getMessage() for r in caplog.records if "shares of the train rows" in r.getMessage()]
+    assert len(said) == 1 and "are a 0.75, b 0.25, not their weights' a 0.5, b 0.5" in said[0], said
+    assert "b has no document shorter than 32 tokens" in said[0] and "data.long_fraction" in said[0]
+    assert s.source_shares() == pytest.approx({"a": 0.75, "b": 0.25})
+    texts = [corpus.tokenizer.decode(r.tolist()) for i in range(100) for r in s.batch(i)["input_ids"]]
+    assert np.mean(["alpha" in t for t in texts]) == pytest.approx(0.75, abs=0.05)  # the shares said are the ones drawn
+
+
 def test_validation_batches_are_fixed_and_held_out(mixed_cfg):
     cfg = mixed_cfg(document_mask=True)
     corpus = load_corpus(cfg, progress=False)
