@@ -90,21 +90,20 @@ def make_kv_sample(tokenizer, filler_tokens: Sequence[int], length: int, rng: np
     to the exact length. The queried pair is uniform over the pairs, so all depths are trained/evaluated."""
     if style not in STYLES:
         raise DataError(f"data.synthetic.style: must be one of {STYLES} (or auto), got {style!r}")
-    head_ids = tokenizer.encode("\nkv = {\n" if style == "code" else "\nJSON data:\n{\n")
-    close_ids = tokenizer.encode("}\n")
+    head_ids, close_ids = _kv_frame(tokenizer, style)
     pairs: List[Tuple[str, str, List[int]]] = []
     # budget for pairs: length minus fixed parts minus a worst-case query/answer (measured on the first pair)
     used = len(head_ids) + len(close_ids)
     while True:
         k, v = _hex(rng, key_chars), _hex(rng, key_chars)
-        line = tokenizer.encode(f'    "{k}": "{v}",\n')
-        q, a = _kv_query(tokenizer, k, v, style)
-        if used + len(line) + len(q) + len(a) + 8 > length:  # 8: slack for a longer query than this pair's
+        line, need = _kv_pair_need(tokenizer, k, v, style)
+        if used + need > length:
             break
         pairs.append((k, v, line))
         used += len(line)
     if not pairs:
-        raise DataError(f"a key-value sample of {length} tokens is too short to hold one pair")
+        raise DataError(f"a key-value sample of {length} tokens is too short to hold one pair (this one needs "
+                        f"{used + need})")
     k, v, _ = pairs[int(rng.integers(0, len(pairs)))]
     q_ids, a_ids = _kv_query(tokenizer, k, v, style)
     body = head_ids + [t for _, _, line in pairs for t in line] + close_ids + q_ids
@@ -112,6 +111,30 @@ def make_kv_sample(tokenizer, filler_tokens: Sequence[int], length: int, rng: np
     if n_fill < 0 or len(filler_tokens) < n_fill:
         raise DataError(f"key-value sample: cannot fill {length} tokens (filler {len(filler_tokens)})")
     return [int(t) for t in filler_tokens[:n_fill]] + body, a_ids
+
+
+def _kv_frame(tokenizer, style: str) -> Tuple[List[int], List[int]]:
+    """The tokens that open and close a key-value sample's pairs."""
+    return tokenizer.encode("\nkv = {\n" if style == "code" else "\nJSON data:\n{\n"), tokenizer.encode("}\n")
+
+
+def _kv_pair_need(tokenizer, key: str, value: str, style: str) -> Tuple[List[int], int]:
+    """(the pair's line, the tokens it takes with a query and answer of its own and 8 of slack for a longer
+    query than this pair's)."""
+    line = tokenizer.encode(f'    "{key}": "{value}",\n')
+    q, a = _kv_query(tokenizer, key, value, style)
+    return line, len(line) + len(q) + len(a) + 8
+
+
+def kv_length_needed(tokenizer, rng: np.random.Generator, style: str = "code", draws: int = 256,
+                     key_chars: int = 6) -> int:  # fmt: skip
+    """The length a key-value sample needs to hold one pair of the longest of ``draws`` random pairs and of an
+    all-digit one: how many tokens a pair takes depends on how its random hex key and value tokenize, so a length
+    that a few samples fit can be too short for another (a digit is a token of its own with the tokenizer trained
+    here, so no pair is longer than the all-digit one)."""
+    frame = sum(map(len, _kv_frame(tokenizer, style)))
+    pairs = [("9" * key_chars, "9" * key_chars)] + [(_hex(rng, key_chars), _hex(rng, key_chars)) for _ in range(draws)]
+    return frame + max(_kv_pair_need(tokenizer, k, v, style)[1] for k, v in pairs)
 
 
 def _kv_query(tokenizer, key: str, value: str, style: str) -> Sample:

@@ -3,11 +3,13 @@ built by hand from the tokens, validation batches, synthetic rows."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
-from minilm.data import load_corpus, make_sampler, validation_batches
+from minilm.data import load_corpus, make_kv_sample, make_sampler, validation_batches
 from minilm.errors import DataError
 from tests.data.conftest import make_data_cfg
 
@@ -234,6 +236,36 @@ def test_a_seq_len_too_short_for_a_synthetic_task_fails_when_the_sampler_is_made
     with pytest.raises(DataError, match="data.synthetic.tasks: a 'kv' sample does not fit a row of seq_len 16"):
         make_sampler(corpus, "train", cfg, seq_len=16, batch_size=2, seed=0, phase="p")
     make_sampler(corpus, "train", cfg, seq_len=256, batch_size=2, seed=0, phase="p").batch(0)
+
+
+class _LongDigitPairs:
+    """The corpus's tokenizer, but a kv pair whose key and value are both digits alone (one pair in 280 drawn) takes
+    40 tokens more, as digits, split one a token, make all-digit hex keys the longest in a real tokenizer."""
+
+    def __init__(self, tok):
+        self.tok, self.eos_id = tok, tok.eos_id
+
+    def encode(self, text: str) -> list[int]:
+        pair = re.search(r'"([0-9a-f]{6})": "([0-9a-f]{6})"', text)
+        return self.tok.encode(text) + [5] * 40 * bool(pair and pair[1].isdigit() and pair[2].isdigit())
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(ids)
+
+
+def test_a_seq_len_too_short_for_a_rare_kv_pair_fails_when_the_sampler_is_made(files_cfg):
+    """A kv sample needs room for one pair, and a pair's length depends on how its random key and value tokenize:
+    8 samples drawn to check the seq_len passed one too short for a rare long pair, and the phase stopped when the
+    first such row was drawn."""
+    cfg = files_cfg(**{"synthetic.fraction": 0.5, "synthetic.tasks": ["kv"]})
+    corpus = load_corpus(cfg, progress=False)
+    corpus.tokenizer = _LongDigitPairs(corpus.tokenizer)
+    rng = np.random.default_rng(0)
+    fits = [len(sum(make_kv_sample(corpus.tokenizer, [7] * 200, 100, rng), [])) == 100 for _ in range(50)]
+    assert all(fits)  # a seq_len of 99 holds the usual pairs
+    with pytest.raises(DataError, match="data.synthetic.tasks: a 'kv' sample does not fit a row of seq_len 99"):
+        make_sampler(corpus, "train", cfg, seq_len=99, batch_size=2, seed=0, phase="p")
+    make_sampler(corpus, "train", cfg, seq_len=160, batch_size=2, seed=0, phase="p")  # every pair fits
 
 
 def test_a_phase_sampler_names_each_key_as_the_run_config_sets_it(files_cfg):
