@@ -14,8 +14,9 @@ ones on average and per batch up to one row; rows then shuffled):
   answer tokens of these rows have targets (the rest are ``IGNORE``), so the retrieval is what they train.
 - ``long`` (``data.long_fraction`` of the remaining rows): a contiguous window that starts inside a document of
   at least ``data.long_min_tokens`` tokens (default: seq_len). Documents are chosen in proportion to their
-  length, so every long-document token is equally likely to start a window; the start is uniform within the
-  document, so a document's first and last tokens fall in fewer windows than its middle ones.
+  length and the window starts uniformly within it (over its L − n + 1 starts): a document's first and last
+  n − 1 tokens fall in fewer windows than its middle ones, and the middle of a document not much longer than the
+  window in more than those of a far longer one (about twice as many at L = 2n).
 - ``short`` (the rest): a window of the packed stream of the *other* documents (EOS between documents). When
   ``long_fraction`` is 0 the packed stream holds every document (plain pretraining, nothing thrown away).
 
