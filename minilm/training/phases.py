@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
+import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -393,6 +395,10 @@ def run_phases(
             if primary:
                 save_weights(model, run_dir / "model.safetensors", pcfgs[names[-1]].model)
                 save_config(pcfgs[names[-1]], run_dir / "final_config.yaml")
+        except BaseException as e:
+            if failed := _stop_launched_ranks(e):
+                raise failed from e
+            raise
         finally:
             tb_logger.close()
     log(f"done: {run_dir / 'model.safetensors'}")
@@ -482,6 +488,43 @@ def _run_logger(run_dir: Path, names: list, pcfgs: dict, offset: int, resume_fro
     # ignored and the steps logged after the checkpoint were drawn twice
     purge = _tensorboard_purge_step(run_dir, names, pcfgs, offset, resume_from) if restarted else 0
     return _RunLogger(save_dir=str(run_dir), name="tb", version="", default_hp_metric=False, purge_step=purge)
+
+
+# the processes of the other ranks that Lightning's launcher started from this one (``python train.py`` with
+# trainer.devices > 1: they run the whole command, as long as this process does), as _run_trainer finds them
+_launched: list = []
+
+
+def _stop_launched_ranks(error: BaseException) -> Optional[MinilmError]:
+    """In the process that started the other ranks (Lightning's launcher), ended by ``error``: end them too, and say
+    which one failed first where ``error`` is what that left this process with. Lightning ends them on Ctrl-C in
+    ``fit`` alone. On an error of rank 0 (its evaluation between phases, a file it writes), the others were left in
+    a collective that waited for it: they failed with a traceback of the backend's after the command had ended
+    (gloo), or held their GPU until the process group's timeout, 30 minutes (NCCL). And a rank that failed, its
+    error printed, ended rank 0's collective with such a traceback ("Connection closed by peer") and exit 1, in
+    place of exit 2. Returns the error naming the rank that failed, or None (``error`` stands). Under torchrun or
+    SLURM their launcher ends the ranks, and this process started none."""
+    if not _launched:
+        return None
+    failed = None
+    if not isinstance(error, (MinilmError, KeyboardInterrupt)):  # a collective another rank left, maybe: it exits
+        deadline = time.monotonic() + 5.0  # as its sockets close, which is what ended the collective here
+        while failed is None and time.monotonic() < deadline:
+            failed = next(((r, p) for r, p in enumerate(_launched, 1) if p.poll()), None)
+            time.sleep(0.05)
+    for proc in _launched:
+        if proc.poll() is None:
+            proc.kill()  # (SIGKILL, as Lightning on Ctrl-C: a process blocked in a collective runs no handler)
+            proc.wait()
+    if failed is None:
+        return None
+    rank, proc = failed
+    code = proc.returncode
+    killed = next((s.name for s in signal.Signals if s == -code), f"signal {-code}")
+    how = (f"was killed by {killed}" if code < 0 else "stopped with the error printed above"
+           if code == 2 else f"failed with exit code {code} (its output is above)")  # fmt: skip
+    return MinilmError(f"the process of local rank {rank} (pid {proc.pid}) {how}; the other ranks of the run were "
+                       "stopped with it")
 
 
 def _wait_for_primary() -> None:
@@ -634,6 +677,9 @@ def _run_trainer(trainer, run, phase: str, *args, **kwargs):
         if is_out_of_memory(e):
             raise out_of_memory(e, phase, trainer.global_step, str(trainer.strategy.root_device)) from e
         raise
+    finally:
+        if procs := getattr(trainer.strategy.launcher, "procs", None):  # (the first phase's trainer started them)
+            _launched[:] = procs
 
 
 def _finish_phase(model, pcfg, name, pdir, trainer, module, steps, seconds, carried: bool, log) -> None:

@@ -210,3 +210,53 @@ def test_ddp_matches_one_process_when_rows_differ_in_targets(ddp_config, tmp_pat
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
     loss = [json.loads((run / "train" / "complete.json").read_text())["val_loss"] for run in (two, one)]
     assert abs(loss[0] - loss[1]) < 1e-4, loss
+
+
+FAILING_RANK = """
+import importlib.util, os, sys
+sys.path.insert(0, {repo!r})
+from minilm.errors import MinilmError
+import minilm.training.lit_module as lit
+import minilm.training.phases as phases
+
+if int(os.environ.get("LOCAL_RANK", "0")) == {rank}:
+    if {where!r} == "step":  # this rank fails in the phase's third step, the others in a collective with it
+        step = lit.LitGPT.training_step
+
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 2:
+                raise MinilmError("rank {rank} cannot go on")
+            return step(self, batch, batch_idx)
+
+        lit.LitGPT.training_step = training_step
+    else:  # rank 0 fails to finish the first phase (its files, its evaluation) while the others wait for it
+
+        def finish_phase(*args, **kwargs):
+            raise MinilmError("rank {rank} cannot finish the phase")
+
+        phases._finish_phase = finish_phase
+# train.py run from this file, which Lightning's launcher then starts as the other ranks too (sys.argv[0])
+spec = importlib.util.spec_from_file_location("train", {train!r})
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+sys.exit(train.run_cli(train.main, train.parser()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank, where", [(1, "step"), (0, "finish")])
+def test_an_error_on_one_rank_ends_every_rank_with_exit_2(ddp_config, tmp_path, repo, rank, where):
+    """An error on one rank ends the run with its message and exit 2, without a traceback. Rank 1's error (printed,
+    exit 2) ended rank 0's collective with gloo's "Connection closed by peer" traceback and exit 1; rank 0's error
+    between phases left rank 1 waiting for it, to print that traceback after the command had ended (under NCCL it
+    held its GPU for the process group's 30-minute timeout)."""
+    script = tmp_path / "failing_rank.py"
+    script.write_text(FAILING_RANK.format(repo=str(repo), train=str(repo / "train.py"), rank=rank, where=where))
+    proc = train(ddp_config, tmp_path / "run", 2, 2, "phases.short.steps=3", "phases.long.steps=2",
+                 check=False, script=str(script))  # fmt: skip
+    assert "GLOBAL_RANK: 1" in proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"error: rank {rank} cannot" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    if rank:  # rank 0 says why it stopped
+        assert "error: the process of local rank 1 (pid" in proc.stderr
+        assert "stopped with the error printed above" in proc.stderr
