@@ -499,12 +499,17 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
     split = was_world is not None and world_size is not None  # both known: compared as a global batch
     ignore = ("train.batch_size",) if split else ()
     diffs = [_first_difference(saved[key], now[key], key, ignore) for key in saved]
+    batch, fits = None, ""  # another global batch, and the batch_size that keeps the phase's on this device count
     if split:
         was_t, now_t = saved["train"], now["train"]
-        if was_t["batch_size"] * was_world != now_t["batch_size"] * world_size:
+        if (was_global := was_t["batch_size"] * was_world) != now_t["batch_size"] * world_size:
             key = key_as_set("train.batch_size", phase, set_in)
-            diffs.append((f"the global batch ({key} x processes)", f"{was_t['batch_size']} x {was_world}",
-                          f"{now_t['batch_size']} x {world_size}"))  # fmt: skip
+            batch = (f"the global batch ({key} x processes)", f"{was_t['batch_size']} x {was_world}",
+                     f"{now_t['batch_size']} x {world_size}")  # fmt: skip
+            diffs.append(batch)
+            # (the usual cause: another device count with batch_size unchanged, which the remedy says how to keep)
+            fits = (f"{key}={was_global // world_size} on {world_size} process(es)" if was_global % world_size == 0
+                    else f"{was_world} process(es) and {key}={was_t['batch_size']}")  # fmt: skip
         elif was_t.get("tokens") is not None and _phase_steps_of(was_t) != phase_steps(pcfg):
             diffs.append((f"train.tokens (per device: at train.batch_size {was_t['batch_size']}, "
                           f"{_phase_steps_of(was_t)} steps)", was_t["tokens"],
@@ -515,8 +520,9 @@ def check_finished_phase(pcfg, phase: str, run_dir: Path, flag: str, carried: bo
     if diff:
         what = (f"{flag}: phase '{phase}' finished with {key_as_set(diff[0], phase, set_in)} = {_shown(diff[1])} "
                 f"({path}), the config now says {_shown(diff[2])}")  # fmt: skip
-        raise ChangedPhaseError(f"{what}; retrain it and the phases after it with --phase {phase}, start from other "
-                                "weights with --init, or start a new run (run.name / run.dir)", what, phase,
+        keep = f"keep its global batch with {fits}, " if diff is batch else ""
+        raise ChangedPhaseError(f"{what}; {keep}retrain it and the phases after it with --phase {phase}, start from "
+                                "other weights with --init, or start a new run (run.name / run.dir)", what, phase,
                                 Path(run_dir))  # fmt: skip
 
 

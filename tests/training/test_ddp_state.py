@@ -186,6 +186,12 @@ def test_resume_compares_a_finished_phase_by_its_global_batch(config, tmp_path):
     with pytest.raises(run_checks.ChangedPhaseError, match=r"the global batch \(train.batch_size x processes\) = "
                                                        r"'4 x 1' .*now says '2 x 1'"):  # fmt: skip
         check(2, 1)
+    # saying which batch_size keeps the global batch on the new device count (it said only "retrain it")
+    with pytest.raises(run_checks.ChangedPhaseError, match=r"keep its global batch with train.batch_size=2 on 2 "):
+        check(4, 2)
+    with pytest.raises(run_checks.ChangedPhaseError, match=r"keep its global batch with 1 process\(es\) and "
+                                                       r"train.batch_size=4, retrain it"):  # fmt: skip
+        check(1, 3)
     summary.write_text(json.dumps({k: v for k, v in json.loads(summary.read_text()).items() if k != "world_size"}))
     with pytest.raises(run_checks.ChangedPhaseError, match=r"train.batch_size = 4"):
         check(2, 2)
