@@ -257,7 +257,9 @@ def hf_config(cfg, vocab_size: int, tokenizer=None):
         **llama_rope_kwargs(rope),
     )
     if tokenizer is not None:
-        kwargs.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+        # a model_file may have no BOS (-1, which transformers reads as an id out of the vocabulary): null
+        bos = tokenizer.bos_id if tokenizer.bos_id >= 0 else None
+        kwargs.update(bos_token_id=bos, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
     return LlamaConfig(**kwargs)
 
 
@@ -333,7 +335,9 @@ def hf_tokenizer(model_file: str | Path):
 
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token=piece(t.bos_id), eos_token=piece(t.eos_id), unk_token=unk, pad_token=piece(t.pad_id),
+        # no pad piece: EOS pads, as minilm.data.Tokenizer.pad_id and config.json's pad_token_id say
+        bos_token=piece(t.bos_id), eos_token=piece(t.eos_id), unk_token=unk,
+        pad_token=piece(t.pad_id if t.pad_id >= 0 else t.eos_id),
         split_special_tokens=True,  # "</s>" in text is text, as in sentencepiece
         clean_up_tokenization_spaces=False,
         model_max_length=int(1e30),

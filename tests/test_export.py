@@ -647,3 +647,27 @@ def export_script(run: Path, out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(run), str(out)]
     return subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_a_model_file_without_bos_or_pad_exports_ids_transformers_accepts(tiny_text_dir, tmp_path):
+    """A data.tokenizer.model_file may have no BOS and no pad piece (sentencepiece's pad_id -1 is its default). The
+    export wrote bos_token_id -1 into config.json (transformers warns it is out of the vocabulary), and its pad token
+    id was EOS (minilm pads with EOS then) while the tokenizer had no pad token: padding a batch with the exported
+    tokenizer failed. Absent BOS is null in both; pad is EOS in both."""
+    import sentencepiece as spm
+
+    from minilm.data import Tokenizer
+    from minilm.export import hf_config, hf_tokenizer
+
+    text = "".join(p.read_text() for p in sorted(tiny_text_dir.glob("*.py")))
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text.splitlines()), model_prefix=str(tmp_path / "own"), vocab_size=300, bos_id=-1,
+        pad_id=-1, unk_id=0, eos_id=1, byte_fallback=True, normalization_rule_name="identity", add_dummy_prefix=False,
+        minloglevel=2,
+    )
+    tok = Tokenizer(tmp_path / "own.model")
+    config = hf_config(load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2"]), 300, tok)
+    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (None, 1, 1)
+    theirs = hf_tokenizer(tok.model_file)
+    assert (theirs.bos_token_id, theirs.eos_token_id, theirs.pad_token_id) == (None, 1, 1)
+    assert theirs(["def f", "x = 1 + 2"], padding=True)["input_ids"][0][-1] == 1
