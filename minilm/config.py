@@ -1238,6 +1238,9 @@ def validate(cfg: DictConfig) -> None:
     _validate_model(cfg.model)
     d = cfg.data
     _check(d.tokenizer.vocab_size >= 64, "data.tokenizer.vocab_size", f"must be >= 64, got {d.tokenizer.vocab_size}")
+    # (sentencepiece parses it as an int32: a larger one failed with a traceback after every source was read)
+    _check(d.tokenizer.vocab_size < 2**31, "data.tokenizer.vocab_size",
+           f"must be <= {2**31 - 1} (sentencepiece's limit), got {d.tokenizer.vocab_size}")  # fmt: skip
     _check(0 <= d.long_fraction <= 1, "data.long_fraction", f"must be in [0, 1], got {d.long_fraction}")
     _check(0 < d.val_fraction < 1, "data.val_fraction", f"must be in (0, 1), got {d.val_fraction}")
     _validate_data(d, where="data")

@@ -1057,3 +1057,12 @@ def test_a_nan_or_inf_value_s_error_names_the_layer_that_set_it(tmp_path):
             load_config(overrides=[f"optim.lr={value}"])
     with pytest.raises(ConfigError, match=r"^optim\.eps: .*got inf \(set on the command line\)$"):
         load_config(overrides=["optim.eps=Infinity"])
+
+
+def test_a_vocab_size_sentencepiece_cannot_take_is_refused_at_load():
+    """sentencepiece reads vocab_size as a 32-bit int: 3000000000 passed the config and stopped the preparation,
+    after every source was read, with a ValueError traceback ('cannot parse "3000000000" as int')."""
+    with pytest.raises(ConfigError, match=r"^data\.tokenizer\.vocab_size: must be <= 2147483647 .*got 3000000000"):
+        load_config(overrides=["data.tokenizer.vocab_size=3000000000"])
+    assert load_config(overrides=["data.tokenizer.vocab_size=70000"]).data.tokenizer.vocab_size == 70000
+
