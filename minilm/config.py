@@ -1202,6 +1202,9 @@ def _validate_data(d: DictConfig, where: str = "data") -> None:
     tok = d.tokenizer
     _check(tok.type in ("bpe", "unigram"), f"{where}.tokenizer.type", f"must be bpe or unigram, got {tok.type!r}")
     _check(tok.sample_chars >= 1, f"{where}.tokenizer.sample_chars", f"must be >= 1, got {tok.sample_chars}")
+    # (an empty path was read as null: a tokenizer trained on the corpus, without a word, where a file was meant)
+    _check(tok.model_file is None or tok.model_file.strip() != "", f"{where}.tokenizer.model_file",
+           f"must be the path of a sentencepiece .model or null (train one on the corpus), got {tok.model_file!r}")
     _check(d.num_proc >= 1, f"{where}.num_proc", f"must be >= 1, got {d.num_proc}")
     _check(0 <= d.long_fraction <= 1, f"{where}.long_fraction", f"must be in [0, 1], got {d.long_fraction}")
     _check(

@@ -1066,3 +1066,12 @@ def test_a_vocab_size_sentencepiece_cannot_take_is_refused_at_load():
         load_config(overrides=["data.tokenizer.vocab_size=3000000000"])
     assert load_config(overrides=["data.tokenizer.vocab_size=70000"]).data.tokenizer.vocab_size == 70000
 
+
+
+@pytest.mark.parametrize("value", ["''", "'  '"])
+def test_an_empty_tokenizer_model_file_is_refused_not_read_as_null(value):
+    """data.tokenizer.model_file '' (an unset environment variable in a script, say) trained a tokenizer on the
+    corpus without a word, as null does, when a .model was asked for."""
+    with pytest.raises(ConfigError, match=r"^data\.tokenizer\.model_file: must be the path of a sentencepiece \.model "
+                                          r"or null \(train one on the corpus\), got "):  # fmt: skip
+        load_config(overrides=[f"data.tokenizer.model_file={value}"])
