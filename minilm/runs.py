@@ -251,7 +251,10 @@ def load_run(path: str | Path, phase: Optional[str] = None, map_location: str = 
     run_cfg = load_run_config(run_dir / "config.yaml")
     trained_in = phase or phase_names(run_cfg)[-1]  # (the run's final weights: its last phase's)
     cfg = phase_config(run_cfg, trained_in)
-    tokenizer = Tokenizer(run_dir / "tokenizer.model")
+    # (its errors named data.tokenizer.model_file, a key the run may not set: say whose file it is)
+    tokenizer = Tokenizer(run_dir / "tokenizer.model", where="the run's tokenizer (the token ids its weights were "
+                          "trained with; the prepared corpus it trained on, corpus-*/tokenizer.model under its "
+                          "data.cache_dir, holds a copy)")  # fmt: skip
     step, source = None, weights
     if weights.suffix == ".ckpt":  # a step checkpoint, read once: its weights, its step, the model it trained
         source, step, trained, state = read_step_checkpoint(weights)

@@ -174,3 +174,15 @@ def test_load_run_gives_the_saved_weights_in_eval_mode(tiny_text_dir, tmp_path):
     x = torch.randint(0, tokenizer.vocab_size, (1, 8))
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(x), model.eval()(x))
+
+
+def test_a_damaged_run_tokenizer_is_named_as_the_run_s_not_a_config_key(run_dir):
+    """load_run (evaluate.py, generate.py, export_hf.py) on a run whose tokenizer.model is not a sentencepiece model
+    said 'data.tokenizer.model_file: ... is not a sentencepiece model', a key the run's config may not even set."""
+    from minilm.runs import load_run
+
+    (run_dir / "tokenizer.model").write_bytes(b"not a model")
+    with pytest.raises(MinilmError) as e:
+        load_run(run_dir)
+    assert str(e.value).startswith("the run's tokenizer (the token ids its weights were trained with; ")
+    assert f"{run_dir / 'tokenizer.model'} is not a sentencepiece model" in str(e.value)

@@ -34,16 +34,18 @@ WITH_BYTES = RESERVED_PIECES + BYTE_PIECES  # the pieces reserved under byte_fal
 class Tokenizer:
     """A thin, picklable wrapper over ``SentencePieceProcessor`` (worker processes reload it from the file)."""
 
-    def __init__(self, model_file: str | Path):
+    def __init__(self, model_file: str | Path, where: str = "data.tokenizer.model_file"):
+        """``where``: what the file is, for the errors (a run's tokenizer.model is not a config key's)."""
         self.model_file = str(model_file)
-        self._sp = _load_processor(self.model_file)
+        self.where = where
+        self._sp = _load_processor(self.model_file, where)
         self.vocab_size: int = self._sp.get_piece_size()
         self.eos_id: int = self._sp.eos_id()
         self.bos_id: int = self._sp.bos_id()
         # a loaded .model may have no pad piece (-1): padding then uses EOS, which the loss ignores anyway
         self.pad_id: int = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eos_id
         if self.eos_id < 0:
-            raise DataError(f"data.tokenizer.model_file: {self.model_file} has no EOS piece; documents need one")
+            raise DataError(f"{where}: {self.model_file} has no EOS piece; documents need one")
 
     def encode(self, text: str) -> List[int]:
         return self._sp.encode(text)
@@ -58,23 +60,23 @@ class Tokenizer:
         return self._sp.id_to_piece(int(i))
 
     def __getstate__(self) -> dict:
-        return {"model_file": self.model_file}
+        return {"model_file": self.model_file, "where": self.where}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["model_file"])
+        self.__init__(state["model_file"], state.get("where", "data.tokenizer.model_file"))
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.model_file!r}, vocab_size={self.vocab_size})"
 
 
-def _load_processor(model_file: str) -> spm.SentencePieceProcessor:
+def _load_processor(model_file: str, where: str) -> spm.SentencePieceProcessor:
     if not Path(model_file).is_file():
-        raise DataError(f"data.tokenizer.model_file: no such file: {model_file}")
+        raise DataError(f"{where}: no such file: {model_file}")
     sp = spm.SentencePieceProcessor()
     try:
         sp.load(model_file)
     except (OSError, RuntimeError) as e:
-        raise DataError(f"data.tokenizer.model_file: {model_file} is not a sentencepiece model: {e}") from None
+        raise DataError(f"{where}: {model_file} is not a sentencepiece model: {e}") from None
     return sp
 
 
