@@ -380,7 +380,9 @@ def _hf_tokenizer_model(proto, model_file):
         return BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=t.byte_fallback, dropout=None)
     if t.model_type == pb.TrainerSpec.UNIGRAM:
         return Unigram([(p.piece, p.score) for p in proto.pieces], unk_id=t.unk_id, byte_fallback=t.byte_fallback)
-    raise MinilmError(f"{model_file}: sentencepiece model type {t.model_type} is not exportable (bpe, unigram)")
+    types = {number: name.lower() for name, number in pb.TrainerSpec.ModelType.items()}  # (3 alone said nothing: word)
+    raise MinilmError(f"{model_file}: sentencepiece model type {types.get(t.model_type, t.model_type)!r} is not "
+                      "exportable (bpe, unigram)")
 
 
 # ------------------------------------------------------------------------------------------------ export

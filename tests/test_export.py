@@ -671,3 +671,22 @@ def test_a_model_file_without_bos_or_pad_exports_ids_transformers_accepts(tiny_t
     theirs = hf_tokenizer(tok.model_file)
     assert (theirs.bos_token_id, theirs.eos_token_id, theirs.pad_token_id) == (None, 1, 1)
     assert theirs(["def f", "x = 1 + 2"], padding=True)["input_ids"][0][-1] == 1
+
+
+def test_a_model_file_of_another_sentencepiece_type_is_refused_by_its_name(tiny_text_dir, tmp_path):
+    """A word or char model (a data.tokenizer.model_file trains with one) was refused as 'model type 3'."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    from minilm.data.tokenizer import train_tokenizer
+    from minilm.export import hf_tokenizer
+
+    docs = [p.read_text() for p in sorted(tiny_text_dir.glob("*.py"))]
+    ours = train_tokenizer(docs, tmp_path / "tok.model", load_config(overrides=["data.tokenizer.vocab_size=300"])
+                           .data.tokenizer)  # fmt: skip
+    proto = pb.ModelProto()
+    proto.ParseFromString(Path(ours.model_file).read_bytes())
+    proto.trainer_spec.model_type = pb.TrainerSpec.WORD
+    (tmp_path / "word.model").write_bytes(proto.SerializeToString())
+    with pytest.raises(MinilmError, match=r"word\.model: sentencepiece model type 'word' is not exportable "
+                                          r"\(bpe, unigram\)"):  # fmt: skip
+        hf_tokenizer(tmp_path / "word.model")
