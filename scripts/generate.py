@@ -138,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
                   if args.num_samples > 1 else [])  # fmt: skip
         # printed as it is generated: the prompt with the first new token (after generate's checks of its arguments,
         # so bad input prints nothing), then each token's text; EOS, which ends decoding, is not printed
-        stream = TextStream(run.tokenizer.decode)
+        stream = TextStream(run.tokenizer.decode, context=ids[-TextStream.CONTEXT :])  # (the space before it)
         pending = [*header, prompt]
 
         def show(nxt) -> None:

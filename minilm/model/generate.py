@@ -195,25 +195,36 @@ class TextStream:
     """Turns token ids, fed one at a time, into text that can be printed as it comes: ``push(id)`` returns the
     text the new id completes. A character split over several byte-fallback tokens decodes to U+FFFD until its
     last byte arrives, so trailing U+FFFD is held back; ``flush()`` returns whatever is still held. The pieces
-    joined equal ``decode(all ids)``."""
+    joined equal ``decode(all ids)``, or with ``context`` (the prompt's last ids) what the new ids add to
+    ``decode(context)``: a sentencepiece model with a dummy prefix (its defaults) drops the space of a text's first
+    piece, so the first new word was printed glued to the prompt ('defmain' where the model wrote 'def main')."""
 
-    def __init__(self, decode: Callable[[Sequence[int]], str]):
+    CONTEXT = 4  # the prompt's last ids a caller passes as ``context``: one is enough for the space, a few are cheap
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], context: Sequence[int] = ()):
         self._decode = decode
+        self._context = [int(i) for i in context]
+        self._base = decode(self._context) if self._context else ""
         self._ids: list[int] = []
         self._shown = ""
 
+    def _text(self) -> Optional[str]:
+        """The new ids' text: what they add to the context's, None where decoding changed the context's own text."""
+        text = self._decode(self._context + self._ids)
+        return text[len(self._base) :] if text.startswith(self._base) else None
+
     def push(self, token_id: int) -> str:
         self._ids.append(int(token_id))
-        text = self._decode(self._ids)
-        stable = text.rstrip("\ufffd")
-        if not stable.startswith(self._shown):  # decoding rewrote text already shown: hold everything to the end
-            return ""
+        text = self._text()
+        stable = None if text is None else text.rstrip("\ufffd")
+        if stable is None or not stable.startswith(self._shown):  # decoding rewrote text already shown: hold
+            return ""  # everything to the end
         new, self._shown = stable[len(self._shown) :], stable
         return new
 
     def flush(self) -> str:
-        text = self._decode(self._ids)
-        return text[len(self._shown) :] if text.startswith(self._shown) else ""
+        text = self._text()
+        return text[len(self._shown) :] if text is not None and text.startswith(self._shown) else ""
 
 
 def _choose(logits: Tensor, greedy: bool, temperature: float, top_k, top_p, gen) -> Tensor:

@@ -301,6 +301,23 @@ def test_text_stream_holds_partial_characters_back():
     assert [rewriting.push(i) for i in (1, 2, 3)] == ["a", "", ""]
 
 
+def test_text_stream_keeps_the_space_a_dummy_prefix_decoder_drops_at_a_text_s_start():
+    """sentencepiece with a dummy prefix (its defaults, a user's data.tokenizer.model_file) decodes '▁main' alone as
+    'main': the new ids decoded without the prompt lost the space before the first new word ('defmain'). With the
+    prompt's last ids as context, the stream prints what the new ids add to the prompt's text."""
+    from minilm.model.generate import TextStream
+
+    pieces = {1: "▁def", 2: "▁main", 3: "(", 4: "▁x"}
+
+    def decode(ids):  # sentencepiece's rule: '▁' is a space, and the text's first one is dropped
+        return "".join(pieces[i] for i in ids).replace("▁", " ").removeprefix(" ")
+
+    plain, stream = TextStream(decode), TextStream(decode, context=[1])
+    assert [plain.push(i) for i in (2, 3, 4)] == ["main", "(", " x"]  # (the old output: 'def' + 'main(' glued)
+    assert [stream.push(i) for i in (2, 3, 4)] + [stream.flush()] == [" main", "(", " x", ""]
+    assert decode([1]) + " main( x" == decode([1, 2, 3, 4])
+
+
 def test_rows_that_finish_early_are_padded_with_eos():
     """In a batch, a row that produced EOS stays EOS while the others go on decoding exactly as they would alone."""
     model = tiny("rope")
