@@ -52,6 +52,15 @@ def _find_run_dir(path: Path) -> Path:
                       "the two folders above it); give a run directory, a phase directory or a weights file")
 
 
+def run_dir_of(path: Path) -> Optional[Path]:
+    """The run directory ``path`` is or lies in (``_find_run_dir``'s rule), None where it lies in none (a weights
+    file from elsewhere)."""
+    try:
+        return _find_run_dir(Path(path))
+    except MinilmError:
+        return None
+
+
 STUDY_SUMMARY = "study.json"  # in a study's folder (minilm.study), beside its runs
 
 

@@ -58,7 +58,7 @@ from minilm.files import (
 from minilm.model import GPT
 from minilm.positions import validate_position
 from minilm.positions.rope_scaling import compute_rope
-from minilm.runs import COMPLETE, HELD_OUT, started_from_text
+from minilm.runs import COMPLETE, HELD_OUT, run_dir_of, started_from_text
 from minilm.training.checkpoint import (
     TRAINED_WITH,
     atomic_torch_save,
@@ -300,15 +300,30 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
 
 
 def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Optional[dict], model_cfg, phase: str,
-               log: Callable[[str], None]) -> None:
+               tokenizer_file: str, log: Callable[[str], None]) -> None:
     """Load the --init ``weights`` (``trained``: the model section they record) into the model of ``phase``; weights
-    of another model section start it all the same, and a note names each difference."""
+    of another model section start it all the same, and a note names each difference; weights of a run whose
+    tokenizer is not this corpus's (``tokenizer_file``) too, with a warning."""
     load_weights(model, weights, where=init)
     log(f"initial weights from {init}")
+    if (source := run_dir_of(Path(init))) is not None and not _same_bytes(source / "tokenizer.model", tokenizer_file):
+        # (a vocabulary of the same size loads without a word, each embedding row then standing for another token)
+        log(f"warning: these weights were trained with {source / 'tokenizer.model'}, another tokenizer than the one "
+            f"this run's corpus is tokenized with ({tokenizer_file}): their embedding and output rows stand for other "
+            f"tokens; they start phase '{phase}' all the same. Train with the data settings of {source} (its "
+            "data.tokenizer and sources) if that is not what you meant")  # fmt: skip
     if trained is not None and (differ := model_differences(trained, model_cfg)):
         log(f"note: these weights were trained with another model config than phase '{phase}' trains with:\n  "
             + "\n  ".join(differ) + "\nthey start it all the same (what --init allows: a change of position "
             "encoding, say); check the config if that is not what you meant")  # fmt: skip
+
+
+def _same_bytes(a: Path, b: str | Path) -> bool:
+    """Whether two files hold the same bytes (one that cannot be read: taken as the same, nothing to say of it)."""
+    try:
+        return Path(a).read_bytes() == Path(b).read_bytes()
+    except OSError:
+        return True
 
 
 def phase_notes(cfg, names) -> list[str]:
@@ -354,7 +369,8 @@ def run_phases(
     # from its checkpoint takes the checkpoint's weights (its start checked to be these: _check_resumed_init), and
     # the log said 'initial weights from W' just before 'resumes at step N ... from <checkpoint>'
     if weights is not None and names[start] not in resume_from:
-        _load_init(model, weights, init, init_model, pcfgs[names[start]].model, names[start], log)
+        _load_init(model, weights, init, init_model, pcfgs[names[start]].model, names[start],
+                   corpus.tokenizer.model_file, log)
     weights = None  # (the model holds copies: not a second set of them through training)
     # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted --phase
     # run). Every rank decides so from the command line, not from run.dir: rank 0 deletes their old outputs, and

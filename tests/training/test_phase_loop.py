@@ -688,6 +688,19 @@ def test_init_takes_what_evaluate_takes_and_names_a_file_that_is_no_weights(conf
     assert not other.exists()
     run_phases(cfg, init=str(run), log=said.append)
     assert f"initial weights from {run / 'a' / 'model.safetensors'}" in said, said
+    assert not any("another tokenizer" in line for line in said), said
+
+
+def test_init_weights_of_another_tokenizer_are_warned_of(config, tmp_path):
+    """--init weights of a run whose tokenizer is another (a corpus of other files, another vocab_size setting that
+    gave the same size) loaded without a word, each embedding row standing for another token. Simulated: the
+    --init run's tokenizer.model rewritten, as another tokenizer's would be."""
+    run, other, said = tmp_path / "run", tmp_path / "other", []
+    run_phases(load_config(config, [f"run.dir={run}"]), log=lambda m: None)
+    (run / "tokenizer.model").write_bytes(b"another tokenizer")
+    run_phases(load_config(config, [f"run.dir={other}"]), init=str(run / "model.safetensors"), log=said.append)
+    warned = [line for line in said if line.startswith("warning: these weights were trained with")]
+    assert len(warned) == 1 and f"{run / 'tokenizer.model'}, another tokenizer" in warned[0], said
 
 
 def test_complete_json_records_the_weights_a_phase_started_from(config, tmp_path, monkeypatch):
