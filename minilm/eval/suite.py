@@ -13,6 +13,7 @@ reported in ``skipped`` and the suite goes on.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -412,10 +413,17 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
     run_cfg = cfg
     if run_dir is not None and (Path(run_dir) / "config.yaml").is_file():
         run_cfg = _run_config(Path(run_dir))
+    tok_file = Path(run_dir) / "tokenizer.model" if run_dir is not None else None
+    data_cfg = run_cfg.data
+    if tok_file is not None and tok_file.is_file() and data_cfg.tokenizer.model_file is not None:
+        # the run's copy of the data.tokenizer.model_file it trained with (the same bytes, and the corpus is keyed by
+        # them): the file the config names may have been moved or deleted since, which stopped every evaluation
+        data_cfg = copy.deepcopy(data_cfg)
+        OmegaConf.set_readonly(data_cfg, False)
+        data_cfg.tokenizer.model_file = str(tok_file)
     # a corpus prepared again is said, with its progress: data.cache_dir is relative to the working directory, and
     # evaluate.py run from another one than training prepared the whole corpus there again, in silence
-    corpus = load_corpus(run_cfg.data, progress=True)
-    tok_file = Path(run_dir) / "tokenizer.model" if run_dir is not None else None
+    corpus = load_corpus(data_cfg, progress=True)
     same = (tok_file is None or not tok_file.is_file()
             or file_digest(corpus.tokenizer.model_file) == file_digest(tok_file))  # fmt: skip
     if not same:

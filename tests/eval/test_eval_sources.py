@@ -80,3 +80,25 @@ def test_a_corpus_that_holds_out_other_documents_than_the_run_did_is_refused(fak
     record.write_text("{")
     with pytest.raises(MinilmError, match=r"held_out\.json: cannot be read"):
         eval_data(cfg, fake_run)
+
+
+def test_a_run_whose_model_file_moved_is_evaluated_with_the_run_s_copy(fake_run, corpus_setup, tmp_path):
+    """A run trained with data.tokenizer.model_file keeps a copy of it (its tokenizer.model, the same bytes, by which
+    the corpus is keyed); once the file the config named was moved or deleted, every evaluation stopped with
+    'data.tokenizer.model_file: no such file', and evaluate.py takes no override to point it elsewhere."""
+    import shutil
+
+    from minilm.config import save_config
+
+    cfg, corpus = corpus_setup
+    given = tmp_path / "given.model"
+    shutil.copyfile(corpus.tokenizer.model_file, given)
+    run_cfg = OmegaConf.to_container(cfg)
+    run_cfg["data"]["tokenizer"]["model_file"] = str(given)
+    run_cfg["data"]["cache_dir"] = str(tmp_path / "cache")
+    run_cfg = on_schema(run_cfg)
+    save_config(run_cfg, fake_run / "config.yaml")
+    first = eval_data(run_cfg, fake_run)
+    given.unlink()
+    again = eval_data(run_cfg, fake_run)
+    assert again.val.digest() == first.val.digest() and again.tokenizer.vocab_size == first.tokenizer.vocab_size
