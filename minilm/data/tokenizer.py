@@ -42,7 +42,8 @@ class Tokenizer:
         self.vocab_size: int = self._sp.get_piece_size()
         self.eos_id: int = self._sp.eos_id()
         self.bos_id: int = self._sp.bos_id()
-        # a loaded .model may have no pad piece (-1): padding then uses EOS, which the loss ignores anyway
+        # a loaded .model may have no pad piece (-1): EOS then pads (training packs rows and never pads; the loss
+        # ignores targets of -100, not a pad id)
         self.pad_id: int = self._sp.pad_id() if self._sp.pad_id() >= 0 else self.eos_id
         if self.eos_id < 0:
             raise DataError(f"{where}: {self.model_file} has no EOS piece; documents need one")
@@ -90,8 +91,9 @@ def file_digest(path: str | Path) -> str:
 
 
 def sample_chunks(texts: Sequence[str], order: Sequence[int], sample_chars: int) -> Iterator[str]:
-    """Chunks of whole documents taken in ``order`` until ``sample_chars`` characters: a bounded, deterministic
-    sample, so tokenizer training time does not grow with the corpus."""
+    """Chunks of the documents taken in ``order`` until ``sample_chars`` characters, whole but for the last one,
+    cut where the sample is full: a bounded, deterministic sample, so tokenizer training time does not grow with the
+    corpus."""
     total = 0
     for i in order:
         text = texts[i]
