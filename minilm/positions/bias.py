@@ -82,7 +82,7 @@ def assert_distances_within(q_pos: Tensor, k_pos: Tensor, n: int, name: str) -> 
     cache, restarted documents), false only for positions a caller spread further apart. Asynchronous on the GPU
     (no host sync; a device-side assert when it fails) and traced into a compiled graph."""
     lo, hi = _position_span(q_pos, k_pos)
-    torch._assert_async(hi - lo <= n, f"{name} on FlexAttention: query and key positions lie more than {n} apart; "
+    torch._assert_async(hi - lo <= n, f"{name}: query and key positions lie more than {n} apart; "
                         f"its per-distance table covers 0..{n} (positions within [0, {n + 1}) always fit)")
 
 
@@ -430,7 +430,7 @@ class Kerple(PositionEncoding):
             return None
         r1, r2 = self.coefficients()
         n = k_pos.shape[-1] - 1
-        assert_distances_within(q_pos, k_pos, n, "KERPLE")
+        assert_distances_within(q_pos, k_pos, n, "KERPLE on FlexAttention")
         table = self.by_distance(n).detach()  # (H, S)
         a1, a2 = r1.detach(), r2.detach()
 
@@ -462,7 +462,7 @@ class Kerple(PositionEncoding):
 
             return kerple_direct
         n = k_pos.shape[-1] - 1
-        assert_distances_within(q_pos, k_pos, n, "KERPLE")
+        assert_distances_within(q_pos, k_pos, n, "KERPLE on FlexAttention")
         return self._reading(flex_copies(self.by_distance(n)), n, q_pos, k_pos)
 
     @staticmethod

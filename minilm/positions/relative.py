@@ -130,21 +130,25 @@ class TransformerXL(PositionEncoding):
         c = torch.einsum("bhsd,hd->bhs", expand_heads(k, q.shape[1]).float(), self.u.float()) * scale  # (B, H, S)
         return bd, c
 
+    def span(self, q_pos: Tensor, k_pos: Tensor) -> int:
+        """n: the tables cover the distances −n … n, n = S − 1 (every distance of positions within [0, S): training,
+        the KV cache, restarted documents), fixed by the shapes. Reading the distances present instead was a host
+        sync in every layer and, under train.compile, a graph break in every layer (in torch 2.13 the frames it
+        left crashed a compiled step after a compiled validation). Positions spread further apart fail an assert
+        (``assert_distances_within``; device-side on the GPU) instead of reading a wrong entry."""
+        n = max(k_pos.shape[-1] - 1, 0)
+        if q_pos.numel() and k_pos.numel():  # (no query or no key: no distance; min() of no positions is an error)
+            assert_distances_within(q_pos, k_pos, n, "Transformer-XL")
+        return n
+
     def score(self, q, k, q_pos, k_pos, logits):
-        """Exact for any positions: the table spans the distances present (read on the host)."""
-        lo, hi = 0, -1  # no query or no key: no distance, an empty term (min() of no positions is an error)
-        if q_pos.numel() and k_pos.numel():
-            lo, hi = int(q_pos.min() - k_pos.max()), int(q_pos.max() - k_pos.min())
-        bd, c = self.tables(q, k, lo, hi - lo + 1)
-        return gather_rows(bd, relative_distance(q_pos, k_pos) - lo) + c.unsqueeze(2)  # (B, H, T, S)
+        n = self.span(q_pos, k_pos)
+        bd, c = self.tables(q, k, -n, 2 * n + 1)
+        return gather_rows(bd, relative_distance(q_pos, k_pos) + n) + c.unsqueeze(2)  # (B, H, T, S)
 
     def score_mod(self, q, k, q_pos, k_pos):
-        """The table spans −n..n, n = S − 1 (every distance of positions within [0, S): training, the KV cache,
-        restarted documents), fixed by the shapes: reading the distances present, as ``score`` does, was a host
-        sync in every layer and, under train.compile, a graph break. Positions spread further apart fail a
-        device-side assert (``assert_distances_within``) instead of reading a wrong entry."""
-        n = k_pos.shape[-1] - 1
-        assert_distances_within(q_pos, k_pos, n, "Transformer-XL")
+        """The tables of ``score`` (``span``), gathered inside FlexAttention."""
+        n = self.span(q_pos, k_pos)
         bd, c = self.tables(q, k, -n, 2 * n + 1)
 
         def transformer_xl(score, b, h, i, j):

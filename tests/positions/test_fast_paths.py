@@ -305,7 +305,7 @@ def test_t5_with_a_huge_max_distance_builds_what_the_lengths_need():
 def test_positions_spread_beyond_the_keys():
     """The tables cover the distances of positions within [0, S). T5's stays exact for any positions (beyond
     max_distance the bucket no longer changes); KERPLE's and Transformer-XL's refuse positions further apart
-    instead of clamping."""
+    instead of clamping (Transformer-XL's on every rung: ``score`` gathers from the same table)."""
     T = S = 16
     q, k, _ = qkv(T, S)
     spread = (torch.arange(S) * 40).expand(B, S)  # distances up to 600, far beyond S − 1 and T5's max_distance
@@ -315,8 +315,11 @@ def test_positions_spread_beyond_the_keys():
         torch.testing.assert_close(dense(t5.score_mod(q, k, spread, spread), T, S), want)
     with pytest.raises(RuntimeError, match="KERPLE on FlexAttention: query and key positions lie more than 15 apart"):
         hook("kerple").score_mod(q, k, spread, spread)
-    with pytest.raises(RuntimeError, match="Transformer-XL on FlexAttention: .* more than 15 apart"):
-        hook("transformer_xl").score_mod(q, k, spread, spread)  # (its table spans −15 … 15, fixed by the shapes)
+    txl = hook("transformer_xl")
+    with pytest.raises(RuntimeError, match="Transformer-XL: .* more than 15 apart"):
+        txl.score_mod(q, k, spread, spread)  # (its table spans −15 … 15, fixed by the shapes)
+    with pytest.raises(RuntimeError, match="Transformer-XL: .* more than 15 apart"):
+        txl.score(q, k, spread, spread, None)  # (the same table on the SDPA-with-bias and reference rungs)
     with pytest.raises(RuntimeError, match=r"FIRE on FlexAttention: a position lies outside \[0, 15\]"):
         hook("fire").score_mod(q, k, spread, spread)  # (its per-position table too)
 
