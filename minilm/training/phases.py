@@ -650,6 +650,10 @@ def _train_phase(model, corpus, pcfg, name, offset, steps, run_dir, tb_logger, c
         limit_val_batches=0 if t.val_batches == 0 else None,  # none at all: not an empty loader Lightning warns of
         check_val_every_n_epoch=None,
         num_sanity_val_steps=0,
+        # Validation under no_grad, as Lightning runs it inside fit whatever this says: under inference_mode the
+        # first validate() gave the compiled loss inference tensors, and dynamo compiled it a third time for fit's
+        # validation (a guard on the inputs' dispatch keys), on CPU as long as the training graph's own compile.
+        inference_mode=False,
         use_distributed_sampler=False,
         log_every_n_steps=t.log_every,
         default_root_dir=str(pdir),

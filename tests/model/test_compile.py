@@ -128,8 +128,8 @@ def test_compiled_training_steps_do_not_recompile_and_equal_eager(case):
 @pytest.mark.slow  # inductor's C++ compilation: ~30 s on a shared 2-core machine
 def test_transformer_xl_compiled_training_step_after_compiled_validation():
     """Transformer-XL read its positions' span on the host in every layer: a graph break there, and in torch 2.13
-    the compiled frames it left failed the first training step after a validation in inference mode (as Lightning
-    runs it) — a garbage view shape or a segmentation fault. Now one graph per mode, equal to eager."""
+    the compiled frames it left failed the first training step after a validation in inference mode (Trainer.validate's
+    default) — a garbage view shape or a segmentation fault. Now one graph per mode, equal to eager."""
     model, eager = _model(CASES["transformer_xl"]), _model(CASES["transformer_xl"])
     x, y = torch.randint(0, V, (2, 16)), torch.randint(0, V, (2, 16))
     torch._dynamo.reset()
