@@ -489,12 +489,16 @@ def _study_remedy(label: str, cfgs: dict[str, DictConfig], again: str):
     """A finished phase the study now trains differently (ChangedPhaseError) is refused with a study's remedy, the
     run's label first: its own advice names train.py's flags. Any other refusal while the run trains is prefixed
     with its label."""
+    from minilm.training.phases import RunInUse
     from minilm.training.run_checks import ChangedPhaseError
 
     try:
         yield
     except ChangedPhaseError as e:
         raise _changed_phases([(label, e)], cfgs, again) from None
+    except RunInUse as e:  # (train.py's remedy named run.dir, which a study's --out sets)
+        raise MinilmError(f"'{label}': {e.in_use}; wait for it, stop it, or give this study another --out"
+                          f"{e.gone}") from None
     except MinilmError as e:  # which run failed: run_phases names the phase, which every run of the study has
         raise type(e)(f"'{label}': {e}") from None
 

@@ -1054,3 +1054,27 @@ def test_a_warning_on_every_runs_phases_is_said_once_before_the_first_run_not_on
     logged.clear()
     run_study(load_study(study_file), out, extra=extra, resume=True, log=logged.append)
     assert [line for line in logged if "is longer than" in line] == [long[0][: -len(" (every run)")] + " (runs b)"]
+
+
+def test_a_run_another_process_trains_names_out_not_run_dir(tmp_path, study_file, monkeypatch):
+    """A study's run locked by another process (a second study.py on the same --out) was refused with train.py's
+    remedy, 'choose another run.dir', where a study's runs are placed by its --out."""
+    import socket
+
+    import minilm.training.phases as phases_mod
+    from minilm.errors import MinilmError
+    from minilm.study import run_study
+
+    def locked(cfg, resume, log, notes):
+        run_dir = Path(cfg.run.dir)
+        run_dir.mkdir(parents=True)
+        (run_dir / ".lock").write_text(f"1 {socket.gethostname()}")  # pid 1 lives: the lock is respected
+        with phases_mod.run_lock(run_dir, log=log):
+            pass
+
+    monkeypatch.setattr(phases_mod, "run_phases", locked)
+    with pytest.raises(MinilmError) as err:
+        run_study(load_study(study_file), tmp_path / "out", share=False, log=lambda m: None)
+    said = str(err.value)
+    assert said.startswith("'yarn-s0': ") or said.startswith("'yarn'"), said
+    assert "is in use by process 1" in said and "give this study another --out" in said and "run.dir" not in said

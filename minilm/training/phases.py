@@ -142,6 +142,15 @@ def run_lock(run_dir: Path, log: Callable[[str], None] = print):
         os.close(fd)
 
 
+class RunInUse(MinilmError):
+    """Another process holds the run's lock (``run_lock``); ``in_use`` says so without train.py's remedy (a study,
+    whose runs' directories its --out places, gives its own), ``gone`` what to do where that process may be dead."""
+
+    def __init__(self, in_use: str, gone: str):
+        super().__init__(f"{in_use}; wait for it, stop it, or choose another run.dir{gone}")
+        self.in_use, self.gone = in_use, gone
+
+
 def _lock_in_use(run_dir: Path, lock: Path, holder: str, unsure: bool = False) -> MinilmError:
     """``unsure``: the lock is respected though no process holds its flock here (written on another host, where the
     flock may not reach; or by a pid of this host that is alive, which may be another process's since). A run
@@ -150,8 +159,7 @@ def _lock_in_use(run_dir: Path, lock: Path, holder: str, unsure: bool = False) -
     pid_s, _, host = holder.partition(" ")
     gone = (f"; if it no longer runs (it was killed, or its machine was lost), delete {lock} and run the command "
             "again") if unsure else ""
-    return MinilmError(f"{run_dir} is in use by process {pid_s or '?'} on {host or '?'} (lock file {lock}); wait for "
-                       f"it, stop it, or choose another run.dir{gone}")
+    return RunInUse(f"{run_dir} is in use by process {pid_s or '?'} on {host or '?'} (lock file {lock})", gone)
 
 
 # ----------------------------------------------------------------------------------------- apply a phase
