@@ -26,30 +26,33 @@ SIZE_KEYS = "model.n_layers, model.d_model, model.d_ff"
 OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError  # (torch.cuda's before 2.5)
 
 
-def param_count(model_cfg, vocab_size: int) -> int:
-    """The parameters of ``GPT(model_cfg, vocab_size)``, counted on the meta device (nothing allocated) from a
-    one-block model: blocks are alike in size (a block's encoding differs by layer in behaviour, not in parameters),
-    so a 100 000-layer typo costs one block's construction, not 100 000."""
+def _one_block(model_cfg, vocab_size: int):
+    """``GPT(model_cfg, vocab_size)`` with one block, on the meta device (nothing allocated): blocks are alike in size
+    (a block's encoding differs by layer in behaviour, not in parameters), so a 100 000-layer typo costs one block's
+    construction, not 100 000."""
     from minilm.model import GPT
 
     one = OmegaConf.create({**OmegaConf.to_container(model_cfg, resolve=True), "n_layers": 1})
     with torch.device("meta"), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Initializing zero-element tensors")  # vocab_size 0
-        model = GPT(one, vocab_size)
-    per_block = sum(p.numel() for p in model.blocks[0].parameters())
-    return sum(p.numel() for p in model.parameters()) + (model_cfg.n_layers - 1) * per_block
+        return GPT(one, vocab_size)
+
+
+def _numel(module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def param_count(model_cfg, vocab_size: int) -> int:
+    """The parameters of ``GPT(model_cfg, vocab_size)``, counted from a one-block model (``_one_block``)."""
+    model = _one_block(model_cfg, vocab_size)
+    return _numel(model) + (model_cfg.n_layers - 1) * _numel(model.blocks[0])
 
 
 def position_param_count(model_cfg) -> int:
     """The parameters of ``GPT(model_cfg, ·)``'s position encoding (its embedding-side module and every layer's),
-    counted on the meta device from the hooks alone."""
-    from minilm.model.transformer import position_hooks
-
-    one = OmegaConf.create({**OmegaConf.to_container(model_cfg, resolve=True), "n_layers": 1})
-    with torch.device("meta"):
-        embedding, layer = position_hooks(one)
-    per_layer = sum(p.numel() for p in layer.parameters())
-    return sum(p.numel() for p in embedding.parameters()) + model_cfg.n_layers * per_layer
+    counted from a one-block model (``_one_block``)."""
+    model = _one_block(model_cfg, 0)
+    return _numel(model.pos_emb) + model_cfg.n_layers * _numel(model.blocks[0].attn.pos)
 
 
 MEMINFO = Path("/proc/meminfo")
