@@ -82,6 +82,12 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def same_bytes(a: str | Path, b: str | Path) -> bool:
+    """Whether two files hold the same bytes (a tokenizer.model against another: the same token ids); an OSError
+    where one cannot be read, for the caller to say what that means."""
+    return Path(a).read_bytes() == Path(b).read_bytes()
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text), mode="w")
 

@@ -27,7 +27,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from minilm.errors import ConfigError, MinilmError
-from minilm.files import atomic_write_text
+from minilm.files import atomic_write_text, same_bytes
 from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
 from minilm.eval.report import depth_key, log_tensorboard, make_output_dir, not_measured, plural, write_report
 from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
@@ -408,7 +408,6 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
     phases.py loads it once for every phase) and its tokenizer must be the run's ``tokenizer.model``: token ids
     of another tokenizer would be evaluated as garbage."""
     from minilm.data import load_corpus, synthetic_style
-    from minilm.data.tokenizer import file_digest
 
     run_cfg = cfg
     if run_dir is not None and (Path(run_dir) / "config.yaml").is_file():
@@ -424,8 +423,7 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
     # a corpus prepared again is said, with its progress: data.cache_dir is relative to the working directory, and
     # evaluate.py run from another one than training prepared the whole corpus there again, in silence
     corpus = load_corpus(data_cfg, progress=True)
-    same = (tok_file is None or not tok_file.is_file()
-            or file_digest(corpus.tokenizer.model_file) == file_digest(tok_file))  # fmt: skip
+    same = tok_file is None or not tok_file.is_file() or same_bytes(corpus.tokenizer.model_file, tok_file)
     if not same:
         raise MinilmError(
             f"the corpus prepared for this run's data config ({corpus.cache_dir}) has another tokenizer than the "

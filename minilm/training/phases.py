@@ -54,6 +54,7 @@ from minilm.files import (
     lock_text,
     pid_alive,
     remove_stale_temporaries,
+    same_bytes,
 )
 from minilm.model import GPT
 from minilm.positions import validate_position
@@ -314,7 +315,7 @@ def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Option
     tokenizer is not this corpus's (``tokenizer_file``) too, with a warning."""
     load_weights(model, weights, where=init)
     log(f"initial weights from {init}")
-    if (source := run_dir_of(Path(init))) is not None and not _same_bytes(source / "tokenizer.model", tokenizer_file):
+    if (source := run_dir_of(Path(init))) is not None and _other_file(source / "tokenizer.model", tokenizer_file):
         # (a vocabulary of the same size loads without a word, each embedding row then standing for another token)
         log(f"warning: these weights were trained with {source / 'tokenizer.model'}, another tokenizer than the one "
             f"this run's corpus is tokenized with ({tokenizer_file}): their embedding and output rows stand for other "
@@ -326,12 +327,12 @@ def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Option
             "encoding, say); check the config if that is not what you meant")  # fmt: skip
 
 
-def _same_bytes(a: Path, b: str | Path) -> bool:
-    """Whether two files hold the same bytes (one that cannot be read: taken as the same, nothing to say of it)."""
+def _other_file(a: Path, b: str | Path) -> bool:
+    """Whether two files hold other bytes (``same_bytes``); one that cannot be read: not known to, nothing to say."""
     try:
-        return Path(a).read_bytes() == Path(b).read_bytes()
+        return not same_bytes(a, b)
     except OSError:
-        return True
+        return False
 
 
 def phase_notes(cfg, names) -> list[str]:

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from minilm.config import key_as_set, micro_batch_size, phase_config, phase_names, phase_steps
 from minilm.errors import MinilmError
-from minilm.files import TEMPORARY
+from minilm.files import TEMPORARY, same_bytes
 from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
 from minilm.positions.base import tightest_limit
@@ -870,7 +870,7 @@ def _check_run_tokenizer(corpus, run_dir: Path, kept: list[str], flag: str) -> N
     if not kept or not path.is_file():
         return
     try:
-        same = path.read_bytes() == Path(corpus.tokenizer.model_file).read_bytes()
+        same = same_bytes(path, corpus.tokenizer.model_file)
     except OSError as e:
         raise MinilmError(f"{path}: cannot be read ({e.strerror}); it is the tokenizer the run's weights were "
                           "trained with: restore it, or start a new run (run.name / run.dir)") from None
