@@ -52,7 +52,8 @@
 # device tool's carry); they are installed into /tmp/site first (WHEELS names another folder). GPU_CONFIG picks
 # another config (default configs/gpt2_small.yaml); PYTHON another interpreter. To re-measure part of a part:
 # ENCODINGS for attn, attn-copies, autotune-8k, enc-* and profile's 8K (defaults above; keep rope for the "vs
-# RoPE" column), LONG_LENGTHS for long* (default 16384,32768,65536,131072), COPIES for attn-copies, BATCH_SIZES
+# RoPE" column), LONG_LENGTHS for long* (default 16384,32768,65536,131072), ATTN_LENGTHS for attn, attn-copies,
+# attn-split and attn-forwards (defaults above), COPIES for attn-copies, BATCH_SIZES
 # for batch, SDPA_KERNELS for sdpa (model.sdpa_kernel values but auto), PYTEST_ARGS added to tests (say "-x"; split
 # at spaces), PYTEST_K its -k expression (one argument, spaces and all: "fire or copies or parts").
 # DRY_RUN=1 prints each part's command instead of running it.
@@ -85,7 +86,12 @@ limited() {
         echo "$line"
         return 0
     fi
-    timeout -s INT -k 30 $((deadline - SECONDS - 15)) "$@"
+    local left=$((deadline - SECONDS - 15))
+    if ((left <= 0)); then # a part of several commands (sdpa, batch) past the budget: skip, as the loop does parts
+        echo "gpu_session $part: skipped ${*:1:3} ..., the $budget s budget is spent" >&2
+        return 124
+    fi
+    timeout -s INT -k 30 "$left" "$@"
 }
 bench() { limited $py scripts/benchmark.py --config "$cfg" "$@"; }
 encodings=${ENCODINGS:-rope,alibi,t5,kerple,fire}
@@ -116,21 +122,21 @@ run_part() {
         bench --steps 2 --warmup 1 --no-compile --batch-size 1 --out "${TMPDIR:-/tmp}/minilm-check"
         ;;
     attn)
-        limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192,32768 --encodings "$encodings" \
-            --update-docs
+        limited $py scripts/bench_attention.py --config "$cfg" --lengths "${ATTN_LENGTHS:-1024,8192,32768}" \
+            --encodings "$encodings" --update-docs
         ;;
     attn-direct)
         limited $py scripts/bench_attention.py --config "$cfg" --lengths 8192 --encodings rope,t5,kerple \
             --no-flex-table --tag direct --update-docs
         ;;
     attn-copies)
-        limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192 \
+        limited $py scripts/bench_attention.py --config "$cfg" --lengths "${ATTN_LENGTHS:-1024,8192}" \
             --encodings "${ENCODINGS:-rope,t5,kerple,fire}" --flex-table-copies "$copies" --tag "copies$copies" \
             --update-docs
         ;;
     attn-forwards)
-        limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192 --encodings rope,kerple \
-            --kerple-forwards --tag forwards --update-docs
+        limited $py scripts/bench_attention.py --config "$cfg" --lengths "${ATTN_LENGTHS:-1024,8192}" \
+            --encodings rope,kerple --kerple-forwards --tag forwards --update-docs
         ;;
     sdpa)
         local k rc=0
@@ -158,8 +164,8 @@ run_part() {
         return $rc
         ;;
     attn-split)
-        limited $py scripts/bench_attention.py --config "$cfg" --lengths 1024,8192 --encodings rope,t5 --flex-split \
-            --tag split --update-docs
+        limited $py scripts/bench_attention.py --config "$cfg" --lengths "${ATTN_LENGTHS:-1024,8192}" \
+            --encodings rope,t5 --flex-split --tag split --update-docs
         ;;
     profile)
         bench --lengths 1024 --steps 5 --warmup 3 --profile --tag profile-1k &&

@@ -120,3 +120,17 @@ def test_the_sdpa_part_measures_each_kernel_and_a_bad_one_is_refused_before_any_
     bad = _run("sdpa", tmp_path, DRY_RUN="1", SDPA_KERNELS="fa3", WHEELS=str(wheels))
     assert bad.returncode == 2 and "SDPA_KERNELS must be flash, cudnn or efficient" in bad.stderr, bad.stderr
     assert _run("sdpa", tmp_path, DRY_RUN="1", WHEELS=str(wheels)).returncode == 1  # (the wheel does fail)
+
+
+@pytest.mark.slow  # waits out a budget: ~50 s
+def test_a_part_past_its_budget_skips_its_remaining_commands(tmp_path):
+    """``batch`` and ``sdpa`` run several commands: one that starts after the budget is spent is skipped with a
+    message. It was given ``timeout`` a negative limit ("timeout: invalid option -- '1'", exit 125), in the first
+    GPU session of 2026-11-24."""
+    fake = tmp_path / "fake-python"  # a "benchmark" that outlives the budget: the first command is stopped
+    fake.write_text("#!/usr/bin/env bash\nsleep 120\n")
+    fake.chmod(0o755)
+    proc = _run("batch", tmp_path, PYTHON=str(fake), BUDGET="61", BATCH_SIZES="1,2")
+    assert proc.returncode == 124, proc.stdout + proc.stderr
+    assert "invalid option" not in proc.stderr
+    assert "gpu_session batch: skipped" in proc.stderr and "the 61 s budget is spent" in proc.stderr
