@@ -534,3 +534,26 @@ def test_an_input_of_zero_tokens_gives_empty_logits(name):
         cache = KVCache.for_model(model)
         model(torch.randint(0, V, (2, 5)), cache=cache)
         assert model(empty, cache=cache).shape == (2, 0, V)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name, params", [("rerope", {"window": 512}),
+                                          ("self_extend", {"group_size": 8, "window": 512}),
+                                          ("dca", {"chunk_size": 4096, "local_window": 512})])  # fmt: skip
+def test_a_32k_evaluation_with_a_method_holds_one_query_block_of_scores_on_cuda(name, params):
+    """On a GPU the methods run in blocks of queries once the (B, H, T, S) fp32 scores would pass
+    ``QUERY_BLOCK_BYTES`` (1 GiB): at 32K tokens and 12 heads one such matrix is 48 GiB, and a method builds two or
+    three of them, so without the blocks this forward needs over 100 GiB; with them a few blocks' worth."""
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=768", "model.n_heads=12", "model.n_kv_heads=12"])
+    torch.manual_seed(0)
+    model = GPT(cfg.model, V).cuda().eval()
+    install_extension(model, name, **params)
+    T = 32768
+    tokens = torch.randint(0, V, (1, T), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(tokens)
+    peak = torch.cuda.max_memory_allocated()
+    assert logits.shape == (1, T, V) and torch.isfinite(logits).all()
+    assert peak < 8 * 2**30, f"{name} at {T} tokens peaked at {peak / 2**30:.1f} GiB"
