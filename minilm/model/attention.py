@@ -428,11 +428,12 @@ class Attention(nn.Module):
                 parts = pos.flex_parts(q, k, *rows) if bias else None
                 coefficients = pos.flex_coefficients(q, k, *rows) if bias and parts is None else None
                 score_mod = pos.score_mod(q, k, *rows) if bias and parts is None and coefficients is None else None
+            options = pos.flex_kernel_options()  # (smaller kernel blocks for a heavy score_mod, on CUDA)
             if parts is not None:
-                return flex_attention_in_parts(q, k, v, parts, mask, scale)
+                return flex_attention_in_parts(q, k, v, parts, mask, scale, kernel_options=options)
             if coefficients is not None:
-                return flex_attention_with_coefficient_grads(q, k, v, coefficients, mask, scale)
-            return flex_attention_with_score_mod(q, k, v, score_mod, mask, scale)
+                return flex_attention_with_coefficient_grads(q, k, v, coefficients, mask, scale, kernel_options=options)
+            return flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, kernel_options=options)
         if kernel == "sdpa_bias":
             shared = rows if pos.score_reads_qk else (q_pos, k_pos)
             return sdpa_bias_attention(q, k, v, pos, *shared, mask)

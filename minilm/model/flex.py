@@ -146,18 +146,19 @@ def _kernel(compiled: bool):
     return _compiled_flex if compiled and not torch.compiler.is_compiling() else flex_attention
 
 
-def attend_part(q, k, v, part: FlexPart, mask, scale, compiled: bool):
+def attend_part(q, k, v, part: FlexPart, mask, scale, compiled: bool, kernel_options=None):
     """(out (B, H, T, Dh), lse (B, H, T) fp32, natural log) of one part: FlexAttention over its keys; a row with
     no key in the part gives out 0 and lse −inf."""
     B, H, T, _ = q.shape
     bm = parts_block_mask(mask, part.keep, B, T, k.shape[2], q.device)
-    return _attend_with_lse(q, k, v, part.score_mod, bm, scale, compiled)
+    return _attend_with_lse(q, k, v, part.score_mod, bm, scale, compiled, kernel_options)
 
 
-def _attend_with_lse(q, k, v, score_mod, bm, scale, compiled: bool):
+def _attend_with_lse(q, k, v, score_mod, bm, scale, compiled: bool, kernel_options=None):
     """(out, lse) of FlexAttention with ``score_mod`` (None: the plain score) under BlockMask ``bm``."""
     attend = _kernel(compiled)
-    kwargs = dict(score_mod=_in_score_dtype(score_mod), block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    kwargs = dict(score_mod=_in_score_dtype(score_mod), block_mask=bm, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+                  **_options(q, kernel_options))  # fmt: skip
     try:  # torch >= 2.9 asks for the lse this way (return_lse is deprecated there)
         from torch.nn.attention.flex_attention import AuxRequest
     except ImportError:
@@ -166,18 +167,19 @@ def _attend_with_lse(q, k, v, score_mod, bm, scale, compiled: bool):
     return out, aux.lse
 
 
-def flex_attention_with_coefficient_grads(q, k, v, spec: FlexCoefficients, mask, scale, compiled=None):
+def flex_attention_with_coefficient_grads(q, k, v, spec: FlexCoefficients, mask, scale, compiled=None,
+                                          kernel_options=None):  # fmt: skip
     """FlexAttention with a bias whose coefficients take their gradients from one extra forward each in backward
     (``FlexCoefficients``, where the formula is), not from the kernel's atomic adds; q, k and v take theirs from the
-    kernel as usual. ``compiled`` as ``flex_attention_with_score_mod``."""
+    kernel as usual. ``compiled`` and ``kernel_options`` as ``flex_attention_with_score_mod``."""
     compiled = q.is_cuda if compiled is None else compiled
     B, H, T, _ = q.shape
     bm = block_mask(mask, B, T, k.shape[2], q.device)
-    out, lse = _attend_with_lse(q, k, v, spec.score_mod, bm, scale, compiled)
+    out, lse = _attend_with_lse(q, k, v, spec.score_mod, bm, scale, compiled, kernel_options)
     q0, k0, v0 = q.detach(), k.detach(), v.detach()
 
     def weighted(weight_mod):  # (out, lse) of the scores + log w: what backward reads for one coefficient
-        return _attend_with_lse(q0, k0, v0, weight_mod, bm, scale, compiled)
+        return _attend_with_lse(q0, k0, v0, weight_mod, bm, scale, compiled, kernel_options)
 
     return _CoefficientGrads.apply(out, lse.detach(), weighted, spec.weight_mods, *spec.coefficients)
 
@@ -206,15 +208,16 @@ class _CoefficientGrads(torch.autograd.Function):
         return (dout, None, None, None, *grads)
 
 
-def flex_attention_in_parts(q, k, v, parts: list, mask, scale, compiled=None):
+def flex_attention_in_parts(q, k, v, parts: list, mask, scale, compiled=None, kernel_options=None):
     """Attention split over parts of the keys (``FlexPart``s, whose ``keep`` rules must partition every query's
     allowed keys), each part's FlexAttention merged exactly by its log-sum-exp: lse = log Σ_p exp(lse_p + shift_p),
     out = Σ_p exp(lse_p + shift_p − lse) · out_p, in fp32. Gradients reach each part through its output and its lse
-    (FlexAttention differentiates its lse). ``compiled`` as ``flex_attention_with_score_mod``."""
+    (FlexAttention differentiates its lse). ``compiled`` and ``kernel_options`` as
+    ``flex_attention_with_score_mod``."""
     compiled = q.is_cuda if compiled is None else compiled
     outs, lses = [], []
     for part in parts:
-        out, lse = attend_part(q, k, v, part, mask, scale, compiled)
+        out, lse = attend_part(q, k, v, part, mask, scale, compiled, kernel_options)
         outs.append(out)
         lses.append(lse if part.shift is None else lse + part.shift.view(1, -1, 1).to(lse.dtype))
     lse = torch.logsumexp(torch.stack(lses), dim=0)  # (B, H, T); every query has an allowed key in some part
@@ -234,12 +237,27 @@ def _in_score_dtype(score_mod):
     return mod
 
 
-def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None):
+# Under this many queries inductor lowers FlexAttention to its decoding kernel (flex_decoding.py), whose BLOCK_M is
+# the queries of a key head padded to a power of two, and which decides from that value whether to check the rows'
+# bounds: a forward block size given there would replace it after that decision (32 queries: no checks, 64 rows).
+FLEX_DECODING_QUERIES = 128
+
+
+def _options(q, kernel_options) -> dict:
+    """``kernel_options`` as flex_attention's keyword on CUDA for ``FLEX_DECODING_QUERIES`` queries or more (the
+    Triton kernel's blocks: ``SMALL_FLEX_BLOCKS``); none for fewer, or off CUDA, where no such kernel is built."""
+    if not kernel_options or not q.is_cuda or q.shape[-2] < FLEX_DECODING_QUERIES:
+        return {}
+    return {"kernel_options": dict(kernel_options)}
+
+
+def flex_attention_with_score_mod(q, k, v, score_mod, mask, scale, compiled=None, kernel_options=None):
     """q (B, H, T, Dh), k and v (B, Hkv, S, Dh) -> (B, H, T, Dh); ``score_mod`` None for the mask alone.
-    ``compiled`` defaults to q.is_cuda."""
+    ``compiled`` defaults to q.is_cuda; ``kernel_options`` (the encoding's ``flex_kernel_options()``) are passed to
+    the kernel on CUDA."""
     attend = _kernel(q.is_cuda if compiled is None else compiled)
     B, H, T, _ = q.shape
     S = k.shape[2]
     # score_mod None: the mask alone (document masking of a RoPE-family encoding)
     return attend(q, k, v, score_mod=_in_score_dtype(score_mod), block_mask=block_mask(mask, B, T, S, q.device),
-                  scale=scale, enable_gqa=H != k.shape[1])  # fmt: skip
+                  scale=scale, enable_gqa=H != k.shape[1], **_options(q, kernel_options))  # fmt: skip

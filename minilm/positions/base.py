@@ -80,6 +80,17 @@ class PositionDims:
     init_std: float = 0.02  # model.init_std, the token embeddings' size: an added table's default is of that size
 
 
+# FlexAttention's kernel blocks for a score_mod too heavy for inductor's default ones. On an H100 (torch 2.11,
+# bf16, head size 64) the forward kernel's default is 128 x 128 queries x keys, 3 stages, and with FIRE's score_mod
+# it asked for 409,600 bytes of shared memory (T5's near part, ``T5Bias.flex_split``, 247,808) where the GPU has
+# 232,448: "No valid triton configs. OutOfMemoryError: out of resource", at the first compiled call. Smaller blocks
+# are the remedy PyTorch's maintainers give (pytorch/pytorch#133254): 64 x 64 forward, and the backward's blocks
+# halved from the H100 default (64 x 128, 128 x 64). The prefixes (torch >= 2.6) keep each pass's keys apart. Passed
+# on CUDA from 128 queries up (``minilm.model.flex.FLEX_DECODING_QUERIES``: fewer take inductor's decoding kernel).
+SMALL_FLEX_BLOCKS = {"fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64,
+                     "bwd_BLOCK_N2": 32}  # fmt: skip
+
+
 @dataclass
 class FlexPart:
     """One part of the keys a score term's FlexAttention may be split into (``PositionEncoding.flex_parts``;
@@ -151,6 +162,11 @@ class PositionEncoding(nn.Module):
     def flex_parts(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[list]:
         """The keys split into ``FlexPart``s whose ``keep`` rules partition them, for FlexAttention to attend to
         each and merge, equal to ``score_mod`` over all keys; None (here, the base): one call with ``score_mod``."""
+        return None
+
+    def flex_kernel_options(self) -> Optional[dict]:
+        """FlexAttention's ``kernel_options`` for this encoding's calls on CUDA (``SMALL_FLEX_BLOCKS``), or None
+        (here, the base): inductor's default blocks for the head size."""
         return None
 
     def flex_coefficients(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> Optional[FlexCoefficients]:

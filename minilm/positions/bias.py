@@ -42,6 +42,7 @@ from minilm.positions.base import (
     FP32_MAX,
     FP32_POSITIONS,
     FP32_TINY,
+    SMALL_FLEX_BLOCKS,
     FlexCoefficients,
     FlexPart,
     PositionDims,
@@ -295,6 +296,11 @@ class T5Bias(PositionEncoding):
 
         return t5
 
+    def flex_kernel_options(self):
+        """``SMALL_FLEX_BLOCKS`` when split (its near part did not fit the H100's shared memory in the default
+        blocks); else the default blocks, in which the one call compiles."""
+        return SMALL_FLEX_BLOCKS if self.flex_split else None
+
     def flex_parts(self, q, k, q_pos, k_pos):
         """With ``flex_split`` (causal bucketing only; None otherwise): the keys within max_distance m of the query
         (d < m), with the bias of each distance from a (H, 2m + 1) table (or of its bucket: ``reach``), and the far
@@ -522,6 +528,11 @@ class Fire(PositionEncoding):
         self.c = nn.Parameter(torch.tensor(params.init_c))
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
         self.register_buffer("init_L", torch.tensor(params.init_L), persistent=False)
+
+    def flex_kernel_options(self):
+        """``SMALL_FLEX_BLOCKS``: in inductor's default blocks FIRE's score_mod did not fit the H100's shared memory
+        (bf16, head size 64: 409,600 bytes asked for, 232,448 there)."""
+        return SMALL_FLEX_BLOCKS
 
     def reset_position_parameters(self) -> None:
         self.mlp_in.reset_parameters()  # PyTorch's Linear init, as the paper's code (not the model's N(0, 0.02))

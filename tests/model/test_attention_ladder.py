@@ -31,7 +31,7 @@ def _routes(monkeypatch):
                         lambda self, device, documents=False:
                         "flex" if real_kernel(self, device) == "sdpa_bias" else "?")  # fmt: skip
 
-    def fake_flex(q, k, v, score_mod, mask, scale, compiled=None):
+    def fake_flex(q, k, v, score_mod, mask, scale, compiled=None, kernel_options=None):
         taken.append("flex")
         return torch.zeros_like(q)
 

@@ -25,7 +25,7 @@ def t5_split(**params):
     return pos
 
 
-def dense_part(q, k, v, part, mask, scale, compiled):
+def dense_part(q, k, v, part, mask, scale, compiled, kernel_options=None):
     """``flex.attend_part`` by materialized scores, differentiable: (out, lse), out 0 and lse −inf in a row with no
     key in the part."""
     B, _, T, _ = q.shape

@@ -469,7 +469,8 @@ def test_score_mod_tables_stay_fp32_under_autocast(name, monkeypatch):
     layer.pos = pos
     monkeypatch.setattr(Attention, "_flex_runs_on", lambda self, device: True)
     caught = []
-    monkeypatch.setattr(flex, "flex_attention_with_score_mod", lambda q, k, v, score_mod, *a: caught.append(score_mod))
+    monkeypatch.setattr(flex, "flex_attention_with_score_mod",
+                        lambda q, k, v, score_mod, *a, **kw: caught.append(score_mod))  # fmt: skip
     with torch.autocast("cpu", dtype=torch.bfloat16):
         layer.attend(q, k, v, q_pos, k_pos, mask)
         got = dense(caught[0], T, S)
@@ -761,6 +762,34 @@ def test_compiled_flex_on_cuda_equals_reference(name, monkeypatch):
                                         pos.softmax_scale(q.shape[-1]))  # fmt: skip
     assert torch.allclose(got, want, atol=1e-4)
     grads_agree(got, want, [q, k, v, *pos.parameters()], atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [n for n in BIAS if not hook(n).score_reads_qk] + ["t5/split", "kerple/forwards"])
+def test_the_cuda_kernel_compiles_at_the_benchmarks_shape_in_bf16(name):
+    """The CUDA kernel, forward and backward, at configs/gpt2_small.yaml's shape: 12 heads of 64 in bf16, 1K tokens,
+    through the attention layer's kernel ladder, as scripts/bench_attention.py runs it. The fp32 cases above, 16
+    wide, take smaller kernel blocks, and passed where FIRE (and T5 in parts) here asked for more shared memory
+    than an H100 has ("No valid triton configs. OutOfMemoryError: out of resource"; ``SMALL_FLEX_BLOCKS``). (The
+    encodings whose score reads q and k build their tables in the layer's forward, before ``attend``.)"""
+    encoding, _, form = name.partition("/")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    heads, head_dim, T = 12, 64, 1024
+    attn = Attention(heads * head_dim, heads, heads, {"name": encoding},
+                     PositionDims(heads * head_dim, heads, heads, head_dim, 1, 0)).cuda()  # fmt: skip
+    if form:
+        setattr(attn.pos, {"split": "flex_split", "forwards": "flex_coefficient_forwards"}[form], True)
+    assert attn.kernel(torch.device("cuda"), documents=False) == "flex"
+    q, k, v = (torch.randn(2, heads, T, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))  # fmt: skip
+    positions, mask = torch.arange(T, device="cuda").unsqueeze(0), AttentionMask()
+    got = attn.attend(q, k, v, positions, positions, mask)
+    want = reference_attention(q.float(), k.float(), v.float(), attn.pos, positions, positions, mask)
+    torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=2e-2)
+    got.float().square().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in attn.pos.parameters() if p.requires_grad)
 
 
 @pytest.mark.gpu
