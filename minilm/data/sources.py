@@ -26,6 +26,7 @@ import csv
 import glob
 import hashlib
 import itertools
+import json
 import logging
 import math
 import os
@@ -900,8 +901,8 @@ def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_f
         if isinstance(e, ValueError):  # datasets' error for a split it lacks ("Unknown split", "Bad split")
             _check_split(where, path, name, split, data_files, cache_dir, call, settings)
         raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}{files}) failed: "
-                        f"{_cause(e)}{_builder_hint(path, data_files)}{_bad_file_hint(path, data_files)}") \
-            from None  # fmt: skip
+                        f"{_cause(e)}{_builder_hint(path, data_files)}{_bad_file_hint(path, data_files)}"
+                        f"{_json_line_hint(path, data_files, e)}") from None  # fmt: skip
 
 
 RECORD_BUILDERS = ("json", "csv", "parquet", "arrow")
@@ -926,6 +927,57 @@ def _bad_file_hint(path: str, data_files: Any) -> str:
                 return (f"; {m} holds no records, which datasets does not skip (the files kind does): leave it out of "
                         f"the source, or read the files with kind: files")
     return ""
+
+
+def _json_line_hint(path: str, data_files: Any, e: BaseException) -> str:
+    """Where datasets' json builder failed to parse a local JSON Lines file, the line that is not one JSON object:
+    its error gives a row counted within the block of the file it was parsing ("JSON parse error: Invalid encoding in
+    string. in row 106800" for line 250002 of a 22 MB file), and names no file. Read only after such a failure, each
+    JSON file up to its first bad line: a .json file holding one JSON document over several lines is not JSON Lines,
+    and a line that Python's json reads as it is (NaN, which datasets reads too) is not flagged."""
+    if "JSON parse error" not in _cause(e):
+        return ""
+    base = path if Path(path).is_dir() else "."
+    patterns = _data_file_patterns(data_files) if data_files is not None else ["**/*"]
+    for pattern in patterns:
+        for m in sorted(glob.glob(os.path.join(base, pattern), recursive=True)):  # (a file's pattern is escaped)
+            if _record_builder(Path(m)) == "json" and os.path.isfile(m) and (bad := _json_lines_problem(Path(m))):
+                return f"; {os.path.normpath(m)}: {bad}"
+    return ""
+
+
+def _json_lines_problem(path: Path) -> Optional[str]:
+    """The first line of a JSON Lines file that is not one JSON object (``line 3 is not valid JSON: Expecting value
+    (column 10)``), None where every line is one, or where the file is one JSON document (a .json file: a list of
+    records on one line, or a document over several lines)."""
+    import lzma
+
+    try:
+        with _open_record_file(path, "rt", encoding="utf-8-sig") as f:
+            objects = 0  # lines read as one object each: then the file is JSON Lines, whatever its suffix
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                    if "\\u" in line:  # an escaped lone surrogate (\ud800): Python reads it, Arrow refuses it
+                        json.dumps(value, ensure_ascii=False).encode("utf-8")
+                except json.JSONDecodeError as err:
+                    if objects == 0 and _data_suffix(path)[0] == ".json":
+                        return None
+                    return f"line {n} is not valid JSON: {err.msg} (column {err.colno})"
+                except UnicodeEncodeError:
+                    return f"line {n} holds an escaped lone surrogate (\\ud800-\\udfff), which is no character"
+                if not isinstance(value, dict):
+                    if objects == 0 and _data_suffix(path)[0] == ".json":
+                        return None
+                    what = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+                        type(value), "a number")  # fmt: skip
+                    return f'line {n} is {what}, not an object: JSON Lines hold one record, {{"text": ...}}, a line'
+                objects += 1
+    except (OSError, EOFError, ValueError, lzma.LZMAError):  # (unreadable, not UTF-8: datasets' error says it)
+        return None
+    return None
 
 
 def _builder_hint(path: str, data_files: Any) -> str:

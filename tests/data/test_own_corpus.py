@@ -93,6 +93,22 @@ def test_a_data_file_datasets_cannot_parse_is_named_with_the_reason(tmp_path, na
     assert str(path) in str(err.value) and "data.sources.mine" in str(err.value)
 
 
+@pytest.mark.parametrize("bad_line, says", [
+    ('{"text": "a record cut off\n', r"line 4 is not valid JSON"),
+    ('"a string alone, not a record"\n', r"line 4 is a string, not an object"),
+])  # fmt: skip
+@pytest.mark.parametrize("kind", ["files", "hf"])
+def test_a_jsonl_line_datasets_cannot_parse_is_named_by_its_line(tmp_path, kind, bad_line, says):
+    """datasets' JSON parse error gives a row counted within the block of the file it was parsing ("in row 106800"
+    for line 250002 of a 22 MB file) and names no file: the error names the file and the line."""
+    path = tmp_path / "recs.jsonl"
+    good = "".join(json.dumps({"text": f"record {i}"}) + "\n" for i in range(3))
+    path.write_text(good + bad_line + good)
+    entry = {"kind": "files", "paths": [str(path)]} if kind == "files" else {"kind": "hf", "path": str(path)}
+    with pytest.raises(DataError, match=rf"{re.escape(str(path))}: {says}"):
+        _read("mine", entry)
+
+
 def test_an_hf_path_naming_a_missing_or_text_file_is_refused_before_the_hub(tmp_path, monkeypatch):
     """A typo in a local file's name (or a run from another directory) was taken for a Hub dataset name: about
     20 s of network retries, then "Couldn't reach 'trian.jsonl' on the Hub". A local .txt went the same way."""
