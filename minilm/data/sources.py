@@ -248,11 +248,54 @@ def stdlib_files() -> List[Path]:
     return sorted(out)
 
 
-def _glob(pattern: str) -> List[str]:
+def _glob(pattern: str, loops: Optional[List[str]] = None) -> List[str]:
     """The files a path or glob names: a path naming an existing file is that file, taken literally whatever its
     name holds (``notes[1].txt``: as a glob, ``[1]`` is a class of one character, which matched ``notes1.txt``, or
-    nothing); anything else is a glob (``**`` recursing; its matches in glob's order)."""
-    return [pattern] if os.path.isfile(pattern) else glob.glob(pattern, recursive=True)
+    nothing); anything else is a glob (``**`` recursing, as ``_rglob`` does; its matches in glob's order)."""
+    return [pattern] if os.path.isfile(pattern) else _rglob(pattern, loops)
+
+
+def _rglob(pattern: str, loops: Optional[List[str]] = None) -> List[str]:
+    """``glob.glob(pattern, recursive=True)``, but a ``**`` does not follow a symlink back into a directory it is
+    already inside (its path is added to ``loops``). glob follows such a link until the OS refuses a path of 40 links:
+    one link to a parent directory named every file below it through 40 of them (``a/up/a/up/.../x.txt``, the name
+    its held-out hash was taken of), and two made the paths 2^40: the preparation never ended, without a word. Other
+    symlinked directories are followed as glob follows them; hidden ones are not entered, as glob's ``**`` does not."""
+    parts = pattern.split(os.sep)
+    if "**" not in parts:
+        return glob.glob(pattern)
+    i = parts.index("**")
+    base, rest = os.sep.join(parts[:i]) or ("" if i == 0 else os.sep), parts[i + 1 :]
+    bases = [base] if base == "" else [b for b in glob.glob(base) if os.path.isdir(b)]
+    out: List[str] = []
+    for top in bases:
+        stack = [(top, (os.path.realpath(top or "."),))]  # (directory, the real paths of it and its parents)
+        while stack:
+            d, inside = stack.pop()
+            if rest:  # the rest of the pattern below each directory (a second ** walks again, from there)
+                out += _rglob(os.path.join(glob.escape(d), *rest), loops)
+            else:  # a trailing ** matches every directory and file under it, as glob's does
+                out += [os.path.join(d, "")] if d == top and d else []
+                out += glob.glob(os.path.join(glob.escape(d), "*"))
+            try:
+                entries = sorted(os.scandir(d or "."), key=lambda e: e.name, reverse=True)  # (popped in name order)
+            except OSError:
+                continue
+            for e in entries:
+                try:
+                    is_dir = e.is_dir()  # (a symlink to a directory is followed, as glob follows it)
+                except OSError:
+                    continue
+                if not is_dir or e.name.startswith("."):
+                    continue
+                child = os.path.join(d, e.name)
+                real = os.path.realpath(child)
+                if real in inside:
+                    if loops is not None:
+                        loops.append(child)
+                    continue
+                stack.append((child, inside + (real,)))
+    return list(dict.fromkeys(out))
 
 
 def _for_datasets(files: Any, base: str) -> Any:
@@ -266,10 +309,13 @@ def _for_datasets(files: Any, base: str) -> Any:
     return None if files is None else [_for_datasets(f, base) for f in files]
 
 
-def _expand_globs(spec: FilesSource, where: str, cache_dir: Optional[Path] = None) -> List[Path]:
+def _expand_globs(spec: FilesSource, where: str, cache_dir: Optional[Path] = None,
+                  loops: Optional[List[str]] = None) -> List[Path]:  # fmt: skip
+    """The files of a files source, each once; ``loops``: gets the symlinks back into a directory that ``**`` did not
+    follow (``_rglob``)."""
     files: List[Path] = []
     for pattern in spec.paths:
-        found = sorted(Path(p) for p in _glob(os.path.expanduser(pattern)))
+        found = sorted(Path(p) for p in _glob(os.path.expanduser(pattern), loops))
         matches = [p for p in found if p.is_file()]
         if not matches:
             dirs = [p for p in found if p.is_dir()]
@@ -317,8 +363,12 @@ def source_fingerprint(name: str, spec: SourceSpec, cache_dir: Optional[Path] = 
         files = stdlib_files()
         extra: Any = {"python": sys.version, "stdlib": _stat_digest(files)}
     elif isinstance(spec, FilesSource):
-        files = _expand_globs(spec, where, cache_dir)
+        loops: List[str] = []
+        files = _expand_globs(spec, where, cache_dir, loops)
         extra = {"files": _stat_digest(files)}
+        if loops:  # (since 2026-11-25) its files were named through the loop before (a/up/a/up/.../x.txt) and held
+            # out by those names: the same files keyed such a corpus; a source without a loop keeps its key
+            extra["symlink_loops"] = "not followed"
         for suffix in (".csv", ".tsv"):  # read as records since 2026-11-24 (.tsv some hours after .csv), skipped
             # before: a corpus prepared before lacks them, and the same files and settings keyed it (each suffix its
             # own mark: a glob matching .csv files alone keeps the key it has had since they began to be read)
@@ -918,7 +968,7 @@ def _bad_file_hint(path: str, data_files: Any) -> str:
         return ""
     patterns = _data_file_patterns(data_files) if data_files is not None else ["**/*"]
     for pattern in patterns:
-        for m in sorted(glob.glob(os.path.join(base, pattern), recursive=True)):  # (a file's pattern is escaped)
+        for m in sorted(_rglob(os.path.join(base, pattern))):  # (a file's pattern is escaped)
             f = Path(m)
             if not (_record_builder(f) and f.is_file()):
                 continue
@@ -940,7 +990,7 @@ def _json_line_hint(path: str, data_files: Any, e: BaseException) -> str:
     base = path if Path(path).is_dir() else "."
     patterns = _data_file_patterns(data_files) if data_files is not None else ["**/*"]
     for pattern in patterns:
-        for m in sorted(glob.glob(os.path.join(base, pattern), recursive=True)):  # (a file's pattern is escaped)
+        for m in sorted(_rglob(os.path.join(base, pattern))):  # (a file's pattern is escaped)
             if _record_builder(Path(m)) == "json" and os.path.isfile(m) and (bad := _json_lines_problem(Path(m))):
                 return f"; {os.path.normpath(m)}: {bad}"
     return ""

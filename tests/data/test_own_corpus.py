@@ -32,6 +32,34 @@ def test_a_file_reached_through_symlinks_is_read_once(tmp_path):
     assert docs.names == [str(root / "a.txt"), str(root / "sub" / "b.md")]  # the first name in sorted order
 
 
+def test_a_symlink_loop_under_a_glob_names_files_by_their_path_and_ends(tmp_path):
+    """``**`` followed a symlink back to a parent directory down to the OS's 40-link limit: with one, every file
+    below it was named through the loop (``a/up/a/up/.../x.txt``, sorting before ``a/x.txt``: the name the held-out
+    split hashes); with two, the paths were 2^40 and the preparation never ended."""
+    import signal
+
+    root = tmp_path / "corpus"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "x.txt").write_text("a document below\n")
+    (root / "y.txt").write_text("a document on top\n")
+    os.symlink("..", root / "a" / "up")
+    docs = _read("mine", {"kind": "files", "paths": [f"{root}/**/*"]})
+    assert docs.names == [str(root / "a" / "x.txt"), str(root / "y.txt")]
+    os.symlink("..", root / "a" / "up2")
+
+    def hung(*_):
+        raise TimeoutError("the glob did not end")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        docs = _read("mine", {"kind": "files", "paths": [f"{root}/**/*"]})
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert docs.names == [str(root / "a" / "x.txt"), str(root / "y.txt")]
+
+
 def test_a_glob_over_the_cache_dir_reads_none_of_its_files(tmp_path, tiny_text_dir):
     """A corpus in data/ read with paths: [data/**/*] covers the default data.cache_dir, data/cache: the first
     preparation read its own lock file (skipped as 'unsupported suffix'), the next one keyed the cache's files into
