@@ -854,6 +854,9 @@ def _load_split(where: str, path: str, name: Optional[str], split: str, data_fil
     if _whole_split(split):  # its records in order: no sizes needed (a builder may record none)
         return ds, [(split, 0, len(ds))]
     sizes = {n: s.num_examples for n, s in (ds.info.splits or {}).items()}
+    if len(ds) == 0:  # (train[5:2]: "cannot tell which records", below, of a slice that is simply empty)
+        files = f", data_files={data_files!r}" if data_files is not None else ""
+        raise _empty_slice(where, split, f"datasets.load_dataset({path!r}, name={name!r}{files})", sizes)
     try:
         parts = [(p.splitname, p.from_, p.to) for p in datasets.ReadInstruction.from_spec(split).to_absolute(sizes)]
     except ValueError:
@@ -921,6 +924,8 @@ def _load_from_disk(where: str, path: Path, split: str) -> Tuple[Any, Parts]:
                             f"split {split!r} cannot be chosen; leave split at its default 'train' (a slice of it, "
                             f"train[:1000] or train[:10%], is allowed)") from None  # fmt: skip
         raise DataError(f"{where}.split: {_not_a_split(split, path, ds)}; datasets says: {e}") from None
+    if sum(max(0, p.to - p.from_) for p in parts) == 0:  # ("the source yields no documents (skipped: nothing)")
+        raise _empty_slice(where, split, path, {n: len(d) for n, d in splits.items()})
     pieces = [splits[p.splitname].select(range(p.from_, p.to)) if (p.from_, p.to) != (0, len(splits[p.splitname]))
               else splits[p.splitname] for p in parts]  # fmt: skip
     ds = pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
@@ -950,6 +955,9 @@ def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_f
         call = f"datasets.load_dataset({path!r}, name={name!r}{files})"
         if isinstance(e, ValueError):  # datasets' error for a split it lacks ("Unknown split", "Bad split")
             _check_split(where, path, name, split, data_files, cache_dir, call, settings)
+            if "corresponds to no data" in str(e) and not _whole_split(split):  # a slice of no record (train[:0]);
+                # a whole split of none is a data file of no records, which the other hints name
+                raise _empty_slice(where, split, call, {}) from None
         raise DataError(f"{where}: datasets.load_dataset({path!r}, name={name!r}, split={split!r}{files}) failed: "
                         f"{_cause(e)}{_builder_hint(path, data_files)}{_bad_file_hint(path, data_files)}"
                         f"{_json_line_hint(path, data_files, e)}") from None  # fmt: skip
@@ -1044,6 +1052,14 @@ def _builder_hint(path: str, data_files: Any) -> str:
             return (f"; {f} is a {fmt} file by its suffix, which path: {path} reads with datasets' {path} builder: "
                     f"set path: {fmt}")
     return ""
+
+
+def _empty_slice(where: str, split: str, of: Any, sizes: Dict[str, int]) -> DataError:
+    """The refusal of a ``split`` spec that selects no record (``train[:0]``, ``train[5:2]``, a slice of an empty
+    split): reported as the source yielding no documents, with ``skipped: nothing``, or as a failure of the source."""
+    counts = f" (records per split: {', '.join(f'{n} {k}' for n, k in sizes.items())})" if sizes else ""
+    return DataError(f"{where}.split: {split!r} selects no records of {of}{counts}; give a slice that holds some, "
+                     f"train[:1000] or train[10%:20%]")  # fmt: skip
 
 
 def _not_a_split(split: str, of: Any, splits: Any) -> str:

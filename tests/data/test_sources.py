@@ -168,6 +168,23 @@ def test_a_split_load_dataset_lacks_is_reported_under_the_split_key(tmp_path, js
         load_corpus(make_data_cfg(tmp_path, {"st": spec}), progress=False)
 
 
+@pytest.mark.parametrize("split", ["train[:0]", "train[5:2]", "train[30:]"])
+@pytest.mark.parametrize("form", ["file", "disk"])
+def test_a_slice_of_no_record_is_refused_under_the_split_key(tmp_path, jsonl_file, form, split):
+    """A slice that selects nothing failed as datasets' 'Instruction "train[:0]" corresponds to no data!' under the
+    source alone, as "cannot tell which records ... 0 records read" (train[5:2]), or, from a save_to_disk directory, as
+    "the source yields no documents (skipped: nothing); check its paths/settings": none named split."""
+    import datasets
+
+    path = jsonl_file
+    if form == "disk":
+        path = tmp_path / "saved"
+        datasets.Dataset.from_dict({"story": STORIES}).save_to_disk(str(path))
+    spec = {"kind": "hf", "path": str(path), "text_field": "story", "split": split}
+    with pytest.raises(DataError, match=rf"^data\.sources\.st\.split: '{re.escape(split)}' selects no records of "):
+        read_source("st", parse_sources({"st": spec})["st"], progress=False)
+
+
 def test_a_split_spec_with_spaces_is_refused_under_the_split_key_with_the_spec_to_write(tmp_path, jsonl_file):
     """'train[:2] + train[3:5]' failed with datasets' "Split name should match ... but got ' train'", reported under
     the source, not its split key, and not saying that the spaces were the trouble."""
