@@ -98,6 +98,8 @@ class EvalSettings:
               f"must be integers >= 2, got {list(self.lengths)}")  # fmt: skip
         # results are keyed by length and by depth: a repeated one would be run twice and one of its cells lost
         check(len(set(self.lengths)) == len(self.lengths), "lengths", f"has repeats: {list(self.lengths)}")
+        # none at all measured nothing: the end of a phase wrote an empty report, evaluate.py failed saying no reason
+        check(len(self.tasks) > 0, "tasks", f"must name at least one task; allowed: {', '.join(TASKS)}")
         bad = [t for t in self.tasks if t not in TASKS]
         check(not bad, "tasks", f"unknown task(s) {bad}; allowed: {', '.join(TASKS)}")
         check(len(set(self.tasks)) == len(self.tasks), "tasks", f"has repeats: {list(self.tasks)}")  # ran twice
@@ -829,7 +831,8 @@ def evaluate_run(
     from minilm.config import phase_names
     from minilm.runs import load_run, load_run_config
 
-    lengths, tasks = [int(x) for x in lengths] if lengths else None, list(tasks) if tasks else None
+    # tasks=[] is refused, not the config's (an empty list of lengths is the default ones, as eval.lengths: [] is)
+    lengths, tasks = [int(x) for x in lengths] if lengths else None, list(tasks) if tasks is not None else None
     given = {"lengths": lengths, "tasks": tasks, "extension": extension or None, "device": device, "out": out,
              **changes}  # fmt: skip
     names = {k: name for k, name in (names or {}).items() if given.get(k) is not None}  # the config's: their keys

@@ -498,3 +498,19 @@ def test_out_with_an_unexpanded_tilde_is_refused(fake_run, tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert "error: --out '~/evals': '~' is not expanded" in err and err.strip().endswith("e.g. --out $HOME/evals")
     assert not (tmp_path / "~").exists()
+
+
+def test_an_empty_list_of_tasks_is_refused_in_the_config_and_from_python(fake_run):
+    """eval.tasks: [] passed the config: the end of a phase wrote an empty report ('evaluating at lengths [64] ()'),
+    and evaluate.py said 'nothing could be measured at any length' with no reason; evaluate_run(tasks=[]) evaluated
+    the config's tasks without a word."""
+    from minilm.config import load_config
+    from minilm.errors import ConfigError
+    from minilm.eval import evaluate_run
+
+    with pytest.raises(ConfigError, match=r"^eval\.tasks: must name at least one task; allowed: ppl, passkey, needle, "
+                                          r"kv \(set on the command line\)"):  # fmt: skip
+        load_config(overrides=["eval.lengths=[64]", "eval.tasks=[]"])
+    with pytest.raises(ConfigError, match=r"eval\.tasks: must name at least one task"):
+        evaluate_run(fake_run, lengths=[64], tasks=[], device="cpu", tensorboard=False, log=lambda _: None)
+    assert not (fake_run / "train" / "eval").exists()
