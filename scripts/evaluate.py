@@ -107,7 +107,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--needles", type=int, help="needles per needle prompt (1 asked + distractors)")
     p.add_argument("--batches", type=int, help="perplexity: batches of windows per length")
     p.add_argument("--batch-tokens", type=int, help="tokens per forward pass")
-    p.add_argument("--stride", type=int, help="sliding-window stride (default length/2)")
+    p.add_argument("--stride", type=int,
+                   help="sliding-window stride (default length/2); measures ppl_sliding even where the run's config "
+                        "has eval.sliding: false")  # fmt: skip
     p.add_argument("--no-sliding", action="store_true", help="skip the sliding-window perplexity")
     p.add_argument("--seed", type=int, help="draws the perplexity windows and retrieval prompts (default: run.seed)")
     p.add_argument("--out", help="output directory (default RUN/PHASE/eval[-METHOD])")

@@ -833,6 +833,10 @@ def evaluate_run(
 
     # tasks=[] is refused, not the config's (an empty list of lengths is the default ones, as eval.lengths: [] is)
     lengths, tasks = [int(x) for x in lengths] if lengths else None, list(tasks) if tasks is not None else None
+    if changes.get("stride") is not None and changes.get("sliding") is None:
+        # a stride asks for the sliding windows: on a run whose config has eval.sliding: false, --stride 16 measured
+        # no ppl_sliding, without a word (and the script has no flag to turn them on)
+        changes = {**changes, "sliding": True}
     given = {"lengths": lengths, "tasks": tasks, "extension": extension or None, "device": device, "out": out,
              **changes}  # fmt: skip
     names = {k: name for k, name in (names or {}).items() if given.get(k) is not None}  # the config's: their keys

@@ -749,3 +749,18 @@ def test_a_stride_longer_than_a_length_is_refused_up_front(fake_run):
     res, _ = evaluate_run(fake_run, lengths=[32], tasks=["ppl"], stride=100, sliding=False, batches=1,
                           batch_tokens=64, tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
     assert res["ppl"]["32"] is not None and not res["skipped"]["ppl"]
+
+
+def test_a_stride_measures_the_sliding_windows_where_the_config_turns_them_off(fake_run):
+    """With eval.sliding: false in the run's config, --stride 16 was ignored without a word: no ppl_sliding, and the
+    script has no flag to turn the sliding windows on. A stride given asks for them (--no-sliding with it is refused)."""
+    from minilm.cli import run_cli
+
+    configure_run(fake_run, **{"eval.sliding": False})
+    ev = _script("evaluate")
+    argv = ["--run", str(fake_run), "--no-tb", "--device", "cpu", "--tasks", "ppl", "--lengths", "32", "--batches", "1",
+            "--batch-tokens", "64", "--stride", "16"]  # fmt: skip
+    assert run_cli(ev.main, ev.parser(), argv) == 0
+    res = json.loads((fake_run / "train" / "eval" / "results.json").read_text())
+    assert res["sliding"] is True and res["stride"] == 16 and res["ppl_sliding"]["32"] is not None
+    assert res["details"]["ppl"]["32"]["sliding"]["stride"] == 16
