@@ -514,6 +514,9 @@ def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[di
              log: Callable[[str], None] = print) -> dict:  # fmt: skip
     """Every task of ``settings`` at every length; returns the results dict (see minilm/eval/report.py)."""
     settings.validate()  # settings built in Python are checked too: samples=0 was an IndexError after the scoring
+    if not settings.lengths:  # (eval.lengths: [] means no end-of-phase evaluation; evaluate_run takes default ones)
+        raise ConfigError("eval.lengths: empty, so there is nothing to evaluate; give the lengths to evaluate at, "
+                          "EvalSettings(lengths=[128, 256, ...])")  # fmt: skip
     meta = dict(meta or {})
     res: Dict[str, Any] = {**meta, "lengths": list(settings.lengths), "tasks": list(settings.tasks),
                            "depths": [float(d) + 0.0 for d in settings.depths], "samples": settings.samples,

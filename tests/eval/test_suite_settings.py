@@ -133,3 +133,10 @@ def test_settings_given_in_python_are_checked_before_anything_runs(bad):
     key = next(iter(bad))
     with pytest.raises(ConfigError, match=f"eval.{key}"):
         evaluate(Digits(), data(), settings(**bad), log=lambda *_: None)
+
+
+def test_settings_without_lengths_are_refused_not_an_evaluation_of_nothing():
+    """EvalSettings() has no lengths (eval.lengths: [] is 'no end-of-phase evaluation'): evaluate(model, data,
+    EvalSettings(tasks=["ppl"])) returned results with no length in them, and write_report wrote an empty report."""
+    with pytest.raises(ConfigError, match=r"^eval\.lengths: empty, so there is nothing to evaluate"):
+        evaluate(Digits(), data(), settings(lengths=[]), log=lambda *_: None)
