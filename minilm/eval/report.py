@@ -413,14 +413,19 @@ def markdown(results: dict, figures: Dict[str, Path]) -> str:
     from minilm.runs import started_from_text  # (runs imports the config, which imports this package)
 
     ext = results.get("extension")
+    title = results.get("label") or results.get("run")
+    # the run's lines only where the results say them: evaluate(model, data, settings) on a model in memory has no
+    # run, phase, step or position, and its report read "run: `None`, phase: `None`, step None" under an empty title
     lines = [
-        f"# Evaluation: {results.get('label') or results.get('run', '')}",
+        "# Evaluation" + (f": {title}" if title else ""),
         "",
-        f"- run: `{results.get('run')}`, phase: `{results.get('phase')}`, step {results.get('step')}"
-        + (f" (step {results['phase_step']} of the phase)" if results.get("phase_step") is not None else ""),
+        *([f"- run: `{results.get('run')}`, phase: `{results.get('phase')}`, step {results.get('step')}"
+           + (f" (step {results['phase_step']} of the phase)" if results.get("phase_step") is not None else "")]
+          if results.get("run") is not None else []),
         *([f"- the phase started from {started_from_text(results['started_from'])}"]
           if "started_from" in results else []),  # (results.json of an older minilm does not record it)
-        f"- position: `{json.dumps(results.get('position'))}`, trained at length {results.get('train_seq_len')}",
+        *([f"- position: `{json.dumps(results.get('position'))}`, trained at length {results.get('train_seq_len')}"]
+          if results.get("position") is not None else []),
         f"- extension at evaluation: `{json.dumps(ext) if ext else 'none'}`",
         f"- tasks: {', '.join(results.get('tasks', []))}",
     ]

@@ -140,3 +140,16 @@ def test_settings_without_lengths_are_refused_not_an_evaluation_of_nothing():
     EvalSettings(tasks=["ppl"])) returned results with no length in them, and write_report wrote an empty report."""
     with pytest.raises(ConfigError, match=r"^eval\.lengths: empty, so there is nothing to evaluate"):
         evaluate(Digits(), data(), settings(lengths=[]), log=lambda *_: None)
+
+
+def test_the_report_of_a_model_in_memory_says_no_run_it_does_not_have(tmp_path):
+    """evaluate(model, data, settings) has no run, phase, step or position: its report was titled '# Evaluation: '
+    and read 'run: `None`, phase: `None`, step None' and 'position: `null`, trained at length None'."""
+    from minilm.eval import write_report
+
+    res = evaluate(Digits(), data(), settings(), log=lambda *_: None)
+    write_report(res, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert report.startswith("# Evaluation\n")
+    assert "None" not in report and "null" not in report
+    assert "| 96 | 0.00 [" in report  # (the summary itself is there)
