@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import numbers
 import time
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -48,6 +49,11 @@ def _rng_seed(seed: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------------------ settings
+
+
+def _is_int(value) -> bool:
+    """An integer (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass
@@ -94,7 +100,16 @@ class EvalSettings:
             if not ok:
                 raise ConfigError(f"{names.get(key, f'{where}.{key}')}: {msg}")
 
-        check(all(isinstance(L, int) and L >= 2 for L in self.lengths), "lengths",
+        # the types first, as the schema types a config's values: settings built in Python (EvalSettings(samples=2.5),
+        # depths=["0.5"]) passed, then failed with a TypeError deep in the scoring, after the run was loaded
+        for key in ("lengths", "tasks", "depths"):
+            check(isinstance(getattr(self, key), (list, tuple)), key, f"must be a list, got {getattr(self, key)!r}")
+        for key in ("batches", "batch_tokens", "samples", "needles", "stride", "seed"):
+            value = getattr(self, key)
+            check(_is_int(value) or (key == "stride" and value is None), key, f"must be an integer, got {value!r}")
+        check(all(isinstance(d, numbers.Real) and not isinstance(d, bool) for d in self.depths), "depths",
+              f"must be numbers in [0, 1], got {list(self.depths)}")  # fmt: skip
+        check(all(_is_int(L) and L >= 2 for L in self.lengths), "lengths",
               f"must be integers >= 2, got {list(self.lengths)}")  # fmt: skip
         # results are keyed by length and by depth: a repeated one would be run twice and one of its cells lost
         check(len(set(self.lengths)) == len(self.lengths), "lengths", f"has repeats: {list(self.lengths)}")
@@ -835,7 +850,8 @@ def evaluate_run(
     from minilm.runs import load_run, load_run_config
 
     # tasks=[] is refused, not the config's (an empty list of lengths is the default ones, as eval.lengths: [] is)
-    lengths, tasks = [int(x) for x in lengths] if lengths else None, list(tasks) if tasks is not None else None
+    # (as given, checked below: int() made lengths=[64.5] a 64 without a word)
+    lengths, tasks = list(lengths) if lengths else None, list(tasks) if tasks is not None else None
     if changes.get("stride") is not None and changes.get("sliding") is None:
         # a stride asks for the sliding windows: on a run whose config has eval.sliding: false, --stride 16 measured
         # no ppl_sliding, without a word (and the script has no flag to turn them on)

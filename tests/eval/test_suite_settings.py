@@ -4,6 +4,7 @@ retrieval samples each task scores, which sample is shown as the example, token 
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -153,3 +154,27 @@ def test_the_report_of_a_model_in_memory_says_no_run_it_does_not_have(tmp_path):
     assert report.startswith("# Evaluation\n")
     assert "None" not in report and "null" not in report
     assert "| 96 | 0.00 [" in report  # (the summary itself is there)
+
+
+@pytest.mark.parametrize("bad,said", [(dict(samples=2.5), "eval.samples: must be an integer, got 2.5"),
+                                      (dict(needles=True), "eval.needles: must be an integer, got True"),
+                                      (dict(stride=8.5), "eval.stride: must be an integer, got 8.5"),
+                                      (dict(seed=1.5), "eval.seed: must be an integer, got 1.5"),
+                                      (dict(depths=["0.5"]), "eval.depths: must be numbers in [0, 1], got ['0.5']"),
+                                      (dict(tasks="ppl"), "eval.tasks: must be a list, got 'ppl'"),
+                                      (dict(lengths=[64.5]), "eval.lengths: must be integers >= 2, got [64.5]")])
+def test_settings_of_the_wrong_type_are_one_message_naming_the_key(bad, said):
+    """Settings built in Python are not typed by the config's schema: samples=2.5 or depths=["0.5"] passed the checks
+    and ended in a TypeError inside the scoring; seed=1.5 ran as 1; and evaluate_run(lengths=[64.5]) evaluated 64."""
+    with pytest.raises(ConfigError, match=f"^{re.escape(said)}$"):
+        evaluate(Digits(), data(), settings(**bad), log=lambda *_: None)
+    res = evaluate(Digits(), data(), settings(samples=np.int64(1), lengths=[np.int64(96)], depths=[np.float32(0.5)]),
+                   log=lambda *_: None)  # fmt: skip
+    assert res["passkey"] == {"96": 0.0}  # numpy's numbers are numbers
+
+
+def test_evaluate_run_does_not_round_a_length(fake_run):
+    from minilm.eval import evaluate_run
+
+    with pytest.raises(ConfigError, match=r"^eval\.lengths: must be integers >= 2, got \[64\.5\]$"):
+        evaluate_run(fake_run, lengths=[64.5], tasks=["ppl"], device="cpu", tensorboard=False, log=lambda *_: None)
