@@ -30,7 +30,15 @@ from omegaconf import OmegaConf
 from minilm.errors import ConfigError, MinilmError
 from minilm.files import atomic_write_text, same_bytes
 from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
-from minilm.eval.report import depth_key, log_tensorboard, make_output_dir, not_measured, plural, write_report
+from minilm.eval.report import (
+    SETTINGS_READ_BY,
+    depth_key,
+    log_tensorboard,
+    make_output_dir,
+    not_measured,
+    plural,
+    write_report,
+)
 from minilm.eval.retrieval import greedy_decode, make_samples, score_samples
 from minilm.training.memory import is_out_of_memory  # (torch and omegaconf only: no Lightning)
 
@@ -868,6 +876,8 @@ def evaluate_run(
     plain = bool(extension) and extension.get("name") == NO_EXTENSION  # not even the config's eval.extension
     settings = _run_settings(cfg, lengths, tasks, {} if plain else dict(extension) if extension else None, names,
                              changes)  # fmt: skip
+    for line in _unread_settings(changes, settings, names):
+        log(line)
     mid_phase = loaded.step is not None  # a step checkpoint (load_run read its step with its weights)
     step = global_step(run_cfg, phase, loaded.step)
     data = eval_data(cfg, loaded.run_dir)
@@ -891,6 +901,19 @@ def evaluate_run(
         _to_tensorboard(out_dir / "tb" if out else loaded.run_dir / "tb", results, figures, step, prefix)
     log(f"written: {out_dir / 'results.json'}, {out_dir / 'report.md'}, {plural(len(figures), 'figure')}")
     return results, out_dir
+
+
+def _unread_settings(changes: Mapping[str, Any], settings: EvalSettings, names: Mapping[str, str]) -> List[str]:
+    """A note for each setting given to ``evaluate_run`` that no metric of its tasks reads (``--stride 8 --tasks
+    passkey``: accepted and unused, without a word), naming the metrics that would read it."""
+    measured = {m for t in settings.tasks for m in ((("ppl", "ppl_sliding") if settings.sliding else ("ppl",))
+                                                    if t == "ppl" else (t,))}  # fmt: skip
+    notes = []
+    for key, (metrics, _, _) in SETTINGS_READ_BY.items():
+        if changes.get(key) is not None and not measured & set(metrics):
+            notes.append(f"note: {names.get(key, key)} {changes[key]} has no effect: it is read by "
+                         f"{', '.join(metrics)}, and the tasks measured are {', '.join(settings.tasks)}")
+    return notes
 
 
 def _run_settings(cfg, lengths, tasks, extension, names: Mapping[str, str], changes: Mapping[str, Any]) -> EvalSettings:

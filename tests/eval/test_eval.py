@@ -764,3 +764,18 @@ def test_a_stride_measures_the_sliding_windows_where_the_config_turns_them_off(f
     res = json.loads((fake_run / "train" / "eval" / "results.json").read_text())
     assert res["sliding"] is True and res["stride"] == 16 and res["ppl_sliding"]["32"] is not None
     assert res["details"]["ppl"]["32"]["sliding"]["stride"] == 16
+
+
+def test_a_setting_no_chosen_task_reads_is_noted(fake_run, capsys):
+    """--stride, --batches or --needles given with tasks that do not read them were accepted and unused without a
+    word; each is now noted, naming the metrics that read it. A setting a task reads is not."""
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    argv = ["--run", str(fake_run), "--no-tb", "--device", "cpu", "--tasks", "passkey", "--lengths", "128",
+            "--samples", "1", "--depths", "0.5", "--stride", "8", "--needles", "3"]  # fmt: skip
+    assert run_cli(ev.main, ev.parser(), argv) == 0
+    out = capsys.readouterr().out
+    assert "note: --stride 8 has no effect: it is read by ppl_sliding, and the tasks measured are passkey" in out
+    assert "note: --needles 3 has no effect: it is read by needle" in out
+    assert "--samples" not in out.split("note:", 1)[-1] and "--depths" not in out.split("note:", 1)[-1]
