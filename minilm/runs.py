@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import torch
 import yaml
@@ -163,8 +163,9 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
                 raise MinilmError(f"{run_dir} has no finished phase yet (no {COMPLETE}): {_finish(run_dir)}"
                                   + _step_checkpoint_hint(run_dir))  # fmt: skip
             phase, weights = done[-1], run_dir / done[-1] / "model.safetensors"
-    if not weights.is_file():
-        raise MinilmError(f"{weights}: not found (has phase '{phase}' finished?)")
+    if not weights.is_file():  # (a phase asked for by name, or its directory: it said only "has it finished?")
+        raise MinilmError(f"{weights}: not found: phase '{phase}' has not finished; {_finish(run_dir, 'finish it')}"
+                          + _step_checkpoint_hint(run_dir, [phase]))  # fmt: skip
     return run_dir, phase, weights
 
 
@@ -213,11 +214,12 @@ def _finish(run_dir: Path, what: str = "finish its first phase") -> str:
     return f"{what} with: {shlex.join(words)}"
 
 
-def _step_checkpoint_hint(run_dir: Path) -> str:
-    """'; or give a step checkpoint, the newest: PATH' where an unfinished run has one (a weights file it takes)."""
+def _step_checkpoint_hint(run_dir: Path, phases: Optional[List[str]] = None) -> str:
+    """'; or give a step checkpoint, the newest: PATH' where an unfinished run (or one of ``phases``) has one (a
+    weights file it takes)."""
     from minilm.training.checkpoint import CKPT_PATTERN, checkpoint_step
 
-    for name in reversed(run_phase_names(run_dir)):  # the latest phase that has any, its latest step
+    for name in reversed(phases or run_phase_names(run_dir)):  # the latest phase that has any, its latest step
         ckpts = [c for c in (run_dir / name / "checkpoints").glob("*.ckpt") if CKPT_PATTERN.match(c.name)]
         if ckpts:
             newest = max(ckpts, key=checkpoint_step)

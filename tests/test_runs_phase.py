@@ -186,3 +186,21 @@ def test_a_damaged_run_tokenizer_is_named_as_the_run_s_not_a_config_key(run_dir)
         load_run(run_dir)
     assert str(e.value).startswith("the run's tokenizer (the token ids its weights were trained with; ")
     assert f"{run_dir / 'tokenizer.model'} is not a sentencepiece model" in str(e.value)
+
+
+@pytest.mark.parametrize("by", ["name", "directory"])
+def test_an_unfinished_phase_asked_for_says_how_to_finish_it_and_names_its_newest_checkpoint(run_dir, by):
+    """``--phase extend_2k`` of a run that has not finished it said only "model.safetensors: not found (has phase
+    'extend_2k' finished?)", where the run-level message says how to finish it and which step checkpoint it has."""
+    for name in ("extend_2k/model.safetensors", "extend_2k/complete.json", "model.safetensors"):
+        (run_dir / name).unlink()
+    (run_dir / "extend_2k" / "checkpoints").mkdir()
+    for step in (10, 20):
+        (run_dir / "extend_2k" / "checkpoints" / f"step-{step}.ckpt").write_bytes(b"")
+    (run_dir / "extend_512" / "checkpoints").mkdir()
+    (run_dir / "extend_512" / "checkpoints" / "step-30.ckpt").write_bytes(b"")  # another phase's: not named
+    with pytest.raises(MinilmError) as err:
+        resolve_run(run_dir, "extend_2k") if by == "name" else resolve_run(run_dir / "extend_2k")
+    said = str(err.value)
+    assert "phase 'extend_2k' has not finished; finish it with: python train.py --config" in said and "--resume" in said
+    assert f"the newest: {run_dir / 'extend_2k' / 'checkpoints' / 'step-20.ckpt'} (phase 'extend_2k', step 20)" in said
