@@ -286,6 +286,26 @@ def test_a_run_whose_last_phase_has_no_evaluation_says_which_phase_it_stands_for
     assert "compared instead: phase 'extend_512'" in err and f"note: {a}" not in err
 
 
+def test_a_run_whose_last_phase_has_not_finished_is_told_to_finish_it_not_to_evaluate_it(tmp_path, capsys):
+    """A run stopped during its last phase stood for an earlier phase's evaluation, and the note advised
+    'scripts/evaluate.py --run RUN evaluates <last phase>', which evaluates the newest finished phase again."""
+    from minilm.config import load_config, save_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "rope_yarn_tiny.yaml")
+    run = tmp_path / "run"
+    save_config(cfg, run / "config.yaml")
+    _evaluation(run, "extend_512", 50.0)
+    for name in ("complete.json", "model.safetensors"):
+        (run / "extend_512" / name).write_text("{}")
+    (run / "extend_2k" / "checkpoints").mkdir(parents=True)  # interrupted: a checkpoint, no complete.json
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args([str(run), "--out", str(tmp_path / "cmp")])) == 0
+    err = capsys.readouterr().err
+    assert f"note: {run}: its last phase 'extend_2k' is not compared: it has not finished training" in err
+    assert "compared instead: phase 'extend_512'" in err and f"run.dir={run} --resume" in err
+    assert "evaluate.py" not in err
+
+
 def test_evaluate_py_on_a_studys_folder_names_only_runs_that_exist(tmp_path):
     """study.json lists every variant's runs, also those a study run with --only has not trained: the message
     offered them (ntk/seed1, ...) as runs to give, and each was 'no such run directory'."""
