@@ -654,6 +654,13 @@ def _trained_by(phase_dir: Path) -> Optional[str]:
         return None
 
 
+def evaluated_phase(cfg: DictConfig) -> str:
+    """The phase whose evaluation stands for a run of the study: its last evaluating phase (``eval_lengths``), else
+    its last phase (where scripts/evaluate.py writes)."""
+    names = phase_names(cfg)
+    return next((p for p in reversed(names) if phase_config(cfg, p).eval.lengths), names[-1])
+
+
 def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict) -> tuple[dict, dict]:
     """(the variant's study.json entry, its runs' evaluation results by seed). A run's evaluation is its last
     evaluating phase's (the last phase if none evaluates: where scripts/evaluate.py writes), counted once that
@@ -665,7 +672,7 @@ def _variant_summary(study: Study, variant: Variant, out_dir: Path, cfgs: dict) 
     cfg = cfgs[runs[0].label]
     phases = phase_names(cfg)
     pcfgs = {p: phase_config(cfg, p) for p in phases}
-    evaluated = next((p for p in reversed(phases) if pcfgs[p].eval.lengths), phases[-1])
+    evaluated = evaluated_phase(cfg)
     per_run, by_seed = {}, {}
     labels = {str(c.run.name): label for label, c in cfgs.items()}
     for r in runs:

@@ -10,8 +10,8 @@ evaluation directory holding results.json, or a results.json file; run scripts/e
 --lengths for every run, so the table lines up). ``--label`` names the lines (default: run.name/phase[+method], a
 study's run named as in its study, by its variant and seed: ``yarn/seed1/extend_2k``; runs of the same name by
 their folders, with as many parent directories as it takes to tell them apart; a label or an evaluation given twice
-is an error). A study's folder stands for its
-runs that have an evaluation (each seed's its own line; the study's own compare.md has their means). Writes
+is an error). A study's folder stands for its runs that have finished and have an evaluation (each seed's its own
+line; as in the study's own compare.md, which has their means, a run stopped early is left out). Writes
 compare.png and compare.md to --out (default: the
 current directory). Evaluations made with different settings that change the numbers (run.seed, --batches,
 --batch-tokens, --stride, --samples, --depths, --needles), and perplexities of tokenizers of other vocabulary sizes,
@@ -97,8 +97,11 @@ def earlier_phase_note(run: Path, found: Path) -> str | None:
 
 def study_runs(args: list[str]) -> list[tuple]:
     """(run, the argument it came from) for each argument, a study's folder replaced by its runs (as its study.json
-    lists them) that have an evaluation: the study's runs compared. A run without one is left out, and said so."""
-    from minilm.runs import find_results, study_run_dirs
+    lists them) that have an evaluation: the study's runs compared. A run without one is left out, and said so; so is
+    a run that has not finished the phase whose evaluation the study compares (minilm.study.evaluated_phase), as the
+    study's own compare.md leaves it out: its earlier phase's evaluation stood beside the other variants' last ones."""
+    from minilm.runs import find_results, load_run_config, phase_finished, study_run_dirs
+    from minilm.study import evaluated_phase
 
     out = []
     for arg in args:
@@ -110,14 +113,18 @@ def study_runs(args: list[str]) -> list[tuple]:
         for label, run_dir in runs:
             try:
                 find_results(run_dir)
+                phase = evaluated_phase(load_run_config(run_dir / "config.yaml"))
             except MinilmError:
                 print(f"note: {arg}: its run {label} has no evaluation yet; left out", file=sys.stderr)
-            else:
+                continue
+            if phase_finished(run_dir, phase):
                 found.append(run_dir)
+            else:
+                print(f"note: {arg}: its run {label} has not finished phase '{phase}' yet; left out", file=sys.stderr)
         out += [(run_dir, arg) for run_dir in found]
         if not found:
-            raise MinilmError(f"{arg}: a study's folder whose runs have no evaluation yet (its runs: "
-                              f"{', '.join(label for label, _ in runs)}); run or --resume the study first")
+            raise MinilmError(f"{arg}: a study's folder none of whose runs has finished with an evaluation yet (its "
+                              f"runs: {', '.join(label for label, _ in runs)}); run or --resume the study first")
     return out
 
 

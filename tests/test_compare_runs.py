@@ -198,6 +198,13 @@ def test_an_evaluation_from_before_the_settings_were_recorded_still_compares_and
                    "older minilm), so whether the others were evaluated alike cannot be checked; evaluate it again\n")
 
 
+def _finished(run_dir: Path, phase: str) -> None:
+    """Mark ``phase`` of ``run_dir`` finished, as training leaves it (its weights and complete.json)."""
+    (run_dir / phase).mkdir(parents=True, exist_ok=True)
+    for name in ("model.safetensors", "complete.json"):
+        (run_dir / phase / name).write_text("{}")
+
+
 def _study(tmp_path) -> Path:
     """A study's folder with seeds: its study.json lists the runs; yarn/seed2 has no evaluation yet."""
     from minilm.config import load_config, save_config
@@ -206,8 +213,9 @@ def _study(tmp_path) -> Path:
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "rope_yarn_tiny.yaml")
     for label in ("yarn/seed1", "yarn/seed2", "alibi/seed2"):
         save_config(cfg, study / label / "config.yaml")
-    _evaluation(study / "yarn" / "seed1", "extend_2k", 50.0)
-    _evaluation(study / "alibi" / "seed2", "extend_2k", 40.0)
+    for label, ppl in (("yarn/seed1", 50.0), ("alibi/seed2", 40.0)):
+        _evaluation(study / label, "extend_2k", ppl)
+        _finished(study / label, "extend_2k")
     runs = {"yarn": ["yarn/seed1", "yarn/seed2"], "alibi": ["alibi/seed2"]}
     variants = [{"variant": v, "runs": {label: {} for label in labels}} for v, labels in runs.items()]
     (study / "study.json").write_text(json.dumps({"variants": variants}))
@@ -249,6 +257,21 @@ def test_a_studys_folder_compares_its_evaluated_runs(tmp_path, capsys):
     table = (tmp_path / "cmp" / "compare.md").read_text()
     assert "| yarn/seed1/extend_2k | 50.00 |" in table and "| alibi/seed2/extend_2k | 40.00 |" in table
     assert "yarn/seed2 has no evaluation yet; left out" in capsys.readouterr().err
+
+
+def test_a_studys_folder_leaves_out_a_run_stopped_before_its_last_evaluating_phase_finished(tmp_path, capsys):
+    """A run stopped during its last phase stood, in compare_runs.py STUDY, for its earlier phase's evaluation beside
+    the other variants' last ones, though the study's own compare.md leaves such a run out."""
+    study = _study(tmp_path)
+    _evaluation(study / "yarn" / "seed2", "extend_512", 70.0)  # finished and evaluated; extend_2k interrupted
+    _finished(study / "yarn" / "seed2", "extend_512")
+    (study / "yarn" / "seed2" / "extend_2k" / "checkpoints").mkdir(parents=True)
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args([str(study), "--out", str(tmp_path / "cmp")])) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| yarn/seed1/extend_2k | 50.00 |" in table and "| alibi/seed2/extend_2k | 40.00 |" in table
+    assert "extend_512" not in table and "70.00" not in table
+    assert "its run yarn/seed2 has not finished phase 'extend_2k' yet; left out" in capsys.readouterr().err
 
 
 def test_evaluate_py_on_a_studys_folder_says_what_to_give_instead(tmp_path):
