@@ -366,10 +366,15 @@ def _open_out_dir(out_dir: Path) -> None:
     """Refuse an ``--out`` the runs could not be written to; remove what a killed study left half-written there."""
     from minilm.cli import check_home_expanded
     from minilm.files import remove_stale_temporaries
+    from minilm.runs import run_dir_of
     from minilm.training.run_checks import check_writable_dir, is_primary_process
 
     check_home_expanded(out_dir, "--out")  # else each run's run.dir check advised run.dir=$HOME/..., refused here
     check_writable_dir(out_dir, "--out")  # else each run's run.dir check advises setting run.dir, refused here
+    if (run := run_dir_of(out_dir)) is not None:  # its summary there, compare_runs.py and evaluate.py read the run
+        where = "is" if run.resolve() == out_dir.resolve() else f"lies in {run}, which is"
+        raise MinilmError(f"--out {out_dir} {where} a run directory (config.yaml, tokenizer.model): a study's runs and "
+                          "its summary go in a folder of their own; choose another --out")
     if is_primary_process():  # a kill while the summary was written left its temporary file (.study.json.<pid>.tmp,
         remove_stale_temporaries(out_dir)  # compare.png's): never read, and beside the outputs for good otherwise
         for run_dir in [*out_dir.glob("*/"), *out_dir.glob("*/seed*/")]:  # and a phase copy cut short, in any run

@@ -336,6 +336,23 @@ def test_an_out_that_is_a_file_exits_2_naming_out_before_anything_runs(tmp_path,
     assert f"--out {tmp_path / 'out' / 'sub'} is not writable" in err and "run.dir" not in err
 
 
+def test_an_out_in_a_run_directory_exits_2_before_anything_runs(tmp_path, study_file, capsys, monkeypatch):
+    """--out runs/tiny (a run, not a folder for one) put the study's runs and summary inside that run: evaluate.py and
+    compare_runs.py then read the folder as the run it is, and never saw the study."""
+    import minilm.study
+
+    monkeypatch.setattr(minilm.study, "_check_data", lambda *a: pytest.fail("the data was prepared"))
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.yaml", "tokenizer.model"):
+        (run / name).write_text("")
+    assert _study([study_file, "--out", run]) == 2
+    assert f"--out {run} is a run directory" in capsys.readouterr().err
+    assert _study([study_file, "--out", run / "studies" / "s"]) == 2
+    assert f"--out {run / 'studies' / 's'} lies in {run}, which is a run directory" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "tokenizer.model"]
+
+
 @pytest.mark.parametrize("out, remedy", [("~/x", "--out $HOME/x"), ("~", "--out $HOME")])
 def test_an_out_with_a_tilde_names_out_in_its_remedy(tmp_path, study_file, capsys, monkeypatch, out, remedy):
     """--out '~/x' (quoted, or --out=~/x) was refused by each run's run.dir check, whose advice was run.dir=$HOME/...
