@@ -98,8 +98,10 @@ def earlier_phase_note(run: Path, found: Path) -> str | None:
 def study_runs(args: list[str]) -> list[tuple]:
     """(run, the argument it came from) for each argument, a study's folder replaced by its runs (as its study.json
     lists them) that have an evaluation: the study's runs compared. A run without one is left out, and said so; so is
-    a run that has not finished the phase whose evaluation the study compares (minilm.study.evaluated_phase), as the
-    study's own compare.md leaves it out: its earlier phase's evaluation stood beside the other variants' last ones."""
+    a run that has not finished the phase whose evaluation the study compares (minilm.study.evaluated_phase), or has
+    no evaluation of it (its end-of-phase evaluation failed), as the study's own compare.md leaves it out: its earlier
+    phase's evaluation stood beside the other variants' last ones."""
+    from minilm.config import phase_names
     from minilm.runs import find_results, load_run_config, phase_finished, study_run_dirs
     from minilm.study import evaluated_phase
 
@@ -112,15 +114,19 @@ def study_runs(args: list[str]) -> list[tuple]:
         found = []
         for label, run_dir in runs:
             try:
-                find_results(run_dir)
-                phase = evaluated_phase(load_run_config(run_dir / "config.yaml"))
+                of = find_results(run_dir).parent.parent.name  # the phase of its newest evaluation
+                cfg = load_run_config(run_dir / "config.yaml")
             except MinilmError:
                 print(f"note: {arg}: its run {label} has no evaluation yet; left out", file=sys.stderr)
                 continue
-            if phase_finished(run_dir, phase):
-                found.append(run_dir)
-            else:
+            phase, names = evaluated_phase(cfg), phase_names(cfg)
+            if not phase_finished(run_dir, phase):
                 print(f"note: {arg}: its run {label} has not finished phase '{phase}' yet; left out", file=sys.stderr)
+            elif of in names and names.index(of) < names.index(phase):
+                print(f"note: {arg}: its run {label} has no evaluation of phase '{phase}' (scripts/evaluate.py --run "
+                      f"{run_dir} --phase {phase}); left out", file=sys.stderr)  # fmt: skip
+            else:
+                found.append(run_dir)
         out += [(run_dir, arg) for run_dir in found]
         if not found:
             raise MinilmError(f"{arg}: a study's folder none of whose runs has finished with an evaluation yet (its "

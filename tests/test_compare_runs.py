@@ -259,9 +259,10 @@ def test_a_studys_folder_compares_its_evaluated_runs(tmp_path, capsys):
     assert "yarn/seed2 has no evaluation yet; left out" in capsys.readouterr().err
 
 
-def test_a_studys_folder_leaves_out_a_run_stopped_before_its_last_evaluating_phase_finished(tmp_path, capsys):
-    """A run stopped during its last phase stood, in compare_runs.py STUDY, for its earlier phase's evaluation beside
-    the other variants' last ones, though the study's own compare.md leaves such a run out."""
+def test_a_studys_folder_leaves_out_a_run_without_an_evaluation_of_its_last_evaluating_phase(tmp_path, capsys):
+    """A run stopped during its last phase (or whose end-of-phase evaluation failed) stood, in compare_runs.py STUDY,
+    for its earlier phase's evaluation beside the other variants' last ones, though the study's own compare.md leaves
+    such a run out."""
     study = _study(tmp_path)
     _evaluation(study / "yarn" / "seed2", "extend_512", 70.0)  # finished and evaluated; extend_2k interrupted
     _finished(study / "yarn" / "seed2", "extend_512")
@@ -272,6 +273,13 @@ def test_a_studys_folder_leaves_out_a_run_stopped_before_its_last_evaluating_pha
     assert "| yarn/seed1/extend_2k | 50.00 |" in table and "| alibi/seed2/extend_2k | 40.00 |" in table
     assert "extend_512" not in table and "70.00" not in table
     assert "its run yarn/seed2 has not finished phase 'extend_2k' yet; left out" in capsys.readouterr().err
+    _finished(study / "yarn" / "seed2", "extend_2k")  # finished, but its evaluation failed
+    (study / "yarn" / "seed2" / "extend_2k" / "eval").mkdir()
+    (study / "yarn" / "seed2" / "extend_2k" / "eval" / "error.txt").write_text("boom\n")
+    assert cmp.main(cmp.parser().parse_args([str(study), "--out", str(tmp_path / "cmp")])) == 0
+    assert "70.00" not in (tmp_path / "cmp" / "compare.md").read_text()
+    assert (f"its run yarn/seed2 has no evaluation of phase 'extend_2k' (scripts/evaluate.py --run "
+            f"{study / 'yarn' / 'seed2'} --phase extend_2k); left out") in capsys.readouterr().err
 
 
 def test_evaluate_py_on_a_studys_folder_says_what_to_give_instead(tmp_path):
