@@ -742,6 +742,9 @@ def _averaged(results: list[dict], entry: dict, out_dir: Path) -> dict:
     out = dict(results[0])
     for key, by_length in entry["evaluation"].items():
         out[key] = {L: stat["mean"] for L, stat in by_length.items() if stat is not None}
+    # every run's lengths, which name compare.md's columns: the first run's alone left out a length only a later seed
+    # was evaluated at (a study resumed with new eval_lengths), drawn in compare.png but in no column of compare.md
+    out["lengths"] = sorted({int(L) for r in results for L in r.get("lengths", [])})
     # the prompts each mean accuracy counts: those of every run measured there (the first run's alone would
     # understate them, and a reader of compare.md weighs the accuracy by them)
     out["details"] = {task: {L: {"samples": sum(prompts(r, task, L) or 0 for r in results

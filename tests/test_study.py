@@ -1050,6 +1050,20 @@ def test_a_mean_over_seeds_records_every_seed_it_averages(tmp_path):
     assert warning.startswith("evaluated with different seed: [1, 2] (a); 1 (c).")
 
 
+def test_a_mean_over_seeds_has_a_column_for_every_length_any_seed_was_evaluated_at(tmp_path):
+    """A study's compare.md took its columns from each variant's first seed: a length only a later seed was
+    evaluated at (the study resumed with longer eval_lengths) was drawn in compare.png but had no column."""
+    from minilm.eval import compare
+    from minilm.study import _averaged
+
+    results = [{"seed": 1, "lengths": [64], "ppl": {"64": 5.0}},
+               {"seed": 2, "lengths": [64, 128], "ppl": {"64": 7.0, "128": 9.0}}]  # fmt: skip
+    evaluation = {"ppl": {"64": {"mean": 6.0}, "128": {"mean": 9.0}}}
+    mean = _averaged(results, {"variant": "a", "evaluation": evaluation}, tmp_path)
+    _, table = compare([mean], ["a"], tmp_path / "cmp")
+    assert "| run | 64 | 128 |" in table.read_text() and "| a | 6.00 | 9.00 |" in table.read_text()
+
+
 def test_a_warning_on_every_runs_phases_is_said_once_before_the_first_run_not_once_per_run(tmp_path, study_file):
     """A study trained with few steps printed the same warmup warning for every run (5 runs × 3 phases: 15 lines).
     It now says each distinct warning once, before training, naming the runs it concerns unless they are all; the
