@@ -414,3 +414,26 @@ def test_a_run_given_with_its_studys_folder_is_named_with_the_folder_it_came_fro
     cmp = load_script("scripts/compare_runs.py")
     assert run_cli(cmp.main, cmp.parser(), [str(study), str(run), "--out", str(tmp_path / "cmp")]) == 2
     assert f"given twice, also as {run} (of study {study}); give each run once" in capsys.readouterr().err
+
+
+def test_many_long_labels_do_not_narrow_the_panels_and_the_legend_is_in_the_image(tmp_path, monkeypatch):
+    """tight_layout fitted the legend (outside the panels, right of the last) into the figure's width: with a study's
+    folder of runs at two training lengths every panel became a sliver, its length ticks written over each other."""
+    import matplotlib.image
+    import matplotlib.pyplot as plt
+
+    from minilm.eval import compare
+
+    runs = [{"run": f"r{i}", "phase": "p", "lengths": [128, 512], "train_seq_len": (128, 512)[i % 2],
+             "position": {"name": "rope"}, "ppl": {"128": 50.0 + i, "512": 60.0 + i},
+             "ppl_sliding": {"128": 40.0 + i, "512": 45.0 + i}, "passkey": {"128": 0.5, "512": 0.0}}
+            for i in range(8)]  # fmt: skip
+    labels = [f"a_long_variant_name_{i}/seed{i}/extend_2k" for i in range(8)]
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    fig_path, _ = compare(runs, labels, tmp_path / "cmp")
+    fig = closed[0]
+    assert all(ax.get_position().width > 0.15 for ax in fig.axes)  # (three panels in the figure: ~0.28 each)
+    width = matplotlib.image.imread(fig_path).shape[1]
+    assert width > fig.get_figwidth() * 110 * 1.5  # the legend, right of the panels, widens the saved image
+

@@ -676,10 +676,15 @@ def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[st
     from matplotlib.lines import Line2D
 
     handles = [Line2D([], [], ls="-", label=label, **style) for label, style in zip(labels, styles)]
-    axes[0][-1].legend(handles=handles + train, fontsize=8, loc="upper left", bbox_to_anchor=(1.03, 1.0),
-                       borderaxespad=0)
+    legend = axes[0][-1].legend(handles=handles + train, fontsize=8, loc="upper left", bbox_to_anchor=(1.03, 1.0),
+                                borderaxespad=0)
+    # out of tight_layout, which fitted the legend into the figure's width by narrowing the panels (many or long
+    # labels: every panel a sliver, its length ticks written over each other); the saved image is widened to hold
+    # it instead (bbox_extra_artists: bbox_inches="tight" alone leaves out what is out of the layout)
+    legend.set_in_layout(False)
     fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png", bbox_inches="tight"))
+    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png", bbox_inches="tight",
+                                             bbox_extra_artists=[legend]))  # fmt: skip
     plt.close(fig)
 
 
