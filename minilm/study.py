@@ -36,7 +36,7 @@ import re
 import shlex
 import statistics
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -44,7 +44,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from minilm.cli import raise_if_interrupted
-from minilm.config import UniqueKeyLoader, load_config, phase_config, phase_names
+from minilm.config import Config, UniqueKeyLoader, load_config, phase_config, phase_names
 from minilm.errors import ConfigError, MinilmError
 from minilm.eval.report import SCALARS  # the per-length numbers of results.json
 from minilm.runs import COMPLETE  # a finished phase's summary (the layout minilm.training.phases writes)
@@ -125,6 +125,11 @@ def load_study(path: str | Path) -> Study:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a study must be a mapping with 'config' and 'variants'")
     unknown = sorted(set(raw) - {"name", "config", "overrides", "variants", "seeds"})
+    run_keys = [k for k in raw if k == "base" or k in {f.name for f in fields(Config)}]
+    if run_keys and "variants" not in raw:  # (a run's config given for a study's: 'unknown key base' said no more)
+        raise ConfigError(f"{path}: a run config (it has '{run_keys[0]}:'), not a study file (config:, variants:); "
+                          f"train it with python train.py --config {path}, or name it in a study file's config: "
+                          "(configs/studies/*.yaml)")  # fmt: skip
     if unknown:
         raise ConfigError(f"{path}: unknown key '{unknown[0]}'; a study takes: name, config, overrides, variants, "
                           "seeds")  # fmt: skip

@@ -137,6 +137,10 @@ def test_every_shipped_study_resolves_and_its_rope_variants_share_the_pretrainin
         ("config: base.yaml\nseeds: [one]\nvariants: {a: []}\n", "seeds: a non-empty list of integer seeds"),
         ("config: base.yaml\nseeds: [true]\nvariants: {a: []}\n", "seeds: a non-empty list of integer seeds"),  # a bool
         ("config: base.yaml\nvariants: {study.json: []}\n", "variants.study.json: the name of a file the study writes"),
+        # a run's config given for a study: 'unknown key base' did not say what the file is, nor what takes it
+        ("base: tiny.yaml\nmodel: {n_layers: 1}\n", "study.yaml: a run config .it has 'base:'., not a study file"),
+        ("model: {n_layers: 1}\nphases: {}\n", "it has 'model:'., not a study file .config:, variants:.; train it with "
+                                                "python train.py --config"),
     ],
 )
 def test_bad_study_files_are_refused_with_the_key(study_file, text, message):
