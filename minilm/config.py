@@ -308,6 +308,9 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
                           f"its keys, or 'base: FILE' to extend one ('{{}}' for the schema's defaults alone)")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a config must be a mapping of sections, got {type(raw).__name__}")
+    if "variants" in raw and "config" in raw:  # (it said: bad config key 'config')
+        raise ConfigError(f"{path}{where}: a study file (config:, variants:), not a run config: run it with python "
+                          f"scripts/study.py {path}")  # fmt: skip
     base = raw.pop("base", None)
     layers: List[tuple[str, DictConfig]] = []
     if base is not None:

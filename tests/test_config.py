@@ -909,6 +909,14 @@ def test_a_value_a_later_block_replaced_is_not_named_as_where_the_bad_value_was_
         load_config(tmp_path / "b.yaml")
 
 
+def test_a_study_file_given_as_a_config_says_what_runs_it():
+    """train.py --config configs/studies/extension_tiny.yaml said "bad config key 'config'", not what the file is."""
+    study = Path(__file__).resolve().parents[1] / "configs" / "studies" / "extension_tiny.yaml"
+    with pytest.raises(ConfigError, match=r"extension_tiny\.yaml: a study file \(config:, variants:\), not a run "
+                                          r"config: run it with python scripts/study.py .*extension_tiny\.yaml$"):
+        load_config(study)
+
+
 def test_an_empty_config_file_is_refused_and_an_empty_override_value_is_named(tmp_path):
     """An empty or comment-only YAML trained the schema's defaults (1000 steps into runs/run) without a word; a
     truncated or wrong file looks the same. '{}' still asks for the defaults. 'run.dir=' (an unset shell variable
