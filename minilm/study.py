@@ -830,11 +830,16 @@ def _markdown(study: Study, report: dict, figure: bool) -> str:
         if e["config"] != report.get("config"):  # a variant that starts from another config: which
             own.insert(0, f"config `{os.path.relpath(e['config'], Path(report['study']).resolve().parent)}`")
         md.append(f"| {e['variant']} | {'<br>'.join(own) or '–'} | {shared} | " + " | ".join(cells) + " |")
+    # (a last phase that does not evaluate, eval_lengths: []: the numbers are of the last one that does)
+    evaluated = list(dict.fromkeys(e["evaluated_phase"] for e in entries))
+    which = ("last phase's evaluation" if all(e["evaluated_phase"] == list(e["val_loss"])[-1] for e in entries)
+             else f"phase {evaluated[0]}'s evaluation" if len(evaluated) == 1
+             else "evaluation of " + ", ".join(f"{e['variant']}: {e['evaluated_phase']}" for e in entries))  # fmt: skip
     for key in SCALARS:
         lengths = sorted({L for e in entries for L in e["evaluation"].get(key, {})}, key=int)
         if not lengths:
             continue
-        md += ["", f"## {key} at each length (last phase's evaluation)", "",
+        md += ["", f"## {key} at each length ({which})", "",
                "| variant | " + " | ".join(lengths) + " |", "|---|" + "---:|" * len(lengths)]  # fmt: skip
         for e in entries:
             stats = e["evaluation"].get(key, {})

@@ -304,6 +304,26 @@ def test_the_paired_table_names_no_phase_a_variant_from_another_config_lacks():
     assert "| variant | val loss (each variant's last phase) |" in _paired_table(entries, 2)
 
 
+def test_the_tables_per_length_name_the_phase_they_are_of_where_it_is_not_the_last():
+    """A variant whose last phase does not evaluate (eval_lengths: []) is compared on the last phase that does; the
+    tables' heading said '(last phase's evaluation)' all the same."""
+    from minilm.study import Study, Variant, _markdown
+
+    def entry(name, phases, evaluated):
+        return {"variant": name, "config": "c.yaml", "overrides": [], "not_validated": [], "evaluated_phase": evaluated,
+                "runs": {name: {"seed": None, "shared": None}}, "val_loss": {p: None for p in phases},
+                "evaluation": {"ppl": {"64": {"mean": 5.0, "sd": 0.0, "n": 1}}}}  # fmt: skip
+
+    study = Study(Path("s.yaml"), "s", [Variant("a", Path("c.yaml")), Variant("b", Path("c.yaml"))])
+    report = {"date": "d", "config": "c.yaml", "study": "s.yaml", "out": "o",
+              "variants": [entry("a", ["pre", "ext"], "ext"), entry("b", ["pre", "ext", "tune"], "ext")]}  # fmt: skip
+    assert "## ppl at each length (phase ext's evaluation)" in _markdown(study, report, False)
+    report["variants"][1] = entry("b", ["pre", "tune"], "pre")
+    assert "## ppl at each length (evaluation of a: ext, b: pre)" in _markdown(study, report, False)
+    report["variants"][1] = entry("b", ["pre", "ext"], "ext")
+    assert "## ppl at each length (last phase's evaluation)" in _markdown(study, report, False)
+
+
 def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_file, capsys):
     assert _study([study_file, "--out", tmp_path / "out", "--seeds=--1"]) == 2
     assert "--seeds: a non-empty list of integer seeds" in capsys.readouterr().err
