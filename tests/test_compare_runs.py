@@ -434,6 +434,20 @@ def test_many_long_labels_do_not_narrow_the_panels_and_the_legend_is_in_the_imag
     fig_path, _ = compare(runs, labels, tmp_path / "cmp")
     fig = closed[0]
     assert all(ax.get_position().width > 0.15 for ax in fig.axes)  # (three panels in the figure: ~0.28 each)
-    width = matplotlib.image.imread(fig_path).shape[1]
-    assert width > fig.get_figwidth() * 110 * 1.5  # the legend, right of the panels, widens the saved image
+    width, panels = matplotlib.image.imread(fig_path).shape[1], fig.get_figwidth() * 110
+    assert width > panels * 1.15  # the legend, right of the panels, widens the saved image
+
+
+def test_the_legend_entry_naming_the_runs_trained_at_a_length_is_wrapped(tmp_path):
+    """compare_runs.py STUDY OTHER_RUN: 'trained at 2048 (...)' named a study's 30 runs on one line, which made the
+    legend, and the saved image, thousands of pixels wide."""
+    import matplotlib.image
+
+    from minilm.eval import compare
+
+    runs = [{"run": f"r{i}", "phase": "p", "lengths": [128, 2048], "train_seq_len": 2048 if i else 128,
+             "position": {"name": "rope"}, "ppl": {"128": 50.0 + i, "2048": 60.0 + i}} for i in range(30)]  # fmt: skip
+    labels = [f"variant_{i}/seed{1337 + i % 3}/extend_2k" for i in range(30)]
+    fig_path, _ = compare(runs, labels, tmp_path / "cmp")
+    assert matplotlib.image.imread(fig_path).shape[1] < 4.5 * 110 + 700  # one panel, and a legend of ~60 characters
 

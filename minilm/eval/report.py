@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -656,7 +657,9 @@ def _compare_figure(runs: Sequence[dict], labels: Sequence[str], panels: list[st
         shown = [L for r in runs for L in _lengths(r, key)]
         for i, n in enumerate(train_lens):  # named in the legend: with several, which run was trained where
             who = [lb for r, lb in zip(runs, labels) if r.get("train_seq_len") == n]
-            text = f"trained at {n}" + (f" ({', '.join(who)})" if len(train_lens) > 1 else "")
+            # (wrapped: one line naming a study's 30 runs made the legend, and so the image, thousands of pixels wide)
+            text = textwrap.fill(f"trained at {n}" + (f" ({', '.join(who)})" if len(train_lens) > 1 else ""), 60,
+                                 break_long_words=False, break_on_hyphens=False)  # fmt: skip
             ls = ("--", ":", "-.")[i % 3]
             _train_len_line(ax, n, shown, ls=ls)
             if ax is axes[0][0]:
