@@ -334,9 +334,11 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     _check_same_study(study, out_dir)
     runs = study_runs(study)
     todo = [r for r in runs if not only or r.variant in only]
-    seeds = f" × {len(study.seeds)} seeds" if study.seeds else ""
-    log(f"study {study.name}: {len(todo)} runs ({len({r.variant for r in todo})} variants{seeds}) into {out_dir}; "
-        "first every run's config and data are checked")  # (seconds of silence otherwise)
+    from minilm.eval.report import plural
+
+    seeds = f" × {plural(len(study.seeds), 'seed')}" if study.seeds else ""  # ('1 runs (1 variants × 1 seeds)')
+    log(f"study {study.name}: {plural(len(todo), 'run')} ({plural(len({r.variant for r in todo}), 'variant')}{seeds}) "
+        f"into {out_dir}; first every run's config and data are checked")  # (seconds of silence otherwise)
     for what, items in (("the study file's", study.overrides), ("the command line's", list(extra))):
         if items:  # once here: each run's line names its variant's own
             log(f"study {study.name}: every variant with {what} overrides: {' '.join(items)}")

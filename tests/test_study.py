@@ -324,6 +324,14 @@ def test_the_tables_per_length_name_the_phase_they_are_of_where_it_is_not_the_la
     assert "## ppl at each length (last phase's evaluation)" in _markdown(study, report, False)
 
 
+def test_the_first_line_counts_one_run_in_the_singular(tmp_path, study_file, capsys):
+    """'--only yarn --seeds 1' said 'study study: 1 runs (1 variants × 1 seeds)'."""
+    assert _study([study_file, "--out", tmp_path / "out", "--only", "yarn", "--seeds", "1", "nokey.x=1"]) == 2
+    assert f"study study: 1 run (1 variant × 1 seed) into {tmp_path / 'out'};" in capsys.readouterr().out
+    assert _study([study_file, "--out", tmp_path / "out", "--seeds", "1,2", "nokey.x=1"]) == 2
+    assert "study study: 6 runs (3 variants × 2 seeds) into" in capsys.readouterr().out
+
+
 def test_bad_seeds_on_the_command_line_exit_2_naming_the_flag(tmp_path, study_file, capsys):
     assert _study([study_file, "--out", tmp_path / "out", "--seeds=--1"]) == 2
     assert "--seeds: a non-empty list of integer seeds" in capsys.readouterr().err
