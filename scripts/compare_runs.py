@@ -12,10 +12,10 @@ study's run named as in its study, by its variant and seed: ``yarn/seed1/extend_
 their folders, with as many parent directories as it takes to tell them apart; a label or an evaluation given twice
 is an error). A study's folder stands for its runs that have finished and have an evaluation (each seed's its own
 line; as in the study's own compare.md, which has their means, a run stopped early is left out). Writes
-compare.png and compare.md to --out (default: the
-current directory). Evaluations made with different settings that change the numbers (run.seed, --batches,
---batch-tokens, --stride, --samples, --depths, --needles), and perplexities of tokenizers of other vocabulary sizes,
-are named in a warning, on stderr and atop compare.md.
+compare.png and compare.md to --out (default: the current directory; not a study's folder, whose compare.png is the
+study's own). Evaluations made with different settings that change the numbers (run.seed, --batches, --batch-tokens,
+--stride, --samples, --depths, --needles), and perplexities of tokenizers of other vocabulary sizes, are named in a
+warning, on stderr and atop compare.md.
 """
 
 import argparse
@@ -31,12 +31,16 @@ from minilm.errors import MinilmError  # noqa: E402
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import compare, load_results
     from minilm.eval.report import setting_differences
-    from minilm.runs import find_results
+    from minilm.runs import STUDY_SUMMARY, find_results
 
     if not args.runs:  # --label (nargs="+") takes every word after it, the runs too when they come after it
         took = f" (--label took all of: {' '.join(args.label)})" if args.label else ""
         raise MinilmError(f"no runs given{took}; write the runs first: compare_runs.py RUN RUN ... --label A B ...")
     check_home_expanded(args.out, "--out")
+    if (Path(args.out) / STUDY_SUMMARY).is_file():  # (its study.md shows that compare.png, of the variants' means)
+        raise MinilmError(f"--out {args.out}: a study's folder ({STUDY_SUMMARY}), whose compare.png and compare.md are "
+                          "the study's own (each variant's mean over its seeds, shown in its study.md); choose "
+                          "another --out")  # fmt: skip
     runs, given = map(list, zip(*study_runs(args.runs)))  # (each argument gives one run at least)
     if args.label and len(args.label) != len(runs):
         raise MinilmError(f"--label: give one label per run ({len(runs)}" + (f": {' '.join(map(str, runs))}"

@@ -451,3 +451,16 @@ def test_the_legend_entry_naming_the_runs_trained_at_a_length_is_wrapped(tmp_pat
     fig_path, _ = compare(runs, labels, tmp_path / "cmp")
     assert matplotlib.image.imread(fig_path).shape[1] < 4.5 * 110 + 700  # one panel, and a legend of ~60 characters
 
+
+def test_an_out_that_is_a_studys_folder_is_refused_before_its_compare_png_is_replaced(tmp_path, capsys):
+    """compare_runs.py STUDY --out STUDY replaced the study's own compare.png and compare.md (each variant's mean, shown
+    in its study.md) with one line per run, without a word."""
+    from minilm.cli import run_cli
+
+    study = _study(tmp_path)
+    (study / "compare.md").write_text("the study's own\n")
+    cmp = load_script("scripts/compare_runs.py")
+    assert run_cli(cmp.main, cmp.parser(), [str(study), "--out", str(study)]) == 2
+    assert f"--out {study}: a study's folder (study.json)" in capsys.readouterr().err
+    assert (study / "compare.md").read_text() == "the study's own\n" and not (study / "compare.png").exists()
+
