@@ -50,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
     for r, path in zip(runs, found):
         if note := earlier_phase_note(Path(r), path):
             print(f"note: {note}", file=sys.stderr)
-    results = [load_results(path) for path in found]
+    results = [moved_run(load_results(path), path) for path in found]
     labels = args.label or distinct_labels(results, runs)
     fig, table = compare(results, labels, Path(args.out))
     print(Path(table).read_text())
@@ -97,6 +97,19 @@ def earlier_phase_note(run: Path, found: Path) -> str | None:
     why = f"its evaluation failed ({error})" if error.is_file() else "it has no evaluation"
     return (f"{run}: its last phase '{last}' is not compared: {why}; compared instead: phase "
             f"'{found.parent.parent.name}' ({found}); scripts/evaluate.py --run {run} evaluates '{last}'")
+
+
+def moved_run(results: dict, found: Path) -> dict:
+    """``results`` (read from ``found``) with its ``run`` the run directory it now lies in, where the one it records
+    holds no run any more (runs moved, or copied from the machine that trained them): compare.md named paths that
+    were gone, and a study's runs, not found in their study, lost their labels (``yarn-seed1/ext``, not
+    ``yarn/seed1/ext``)."""
+    from minilm.runs import run_dir_of
+
+    recorded = results.get("run")
+    if recorded and not (Path(str(recorded)) / "config.yaml").is_file() and (here := run_dir_of(found)) is not None:
+        return {**results, "run": str(here)}
+    return results
 
 
 def study_runs(args: list[str]) -> list[tuple]:

@@ -464,3 +464,21 @@ def test_an_out_that_is_a_studys_folder_is_refused_before_its_compare_png_is_rep
     assert f"--out {study}: a study's folder (study.json)" in capsys.readouterr().err
     assert (study / "compare.md").read_text() == "the study's own\n" and not (study / "compare.png").exists()
 
+
+def test_a_moved_studys_runs_keep_their_labels_and_are_listed_where_they_are(tmp_path):
+    """A study copied from the machine that trained it: each results.json records the run's old path, so compare.md
+    listed paths that were gone and the runs, not found in their study, lost their labels ('yarn-seed1/extend_2k')."""
+    study = _study(tmp_path)
+    for label in ("yarn/seed1", "alibi/seed2"):
+        (study / label / "tokenizer.model").write_text("")
+        path = study / label / "extend_2k" / "eval" / "results.json"
+        results = json.loads(path.read_text())
+        name = label.replace("/", "-")  # (run.name of a study's run: yarn-seed1)
+        results.update(run=f"/gone/ext/{label}", name=name, label=f"{name}/extend_2k")
+        path.write_text(json.dumps(results))
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args([str(study), "--out", str(tmp_path / "cmp")])) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| yarn/seed1/extend_2k | 50.00 |" in table and "| alibi/seed2/extend_2k | 40.00 |" in table
+    assert f"`{study / 'yarn' / 'seed1'}` phase" in table and "/gone/" not in table
+
