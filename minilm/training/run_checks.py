@@ -124,6 +124,17 @@ def check_writable_dir(path: Path, setting: str = "run.dir") -> None:
                           f"{setting} to a writable path")
 
 
+def check_not_inside_a_run(path: Path, setting: str = "run.dir") -> None:
+    """Refuse a ``path`` inside another run's directory (runs/tiny/sub, or a phase's runs/tiny/pretrain): a path
+    there names that run to evaluate.py, generate.py and compare_runs.py (``minilm.runs.run_dir_of``: the run a
+    folder or a folder one or two above it holds), so the new run's phases would be read as the outer run's."""
+    for parent in path.resolve().parents[:2]:
+        if (parent / "tokenizer.model").is_file() and (parent / "config.yaml").is_file():
+            raise MinilmError(f"{setting} {path} lies in the run {parent} (its config.yaml, tokenizer.model): the "
+                              f"scripts would read the new run's files as that run's; set {setting} to a folder "
+                              "outside it")  # fmt: skip
+
+
 def check_trainer(pcfg) -> int:
     """The ``trainer`` section and ``train.precision`` go to lightning.Trainer unchanged; build one with them, so
     that what Lightning refuses (an unknown accelerator or strategy, devices it cannot use) is an error naming the
@@ -789,6 +800,7 @@ def _check_without_data(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_pha
     names = list(pcfgs)
     _check_command(names, run_dir, resume, start_phase, primary, init)
     check_writable_dir(run_dir)
+    check_not_inside_a_run(run_dir)
     world_size = check_trainer(next(iter(pcfgs.values())))  # phases share the run's trainer section and precision
     _check_model_fits(cfg, world_size, vocab_size=0)  # before the position hooks of every layer are built
     _check_phases_fit(cfg.model, pcfgs, cfg.phases)

@@ -456,3 +456,18 @@ def test_running_out_of_memory_names_the_phase_and_what_to_change(tmp_path, tiny
     train_here("--config", cfg, f"run.dir={run}", "train.ckpt_every=2", "model.activation_checkpointing=true",
                "--resume")
     assert (run / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("inner", ["sub", "pretrain", "pretrain/deeper"])
+def test_a_run_dir_inside_another_run_is_refused_before_it_is_written(tmp_path, tiny_text_dir, train_here, inner):
+    """run.dir=runs/tiny/sub trained a run inside another: evaluate.py, generate.py and compare_runs.py read a path
+    up to two folders inside a run as that run, so the new run's phases were taken for the outer run's."""
+    cfg = write_config(tmp_path, tiny_text_dir)
+    outer = tmp_path / "outer"
+    (outer / "pretrain").mkdir(parents=True)
+    for name in ("config.yaml", "tokenizer.model"):
+        (outer / name).write_text("")
+    proc = train_here("--config", cfg, f"run.dir={outer / inner}", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"run.dir {outer / inner} lies in the run {outer}" in proc.stderr and "outside it" in proc.stderr
+    assert not (outer / inner / "config.yaml").exists() and not (tmp_path / "cache").exists()
