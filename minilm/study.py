@@ -543,7 +543,8 @@ def _loan(out_dir: Path, label: str, cfg: DictConfig, shared: tuple[str, int]) -
     donor, k = shared
     missing = [p for p in phase_names(cfg)[:k] if not is_complete(out_dir / label, p)]
     if not all(is_complete(out_dir / donor, p) for p in missing):
-        raise MinilmError(f"'{label}' shares {', '.join(missing)} with '{donor}', which has not finished them in "
+        raise MinilmError(f"'{label}' shares {', '.join(missing)} with '{donor}', which has not finished "
+                          f"{'them' if len(missing) > 1 else 'it'} in "
                           f"{out_dir / donor}; train that variant first (or all: drop --only)")  # fmt: skip
     return missing
 

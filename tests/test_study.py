@@ -744,7 +744,7 @@ def test_plan_a_donor_left_out_by_only_is_checked_before_anything_trains(tmp_pat
                           "pi: [phases.long.lr=0.001]}\n")  # fmt: skip
     trained = []
     monkeypatch.setattr(phases_mod, "run_phases", lambda cfg, resume, log, notes: trained.append(cfg.run.name))
-    with pytest.raises(MinilmError, match="'pi' shares short with 'yarn', which has not finished them"):
+    with pytest.raises(MinilmError, match="'pi' shares short with 'yarn', which has not finished it in"):
         run_study(load_study(study_file), tmp_path / "out", only=["pi", "alibi"], log=lambda msg: None)
     assert trained == []  # not alibi first, then the refusal
 
