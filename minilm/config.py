@@ -544,7 +544,7 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"cannot resolve config: {e}") from None
+        raise _unresolved(cfg, e, layers) from None
     _drop_null_sources(cfg.data)
     _typed_position_values(cfg)
     _check_run_length(cfg, layers)
@@ -554,6 +554,50 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[List[str]
     except ConfigError as e:  # value checks name the key; say which layer gave it (a base YAML, the command line)
         raise ConfigError(f"{e}{_set_where(str(e), layers, cfg)}") from None
     return cfg
+
+
+def _unresolved(cfg: DictConfig, e: OmegaConfBaseException, layers: List[tuple[str, DictConfig]]) -> ConfigError:
+    """An interpolation that cannot be resolved (``${run.nam}``, ``${oc.env:UNSET}``, a text for a number key) as one
+    line naming the key, the interpolation as written and the layer (file and line, or command line) that set it:
+    OmegaConf's message spanned four lines of its internals (reference_type=..., object_type=...) and named no file."""
+    key = getattr(e, "full_key", None) or ""
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    absent = object()
+    raw = _unresolved_value(cfg, key, absent)
+    written = f"{raw!r} " if isinstance(raw, str) else ""
+    # (not _set_where: OmegaConf.select resolves, and so skipped the layer that set the interpolation)
+    where = next((f" (set {label}{_file_line(label, key)})" for label, layer in reversed(layers)
+                  if key and _unresolved_value(layer, key, absent) is not absent), "")  # fmt: skip
+    if not key:  # (OmegaConf names no key when a whole list or mapping is one: eval.lengths=${train.seq_len})
+        given = [f"{k}={v!r} {label}" for label, layer in layers for k, v in _interpolations(layer)]
+        where = f" (the interpolations given: {'; '.join(given)})" if given else ""
+    return ConfigError(f"{key or 'config'}: {written}cannot be resolved: {reason}{where} (an interpolation names a key "
+                       "of the config, e.g. ${run.name}, or an environment variable, ${oc.env:NAME})")
+
+
+def _interpolations(node: Any, key: str = "") -> List[tuple[str, str]]:
+    """(dotted key, text) of each value of ``node`` (a config layer, interpolations unresolved) that holds one."""
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=False)
+    if isinstance(node, dict):
+        return [found for k, v in node.items() for found in _interpolations(v, f"{key}.{k}" if key else str(k))]
+    if isinstance(node, list):
+        return [found for i, v in enumerate(node) for found in _interpolations(v, f"{key}[{i}]")]
+    return [(key, node)] if isinstance(node, str) and "${" in node else []
+
+
+def _unresolved_value(node: DictConfig, key: str, absent: Any) -> Any:
+    """The value of the dotted ``key`` (list items as ``[i]``) in ``node`` as written, interpolations unresolved;
+    ``absent`` where ``node`` does not hold it."""
+    value: Any = OmegaConf.to_container(node, resolve=False)
+    for part in re.findall(r"\[\d+\]|[^.\[\]]+", key):
+        if isinstance(value, list) and part.startswith("[") and int(part[1:-1]) < len(value):
+            value = value[int(part[1:-1])]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            return absent
+    return value
 
 
 def _check_run_length(cfg: DictConfig, layers: List[tuple[str, DictConfig]]) -> None:

@@ -1083,3 +1083,20 @@ def test_an_empty_tokenizer_model_file_is_refused_not_read_as_null(value):
     with pytest.raises(ConfigError, match=r"^data\.tokenizer\.model_file: must be the path of a sentencepiece \.model "
                                           r"or null \(train one on the corpus\), got "):  # fmt: skip
         load_config(overrides=[f"data.tokenizer.model_file={value}"])
+
+
+def test_an_interpolation_that_points_nowhere_is_one_line_naming_the_key_and_where_it_was_set(tmp_path):
+    """OmegaConf's message spanned four lines of its internals (reference_type=RunConfig, ...) and named no file; and
+    a lookup that resolves skipped the layer holding the bad interpolation, so the file named was the base's."""
+    (tmp_path / "a.yaml").write_text("run:\n  name: a\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\nrun:\n  name: ${run.nam}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "b.yaml")
+    assert str(e.value).startswith("run.name: '${run.nam}' cannot be resolved: Interpolation key 'run.nam' not found")
+    assert f"(set in {tmp_path / 'b.yaml'}, line 3)" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"^train\.steps: '\$\{oc\.env:MINILM_UNSET_X\}' cannot be resolved: .*"
+                                          r"MINILM_UNSET_X.*\(set on the command line\)"):
+        load_config(overrides=["train.steps=${oc.env:MINILM_UNSET_X}"])
+    with pytest.raises(ConfigError, match=r"^config: cannot be resolved: .*eval\.lengths='\$\{train\.seq_len\}' on "
+                                          r"the command line"):
+        load_config(overrides=["eval.lengths=${train.seq_len}"])  # (a whole list: OmegaConf names no key)
