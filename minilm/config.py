@@ -371,8 +371,9 @@ def _glued_colon(node: Any, key: str = "") -> Optional[tuple[str, str]]:
             found = _glued_colon(v, f"{key}.{k}" if key else str(k))
             if found:
                 return found
-    elif isinstance(node, (list, ListConfig)):
-        for i, v in enumerate(node):
+    elif isinstance(node, (list, ListConfig)):  # (iterating a ListConfig resolves its items: a traceback where one
+        # is an interpolation of a key of the config, which the command line's layer alone does not hold)
+        for i, v in enumerate(OmegaConf.to_container(node, resolve=False) if isinstance(node, ListConfig) else node):
             found = _glued_colon(v, f"{key}[{i}]")
             if found:
                 return found

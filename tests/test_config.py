@@ -1100,3 +1100,14 @@ def test_an_interpolation_that_points_nowhere_is_one_line_naming_the_key_and_whe
     with pytest.raises(ConfigError, match=r"^config: cannot be resolved: .*eval\.lengths='\$\{train\.seq_len\}' on "
                                           r"the command line"):
         load_config(overrides=["eval.lengths=${train.seq_len}"])  # (a whole list: OmegaConf names no key)
+
+
+def test_an_interpolation_inside_a_list_on_the_command_line_resolves_against_the_whole_config():
+    """The check for 'kind:files' iterated the command line's list values, which resolved each item against the
+    command line's layer alone: a traceback (InterpolationKeyError) for any item naming a key of the config."""
+    cfg = load_config(overrides=["train.seq_len=96", 'eval.lengths=[64, "${train.seq_len}"]',
+                                 'data.sources.x={kind: files, paths: ["${run.dir}/a.txt"]}'])  # fmt: skip
+    assert list(cfg.eval.lengths) == [64, 96]
+    assert list(cfg.data.sources.x.paths) == ["runs/run/a.txt"]
+    with pytest.raises(ConfigError, match=r"^eval\.lengths\[1\]: '\$\{nope\}' cannot be resolved"):
+        load_config(overrides=['eval.lengths=[64, "${nope}"]'])
