@@ -302,7 +302,7 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
     try:
         raw = yaml.load(text, Loader=UniqueKeyLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(yaml_problem(path, e, text)) from None
     if raw is None:  # (it trained the schema's defaults, 1000 steps into runs/run, without a word)
         raise ConfigError(f"{path}{where}: holds no config (empty, or only comments): a truncated or wrong file? give "
                           f"its keys, or 'base: FILE' to extend one ('{{}}' for the schema's defaults alone)")
@@ -323,6 +323,21 @@ def _read_yaml(path: Path, chain: List[Path]) -> List[tuple[str, DictConfig]]:
         _check_glued_colon(raw, f"in {path}" + (f", line {line}" if line else ""))
     layers.append((str(path), OmegaConf.create(raw)))
     return layers
+
+
+def yaml_problem(path: Path, e: yaml.YAMLError, text: str = "") -> str:
+    """A YAML error as one line naming the file, the line and column of the problem and what it is: PyYAML's own
+    text spans four or more lines and names the file '<unicode string>' (the text was read first). A tab where
+    YAML reads indentation gets the fix (YAML indents with spaces only)."""
+    mark = getattr(e, "problem_mark", None)
+    at = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+    context = getattr(e, "context", None)
+    what = f"{problem} ({context})" if context and context not in problem else problem
+    row = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
+    tab = r"'\t'" in problem or "\t" in row[: mark.column + 1 if mark is not None else 0]  # (problem: a repr)
+    hint = "; replace the tab with spaces (YAML indents with spaces only)" if tab else ""
+    return f"{path}{at}: not valid YAML: {what}{hint}"
 
 
 def yaml_line(path: Path, key: str) -> Optional[int]:

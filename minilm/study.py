@@ -44,7 +44,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from minilm.cli import raise_if_interrupted
-from minilm.config import Config, UniqueKeyLoader, load_config, phase_config, phase_names
+from minilm.config import Config, UniqueKeyLoader, load_config, phase_config, phase_names, yaml_problem
 from minilm.errors import ConfigError, MinilmError
 from minilm.eval.report import SCALARS  # the per-length numbers of results.json
 from minilm.runs import COMPLETE  # a finished phase's summary (the layout minilm.training.phases writes)
@@ -121,7 +121,7 @@ def load_study(path: str | Path) -> Study:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the study file ({e.strerror})") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(yaml_problem(path, e)) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a study must be a mapping with 'config' and 'variants'")
     unknown = sorted(set(raw) - {"name", "config", "overrides", "variants", "seeds"})

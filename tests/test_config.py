@@ -1111,3 +1111,20 @@ def test_an_interpolation_inside_a_list_on_the_command_line_resolves_against_the
     assert list(cfg.data.sources.x.paths) == ["runs/run/a.txt"]
     with pytest.raises(ConfigError, match=r"^eval\.lengths\[1\]: '\$\{nope\}' cannot be resolved"):
         load_config(overrides=['eval.lengths=[64, "${nope}"]'])
+
+
+@pytest.mark.parametrize("text, where, problem", [
+    ("run:\n\tname: x\n", "line 2, column 1", "cannot start any token (while scanning for the next token); replace "
+                                             "the tab with spaces"),
+    ("train: {steps: 3, steps: 4}\n", "line 1, column 19", "found duplicate key 'steps' (first at line 1)"),
+    ("optim:\n  lr: [1\n", "line 3, column 1", "expected ',' or ']'"),
+])  # fmt: skip
+def test_a_file_that_is_not_yaml_is_one_line_naming_its_line(tmp_path, text, where, problem):
+    """PyYAML's report spans four or more lines and names the file '<unicode string>' (the text was read first):
+    the error is one line, the file and the line and column of the problem first, a tab's fix with it."""
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path / "bad.yaml")
+    assert str(e.value).startswith(f"{tmp_path / 'bad.yaml'}, {where}: not valid YAML: ")
+    assert problem in str(e.value)
+    assert "\n" not in str(e.value) and "unicode string" not in str(e.value)

@@ -133,6 +133,9 @@ def test_every_shipped_study_resolves_and_its_rope_variants_share_the_pretrainin
         ("config: base.yaml\nvariants: {a: {overides: []}}\n", "unknown key 'overides'"),
         ("config: base.yaml\nvariant: {a: []}\n", "unknown key 'variant'"),
         ("config: base.yaml\nvariants:\n  a: []\n  a: [train.steps=3]\n", "duplicate key 'a'"),
+        # one line naming the line of the problem (PyYAML's report named the file '<unicode string>'), a tab's fix
+        ("config: base.yaml\nvariants:\n\ta: []\n", "study.yaml, line 3, column 1: not valid YAML: .*; replace the tab "
+                                                    "with spaces"),
         ("config: base.yaml\nseeds: [1, 1]\nvariants: {a: []}\n", "seeds must differ"),
         ("config: base.yaml\nseeds: [one]\nvariants: {a: []}\n", "seeds: a non-empty list of integer seeds"),
         ("config: base.yaml\nseeds: [true]\nvariants: {a: []}\n", "seeds: a non-empty list of integer seeds"),  # a bool
