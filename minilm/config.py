@@ -267,7 +267,7 @@ UniqueKeyLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"""^(?:[-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                   |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
-                  |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
+                  |[-+]?\.[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)?
                   |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\.[0-9_]*
                   |[-+]?\.(?:inf|Inf|INF)
                   |\.(?:nan|NaN|NAN))$""", re.X),
@@ -836,26 +836,35 @@ def _schema_type(key: str) -> Any:
 def _quote_base_60(item: str) -> str:
     """``key=value`` with each plain scalar of the value that YAML 1.1 reads as a base-60 number quoted, so that
     OmegaConf's loader reads it as the text, as a config file's does (``BASE_60``): ``eval.lengths=[1:2]`` is
-    ``eval.lengths=['1:2']``. The scalars are found by YAML's own parser (their positions in the value), not by
+    ``eval.lengths=['1:2']``; and a float written with a leading dot and an unsigned exponent (``DOT_FLOAT``: .5e6) as
+    0.5e6, the float it is in a file, except for a string key. The scalars are found by YAML's own parser (their positions in the value), not by
     pattern over the whole text; a value it cannot parse is left for OmegaConf to report."""
     key, eq, raw = item.partition("=")
     try:
         root = yaml.compose(raw, Loader=UniqueKeyLoader)
     except yaml.YAMLError:
         return item
-    spans, todo = [], [root]
+    spans, dots, todo = [], [], [root]
     while todo:
         node = todo.pop()
         if isinstance(node, yaml.ScalarNode):
             if node.style is None and BASE_60.fullmatch(node.value):
                 spans.append((node.start_mark.index, node.end_mark.index))
+            elif node.style is None and DOT_FLOAT.fullmatch(node.value) and _schema_type(key) is not str:
+                dots.append(node.start_mark.index + (node.value[0] in "+-"))
         elif isinstance(node, yaml.SequenceNode):
             todo.extend(node.value)
         elif isinstance(node, yaml.MappingNode):
             todo.extend(n for pair in node.value for n in pair)
-    for start, end in sorted(spans, reverse=True):
-        raw = f"{raw[:start]}'{raw[start:end]}'{raw[end:]}"
+    for start, end in sorted([*spans, *((at, None) for at in dots)], reverse=True):
+        raw = f"{raw[:start]}0{raw[start:]}" if end is None else f"{raw[:start]}'{raw[start:end]}'{raw[end:]}"
     return f"{key}{eq}{raw}"
+
+
+# YAML 1.2 (and Python) read .5e6 as a float; OmegaConf's loader, as YAML 1.1, wants a signed exponent after a leading
+# dot and read it as the text '.5e6': a typed key converted it, but a position parameter refused it ("got the string
+# '.5e6'; write it without quotes", of a value never quoted). _quote_base_60 writes it 0.5e6 for OmegaConf.
+DOT_FLOAT = re.compile(r"[-+]?\.[0-9]+(?:_[0-9]+)*[eE][0-9]+")
 
 
 def _keep_string(item: str) -> str:

@@ -1128,3 +1128,15 @@ def test_a_file_that_is_not_yaml_is_one_line_naming_its_line(tmp_path, text, whe
     assert str(e.value).startswith(f"{tmp_path / 'bad.yaml'}, {where}: not valid YAML: ")
     assert problem in str(e.value)
     assert "\n" not in str(e.value) and "unicode string" not in str(e.value)
+
+
+def test_a_float_with_a_leading_dot_and_an_unsigned_exponent_is_a_number_in_a_file_and_on_the_command_line(tmp_path):
+    """.5e6 is a float to YAML 1.2 and Python; YAML 1.1 (PyYAML, OmegaConf's loader) wants a signed exponent after a
+    leading dot and read the text '.5e6': a position parameter refused it ("got the string '.5e6'; write it without
+    quotes", of a value never quoted), in a file and on the command line; a string key still keeps the text."""
+    (tmp_path / "a.yaml").write_text("model:\n  position: {name: rope, base: .5e6}\n")
+    assert load_config(tmp_path / "a.yaml").model.position.base == 5e5
+    cfg = load_config(overrides=["model.position.base=.5e6", "run.name=.5e6"])
+    assert (cfg.model.position.base, cfg.run.name) == (5e5, ".5e6")
+    cfg = load_config(REPO / "configs/rope_yarn_tiny.yaml", ["phases.extend_512.position.scaling.factor=.4e1"])
+    assert phase_config(cfg, "extend_512").model.position.scaling.factor == 4.0
