@@ -254,7 +254,7 @@ class UniqueKeyLoader(yaml.SafeLoader):
 # YAML 1.1 reads 1:30 as the base-60 (sexagesimal) integer 90 and 1:30.5 as 90.5, in a file as on the command line
 # (OmegaConf's loader): eval.lengths=[1:2] became [62] and train.steps: 1:30 ninety steps, without a word. Such a
 # value is read as the text it looks like (YAML 1.2 has no base-60 numbers), so a number key refuses it naming the
-# key, and a string key keeps it (run.name: 12:30). The command line's values are quoted so (_quote_base_60).
+# key, and a string key keeps it (run.name: 12:30). The command line's values are quoted so (_read_as_in_a_file).
 BASE_60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
 
 
@@ -663,7 +663,7 @@ def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: A
         if "=" not in item or not all(part.strip() for part in key.split(".")):
             hint = " (a config file is given with --config FILE)" if item.endswith((".yaml", ".yml")) else ""
             raise ConfigError(f"{source}: override '{item}' must look like key.sub=value{hint}")
-    overrides = [_keep_string(_quote_base_60(item)) for item in overrides]
+    overrides = [_keep_string(_read_as_in_a_file(item)) for item in overrides]
     try:
         dot = _dotlist(overrides)
     except (OmegaConfBaseException, yaml.YAMLError) as e:
@@ -833,12 +833,13 @@ def _schema_type(key: str) -> Any:
     return t
 
 
-def _quote_base_60(item: str) -> str:
-    """``key=value`` with each plain scalar of the value that YAML 1.1 reads as a base-60 number quoted, so that
-    OmegaConf's loader reads it as the text, as a config file's does (``BASE_60``): ``eval.lengths=[1:2]`` is
-    ``eval.lengths=['1:2']``; and a float written with a leading dot and an unsigned exponent (``DOT_FLOAT``: .5e6) as
-    0.5e6, the float it is in a file, except for a string key. The scalars are found by YAML's own parser (their positions in the value), not by
-    pattern over the whole text; a value it cannot parse is left for OmegaConf to report."""
+def _read_as_in_a_file(item: str) -> str:
+    """``key=value`` rewritten so that OmegaConf's loader reads each plain scalar of the value as a config file's
+    loader does: one that YAML 1.1 reads as a base-60 number quoted, read as the text (``BASE_60``:
+    ``eval.lengths=[1:2]`` is ``eval.lengths=['1:2']``); a float written with a leading dot and an unsigned exponent
+    (``DOT_FLOAT``: .5e6) as 0.5e6, the float it is in a file, except for a string key. The scalars are found by
+    YAML's own parser (their positions in the value), not by pattern over the whole text; a value it cannot parse is
+    left for OmegaConf to report."""
     key, eq, raw = item.partition("=")
     try:
         root = yaml.compose(raw, Loader=UniqueKeyLoader)
@@ -863,7 +864,7 @@ def _quote_base_60(item: str) -> str:
 
 # YAML 1.2 (and Python) read .5e6 as a float; OmegaConf's loader, as YAML 1.1, wants a signed exponent after a leading
 # dot and read it as the text '.5e6': a typed key converted it, but a position parameter refused it ("got the string
-# '.5e6'; write it without quotes", of a value never quoted). _quote_base_60 writes it 0.5e6 for OmegaConf.
+# '.5e6'; write it without quotes", of a value never quoted). _read_as_in_a_file writes it 0.5e6 for OmegaConf.
 DOT_FLOAT = re.compile(r"[-+]?\.[0-9]+(?:_[0-9]+)*[eE][0-9]+")
 
 
