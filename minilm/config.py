@@ -670,8 +670,12 @@ def _merge_overrides(cfg: DictConfig, overrides: List[str], source: str, path: A
         bad = next((item for item in overrides if not _parses(item)), None)
         where = f"override '{bad}'" if bad else "overrides"
         problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]  # (not the scanner's marks)
+        # YAML reads the { of ${...} inside brackets or braces as a mapping: eval.lengths=[${train.seq_len}]
+        inner = bad is not None and re.search(r"[\[{,]\s*\$\{", bad.partition("=")[2]) is not None
+        fix = ("; quote an interpolation inside a list or mapping, eval.lengths=['${train.seq_len}', 512]" if inner
+               else " with a space after each colon")  # fmt: skip
         raise ConfigError(f"{source}: cannot parse {where}: {problem} (values are YAML: write "
-                          f"'key={{a: 1, b: [x, y]}}' with a space after each colon)") from None
+                          f"'key={{a: 1, b: [x, y]}}'{fix})") from None
     _check_glued_colon(dot, _overrides_label(source))
     _check_phase_names(cfg, dot, path, source)
     try:

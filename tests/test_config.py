@@ -1140,3 +1140,16 @@ def test_a_float_with_a_leading_dot_and_an_unsigned_exponent_is_a_number_in_a_fi
     assert (cfg.model.position.base, cfg.run.name) == (5e5, ".5e6")
     cfg = load_config(REPO / "configs/rope_yarn_tiny.yaml", ["phases.extend_512.position.scaling.factor=.4e1"])
     assert phase_config(cfg, "extend_512").model.position.scaling.factor == 4.0
+
+
+def test_an_unquoted_interpolation_inside_a_list_override_is_told_to_be_quoted():
+    """eval.lengths=[${train.seq_len}] said only "did not find expected ',' or ']'": YAML reads the { of ${...} inside
+    brackets as a mapping. The message says to quote it, the form that works."""
+    with pytest.raises(ConfigError) as err:
+        load_config(str(REPO / "configs" / "tiny.yaml"), overrides=["eval.lengths=[${train.seq_len}]"])
+    assert "quote an interpolation inside a list or mapping, eval.lengths=['${train.seq_len}', 512]" in str(err.value)
+    cfg = load_config(str(REPO / "configs" / "tiny.yaml"), overrides=["eval.lengths=['${train.seq_len}', 512]"])
+    assert list(cfg.eval.lengths) == [cfg.train.seq_len, 512]
+    with pytest.raises(ConfigError) as err:  # a colon glued to its value keeps its own advice
+        load_config(str(REPO / "configs" / "tiny.yaml"), overrides=["eval={lengths:[64}"])
+    assert "quote an interpolation" not in str(err.value)
