@@ -521,7 +521,7 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str, dotlist: bool =
             msg += (f" ({value} is read as text, not as YAML 1.1's base-60 number {yaml.safe_load(value)}: write "
                     f"the number meant)")  # fmt: skip
         if isinstance(e, ConfigKeyError) and "Did you mean" not in msg:
-            msg += _elsewhere(cfg, key)
+            msg += _elsewhere(cfg, key) + _phase_keys(key)
         where = label if dotlist else label + _file_line(label, key)
         raise ConfigError(f"{where}: bad config key '{key}': {msg}") from None
 
@@ -535,6 +535,19 @@ def _elsewhere(cfg: DictConfig, key: str) -> str:
     found = [f"{section}.{parts[-1]}" for section, sub in cfg.items_ex(resolve=False)
              if section != parts[0] and isinstance(sub, DictConfig) and parts[-1] in sub]  # fmt: skip
     return f"; did you mean {' or '.join(found)}?" if found else ""
+
+
+def _phase_keys(key: str) -> str:
+    """What phase keys there are, for an unknown key ``phases.NAME.KEY``; for a model key, that a phase cannot change
+    the model (OmegaConf said only "Key 'model' not in 'PhaseConfig'")."""
+    parts = key.split(".")
+    if len(parts) != 3 or parts[0] != "phases":
+        return ""
+    takes = ", ".join(f.name for f in dataclasses.fields(PhaseConfig))
+    if parts[2] == "model" or parts[2] in {f.name for f in dataclasses.fields(ModelConfig)}:
+        return (f"; a phase cannot change the model (its weights carry over from the phase before); only its position "
+                f"parameters change, under phases.{parts[1]}.position (a phase takes: {takes})")
+    return f"; a phase takes: {takes}"
 
 
 COMMAND_LINE = "command line"

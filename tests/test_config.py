@@ -292,6 +292,17 @@ def test_a_phase_cannot_change_what_the_corpus_is_prepared_from(tmp_path, overri
         load_config(y, [override])
 
 
+@pytest.mark.parametrize("key", ["model.n_layers=8", "d_model=64"])
+def test_a_phase_that_changes_the_model_is_refused_saying_what_a_phase_may_set(tmp_path, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(REPO / "configs/rope_yarn_tiny.yaml", [f"phases.extend_512.{key}", f"run.dir={tmp_path}"])
+    assert "phases.extend_512." + key.split("=")[0].split(".")[0] in str(e.value)
+    assert "a phase cannot change the model" in str(e.value)
+    assert "phases.extend_512.position" in str(e.value) and "seq_len, steps" in str(e.value)
+    with pytest.raises(ConfigError, match=r"phases\.extend_512\.foo.*a phase takes: seq_len, steps"):
+        load_config(REPO / "configs/rope_yarn_tiny.yaml", ["phases.extend_512.foo=1"])
+
+
 def test_a_removed_source_stays_removed_in_every_phase(tmp_path):
     y = tmp_path / "r.yaml"
     y.write_text("data:\n  sources:\n    embedded: null\n    local: {kind: files, paths: ['x/*.txt']}\n"
