@@ -1231,6 +1231,45 @@ def shorter_phase_note(cfg: DictConfig, name: str) -> Optional[str]:
             "it; fine for a short-sequence stage, else set its seq_len")
 
 
+# rope_types whose factor s stretches the unscaled model's length L to s·L, the length they are meant to train and run
+# at (PI, NTK-aware, NTK-by-parts, YaRN: s = L'/L in their papers); llama3 (Llama 3.1 trains at 16·L with s = 8),
+# longrope and the dynamic types name no such length
+TARGET_LENGTH_TYPES = ("linear", "ntk", "ntk_by_parts", "yarn")
+
+
+def scaling_warning(cfg: DictConfig, name: str) -> Optional[str]:
+    """What to tell the user when phase ``name``'s RoPE scaling contradicts the run's phases (None when it does not):
+    its ``original_max_position_embeddings`` is not the seq_len of the last phase before it that trained without
+    scaling (the unscaled model's length, which every scaling is relative to), or the phase trains beyond the
+    factor × that length its rope_type stretches positions to. A warning, not an error: an ablation may mean it."""
+    names = phase_names(cfg)
+    if name not in cfg.phases or names.index(name) == 0:
+        return None
+    pcfg = phase_config(cfg, name)
+    rope_type = _scaling_type(pcfg.model.position)
+    plain = [(p, phase_config(cfg, p)) for p in names[: names.index(name)]]
+    plain = [(p, c.train.seq_len) for p, c in plain if (_scaling_type(c.model.position) or "default") == "default"]
+    if rope_type in (None, "default") or not plain:  # (no phase trained unscaled: the weights came with --init)
+        return None
+    unscaled, length = plain[-1]
+    scaling = pcfg.model.position.scaling
+    original = scaling.get("original_max_position_embeddings")
+    set_in = cfg.phases[name]
+    if original is not None and original != length:
+        key = key_as_set("model.position.scaling.original_max_position_embeddings", name, set_in)
+        return (f"{key} = {original}, but the model trained without scaling at seq_len {length} (phase "
+                f"'{unscaled}'): the scaling is relative to that length; set original_max_position_embeddings: "
+                f"{length} if that is not what you meant")
+    factor, seq_len = scaling.get("factor"), pcfg.train.seq_len
+    if rope_type in TARGET_LENGTH_TYPES and factor is not None and seq_len > factor * (original or length):
+        key = key_as_set("model.position.scaling.factor", name, set_in)
+        return (f"phase '{name}' trains at seq_len {seq_len}, beyond the {factor:g} × {original or length} = "
+                f"{factor * (original or length):g} tokens that {rope_type} with {key} = {factor:g} stretches the "
+                f"unscaled model's positions to (phase '{unscaled}' trained at {length}); set factor: "
+                f"{seq_len / (original or length):g} if that is not what you meant")
+    return None
+
+
 def micro_batch_size(train: DictConfig) -> int:
     return train.micro_batch_size or train.batch_size
 
@@ -1415,6 +1454,7 @@ __all__ = [
     "phase_steps",
     "warmup_warning",
     "shorter_phase_note",
+    "scaling_warning",
     "ffn_dim",
     "head_dim",
     "micro_batch_size",

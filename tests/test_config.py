@@ -563,6 +563,32 @@ def test_a_phase_shorter_than_the_one_before_it_gets_a_one_line_note():
     assert [shorter_phase_note(yarn, n) for n in phase_names(yarn)] == [None, None, None]
 
 
+@pytest.mark.parametrize("overrides, warned", [
+    ([], None),  # the shipped schedule: YaRN 4 and 16 from the 128 tokens pretraining trained at
+    (["phases.extend_2k.position.scaling.factor=4"],  # 4 × 128 = 512, not the 2048 it trains at
+     "phase 'extend_2k' trains at seq_len 2048, beyond the 4 × 128 = 512 tokens that yarn with "
+     "phases.extend_2k.position.scaling.factor = 4 stretches"),
+    (["phases.extend_2k.position.scaling={rope_type: linear, factor: 4}"], "set factor: 16 if"),
+    (["phases.extend_2k.position.scaling={rope_type: llama3, factor: 4, original_max_position_embeddings: 128}"],
+     None),  # Llama 3.1 trains beyond factor × L
+    (["phases.extend_2k.position.scaling.original_max_position_embeddings=512",
+      "phases.extend_2k.position.scaling.factor=4"],  # 512: the length extend_512 trained at, with scaling
+     "phases.extend_2k.position.scaling.original_max_position_embeddings = 512, but the model trained without "
+     "scaling at seq_len 128 (phase 'pretrain')"),
+    (["phases.extend_512.position={base: 40000.0, scaling: null}"],  # ABF at 512, then YaRN relative to 128
+     "set original_max_position_embeddings: 512 if"),
+])
+def test_a_scaling_that_contradicts_the_phases_is_warned_of_before_they_train(overrides, warned):
+    from minilm.training.phases import phase_notes
+
+    cfg = load_config(REPO / "configs" / "rope_yarn_tiny.yaml", overrides)
+    lines = [line for line in phase_notes(cfg, phase_names(cfg)) if "scaling" in line or "factor" in line]
+    if warned is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0].startswith("warning: ") and warned in lines[0]
+
+
 @pytest.mark.parametrize("override, message", [
     ("model.d_model=0", "model.d_model: must be >= 1"),  # was a ZeroDivisionError traceback
     ("model.n_kv_heads=0", "model.n_kv_heads: must be >= 1 or null"),  # was silently n_heads

@@ -41,6 +41,7 @@ from minilm.config import (
     phase_names,
     phase_steps,
     save_config,
+    scaling_warning,
     shorter_phase_note,
     warmup_warning,
 )
@@ -337,13 +338,16 @@ def _other_file(a: Path, b: str | Path) -> bool:
 
 def phase_notes(cfg, names) -> list[str]:
     """The warnings and notes on phases ``names`` of run config ``cfg`` (a warmup longer than the phase, a phase
-    shorter than the one before), each a line as logged before those phases train."""
+    shorter than the one before, a RoPE scaling that contradicts the phases), each a line as logged before those
+    phases train."""
     out = []
     for n in names:
         if msg := warmup_warning(cfg, n):
             out.append(f"warning: {msg}")
         if msg := shorter_phase_note(cfg, n):
             out.append(f"note: {msg}")
+        if msg := scaling_warning(cfg, n):
+            out.append(f"warning: {msg}")
     return out
 
 
