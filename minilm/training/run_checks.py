@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -31,10 +32,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
 
 from minilm.config import key_as_set, micro_batch_size, phase_config, phase_names, phase_steps
-from minilm.errors import MinilmError
+from minilm.errors import ConfigError, MinilmError
 from minilm.files import TEMPORARY, same_bytes
 from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
+from minilm.positions.rope_scaling import parse_scaling
 from minilm.positions.base import tightest_limit
 from minilm.runs import COMPLETE, HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run, started_from_text
 from minilm.training.checkpoint import (
@@ -465,6 +467,8 @@ def _first_difference(old, new, key: str, ignore: tuple[str, ...] = ()) -> Optio
     """(dotted key, old value, new value) of the first leaf where two plain containers differ, or None. Leaves named
     in ``ignore`` are compared by the caller: skipped here, not filtered out of the result, where the first
     difference (train.batch_size sorts first in its section) hid every later one (train.seq_len, train.steps)."""
+    if key == "model.position" and isinstance(old, dict) and isinstance(new, dict):
+        old, new = _filled_position(old), _filled_position(new)
     if isinstance(old, dict) and isinstance(new, dict):
         # a block's "name" (the encoding's) first: the parameters of another encoding differ too, and the first of
         # them (model.position.base) was named where the user had changed model.position.name
@@ -474,6 +478,23 @@ def _first_difference(old, new, key: str, ignore: tuple[str, ...] = ()) -> Optio
                 return diff
         return None
     return None if old == new or key in HOW_NOT_WHAT or key in ignore else (key, old, new)
+
+
+def _filled_position(block: dict) -> dict:
+    """A position block with every parameter its encoding takes, the defaults it leaves out included, and so its
+    RoPE scaling block's (none, null and ``rope_type: default`` alike): what the model computes from. A default
+    spelled out on --resume (``phases.extend_512.position.scaling.beta_fast=32``, ``model.position.fraction=1.0``)
+    trains the same model, and was refused as a change (``beta_fast = null, the config now says 32``). A block that
+    does not validate is returned as it is."""
+    try:
+        params = validate_position(block)
+        filled = {"name": block["name"], **asdict(params)}
+        if hasattr(params, "scaling"):
+            rope_type, scaling = parse_scaling(params.scaling)
+            filled["scaling"] = {"rope_type": rope_type, **asdict(scaling)}
+    except ConfigError:
+        return block
+    return json.loads(json.dumps(filled))  # (tuples, as longrope's factors parse, as the lists a config holds)
 
 
 def what_trains(pcfg) -> dict:

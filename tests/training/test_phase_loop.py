@@ -523,6 +523,27 @@ def test_resume_refuses_an_interrupted_phase_the_config_now_trains_differently(c
     assert (run / "b" / "complete.json").is_file()
 
 
+def test_resume_takes_a_position_default_spelled_out_and_refuses_a_changed_one(config, tmp_path):
+    """A position or scaling parameter given on --resume at its default trains the same model: it was refused as a
+    change ("finished with ...scaling.beta_fast = null, the config now says 32"), for a finished phase and for the
+    interrupted one alike. Another value is still refused, naming the key."""
+    run = tmp_path / "run"
+    over = [f"run.dir={run}", "train.ckpt_every=2", "phases.a={seq_len: 32, steps: 1}",
+            "phases.b={seq_len: 64, steps: 3, position: {scaling: {rope_type: yarn, factor: 2.0, "
+            "original_max_position_embeddings: 32}}}", "phases.c={seq_len: 64, steps: 3, position: {scaling: "
+            "{rope_type: yarn, factor: 2.0, original_max_position_embeddings: 32}}}"]  # fmt: skip
+    defaults = ["model.position.fraction=1.0", "model.position.layout=half", "phases.a.position.scaling=null",
+                "phases.b.position.scaling.beta_fast=32", "phases.c.position.scaling.beta_slow=1",
+                "phases.c.position.scaling.truncate=true"]  # fmt: skip
+    run_phases(load_config(config, over), log=lambda m: None)
+    _killed_after_checkpoint(run, "c", 2)
+    run_phases(load_config(config, [*over, *defaults]), resume=True, log=lambda m: None)
+    assert (run / "c" / "complete.json").is_file()
+    with pytest.raises(MinilmError, match=r"phase 'b' finished with phases\.b\.position\.scaling\.beta_fast = 32\.0 "):
+        run_phases(load_config(config, [*over, "phases.b.position.scaling.beta_fast=16"]), resume=True,
+                   log=lambda m: None)
+
+
 def test_resume_names_the_batch_size_a_phase_sets_as_it_sets_it(config, tmp_path):
     """Another batch_size in a phase that sets its own was refused as 'train.batch_size 4 x 1 ... resume with
     train.batch_size=4': following that advice changed the other phases' batch (the finished one was then refused)
