@@ -1423,9 +1423,15 @@ def _validate_model(m: DictConfig) -> None:
 
 def _validate_phases(cfg: DictConfig) -> None:
     for name in cfg.phases:  # raises with the phase's name on a bad name or any bad override
-        _check(PHASE_NAME.fullmatch(name) is not None and name not in RESERVED_PHASE_NAMES, "phases",
+        _check(PHASE_NAME.fullmatch(name) is not None and name.lower() not in RESERVED_PHASE_NAMES, "phases",
                f"bad phase name {name!r}: a phase trains in the directory run.dir/<name>, so a name has letters, "
-               f"digits, '_' and '-' (not first) only, and is not {' or '.join(RESERVED_PHASE_NAMES)}")  # fmt: skip
+               f"digits, '_' and '-' (not first) only, and is not {' or '.join(RESERVED_PHASE_NAMES)} in any case "
+               "(a case-insensitive file system, macOS's or Windows', holds one directory for both)")  # fmt: skip
+        # (two phases in one directory would write, and resume from, each other's checkpoints and outputs)
+        same = next((n for n in cfg.phases if n != name and n.lower() == name.lower()), None)
+        _check(same is None, "phases", f"phases {same!r} and {name!r} differ in case alone: each trains in the "
+               "directory run.dir/<name>, and a case-insensitive file system (macOS's or Windows') holds one directory "
+               "for both; rename one")  # fmt: skip
         data = phase_config(cfg, name).data
         try:
             _validate_data(data, where=f"phases.{name}.data")

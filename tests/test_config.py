@@ -616,7 +616,7 @@ def test_model_and_optimizer_values_are_checked_at_load(override, message):
         load_config(overrides=["phases.a.steps=3", override])
 
 
-@pytest.mark.parametrize("name", ["..", ".", "a/b", "tb", ".lock", "config.yaml", "-x", " "])
+@pytest.mark.parametrize("name", ["..", ".", "a/b", "tb", "TB", "Tb", ".lock", "config.yaml", "-x", " "])
 def test_a_phase_name_that_is_not_a_plain_directory_name_is_refused(tmp_path, name):
     """A phase trains in run.dir/<name> and --phase NAME deletes that directory first: a phase named '..' made
     `--phase ..` delete every run next to this one; 'tb' would delete the TensorBoard events."""
@@ -626,6 +626,17 @@ def test_a_phase_name_that_is_not_a_plain_directory_name_is_refused(tmp_path, na
         load_config(y)
     y.write_text("phases:\n  pretrain_1k: {steps: 3}\n  Extend-4K: {steps: 3}\n")
     assert phase_names(load_config(y)) == ["pretrain_1k", "Extend-4K"]
+
+
+def test_two_phase_names_that_differ_in_case_alone_are_refused(tmp_path):
+    """Each phase trains in run.dir/<name>: on a case-insensitive file system (macOS's, Windows') 'extend_2k' and
+    'Extend_2K' are one directory, where the two phases would write each other's checkpoints and outputs."""
+    y = tmp_path / "p.yaml"
+    y.write_text("phases:\n  extend_2k: {steps: 3}\n  Extend_2K: {steps: 3}\n")
+    with pytest.raises(ConfigError, match="phases 'Extend_2K' and 'extend_2k' differ in case alone.*rename one"):
+        load_config(y)
+    with pytest.raises(ConfigError, match="differ in case alone"):
+        load_config(overrides=["phases.a={steps: 1}", "phases.A={steps: 1}"])
 
 
 def test_a_bad_value_names_the_file_or_the_command_line_that_gave_it(tmp_path):
