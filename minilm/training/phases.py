@@ -309,11 +309,14 @@ def _open_run(cfg, pcfgs: dict, run_dir: Path, resume: bool, start_phase: Option
     return opened
 
 
-def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Optional[dict], model_cfg, phase: str,
-               tokenizer_file: str, log: Callable[[str], None]) -> None:
+def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Optional[dict], pcfgs: dict, phase: str,
+               before: Optional[str], tokenizer_file: str, log: Callable[[str], None]) -> None:
     """Load the --init ``weights`` (``trained``: the model section they record) into the model of ``phase``; weights
     of another model section start it all the same, and a note names each difference; weights of a run whose
-    tokenizer is not this corpus's (``tokenizer_file``) too, with a warning."""
+    tokenizer is not this corpus's (``tokenizer_file``) too, with a warning. ``before``: the phase before ``phase``
+    (None: it is the first), whose weights it would start from without --init: those are the weights compared with
+    its model section, not ``phase``'s, which also holds the change the phase makes (a scaling block): the README's
+    ``--phase extend_1k --init runs/rope_pi/pretrain`` was told its pretraining weights had another model config."""
     load_weights(model, weights, where=init)
     log(f"initial weights from {init}")
     if (source := run_dir_of(Path(init))) is not None and _other_file(source / "tokenizer.model", tokenizer_file):
@@ -322,8 +325,9 @@ def _load_init(model: torch.nn.Module, weights: dict, init: str, trained: Option
             f"this run's corpus is tokenized with ({tokenizer_file}): their embedding and output rows stand for other "
             f"tokens; they start phase '{phase}' all the same. Train with the data settings of {source} (its "
             "data.tokenizer and sources) if that is not what you meant")  # fmt: skip
-    if trained is not None and (differ := model_differences(trained, model_cfg)):
-        log(f"note: these weights were trained with another model config than phase '{phase}' trains with:\n  "
+    than = f"phase '{before}' trains with (where phase '{phase}' starts)" if before else f"phase '{phase}' trains with"
+    if trained is not None and (differ := model_differences(trained, pcfgs[before or phase].model)):
+        log(f"note: these weights were trained with another model config than {than}:\n  "
             + "\n  ".join(differ) + "\nthey start it all the same (what --init allows: a change of position "
             "encoding, say); check the config if that is not what you meant")  # fmt: skip
 
@@ -382,7 +386,7 @@ def run_phases(
     # from its checkpoint takes the checkpoint's weights (its start checked to be these: _check_resumed_init), and
     # the log said 'initial weights from W' just before 'resumes at step N ... from <checkpoint>'
     if weights is not None and names[start] not in resume_from:
-        _load_init(model, weights, init, init_model, pcfgs[names[start]].model, names[start],
+        _load_init(model, weights, init, init_model, pcfgs, names[start], names[start - 1] if start else None,
                    corpus.tokenizer.model_file, log)
     weights = None  # (the model holds copies: not a second set of them through training)
     # an explicit restart retrains this phase and the ones after it (with --resume: continue an interrupted --phase

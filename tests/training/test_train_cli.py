@@ -195,11 +195,17 @@ def test_phase_and_init_run_only_the_extension(tmp_path, tiny_text_dir, train_he
     out = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "short",
                 "phases.long.carry_optimizer=false").stdout
     assert "initial weights from" in out and not (ext / "short").exists()
-    # weights of another position config start the phase (what --init is for), and the log says so
-    assert "note: these weights were trained with another model config than phase 'long'" in out, out
-    assert '"base": 40000.0' in out.split("model.position: trained with", 1)[1].split("\n")[0], out
+    # the weights of the phase before 'long' (the README's --phase extend_1k --init .../pretrain): no note, though
+    # 'long' changes the position base; they were said to be "another model config than phase 'long' trains with"
+    assert "note: these weights were trained with another model config" not in out, out
     assert [str(p) for p in reads].count(str(base / "short")) == 1, reads
     assert (ext / "long" / "complete.json").is_file()
+    # weights of another position config than the phase before (what --init is for) start it, and the log says so
+    out = train("--config", cfg, f"run.dir={ext}", "--phase", "long", "--init", base / "long",
+                "phases.long.carry_optimizer=false").stdout
+    assert ("note: these weights were trained with another model config than phase 'short' trains with (where "
+            "phase 'long' starts)") in out, out
+    assert '"base": 40000.0' in out.split("model.position: trained with", 1)[1].split("\n")[0], out
     # --phase without finished earlier phases and without --init: a clear error
     proc = train("--config", cfg, f"run.dir={tmp_path / 'empty'}", "--phase", "long", check=False)
     assert proc.returncode == 2 and "--init" in proc.stderr
