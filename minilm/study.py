@@ -215,11 +215,19 @@ def run_config(study: Study, run: StudyRun, out_dir: Path, extra: list[str]) -> 
 def phase_keys(cfg: DictConfig) -> list[str]:
     """One string per phase that is equal for two configs exactly when they train that phase and every earlier
     one alike: the model they are built with, and per phase its name, resolved config (without run.name and
-    run.dir) and whether it carries the optimizer over."""
-    keys, parts = [], [yaml.safe_dump(_same_numbers(OmegaConf.to_container(cfg.model, resolve=True)), sort_keys=True)]
+    run.dir) and whether it carries the optimizer over. Position blocks are compared with their defaults filled in
+    (``filled_position``): a variant spelling one out (``model.position.fraction=1.0``) trains alike."""
+    from minilm.training.run_checks import filled_position
+
+    def filled(model: dict) -> dict:
+        return {**model, "position": filled_position(model["position"])}
+
+    model = filled(OmegaConf.to_container(cfg.model, resolve=True))
+    keys, parts = [], [yaml.safe_dump(_same_numbers(model), sort_keys=True)]
     for name in phase_names(cfg):
         pcfg = OmegaConf.to_container(phase_config(cfg, name), resolve=True)
         pcfg["run"].pop("name"), pcfg["run"].pop("dir")
+        pcfg["model"] = filled(pcfg["model"])
         carry = bool(name in cfg.phases and cfg.phases[name].carry_optimizer)
         parts.append(yaml.safe_dump({"phase": name, "carry_optimizer": carry, "config": _same_numbers(pcfg)},
                                     sort_keys=True))  # fmt: skip

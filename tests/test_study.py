@@ -177,11 +177,13 @@ def test_a_bad_variant_override_exits_2_naming_the_variant_before_anything_train
 
 
 @pytest.mark.parametrize("same", ["[]", "[phases.long.steps=6]", "{config: base.yaml}",
-                                  "[phases.long.position.scaling.factor=2]"])  # fmt: skip
+                                  "[phases.long.position.scaling.factor=2]", "[model.position.fraction=1.0]",
+                                  "[phases.long.position.scaling.beta_fast=32]"])  # fmt: skip
 def test_two_variants_that_train_alike_exit_2_before_anything_trains(tmp_path, study_file, capsys, monkeypatch, same):
     """A variant whose overrides change nothing (left out, or setting what the config says) trained the other variant
     again and reported a difference of nothing, without a word. A position parameter given as the integer 2 where the
-    config says 2.0 (position blocks are untyped) trains alike too, as --resume sees it."""
+    config says 2.0 (position blocks are untyped) trains alike too, as --resume sees it; so does one spelled out at
+    its default (RoPE's fraction 1.0, YaRN's beta_fast 32), which --resume takes as the same model too."""
     import minilm.study
 
     monkeypatch.setattr(minilm.study, "_check_data", lambda *a: pytest.fail("the data was prepared"))

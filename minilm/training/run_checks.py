@@ -468,7 +468,7 @@ def _first_difference(old, new, key: str, ignore: tuple[str, ...] = ()) -> Optio
     in ``ignore`` are compared by the caller: skipped here, not filtered out of the result, where the first
     difference (train.batch_size sorts first in its section) hid every later one (train.seq_len, train.steps)."""
     if key == "model.position" and isinstance(old, dict) and isinstance(new, dict):
-        old, new = _filled_position(old), _filled_position(new)
+        old, new = filled_position(old), filled_position(new)
     if isinstance(old, dict) and isinstance(new, dict):
         # a block's "name" (the encoding's) first: the parameters of another encoding differ too, and the first of
         # them (model.position.base) was named where the user had changed model.position.name
@@ -480,7 +480,7 @@ def _first_difference(old, new, key: str, ignore: tuple[str, ...] = ()) -> Optio
     return None if old == new or key in HOW_NOT_WHAT or key in ignore else (key, old, new)
 
 
-def _filled_position(block: dict) -> dict:
+def filled_position(block: dict) -> dict:
     """A position block with every parameter its encoding takes, the defaults it leaves out included, and so its
     RoPE scaling block's (none, null and ``rope_type: default`` alike): what the model computes from. A default
     spelled out on --resume (``phases.extend_512.position.scaling.beta_fast=32``, ``model.position.fraction=1.0``)
