@@ -37,7 +37,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from minilm.errors import DataError
 from minilm.files import disk_full
@@ -966,24 +966,31 @@ def _load_dataset(where: str, path: str, name: Optional[str], split: str, data_f
 RECORD_BUILDERS = ("json", "csv", "parquet", "arrow")
 
 
+def _local_record_files(path: str, data_files: Any) -> Iterator[str]:
+    """The local data files of an hf source that a record builder reads, in the order datasets lists them: those
+    ``data_files`` names (relative to ``path`` where it is a folder), or every file under the folder ``path``; none
+    for a dataset of the Hub (no folder, no data_files), where the working directory is nothing of the source's."""
+    base = path if Path(path).is_dir() else "."
+    if data_files is None and base == ".":
+        return
+    patterns = _data_file_patterns(data_files) if data_files is not None else ["**/*"]
+    for pattern in patterns:
+        for m in sorted(_rglob(os.path.join(base, pattern))):  # (a file's pattern is escaped)
+            if _record_builder(Path(m)) and os.path.isfile(m):
+                yield m
+
+
 def _bad_file_hint(path: str, data_files: Any) -> str:
     """Where the load of local data files failed, the first of them that holds no records: datasets' error names none
     ("CastError: Couldn't cast text: string to {}" for a shard of blank lines or a .json of ``[]`` read first among
     others), where the files kind skips such a file. Bounded reads alone (a large corpus failing for another reason
     is not read through to say so): the header or first characters, and a small file's text."""
-    base = path if Path(path).is_dir() else "."
-    if data_files is None and base == ".":
-        return ""
-    patterns = _data_file_patterns(data_files) if data_files is not None else ["**/*"]
-    for pattern in patterns:
-        for m in sorted(_rglob(os.path.join(base, pattern))):  # (a file's pattern is escaped)
-            f = Path(m)
-            if not (_record_builder(f) and f.is_file()):
-                continue
-            small = f.stat().st_size <= 1 << 20 and _record_builder(f) != "parquet"
-            if _no_records(f) or (small and _text_problem(f) == "empty"):
-                return (f"; {m} holds no records, which datasets does not skip (the files kind does): leave it out of "
-                        f"the source, or read the files with kind: files")
+    for m in _local_record_files(path, data_files):
+        f = Path(m)
+        small = f.stat().st_size <= 1 << 20 and _record_builder(f) != "parquet"
+        if _no_records(f) or (small and _text_problem(f) == "empty"):
+            return (f"; {m} holds no records, which datasets does not skip (the files kind does): leave it out of "
+                    f"the source, or read the files with kind: files")
     return ""
 
 
@@ -995,12 +1002,9 @@ def _json_line_hint(path: str, data_files: Any, e: BaseException) -> str:
     and a line that Python's json reads as it is (NaN, which datasets reads too) is not flagged."""
     if "JSON parse error" not in _cause(e):
         return ""
-    base = path if Path(path).is_dir() else "."
-    patterns = _data_file_patterns(data_files) if data_files is not None else ["**/*"]
-    for pattern in patterns:
-        for m in sorted(_rglob(os.path.join(base, pattern))):  # (a file's pattern is escaped)
-            if _record_builder(Path(m)) == "json" and os.path.isfile(m) and (bad := _json_lines_problem(Path(m))):
-                return f"; {os.path.normpath(m)}: {bad}"
+    for m in _local_record_files(path, data_files):
+        if _record_builder(Path(m)) == "json" and (bad := _json_lines_problem(Path(m))):
+            return f"; {os.path.normpath(m)}: {bad}"
     return ""
 
 

@@ -137,6 +137,19 @@ def test_a_jsonl_line_datasets_cannot_parse_is_named_by_its_line(tmp_path, kind,
         _read("mine", entry)
 
 
+def test_a_json_parse_error_of_a_hub_dataset_names_no_file_of_the_working_directory(tmp_path, monkeypatch):
+    """The hint reads the source's own local files: for a dataset of the Hub (no folder, no data_files) it read every
+    file under the working directory, and could name one of the user's as the bad line of the dataset."""
+    from minilm.data.sources import _json_line_hint
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.jsonl").write_text('{"text": "a"}\nnot json\n')
+    error = ValueError("JSON parse error: Invalid value. in row 1")
+    assert _json_line_hint("someone/a-dataset", None, error) == ""
+    said = f"; {tmp_path / 'notes.jsonl'}: line 2 is not valid JSON: Expecting value (column 1)"
+    assert _json_line_hint(str(tmp_path), None, error) == said  # (a local folder: its files are read)
+
+
 def test_an_hf_path_naming_a_missing_or_text_file_is_refused_before_the_hub(tmp_path, monkeypatch):
     """A typo in a local file's name (or a run from another directory) was taken for a Hub dataset name: about
     20 s of network retries, then "Couldn't reach 'trian.jsonl' on the Hub". A local .txt went the same way."""
