@@ -46,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from minilm.cli import raise_if_interrupted
 from minilm.config import Config, UniqueKeyLoader, load_config, phase_config, phase_names, yaml_problem
 from minilm.errors import ConfigError, MinilmError
+from minilm.positions import filled_position
 from minilm.eval.report import SCALARS  # the per-length numbers of results.json
 from minilm.runs import COMPLETE  # a finished phase's summary (the layout minilm.training.phases writes)
 
@@ -217,8 +218,6 @@ def phase_keys(cfg: DictConfig) -> list[str]:
     one alike: the model they are built with, and per phase its name, resolved config (without run.name and
     run.dir) and whether it carries the optimizer over. Position blocks are compared with their defaults filled in
     (``filled_position``): a variant spelling one out (``model.position.fraction=1.0``) trains alike."""
-    from minilm.training.run_checks import filled_position
-
     def filled(model: dict) -> dict:
         return {**model, "position": filled_position(model["position"])}
 

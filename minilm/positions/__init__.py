@@ -11,6 +11,7 @@ q/k or add a score term. Where an entry has none, the model uses ``Identity``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional
 
@@ -40,7 +41,7 @@ from minilm.positions.relative import (
     TransformerXL,
     TransformerXLParams,
 )
-from minilm.positions.rope_scaling import compute_rope
+from minilm.positions.rope_scaling import compute_rope, parse_scaling
 from minilm.positions.rotary import NoParams, NoPE, Rope, RopeParams, Xpos, XposParams
 
 
@@ -134,6 +135,23 @@ def validate_position(
     return params
 
 
+def filled_position(block: dict) -> dict:
+    """A position block with every parameter its encoding takes, the defaults it leaves out included, and so its
+    RoPE scaling block's (none, null and ``rope_type: default`` alike): what the model computes from. A default
+    spelled out (``phases.extend_512.position.scaling.beta_fast=32``, ``model.position.fraction=1.0``) trains the
+    same model: --resume (minilm.training.run_checks) and a study's shared phases (minilm.study.phase_keys) compare
+    blocks so. A block that does not validate is returned as it is."""
+    try:
+        params = validate_position(block)
+        filled = {"name": block["name"], **asdict(params)}
+        if hasattr(params, "scaling"):
+            rope_type, scaling = parse_scaling(params.scaling)
+            filled["scaling"] = {"rope_type": rope_type, **asdict(scaling)}
+    except ConfigError:
+        return block
+    return json.loads(json.dumps(filled))  # (tuples, as longrope's factors parse, as the lists a config holds)
+
+
 def typed_values(name: Any, block: Mapping[str, Any]) -> dict:
     """The parameters of ``block`` (a position block of encoding ``name``, or a phase's, without its name) that are
     text where their parameter is a float and that ``make_params`` reads as one ('1e-2', quoted): ``{key: float}``.
@@ -173,5 +191,6 @@ __all__ = [
     "PositionEncoding",
     "build_position",
     "validate_position",
+    "filled_position",
     "compute_rope",
 ]

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -32,11 +31,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
 
 from minilm.config import key_as_set, micro_batch_size, phase_config, phase_names, phase_steps
-from minilm.errors import ConfigError, MinilmError
+from minilm.errors import MinilmError
 from minilm.files import TEMPORARY, same_bytes
 from minilm.model.transformer import position_hooks
-from minilm.positions import validate_position
-from minilm.positions.rope_scaling import parse_scaling
+from minilm.positions import filled_position, validate_position
 from minilm.positions.base import tightest_limit
 from minilm.runs import COMPLETE, HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run, started_from_text
 from minilm.training.checkpoint import (
@@ -478,23 +476,6 @@ def _first_difference(old, new, key: str, ignore: tuple[str, ...] = ()) -> Optio
                 return diff
         return None
     return None if old == new or key in HOW_NOT_WHAT or key in ignore else (key, old, new)
-
-
-def filled_position(block: dict) -> dict:
-    """A position block with every parameter its encoding takes, the defaults it leaves out included, and so its
-    RoPE scaling block's (none, null and ``rope_type: default`` alike): what the model computes from. A default
-    spelled out on --resume (``phases.extend_512.position.scaling.beta_fast=32``, ``model.position.fraction=1.0``)
-    trains the same model, and was refused as a change (``beta_fast = null, the config now says 32``). A block that
-    does not validate is returned as it is."""
-    try:
-        params = validate_position(block)
-        filled = {"name": block["name"], **asdict(params)}
-        if hasattr(params, "scaling"):
-            rope_type, scaling = parse_scaling(params.scaling)
-            filled["scaling"] = {"rope_type": rope_type, **asdict(scaling)}
-    except ConfigError:
-        return block
-    return json.loads(json.dumps(filled))  # (tuples, as longrope's factors parse, as the lists a config holds)
 
 
 def what_trains(pcfg) -> dict:
