@@ -41,11 +41,16 @@ class LoadedRun:
 WEIGHT_SUFFIXES = (".safetensors", ".ckpt")
 
 
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds a run (its config.yaml and tokenizer.model; a phase directory has the first alone)."""
+    return (path / "tokenizer.model").is_file() and (path / "config.yaml").is_file()
+
+
 def _find_run_dir(path: Path) -> Path:
     """The run directory ``path`` (a directory or a file, as the user gave it) is or lies in."""
     start = path if path.is_dir() else path.parent
     for p in [start, *start.parents][:3]:
-        if (p / "tokenizer.model").is_file() and (p / "config.yaml").is_file():
+        if is_run_dir(p):
             return p
     # (the path as given: for a file, its folder's name alone — 'configs' for configs/tiny.yaml — said nothing)
     raise MinilmError(f"{path} is not inside a minilm run directory (no config.yaml + tokenizer.model found in it or "

@@ -36,7 +36,15 @@ from minilm.files import TEMPORARY, same_bytes
 from minilm.model.transformer import position_hooks
 from minilm.positions import filled_position, validate_position
 from minilm.positions.base import tightest_limit
-from minilm.runs import COMPLETE, HELD_OUT, WEIGHT_SUFFIXES, check_weights_file, resolve_run, started_from_text
+from minilm.runs import (
+    COMPLETE,
+    HELD_OUT,
+    WEIGHT_SUFFIXES,
+    check_weights_file,
+    is_run_dir,
+    resolve_run,
+    started_from_text,
+)
 from minilm.training.checkpoint import (
     SAME_OUTPUTS,
     TRAINED_WITH,
@@ -125,14 +133,15 @@ def check_writable_dir(path: Path, setting: str = "run.dir") -> None:
 
 
 def check_not_inside_a_run(path: Path, setting: str = "run.dir") -> None:
-    """Refuse a ``path`` inside another run's directory (runs/tiny/sub, or a phase's runs/tiny/pretrain): a path
-    there names that run to evaluate.py, generate.py and compare_runs.py (``minilm.runs.run_dir_of``: the run a
-    folder or a folder one or two above it holds), so the new run's phases would be read as the outer run's."""
+    """Refuse a ``path`` one or two folders inside another run's directory (runs/tiny/sub, or a phase's
+    runs/tiny/pretrain), where the scripts look for a run (``minilm.runs.run_dir_of``): the two runs' files mixed, a
+    phase directory holding a run was read as that run (evaluate.py runs/tiny/pretrain evaluated the new run, not
+    the phase), and removing or restarting the outer run took the inner one with it."""
     for parent in path.resolve().parents[:2]:
-        if (parent / "tokenizer.model").is_file() and (parent / "config.yaml").is_file():
-            raise MinilmError(f"{setting} {path} lies in the run {parent} (its config.yaml, tokenizer.model): the "
-                              f"scripts would read the new run's files as that run's; set {setting} to a folder "
-                              "outside it")  # fmt: skip
+        if is_run_dir(parent):
+            raise MinilmError(f"{setting} {path} lies in the run {parent} (its config.yaml, tokenizer.model): the two "
+                              f"runs' files would be mixed, and the scripts read a run's folders as its own; set "
+                              f"{setting} to a folder outside it")  # fmt: skip
 
 
 def check_trainer(pcfg) -> int:
