@@ -165,12 +165,12 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
         if not weights.is_file():  # an unfinished run: its newest finished phase
             done = [p for p in run_phase_names(run_dir) if phase_finished(run_dir, p)]
             if not done:
-                raise MinilmError(f"{run_dir} has no finished phase yet (no {COMPLETE}): {_finish(run_dir)}"
+                raise MinilmError(f"{run_dir} has no finished phase yet (no {COMPLETE}): {finish_command(run_dir)}"
                                   + _step_checkpoint_hint(run_dir))  # fmt: skip
             phase, weights = done[-1], run_dir / done[-1] / "model.safetensors"
     if not weights.is_file():  # (a phase asked for by name, or its directory: it said only "has it finished?")
-        raise MinilmError(f"{weights}: not found: phase '{phase}' has not finished; {_finish(run_dir, 'finish it')}"
-                          + _step_checkpoint_hint(run_dir, [phase]))  # fmt: skip
+        raise MinilmError(f"{weights}: not found: phase '{phase}' has not finished; "
+                          f"{finish_command(run_dir, 'finish it')}" + _step_checkpoint_hint(run_dir, [phase]))
     return run_dir, phase, weights
 
 
@@ -211,7 +211,7 @@ def phase_dir_of(path: Path) -> Optional[tuple[Path, str]]:
     return (path.parent, path.name) if path.name in names else None
 
 
-def _finish(run_dir: Path, what: str = "finish its first phase") -> str:
+def finish_command(run_dir: Path, what: str = "finish its first phase") -> str:
     """The remedy for a run with no finished phase: nothing can be evaluated before one finishes."""
     import shlex  # (run.dir given: the saved config's is where the run was made, which a moved run is not in)
 
@@ -316,7 +316,7 @@ def find_results(path: str | Path) -> Path:
         run_dir, name = phase
         if not phase_finished(run_dir, name):
             raise MinilmError(f"{path}: phase '{name}' of {run_dir} has not finished, so it has no evaluation; "
-                              f"{_finish(run_dir, 'continue the run')}")  # fmt: skip
+                              f"{finish_command(run_dir, 'continue the run')}")  # fmt: skip
         raise MinilmError(f"{path}: phase '{name}' of {run_dir} has no evaluation (no eval/results.json); run "
                           f"scripts/evaluate.py --run {run_dir} --phase {name} first")  # fmt: skip
     if not (path / "config.yaml").is_file():  # not a run: a folder of runs (a study's variant, runs/) is not one
@@ -326,7 +326,7 @@ def find_results(path: str | Path) -> Path:
                               f"{', ...' if len(runs) > 5 else ''}); name them: {path}/{runs[0]} ...")
         raise MinilmError(f"{path}: not a run directory (no config.yaml) and no results.json in it")
     if not any(phase_finished(path, p) for p in run_phase_names(path)):  # evaluate.py would refuse
-        raise MinilmError(f"{path}: no evaluation, and no finished phase to evaluate yet; {_finish(path)}, then "
+        raise MinilmError(f"{path}: no evaluation, and no finished phase to evaluate yet; {finish_command(path)}, then "
                           f"scripts/evaluate.py --run {path}")  # fmt: skip
     others = sorted(str(f.parent) for p in run_phase_names(path) for f in (path / p).glob("eval-*/results.json"))
     if others:  # (--extension's and a step checkpoint's: "no results.json found" while there were some)

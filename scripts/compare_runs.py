@@ -82,7 +82,7 @@ def earlier_phase_note(run: Path, found: Path) -> str | None:
     """What to say when a run directory stands for an earlier phase's evaluation than its last phase's (that one
     not evaluated, or its end-of-phase evaluation failed): the line was labelled by that phase, said nowhere else,
     and set beside other runs' last phases, trained at other lengths."""
-    from minilm.runs import _finish, phase_dir_of, phase_finished, run_phase_names
+    from minilm.runs import finish_command, phase_dir_of, phase_finished, run_phase_names
     from minilm.eval.suite import PHASE_ERROR
 
     if not (run / "config.yaml").is_file() or not found.is_relative_to(run) or phase_dir_of(run) is not None:
@@ -93,7 +93,7 @@ def earlier_phase_note(run: Path, found: Path) -> str | None:
     error = run / last / "eval" / PHASE_ERROR
     if not error.is_file() and not phase_finished(run, last):  # (evaluate.py --run would evaluate an earlier phase)
         return (f"{run}: its last phase '{last}' is not compared: it has not finished training; compared instead: "
-                f"phase '{found.parent.parent.name}' ({found}); {_finish(run, 'finish it')}")
+                f"phase '{found.parent.parent.name}' ({found}); {finish_command(run, 'finish it')}")
     why = f"its evaluation failed ({error})" if error.is_file() else "it has no evaluation"
     return (f"{run}: its last phase '{last}' is not compared: {why}; compared instead: phase "
             f"'{found.parent.parent.name}' ({found}); scripts/evaluate.py --run {run} evaluates '{last}'")
