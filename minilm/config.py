@@ -340,6 +340,9 @@ def yaml_problem(path: Path, e: yaml.YAMLError, text: str = "") -> str:
     return f"{path}{at}: not valid YAML: {what}{hint}"
 
 
+KEY_PART = re.compile(r"\[\d+\]|[^.\[\]]+")  # the parts of a dotted key with list items: a.b[2].c -> a, b, [2], c
+
+
 def yaml_line(path: Path, key: str) -> Optional[int]:
     """The line of the dotted ``key`` (list items as ``[i]``) in the YAML file ``path``, 1-based: an error about a
     value a file set says where in the file. None where the file cannot be read or does not hold the key."""
@@ -348,7 +351,7 @@ def yaml_line(path: Path, key: str) -> Optional[int]:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     line = None
-    for part in re.findall(r"\[\d+\]|[^.\[\]]+", key):
+    for part in KEY_PART.findall(key):
         if isinstance(node, yaml.SequenceNode) and part.startswith("["):
             i = int(part[1:-1])
             node = node.value[i] if i < len(node.value) else None
@@ -521,7 +524,7 @@ def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str, dotlist: bool =
             msg += (f" ({value} is read as text, not as YAML 1.1's base-60 number {yaml.safe_load(value)}: write "
                     f"the number meant)")  # fmt: skip
         if isinstance(e, ConfigKeyError) and "Did you mean" not in msg:
-            msg += _elsewhere(cfg, key) + _phase_keys(key)
+            msg += _elsewhere(cfg, key) + _phase_keys_hint(key)
         where = label if dotlist else label + _file_line(label, key)
         raise ConfigError(f"{where}: bad config key '{key}': {msg}") from None
 
@@ -537,7 +540,7 @@ def _elsewhere(cfg: DictConfig, key: str) -> str:
     return f"; did you mean {' or '.join(found)}?" if found else ""
 
 
-def _phase_keys(key: str) -> str:
+def _phase_keys_hint(key: str) -> str:
     """What phase keys there are, for an unknown key ``phases.NAME.KEY``; for a model key, that a phase cannot change
     the model (OmegaConf said only "Key 'model' not in 'PhaseConfig'")."""
     parts = key.split(".")
@@ -619,7 +622,7 @@ def _unresolved_value(node: DictConfig, key: str, absent: Any) -> Any:
     """The value of the dotted ``key`` (list items as ``[i]``) in ``node`` as written, interpolations unresolved;
     ``absent`` where ``node`` does not hold it."""
     value: Any = OmegaConf.to_container(node, resolve=False)
-    for part in re.findall(r"\[\d+\]|[^.\[\]]+", key):
+    for part in KEY_PART.findall(key):
         if isinstance(value, list) and part.startswith("[") and int(part[1:-1]) < len(value):
             value = value[int(part[1:-1])]
         elif isinstance(value, dict) and part in value:
@@ -1260,13 +1263,13 @@ def scaling_warning(cfg: DictConfig, name: str) -> Optional[str]:
         return (f"{key} = {original}, but the model trained without scaling at seq_len {length} (phase "
                 f"'{unscaled}'): the scaling is relative to that length; set original_max_position_embeddings: "
                 f"{length} if that is not what you meant")
-    factor, seq_len = scaling.get("factor"), pcfg.train.seq_len
-    if rope_type in TARGET_LENGTH_TYPES and factor is not None and seq_len > factor * (original or length):
+    factor, seq_len, relative_to = scaling.get("factor"), pcfg.train.seq_len, original or length
+    if rope_type in TARGET_LENGTH_TYPES and factor is not None and seq_len > factor * relative_to:
         key = key_as_set("model.position.scaling.factor", name, set_in)
-        return (f"phase '{name}' trains at seq_len {seq_len}, beyond the {factor:g} × {original or length} = "
-                f"{factor * (original or length):g} tokens that {rope_type} with {key} = {factor:g} stretches the "
+        return (f"phase '{name}' trains at seq_len {seq_len}, beyond the {factor:g} × {relative_to} = "
+                f"{factor * relative_to:g} tokens that {rope_type} with {key} = {factor:g} stretches the "
                 f"unscaled model's positions to (phase '{unscaled}' trained at {length}); set factor: "
-                f"{seq_len / (original or length):g} if that is not what you meant")
+                f"{seq_len / relative_to:g} if that is not what you meant")
     return None
 
 
