@@ -997,6 +997,27 @@ def head_dim(model: DictConfig) -> int:
     return model.d_model // model.n_heads
 
 
+def filled_model(model: Dict[str, Any]) -> Dict[str, Any]:
+    """A plain model section with the values its ``None`` defaults stand for spelled out: ``n_kv_heads`` (None =
+    n_heads), ``d_ff`` (None = ``ffn_dim``'s width) and the position block's parameters (``filled_position``). Two
+    sections that build the same model are equal so: ``--resume`` and ``--init`` (minilm.training.run_checks), the
+    weights' own record (minilm.training.checkpoint) and a study's shared phases compare them filled. A section
+    whose values do not validate is filled where it can be."""
+    from minilm.positions import filled_position
+
+    filled = dict(model)
+    if filled.get("n_kv_heads") is None and "n_heads" in filled:
+        filled["n_kv_heads"] = filled["n_heads"]
+    if "d_ff" in filled and {"d_model", "mlp"} <= filled.keys():
+        try:
+            filled["d_ff"] = ffn_dim(OmegaConf.create({k: filled[k] for k in ("d_ff", "d_model", "mlp")}))
+        except (TypeError, ValueError, OmegaConfBaseException):
+            pass
+    if isinstance(filled.get("position"), dict):
+        filled["position"] = filled_position(filled["position"])
+    return filled
+
+
 def phase_names(cfg: DictConfig) -> List[str]:
     return list(cfg.phases.keys()) if len(cfg.phases) else [DEFAULT_PHASE]
 

@@ -44,9 +44,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from minilm.cli import raise_if_interrupted
-from minilm.config import Config, UniqueKeyLoader, load_config, phase_config, phase_names, yaml_problem
+from minilm.config import (Config, UniqueKeyLoader, filled_model, load_config, phase_config, phase_names,
+                           yaml_problem)
 from minilm.errors import ConfigError, MinilmError
-from minilm.positions import filled_position
 from minilm.eval.report import SCALARS  # the per-length numbers of results.json
 from minilm.runs import COMPLETE  # a finished phase's summary (the layout minilm.training.phases writes)
 
@@ -217,16 +217,14 @@ def phase_keys(cfg: DictConfig) -> list[str]:
     """One string per phase that is equal for two configs exactly when they train that phase and every earlier
     one alike: the model they are built with, and per phase its name, resolved config (without run.name and
     run.dir) and whether it carries the optimizer over. Position blocks are compared with their defaults filled in
-    (``filled_position``): a variant spelling one out (``model.position.fraction=1.0``) trains alike."""
-    def filled(model: dict) -> dict:
-        return {**model, "position": filled_position(model["position"])}
-
-    model = filled(OmegaConf.to_container(cfg.model, resolve=True))
+    (``filled_model``): a variant spelling one out (``model.position.fraction=1.0``, ``model.n_kv_heads`` equal to
+    n_heads) trains alike."""
+    model = filled_model(OmegaConf.to_container(cfg.model, resolve=True))
     keys, parts = [], [yaml.safe_dump(_same_numbers(model), sort_keys=True)]
     for name in phase_names(cfg):
         pcfg = OmegaConf.to_container(phase_config(cfg, name), resolve=True)
         pcfg["run"].pop("name"), pcfg["run"].pop("dir")
-        pcfg["model"] = filled(pcfg["model"])
+        pcfg["model"] = filled_model(pcfg["model"])
         carry = bool(name in cfg.phases and cfg.phases[name].carry_optimizer)
         parts.append(yaml.safe_dump({"phase": name, "carry_optimizer": carry, "config": _same_numbers(pcfg)},
                                     sort_keys=True))  # fmt: skip

@@ -29,6 +29,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 from torch import nn
 
+from minilm.config import filled_model
 from minilm.errors import MinilmError
 from minilm.files import atomic_write
 
@@ -220,8 +221,9 @@ def model_differences(trained: Mapping, model_cfg) -> list[str]:
     ``trained`` one differs from ``model_cfg``: ``model.KEY: trained with X, the config says Y``."""
     now = OmegaConf.to_container(model_cfg, resolve=True) if OmegaConf.is_config(model_cfg) else dict(model_cfg)
     keys = [k for k in trained if k in now and k not in NOT_WHAT_WEIGHTS_COMPUTE]  # (a key newer than the file: no)
+    same = filled_model(dict(trained)), filled_model(now)  # n_kv_heads null and = n_heads build one model
     return [f"model.{k}: trained with {json.dumps(trained[k], sort_keys=True)}, the config says "
-            f"{json.dumps(now[k], sort_keys=True)}" for k in keys if trained[k] != now[k]]  # fmt: skip
+            f"{json.dumps(now[k], sort_keys=True)}" for k in keys if same[0][k] != same[1][k]]  # fmt: skip
 
 
 def load_weights(model: nn.Module, source: Path | dict, where: str = "") -> None:

@@ -30,11 +30,11 @@ import lightning as L
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import OmegaConf
 
-from minilm.config import key_as_set, micro_batch_size, phase_config, phase_names, phase_steps
+from minilm.config import filled_model, key_as_set, micro_batch_size, phase_config, phase_names, phase_steps
 from minilm.errors import MinilmError
 from minilm.files import TEMPORARY, same_bytes
 from minilm.model.transformer import position_hooks
-from minilm.positions import filled_position, validate_position
+from minilm.positions import validate_position
 from minilm.positions.base import tightest_limit
 from minilm.runs import (
     COMPLETE,
@@ -473,9 +473,11 @@ HOW_NOT_WHAT = {  # keys of those sections that change how a phase runs or is wa
 def _first_difference(old, new, key: str, ignore: tuple[str, ...] = ()) -> Optional[tuple[str, object, object]]:
     """(dotted key, old value, new value) of the first leaf where two plain containers differ, or None. Leaves named
     in ``ignore`` are compared by the caller: skipped here, not filtered out of the result, where the first
-    difference (train.batch_size sorts first in its section) hid every later one (train.seq_len, train.steps)."""
-    if key == "model.position" and isinstance(old, dict) and isinstance(new, dict):
-        old, new = filled_position(old), filled_position(new)
+    difference (train.batch_size sorts first in its section) hid every later one (train.seq_len, train.steps).
+    Model sections are compared, and shown, with their defaults filled in (``filled_model``: n_kv_heads null is
+    n_heads, one model; a scaling's beta_fast null is 32)."""
+    if key == "model" and isinstance(old, dict) and isinstance(new, dict):
+        old, new = filled_model(old), filled_model(new)
     if isinstance(old, dict) and isinstance(new, dict):
         # a block's "name" (the encoding's) first: the parameters of another encoding differ too, and the first of
         # them (model.position.base) was named where the user had changed model.position.name

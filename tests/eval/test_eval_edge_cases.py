@@ -395,6 +395,24 @@ def test_init_std_counts_as_what_weights_compute_dropout_does_not():
         check_trained_with(trained, {**trained, "init_std": 0.05}, Path("w"), "c")
 
 
+def test_weights_read_with_a_model_default_spelled_out_are_the_same_model():
+    """n_kv_heads null is n_heads, d_ff null is the MLP's default width: weights trained with the nulls were refused
+    under a config that wrote the same values out ("trained with another model config"). Other values still are."""
+    from pathlib import Path
+
+    from minilm.errors import MinilmError
+    from minilm.training.checkpoint import check_trained_with
+
+    trained = {"position": {"name": "rope"}, "d_model": 64, "n_heads": 4, "n_kv_heads": None, "d_ff": None,
+               "mlp": "swiglu"}  # fmt: skip
+    check_trained_with(trained, {**trained, "n_kv_heads": 4, "d_ff": 192}, Path("w"), "c")
+    check_trained_with(trained, {**trained, "position": {"name": "rope", "fraction": 1.0}}, Path("w"), "c")
+    with pytest.raises(MinilmError, match="model.n_kv_heads: trained with null, the config says 2"):
+        check_trained_with(trained, {**trained, "n_kv_heads": 2}, Path("w"), "c")
+    with pytest.raises(MinilmError, match="model.d_ff: trained with null, the config says 256"):
+        check_trained_with(trained, {**trained, "d_ff": 256}, Path("w"), "c")
+
+
 def test_an_evaluation_that_measures_nothing_writes_nothing(fake_run, capsys):
     """Every length unsupported: results.json with nulls and a new report replaced the folder's earlier evaluation
     and its figures, and only then was the command refused (exit 2)."""

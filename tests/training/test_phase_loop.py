@@ -544,6 +544,25 @@ def test_resume_takes_a_position_default_spelled_out_and_refuses_a_changed_one(c
                    log=lambda m: None)
 
 
+def test_resume_and_init_take_the_model_defaults_spelled_out_and_refuse_other_values(config, tmp_path, capsys):
+    """model.n_kv_heads null means n_heads and d_ff null the MLP's default width (64 for a SwiGLU of d_model 32):
+    spelled out on --resume they build the same model, but --resume refused them ("the run trains one model") and
+    --init of a run's weights printed "another model config". Another value is still refused."""
+    run = tmp_path / "run"
+    over = [f"run.dir={run}", "train.ckpt_every=2", "phases.a={seq_len: 32, steps: 3}"]
+    run_phases(load_config(config, over), log=lambda m: None)
+    _killed_after_checkpoint(run, "a", 2)
+    spelled = ["model.n_kv_heads=2", "model.d_ff=128"]  # tiny_run_yaml: 2 heads, d_model 32 -> d_ff 64 * 2 = 128
+    run_phases(load_config(config, [*over, *spelled]), resume=True, log=lambda m: None)
+    assert (run / "a" / "complete.json").is_file()
+    with pytest.raises(MinilmError, match=r"--resume: model\.n_kv_heads is 1 here but 2 in the run's saved "):
+        run_phases(load_config(config, [*over, "model.n_kv_heads=1"]), resume=True, log=lambda m: None)
+    notes = []
+    run_phases(load_config(config, [f"run.dir={tmp_path / 'next'}", "phases.a={seq_len: 32, steps: 1}", *spelled]),
+               init=str(run / "model.safetensors"), log=notes.append)  # fmt: skip
+    assert not [n for n in notes if "another model config" in n], notes
+
+
 def test_resume_names_the_batch_size_a_phase_sets_as_it_sets_it(config, tmp_path):
     """Another batch_size in a phase that sets its own was refused as 'train.batch_size 4 x 1 ... resume with
     train.batch_size=4': following that advice changed the other phases' batch (the finished one was then refused)
