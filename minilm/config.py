@@ -1430,8 +1430,9 @@ def _validate_model(m: DictConfig) -> None:
     _check(m.n_kv_heads is None or m.n_kv_heads >= 1, "model.n_kv_heads",
            f"must be >= 1 or null (= n_heads), got {m.n_kv_heads}")  # fmt: skip
     _check(m.d_ff is None or m.d_ff >= 1, "model.d_ff", f"must be >= 1 or null (from d_model and mlp), got {m.d_ff}")
-    for key in ("norm_eps", "init_std"):
-        _check(0 <= m[key] < math.inf, f"model.{key}", f"must be >= 0 and finite, got {m[key]}")
+    _check(0 <= m.norm_eps < math.inf, "model.norm_eps", f"must be >= 0 and finite, got {m.norm_eps}")
+    # 0 made every matrix zero: each gradient is then zero too, and the run trained nothing at a loss of log(vocab)
+    _check(0 < m.init_std < math.inf, "model.init_std", f"must be > 0 and finite, got {m.init_std}")
     _check(m.d_model % m.n_heads == 0, "model.d_model",
            f"must be divisible by model.n_heads ({m.n_heads}), got {m.d_model}")  # fmt: skip
     _check(head_dim(m) % 2 == 0, "model.d_model", f"d_model / n_heads must be even, got {head_dim(m)}")

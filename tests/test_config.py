@@ -594,7 +594,8 @@ def test_a_scaling_that_contradicts_the_phases_is_warned_of_before_they_train(ov
     ("model.n_kv_heads=0", "model.n_kv_heads: must be >= 1 or null"),  # was silently n_heads
     ("model.d_ff=0", "model.d_ff: must be >= 1 or null"),  # was a model without an MLP
     ("model.norm_eps=-1", "model.norm_eps: must be >= 0 and finite"),  # was a NaN loss at step 0
-    ("model.init_std=-0.02", "model.init_std: must be >= 0 and finite"),  # torch traceback, run.dir written
+    ("model.init_std=-0.02", "model.init_std: must be > 0 and finite"),  # torch traceback, run.dir written
+    ("model.init_std=0", "model.init_std: must be > 0 and finite"),  # all-zero weights and gradients: trained nothing
     ("train.micro_batch_size=0", "train.micro_batch_size: must be >= 1 or null"),  # was silently batch_size
     ("phases.a.micro_batch_size=0", "phases.a.micro_batch_size: must be >= 1 or null"),
     ("optim.beta1=1", r"optim.beta1: must be in \[0, 1\)"),  # AdamW's traceback when the phase started
@@ -603,7 +604,7 @@ def test_a_scaling_that_contradicts_the_phases_is_warned_of_before_they_train(ov
     ("optim.weight_decay=-0.1", "optim.weight_decay: must be >= 0 and finite"),  # trained silently
     ("optim.grad_clip=-1", "optim.grad_clip: must be >= 0"),  # was silently no clipping
     ("optim.lr=inf", "optim.lr: must be > 0 and finite"),  # was a NaN loss at step 0
-    ("model.init_std=.inf", "model.init_std: must be >= 0 and finite"),
+    ("model.init_std=.inf", "model.init_std: must be > 0 and finite"),
     ("run.dir=''", "run.dir: must not be empty"),  # trained into the working directory
     ("run.name=''", "run.name: must not be empty"),  # trained into runs/ itself
     ("data.cache_dir=''", "data.cache_dir: must not be empty"),
