@@ -54,15 +54,21 @@ class RunConfig:
 
 @dataclass
 class ModelConfig:
-    n_layers: int = 4
-    d_model: int = 256
-    n_heads: int = 4
+    n_layers: int = 4  # transformer blocks (pre-norm attention + MLP: minilm/model/transformer.py)
+    d_model: int = 256  # residual stream width; head_dim = d_model / n_heads, an even number (rotary pairs)
+    n_heads: int = 4  # query heads; must divide d_model
     n_kv_heads: Optional[int] = None  # grouped-query attention; None = n_heads (plain multi-head)
     d_ff: Optional[int] = None  # None: 8/3·d_model rounded up to 64 for swiglu, 4·d_model for gelu (ffn_dim)
     mlp: str = "swiglu"  # swiglu | gelu
-    norm_eps: float = 1e-5
+    norm_eps: float = 1e-5  # epsilon of every RMSNorm (before attention, before the MLP, the final one)
+    # the LM head is the token embedding matrix (Press & Wolf 2017); false: a (vocab, d_model) matrix of its own,
+    # counted among the non-embedding parameters the run logs
     tie_embeddings: bool = True
+    # in [0, 1): on the embeddings and on each residual branch's output (attention, MLP), in training only; none on
+    # the attention probabilities (FlexAttention has none, and every kernel computes the same attention)
     dropout: float = 0.0
+    # > 0: every matrix starts N(0, init_std), the residual branches' output projections (attention wo, MLP w_out)
+    # N(0, init_std / sqrt(2·n_layers)) (GPT-2)
     init_std: float = 0.02
     # rows of (B·T) per LM-head + cross-entropy chunk (minilm/model/loss.py): the (B·T, vocab) logits are never
     # whole in memory; None = the plain path (whole logits, then F.cross_entropy). Same loss and gradients.
