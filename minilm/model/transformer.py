@@ -64,6 +64,15 @@ def _check_per_token(name: str, t: Tensor, B: int, T: int) -> None:
                           f"{tuple(t.shape)}")
 
 
+def _as_ids(name: str, t: Tensor) -> Tensor:
+    """Token ids (``idx``) or targets of any integer dtype as int64, what the embedding and the loss index with: int32
+    targets (a memmap's dtype) trained under model.loss_chunk_size and were torch's "expected target dtype to be Long"
+    without it, and int16 or uint8 ids were torch's error from the embedding."""
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise MinilmError(f"{name}: must be integers (token ids), got {t.dtype} values")
+    return t.long()
+
+
 def position_hooks(cfg) -> list:
     """The position hook objects a GPT of ``cfg`` holds (the embedding side's, then one per block), built alone,
     without the model's weights: a run checks its phases' lengths against their limits with them before it prepares
@@ -125,6 +134,7 @@ class GPT(nn.Module):
     ) -> Tensor:
         """Final normed hidden states (B, T, D). ``positions`` (B or 1, T) default to offset..offset+T-1;
         ``doc_ids`` (B, T) restrict attention to within documents."""
+        idx = _as_ids("idx", idx)
         B, T = idx.shape
         offset = cache.length if cache is not None else 0
         if positions is None:
@@ -159,7 +169,9 @@ class GPT(nn.Module):
 
     def loss(self, idx: Tensor, targets: Tensor, positions=None, doc_ids=None, reduction: str = "mean") -> Tensor:
         """Cross-entropy of next-token prediction; targets == -100 are ignored. With ``model.loss_chunk_size`` the
-        LM head and the loss run chunk by chunk (minilm/model/loss.py), never holding the whole (B, T, V) logits."""
+        LM head and the loss run chunk by chunk (minilm/model/loss.py), never holding the whole (B, T, V) logits.
+        ``idx`` and ``targets`` may be of any integer dtype."""
+        targets = _as_ids("targets", targets)
         if self.loss_chunk_size:
             h = self.hidden(idx, positions, doc_ids)  # (B, T, D)
             return chunked_cross_entropy(h, self.lm_head.weight, targets, self.loss_chunk_size, reduction)

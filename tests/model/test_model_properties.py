@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from minilm.config import load_config
+from minilm.errors import MinilmError
 from minilm.model import GPT
 
 V = 97
@@ -94,3 +95,23 @@ def test_document_ids_reach_the_embedding_hook():
     with torch.no_grad():
         a, b = model(x, doc_ids=docs), model(y, doc_ids=docs)  # default positions: 0..15, no restart
     torch.testing.assert_close(a[:, 8:], b[:, 8:])
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_token_ids_and_targets_of_any_integer_dtype_give_the_int64_loss(chunk, dtype):
+    """A memmap's int32 (or uint16-sized) ids: int32 targets trained with model.loss_chunk_size and were torch's
+    "expected target dtype to be Long" without it; int16 and uint8 ids were the embedding's error. Both loss paths
+    take them, as the same ids in int64; float ids are refused by name."""
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=4",
+                                 f"model.loss_chunk_size={chunk or 'null'}"])  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT(cfg.model, V).eval()
+    x, y = torch.randint(0, V, (2, 9)), torch.randint(0, V, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model.loss(x.to(dtype), y.to(dtype)), model.loss(x, y))
+        torch.testing.assert_close(model(x.to(dtype)), model(x))
+    with pytest.raises(MinilmError, match="targets: must be integers"):
+        model.loss(x, y.float())
+    with pytest.raises(MinilmError, match="idx: must be integers"):
+        model(x.float())
