@@ -860,6 +860,10 @@ def evaluate_run(
     # tasks=[] is refused, not the config's (an empty list of lengths is the default ones, as eval.lengths: [] is)
     # (as given, checked below: int() made lengths=[64.5] a 64 without a word)
     lengths, tasks = list(lengths) if lengths else None, list(tasks) if tasks is not None else None
+    if changes.get("stride") is not None and changes.get("sliding") is False:  # (it ignored the stride without a word)
+        stride, sliding = (names or {}).get("stride", "stride"), (names or {}).get("sliding", "sliding")
+        raise ConfigError(f"{stride}={changes['stride']} sets the sliding-window perplexity's stride, which "
+                          f"{sliding}=False skips; give one of them")  # fmt: skip
     if changes.get("stride") is not None and changes.get("sliding") is None:
         # a stride asks for the sliding windows: on a run whose config has eval.sliding: false, --stride 16 measured
         # no ppl_sliding, without a word (and the script has no flag to turn them on)

@@ -746,9 +746,14 @@ def test_a_stride_longer_than_a_length_is_refused_up_front(fake_run):
     with pytest.raises(ConfigError, match=r"eval.stride: must be <= the shortest length \(32\) for sliding"):
         evaluate_run(fake_run, lengths=[32, 128], tasks=["ppl"], stride=100, tensorboard=False, device="cpu",
                      log=lambda *_: None)  # fmt: skip
-    res, _ = evaluate_run(fake_run, lengths=[32], tasks=["ppl"], stride=100, sliding=False, batches=1,
-                          batch_tokens=64, tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
-    assert res["ppl"]["32"] is not None and not res["skipped"]["ppl"]
+
+
+def test_a_stride_with_the_sliding_windows_turned_off_is_refused(fake_run):
+    """evaluate_run(sliding=False, stride=N) ignored the stride without a word (scripts/evaluate.py refuses
+    --no-sliding with --stride): the contradiction is refused, naming both, before the run is read."""
+    with pytest.raises(ConfigError, match=r"stride=100 sets the sliding-window .*sliding=False skips; give one"):
+        evaluate_run(fake_run, lengths=[32], tasks=["ppl"], stride=100, sliding=False, batches=1, batch_tokens=64,
+                     tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
 
 
 def test_a_stride_measures_the_sliding_windows_where_the_config_turns_them_off(fake_run):
