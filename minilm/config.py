@@ -17,7 +17,8 @@ Merge rule for ``model.position``: a layer that sets a different ``name`` starts
 RoPE scaling blocks (every phase's ``position`` starts fresh too: same schedule, new encoding). Likewise a
 ``scaling`` block (in ``model.position`` or a phase's ``position``, and a phase's over the run's) that names a
 different ``rope_type`` replaces the inherited one: PI does not inherit YaRN's ``original_max_position_embeddings``.
-A source under ``data.sources`` that names a different ``kind`` replaces the inherited one, too.
+A source under ``data.sources`` that names a different ``kind`` replaces the inherited one, too. ``NAME: null``
+removes an inherited source (``data.sources``) or phase (``phases``).
 """
 
 from __future__ import annotations
@@ -213,7 +214,8 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    # phase name -> PhaseConfig, run in order; empty = one phase named "train" with the run's defaults
+    # phase name -> PhaseConfig, run in order; empty = one phase named "train" with the run's defaults; NAME: null
+    # removes an inherited phase
     phases: Dict[str, PhaseConfig] = field(default_factory=dict)
 
 
@@ -499,7 +501,30 @@ def _check_new_phase(cfg: DictConfig, name: str, phase: DictConfig, label: str) 
     )
 
 
+def _drop_phases(cfg: DictConfig, layer: DictConfig, label: str) -> DictConfig:
+    """``phases.NAME: null`` removes phase NAME inherited from an earlier layer (a base YAML, the --config file), as
+    ``data.sources.NAME: null`` removes a source: a merge cannot delete keys, and the null was refused as "must be a
+    mapping". Returns the layer without those entries; a name that is not a phase yet is an error (a misspelling would
+    otherwise remove nothing)."""
+    given = OmegaConf.select(layer, "phases", default=None, throw_on_resolution_failure=False)
+    gone = [n for n, v in given.items_ex(resolve=False) if v is None] if isinstance(given, DictConfig) else []
+    if not gone:
+        return layer
+    for name in gone:
+        if name not in cfg.phases:
+            close = difflib.get_close_matches(name, list(cfg.phases), n=1, cutoff=0.6)
+            have = f"its phases are: {', '.join(cfg.phases)}" if len(cfg.phases) else "it has no phases"
+            raise ConfigError(f"{label}: phases.{name}: null removes an inherited phase, and there is no phase "
+                              f"'{name}' to remove ({have})" + (f"; did you mean '{close[0]}'?" if close else ""))
+    layer = copy.deepcopy(layer)
+    for name in gone:
+        del cfg.phases[name]
+        del layer.phases[name]
+    return layer
+
+
 def _merge_layer(cfg: DictConfig, layer: DictConfig, label: str, dotlist: bool = False) -> DictConfig:
+    layer = _drop_phases(cfg, layer, label)
     wrong = _shape_errors(layer)
     if wrong:
         raise ConfigError(f"{label}: {'; '.join(wrong)}")

@@ -450,6 +450,25 @@ def test_a_misspelled_phase_in_a_child_yaml_is_an_error(tmp_path):
         load_config(child)
 
 
+def test_a_phase_set_to_null_is_removed_as_a_source_is(tmp_path):
+    """phases.NAME: null (a child YAML, or phases.NAME=null on the command line) removes an inherited phase, as
+    data.sources.NAME: null removes a source; it was refused as "'phases.extend_2k' must be a mapping of keys, got
+    None", so no layer could drop a phase. A name that is not a phase yet is an error, not a removal of nothing."""
+    tiny = REPO / "configs/rope_yarn_tiny.yaml"
+    assert phase_names(load_config(tiny, ["phases.extend_512=null"])) == ["pretrain", "extend_2k"]
+    child = tmp_path / "child.yaml"
+    child.write_text(f"base: {tiny}\nphases:\n  extend_2k: null\n  extend_1k: {{seq_len: 1024, steps: 5}}\n")
+    cfg = load_config(child, ["phases.extend_1k.steps=7"])
+    assert phase_names(cfg) == ["pretrain", "extend_512", "extend_1k"]
+    assert phase_steps(phase_config(cfg, "extend_1k")) == 7
+    child.write_text(f"base: {tiny}\nphases:\n  extend_2K: null\n")
+    with pytest.raises(ConfigError, match=r"child\.yaml: phases\.extend_2K: null removes an inherited phase, and there "
+                                          r"is no phase 'extend_2K' .*did you mean 'extend_2k'\?"):  # fmt: skip
+        load_config(child)
+    with pytest.raises(ConfigError, match=r"phases\.x: null removes an inherited phase.*it has no phases"):
+        load_config(REPO / "configs/tiny.yaml", ["phases.x=null"])
+
+
 @pytest.mark.parametrize("override, phase_key", [("train.steps=5", "steps"), ("train.tokens=20000", "tokens"),
                                                  ("train.seq_len=64", "seq_len"),
                                                  ("eval.lengths=[64]", "eval_lengths")])  # fmt: skip
