@@ -790,12 +790,50 @@ def _set_where(message: str, layers: List[tuple[str, DictConfig]],
         if given is absent:
             continue
         if cfg is None or _kept(layer, key.group(1), given, final, absent):
-            return f" (set {label}{_file_line(label, key.group(1))})"
+            return f" (set {label}{_file_line(label, key.group(1))}){_reset_block(key.group(1), layers, i, cfg)}"
         if final is absent and not dropped and not OmegaConf.is_config(given):  # why a value given is missing
-            dropped = f" (the {given!r} set {label} was dropped: {_replaced_by(key.group(1), layers[i + 1:])})"
+            why = _name_change(key.group(1), layers, i, len(layers)) or _replaced_by(key.group(1), layers[i + 1:])
+            dropped = f" (the {given!r} set {label} was dropped: {why})"
     if dropped or cfg is None or final is not absent:
         return dropped
     return _lacking_block(key.group(1), layers)
+
+
+def _name_change(key: str, layers: List[tuple[str, DictConfig]], i: int, upto: int) -> str:
+    """Why a position parameter (``model.position.*``, ``phases.P.position.*``) that layer ``i`` gave is gone: a
+    ``model.position.name`` other than the one in effect there, set by a layer after it up to ``upto`` (excluded),
+    which started every position block afresh (``_merge_layer``). Empty where none did. The message blamed the
+    block given later (``phases.P.position.scaling given on the command line replaced the block``) instead."""
+    parts = key.split(".")
+    if parts[:2] != ["model", "position"] and not (parts[0] == "phases" and parts[2:3] == ["position"]):
+        return ""
+    name = ModelConfig().position["name"]
+    for j, (label, layer) in enumerate(layers[:upto]):
+        given = OmegaConf.select(layer, "model.position.name", default=None, throw_on_resolution_failure=False)
+        if given is None or given == name:
+            continue
+        if j > i:
+            return (f"model.position.name={given} set {label} started a fresh position block, in the run and in every "
+                    f"phase, with none of the parameters given for '{name}'")  # fmt: skip
+        name = given
+    return ""
+
+
+def _reset_block(key: str, layers: List[tuple[str, DictConfig]], j: int, cfg: Optional[DictConfig]) -> str:
+    """For a position parameter that layer ``j`` gave onto a block an earlier layer gave too, where a change of
+    ``model.position.name`` in between (or in layer ``j``) emptied that block first, and ``cfg``'s block lacks keys
+    the earlier one gave (a YaRN ``rope_type``): ``factor=8`` landed on an empty scaling block, and the error about it
+    (``not a parameter of rope_type 'default'``) did not say why."""
+    parent = key.rpartition(".")[0]
+    final = OmegaConf.select(cfg, parent, default=None, throw_on_resolution_failure=False) if cfg else None
+    for i in range(j):
+        label, layer = layers[i]
+        block = OmegaConf.select(layer, parent, default=None, throw_on_resolution_failure=False)
+        if isinstance(block, DictConfig) and isinstance(final, DictConfig) and any(k not in final for k in block):
+            why = _name_change(key, layers, i, j + 1)
+            if why:
+                return f"; the {parent} block set {label}{_file_line(label, parent)} was dropped: {why}"
+    return ""
 
 
 def _lacking_block(key: str, layers: List[tuple[str, DictConfig]]) -> str:

@@ -117,6 +117,22 @@ def test_phase_position_blocks_reset_when_the_encoding_changes():
     assert dict(cfg.phases["extend_512"].position) == {}
 
 
+def test_a_position_error_after_an_encoding_change_names_the_change_not_the_phase_block():
+    """model.position.name=xpos on the command line empties every phase's position block, the YAML's YaRN scaling
+    too: a scaling key given with it then lacked the YaRN parameters, and the error blamed the command line's phase
+    block ("the phases.extend_512.position.scaling given on the command line replaced the block that held it") or
+    said nothing of the dropped block ("not a parameter of rope_type 'default'"). It names the name change."""
+    tiny = REPO / "configs/rope_yarn_tiny.yaml"
+    change = r"model\.position\.name=xpos set on the command line started a fresh position block"
+    with pytest.raises(ConfigError, match=r"scaling\.factor: required .*the 4\.0 set in .*rope_yarn_tiny\.yaml was "
+                                          r"dropped: " + change):  # fmt: skip
+        load_config(tiny, ["model.position.name=xpos", "phases.extend_512.position.scaling.rope_type=yarn"])
+    with pytest.raises(ConfigError, match=r"scaling\.factor: not a parameter of rope_type 'default'.*the "
+                                          r"phases\.extend_512\.position\.scaling block set in .*rope_yarn_tiny\.yaml, "
+                                          r"line \d+ was dropped: " + change):  # fmt: skip
+        load_config(tiny, ["model.position.name=xpos", "phases.extend_512.position.scaling.factor=8"])
+
+
 def test_checks_that_need_the_head_size_run_at_load_for_every_phase():
     """longrope's lists need one entry per rotary frequency (head_dim 32 here: 16): a later phase's wrong list used
     to fail only when that phase began, after the earlier ones had trained. So did a fraction rotating < 2 dims."""
