@@ -14,8 +14,8 @@ is an error). A study's folder stands for its runs that have finished and have a
 line; as in the study's own compare.md, which has their means, a run stopped early is left out). Writes
 compare.png and compare.md to --out (default: the current directory; not a study's folder, whose compare.png is the
 study's own). Evaluations made with different settings that change the numbers (run.seed, --batches, --batch-tokens,
---stride, --samples, --depths, --needles), and perplexities of tokenizers of other vocabulary sizes, are named in a
-warning, on stderr and atop compare.md.
+--stride, --samples, --depths, --needles), and perplexities of other tokenizers (another vocabulary size or tokenizer
+file) or of other held-out documents, are named in a warning, on stderr and atop compare.md.
 """
 
 import argparse

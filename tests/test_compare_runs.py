@@ -72,6 +72,24 @@ def test_perplexities_of_tokenizers_of_other_sizes_are_named_in_a_warning():
     assert setting_differences([runs[0], {**runs[1], "vocab_size": 4096}], ["a", "b"]) == []
 
 
+def test_perplexities_of_other_tokenizers_of_one_size_or_other_held_out_documents_are_named_in_a_warning():
+    """Only the vocabulary sizes were compared: two runs of tokenizers trained on other corpora (of one size), or of
+    one tokenizer evaluated on other held-out documents, compared perplexities of other units or other text without a
+    word. results.json records the digests of both (tokenizer_sha256, val_sha256)."""
+    from minilm.eval.report import setting_differences
+
+    base = {"vocab_size": 4096, "ppl": {"64": 5.0}, "seed": 1, "batches": 1, "batch_tokens": 64, "stride": None,
+            "tokenizer_sha256": "a" * 64, "val_sha256": "c" * 64}  # fmt: skip
+    [warning] = setting_differences([base, {**base, "tokenizer_sha256": "b" * 64}], ["x", "y"])
+    assert warning.startswith("different tokenizers (of one vocabulary size): sha256 aaaaaaaaaaaa (x); sha256 "
+                              "bbbbbbbbbbbb (y)")  # fmt: skip
+    [warning] = setting_differences([base, {**base, "val_sha256": "d" * 64}], ["x", "y"])
+    assert warning.startswith("evaluated on different held-out documents: sha256 cccccccccccc (x); sha256 dddd")
+    assert setting_differences([base, dict(base)], ["x", "y"]) == []
+    kv = {**base, "ppl": {}, "kv": {"64": 1.0}, "samples": 8, "depths": [0.5], "val_sha256": "d" * 64}
+    assert setting_differences([base, kv], ["x", "y"]) == []  # (no perplexity in y: nothing to compare)
+
+
 def test_labels_given_before_the_runs_say_where_the_runs_went(tmp_path, capsys):
     """--label takes every word after it: 'compare_runs.py --label a b RUN RUN' said only that runs were required."""
     from minilm.cli import run_cli

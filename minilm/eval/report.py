@@ -7,6 +7,7 @@
     complete.json or step checkpoint records them: minilm.runs.started_from_text), extension,
     position, train_seq_len, vocab_size, lengths, depths, tasks, samples
     seed, batches, batch_tokens, sliding, stride, needles   (the settings; absent from files of older versions)
+    tokenizer_sha256, val_sha256   (the tokenizer file and the held-out documents measured; absent from older files)
     ppl            {L: perplexity, non-overlapping windows}      loss  {L: mean nats/token, same windows}
     ppl_sliding    {L: perplexity, sliding windows}
     per_position_loss {L: {positions: [...], loss: [...]}}       (bucketed to at most 128 points)
@@ -620,11 +621,38 @@ def setting_differences(runs: Sequence[dict], labels: Sequence[str]) -> list[str
         values = "; ".join(f"{size} ({', '.join(who)})" for size, who in sizes.items())
         out.append(f"tokenizers of different vocabulary sizes: {values}. Perplexity is per token, and their tokens are "
                    "different units of text: compare the perplexities of runs that share a tokenizer")
+    else:
+        out += _data_differences(runs, labels)
     if len(runs) > 1:
         out += [f"{label}: its results.json does not record {', '.join(keys)} (written by an older minilm), so whether "
                 "the others were evaluated alike cannot be checked; evaluate it again"
                 for label, keys in unknown.items()]  # fmt: skip
     return out
+
+
+def _data_differences(runs: Sequence[dict], labels: Sequence[str]) -> list[str]:
+    """Warnings for perplexities measured with other tokenizers of one vocabulary size (other model files: another
+    corpus or tokenizer type trains other pieces), or, with one tokenizer, on other held-out documents (another
+    corpus or split): their numbers are not comparable either. From the digests results.json records
+    (``tokenizer_sha256``, ``val_sha256``); an evaluation without them is not compared."""
+    measured = [(r, label) for r, label in zip(runs, labels) if any(_lengths(r, m) for m in ("ppl", "ppl_sliding"))]
+    toks: Dict[str, List[str]] = {}
+    for r, label in measured:
+        if r.get("tokenizer_sha256"):
+            toks.setdefault(r["tokenizer_sha256"], []).append(label)
+    if len(toks) > 1:
+        values = "; ".join(f"sha256 {digest[:12]} ({', '.join(who)})" for digest, who in toks.items())
+        return [f"different tokenizers (of one vocabulary size): {values}. Perplexity is per token, and their tokens "
+                "are different units of text: compare the perplexities of runs that share a tokenizer"]
+    vals: Dict[str, List[str]] = {}
+    for r, label in measured:
+        if r.get("val_sha256"):
+            vals.setdefault(r["val_sha256"], []).append(label)
+    if len(vals) > 1:
+        values = "; ".join(f"sha256 {digest[:12]} ({', '.join(who)})" for digest, who in vals.items())
+        return [f"evaluated on different held-out documents: {values}. Their perplexities measure other text (another "
+                "corpus, sources or data.val_fraction): compare runs trained on the same data"]
+    return []
 
 
 def compare(runs: Sequence[dict], labels: Sequence[str], out_dir: Path) -> tuple[Path, Path]:

@@ -533,6 +533,21 @@ def _free_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def _data_digests(data: EvalData) -> dict:
+    """What the perplexities were measured in and on, for compare(): the sha256 of the tokenizer's model file
+    (``tokenizer_sha256``) and of the held-out documents as tokenized (``val_sha256``). Runs of two tokenizers of one
+    vocabulary size, or of other held-out documents, drew no warning: only the vocabulary sizes were recorded."""
+    from minilm.data.tokenizer import file_digest
+
+    out = {}
+    model_file = getattr(data.tokenizer, "model_file", None)
+    if model_file is not None and Path(model_file).is_file():
+        out["tokenizer_sha256"] = file_digest(model_file)
+    if callable(getattr(data.val, "digest", None)):
+        out["val_sha256"] = data.val.digest()
+    return out
+
+
 def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[dict] = None,
              log: Callable[[str], None] = print) -> dict:  # fmt: skip
     """Every task of ``settings`` at every length; returns the results dict (see minilm/eval/report.py)."""
@@ -544,7 +559,8 @@ def evaluate(model, data: EvalData, settings: EvalSettings, *, meta: Optional[di
     res: Dict[str, Any] = {**meta, "lengths": list(settings.lengths), "tasks": list(settings.tasks),
                            "depths": [float(d) + 0.0 for d in settings.depths], "samples": settings.samples,
                            **{key: getattr(settings, key) for key in RECORDED_SETTINGS},
-                           "vocab_size": getattr(data.tokenizer, "vocab_size", None)}  # fmt: skip
+                           "vocab_size": getattr(data.tokenizer, "vocab_size", None),
+                           **_data_digests(data)}  # fmt: skip
     keys = []
     if "ppl" in settings.tasks:
         keys += ["ppl", "loss"] + (["ppl_sliding"] if settings.sliding else [])

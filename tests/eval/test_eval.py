@@ -386,6 +386,10 @@ def test_evaluate_run_default_lengths(fake_run):
     assert {k: json.loads((out / "results.json").read_text())[k] for k in settings} == settings
     # (those of the metrics measured: no stride without sliding windows, no needles without the needle task)
     assert "- settings: seed 7, batches 1, batch_tokens 128\n" in (out / "report.md").read_text()
+    # what the perplexities were measured in and on: the run's tokenizer and its held-out documents
+    from minilm.data.tokenizer import file_digest
+
+    assert res["tokenizer_sha256"] == file_digest(fake_run / "tokenizer.model") and len(res["val_sha256"]) == 64
 
 
 # ----------------------------------------------------------------------------------------- bad input, one message
