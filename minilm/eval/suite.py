@@ -115,6 +115,8 @@ class EvalSettings:
         for key in ("batches", "batch_tokens", "samples", "needles", "stride", "seed"):
             value = getattr(self, key)
             check(_is_int(value) or (key == "stride" and value is None), key, f"must be an integer, got {value!r}")
+        # (sliding='no' or 0 from Python ran: a text turned the windows on, a 0 off with a stride given beside it)
+        check(isinstance(self.sliding, bool), "sliding", f"must be true or false, got {self.sliding!r}")
         check(all(isinstance(d, numbers.Real) and not isinstance(d, bool) for d in self.depths), "depths",
               f"must be numbers in [0, 1], got {list(self.depths)}")  # fmt: skip
         check(all(_is_int(L) and L >= 2 for L in self.lengths), "lengths",

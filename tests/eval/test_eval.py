@@ -760,6 +760,15 @@ def test_a_stride_with_the_sliding_windows_turned_off_is_refused(fake_run):
                      tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
 
 
+@pytest.mark.parametrize("sliding", ["no", 0])
+def test_a_sliding_that_is_not_true_or_false_is_refused(fake_run, sliding):
+    """evaluate_run(sliding="no") measured the sliding windows (a non-empty text is true), and sliding=0 skipped them
+    and ignored a stride given with it: only true or false is taken, as eval.sliding in a config."""
+    with pytest.raises(ConfigError, match=r"sliding: must be true or false, got "):
+        evaluate_run(fake_run, lengths=[32], tasks=["ppl"], stride=8, sliding=sliding, batches=1, batch_tokens=64,
+                     tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
+
+
 def test_a_stride_measures_the_sliding_windows_where_the_config_turns_them_off(fake_run):
     """With eval.sliding: false in the run's config, --stride 16 was ignored without a word: no ppl_sliding, and the
     script has no flag to turn the sliding windows on. A stride given asks for them (--no-sliding with it is refused)."""
