@@ -839,6 +839,19 @@ def _check_given(given: Mapping[str, Any], names: Mapping[str, str]) -> None:
     _check_plain(given["extension"] or {}, f"extension {NO_EXTENSION!r}")
 
 
+def _check_setting_names(changes: Mapping[str, Any]) -> None:
+    """``evaluate_run``'s keyword arguments beyond its own must be settings: a misspelled one (``strid=4``) was a
+    TypeError from ``EvalSettings.__init__``, a class the caller never named, raised after the run was loaded."""
+    import difflib
+
+    settings = [f.name for f in fields(EvalSettings) if f.name not in ("lengths", "tasks", "extension")]
+    for key in changes:
+        if key not in settings:
+            close = difflib.get_close_matches(key, settings, n=1)
+            raise ConfigError(f"evaluate_run: unknown setting {key!r}" + (f"; did you mean {close[0]!r}?" if close
+                              else "") + f" (its settings: {', '.join(settings)})")  # fmt: skip
+
+
 def global_step(cfg, phase: str, in_phase: Optional[int] = None) -> int:
     """Optimizer steps from the start of the run to the end of ``phase`` (the TensorBoard step axis), or to step
     ``in_phase`` of it (a step checkpoint's: ``LoadedRun.step``)."""
@@ -878,6 +891,7 @@ def evaluate_run(
     # tasks=[] is refused, not the config's (an empty list of lengths is the default ones, as eval.lengths: [] is)
     # (as given, checked below: int() made lengths=[64.5] a 64 without a word)
     lengths, tasks = list(lengths) if lengths else None, list(tasks) if tasks is not None else None
+    _check_setting_names(changes)
     if changes.get("stride") is not None and changes.get("sliding") is False:  # (it ignored the stride without a word)
         stride, sliding = (names or {}).get("stride", "stride"), (names or {}).get("sliding", "sliding")
         raise ConfigError(f"{stride}={changes['stride']} sets the sliding-window perplexity's stride, which "

@@ -760,6 +760,14 @@ def test_a_stride_with_the_sliding_windows_turned_off_is_refused(fake_run):
                      tensorboard=False, device="cpu", log=lambda *_: None)  # fmt: skip
 
 
+def test_a_misspelled_setting_of_evaluate_run_is_named_with_the_one_meant(fake_run):
+    # (it was a TypeError from EvalSettings.__init__, after the run was loaded)
+    with pytest.raises(ConfigError, match=r"evaluate_run: unknown setting 'strid'; did you mean 'stride'\? \(its "
+                                          r"settings: batches, batch_tokens, sliding, stride, "):  # fmt: skip
+        evaluate_run(fake_run, lengths=[32], tasks=["ppl"], strid=8, tensorboard=False, device="cpu",
+                     log=lambda *_: None)  # fmt: skip
+
+
 @pytest.mark.parametrize("sliding", ["no", 0])
 def test_a_sliding_that_is_not_true_or_false_is_refused(fake_run, sliding):
     """evaluate_run(sliding="no") measured the sliding windows (a non-empty text is true), and sliding=0 skipped them
