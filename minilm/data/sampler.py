@@ -42,7 +42,7 @@ import torch
 from minilm.config import SYNTHETIC_LOSSES, key_as_set
 from minilm.data.prepare import Corpus, TokenStore
 from minilm.data.sources import parse_sources
-from minilm.data.synthetic import kv_length_needed, make_sample
+from minilm.data.synthetic import kv_length_needed, make_sample, passkey_length_needed
 from minilm.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -199,22 +199,25 @@ class Sampler:
         for a task now, naming the keys, rather than when the first such row is drawn, mid-phase. A few draws per
         task, and for kv the longest of many pairs (its length depends on how its random hex keys tokenize)."""
         rng = np.random.default_rng(np.random.SeedSequence([self.seed % 2**63, _phase_key(self.phase)]))
+        tok, style = self.corpus.tokenizer, self.synthetic_style
         for task in self.synthetic_tasks:
+            # the length every sample of the task fits (8 draws passed a length that a third of kv's pairs did not
+            # fit: the phase stopped mid-way), so the message can say what seq_len to raise to: a row is seq_len + 1
+            need = (kv_length_needed(tok, rng, style) if task == "kv"
+                    else passkey_length_needed(tok, style) if task == "passkey" else 0)  # fmt: skip
             try:
+                if need > self.seq_len + 1:
+                    raise DataError(f"a {task} sample needs at least {need} tokens, a row has {self.seq_len + 1}")
                 for _ in range(8):
                     self._synthetic_row(rng, self.seq_len + 1, task)
-                # (8 draws passed a length that a third of kv's pairs did not fit: the phase stopped mid-way)
-                if task == "kv" and (need := kv_length_needed(self.corpus.tokenizer, rng, self.synthetic_style)) > (
-                        self.seq_len + 1):  # fmt: skip
-                    raise DataError(f"a key-value sample of {self.seq_len + 1} tokens is too short to hold one "
-                                    f"pair of some keys and values, which need {need}")
             except DataError as e:
                 tasks = self._key("data.synthetic.tasks")
                 # (a remedy for this phase alone: the phase's own key where the run has phases)
                 fraction = (f"phases.{self.phase}.data.synthetic.fraction" if self.set_in is not None
                             else "data.synthetic.fraction")  # fmt: skip
+                to = f" to at least {need - 1}" if need > self.seq_len + 1 else ""
                 raise DataError(f"{tasks}: a '{task}' sample does not fit a row of seq_len "
-                                f"{self.seq_len} ({e}); raise {self._key('train.seq_len')}, or drop '{task}' "
+                                f"{self.seq_len} ({e}); raise {self._key('train.seq_len')}{to}, or drop '{task}' "
                                 f"from {tasks} or set {fraction} to 0 for this phase") from None  # fmt: skip
 
     def _key(self, key: str) -> str:

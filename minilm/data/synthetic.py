@@ -67,21 +67,35 @@ def make_passkey_sample(tokenizer, filler_tokens: Sequence[int], length: int, de
     is the key. ``filler_tokens`` must hold at least ``length`` tokens."""
     if style not in STYLES:
         raise DataError(f"data.synthetic.style: must be one of {STYLES} (or auto), got {style!r}")
-    key = _digits(rng, digits)
-    if style == "code":
-        needle, question, answer = f'\npass_key = "{key}"\n', '\nassert pass_key == "', f'{key}"'
-    else:
-        needle = f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n"
-        question, answer = "\nWhat is the pass key? The pass key is ", key
+    needle, question, answer = _passkey_texts(_digits(rng, digits), style)
     needle_ids, q_ids, a_ids = tokenizer.encode(needle), tokenizer.encode(question), tokenizer.encode(answer)
     n_fill = length - len(needle_ids) - len(q_ids) - len(a_ids)
-    if n_fill < 0:
-        raise DataError(f"a passkey sample needs at least {length - n_fill} tokens, asked for {length}")
+    if n_fill < 0:  # (the length any key needs, not this one's: a length this key fits may not fit the next)
+        need = max(length - n_fill, passkey_length_needed(tokenizer, style, digits))
+        raise DataError(f"a passkey sample needs at least {need} tokens, asked for {length}")
     if len(filler_tokens) < n_fill:
         raise DataError(f"passkey filler too short: need {n_fill} tokens, got {len(filler_tokens)}")
     filler = [int(t) for t in filler_tokens[:n_fill]]
     pos = snap_to_line(filler, int(round(min(max(depth, 0.0), 1.0) * n_fill)), newline_id(tokenizer))
     return filler[:pos] + needle_ids + filler[pos:] + q_ids, a_ids
+
+
+def _passkey_texts(key: str, style: str) -> Tuple[str, str, str]:
+    """(needle, question, answer) of a passkey sample hiding ``key``."""
+    if style == "code":
+        return f'\npass_key = "{key}"\n', '\nassert pass_key == "', f'{key}"'
+    return (f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n",
+            "\nWhat is the pass key? The pass key is ", key)  # fmt: skip
+
+
+def passkey_length_needed(tokenizer, style: str = "code", digits: int = 5, draws: int = 64) -> int:
+    """The length a passkey sample needs, without filler, for the longest of ``draws`` random keys and of an
+    all-nines one (a seeded draw of its own: the caller's generator is left as it was). With the tokenizer trained
+    here a digit is a token of its own, so every key takes as many tokens; a ``model_file`` tokenizer may merge
+    digits, and then keys differ."""
+    rng = np.random.default_rng(0)
+    keys = ["9" * digits] + [_digits(rng, digits) for _ in range(draws)]
+    return max(sum(len(tokenizer.encode(t)) for t in _passkey_texts(key, style)) for key in keys)
 
 
 def make_kv_sample(tokenizer, filler_tokens: Sequence[int], length: int, rng: np.random.Generator,
@@ -101,9 +115,10 @@ def make_kv_sample(tokenizer, filler_tokens: Sequence[int], length: int, rng: np
             break
         pairs.append((k, v, line))
         used += len(line)
-    if not pairs:
-        raise DataError(f"a key-value sample of {length} tokens is too short to hold one pair (this one needs "
-                        f"{used + need})")
+    if not pairs:  # (the length any pair needs, not this one's: a length this pair fits may not fit the next)
+        need = max(used + need, kv_length_needed(tokenizer, np.random.default_rng(0), style, key_chars=key_chars))
+        raise DataError(f"a key-value sample needs at least {need} tokens to hold one pair of any key and value, "
+                        f"asked for {length}")
     k, v, _ = pairs[int(rng.integers(0, len(pairs)))]
     q_ids, a_ids = _kv_query(tokenizer, k, v, style)
     body = head_ids + [t for _, _, line in pairs for t in line] + close_ids + q_ids

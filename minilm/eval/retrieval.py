@@ -29,7 +29,8 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
-from minilm.data.synthetic import STYLES, make_kv_sample, make_passkey_sample, newline_id, snap_to_line
+from minilm.data.synthetic import (STYLES, kv_length_needed, make_kv_sample, make_passkey_sample, newline_id,
+                                   passkey_length_needed, snap_to_line)
 from minilm.errors import DataError, MinilmError
 from minilm.eval.perplexity import autocast, model_device
 
@@ -79,19 +80,13 @@ def make_needle_sample(tokenizer, filler_tokens: Sequence[int], length: int, dep
         if n not in names:
             names.append(n)
     values = [_digits(rng, digits) for _ in names]
-    if style == "code":
-        lines = [f'\n{n} = "{v}"\n' for n, v in zip(names, values)]
-        question, answer = f'\nassert {names[0]} == "', f'{values[0]}"'
-    else:
-        lines = [f"\nOne of the special magic numbers for {n} is: {v}.\n" for n, v in zip(names, values)]
-        question = f"\nWhat is the special magic number for {names[0]}? The special magic number for {names[0]} is: "
-        answer = values[0]
-    line_ids = [tokenizer.encode(s) for s in lines]
+    line_ids = [tokenizer.encode(_needle_line(n, v, style)) for n, v in zip(names, values)]
+    question, answer = _needle_question(names[0], values[0], style)
     q_ids, a_ids = tokenizer.encode(question), tokenizer.encode(answer)
     n_fill = length - sum(map(len, line_ids)) - len(q_ids) - len(a_ids)
-    if n_fill < 0:
-        raise DataError(f"a needle sample with {needles} needle{'s' * (needles != 1)} needs at least "
-                        f"{length - n_fill} tokens, asked for {length}")  # fmt: skip
+    if n_fill < 0:  # (the length any names and values need, not these ones': the next ones may take more tokens)
+        need = max(length - n_fill, needle_length_needed(tokenizer, style, needles, digits))
+        raise DataError(_needle_too_short(needles, need, length))
     if len(filler_tokens) < n_fill:
         raise DataError(f"needle filler too short: need {n_fill} tokens, got {len(filler_tokens)}")
     filler = [int(t) for t in filler_tokens[:n_fill]]
@@ -108,12 +103,58 @@ def make_needle_sample(tokenizer, filler_tokens: Sequence[int], length: int, dep
     return out + filler[prev:] + q_ids, a_ids
 
 
+def _needle_line(name: str, value: str, style: str) -> str:
+    if style == "code":
+        return f'\n{name} = "{value}"\n'
+    return f"\nOne of the special magic numbers for {name} is: {value}.\n"
+
+
+def _needle_question(name: str, value: str, style: str) -> Tuple[str, str]:
+    """(question, answer) asking for ``name``'s value."""
+    if style == "code":
+        return f'\nassert {name} == "', f'{value}"'
+    return f"\nWhat is the special magic number for {name}? The special magic number for {name} is: ", value
+
+
+def _needle_too_short(needles: int, need: int, length: int) -> str:
+    return (f"a needle sample with {needles} needle{'s' * (needles != 1)} needs at least {need} tokens, asked for "
+            f"{length}")  # fmt: skip
+
+
+def needle_length_needed(tokenizer, style: str = "code", needles: int = 4, digits: int = 7, draws: int = 256) -> int:
+    """The length a needle sample needs, without filler, whatever its names and values: the asked needle with its
+    question and answer, and ``needles - 1`` distractors, each the longest of ``draws`` random names and values and
+    of an all-nines value (how many tokens a name takes depends on how its four random letters tokenize; a seeded
+    draw of its own, so the caller's generator is left as it was)."""
+    rng = np.random.default_rng(0)
+    pairs = [(_name(rng), _digits(rng, digits)) for _ in range(draws)]
+    pairs += [(n, "9" * digits) for n, _ in pairs[:8]]
+    line = [len(tokenizer.encode(_needle_line(n, v, style))) for n, v in pairs]
+    asked = [x + sum(len(tokenizer.encode(t)) for t in _needle_question(n, v, style))
+             for x, (n, v) in zip(line, pairs)]  # fmt: skip
+    return max(asked) + (needles - 1) * max(line)
+
+
 # ---------------------------------------------------------------------------------------------------- samples
 
 
 def make_samples(task: str, tokenizer, val_tokens: np.ndarray, length: int, n: int, rng: np.random.Generator, *,
                  depth: float = 0.5, style: str = "code", needles: int = 4) -> List[Sample]:  # fmt: skip
-    """``n`` samples of ``task`` at ``length`` (and ``depth`` for passkey / needle) with held-out filler."""
+    """``n`` samples of ``task`` at ``length`` (and ``depth`` for passkey / needle) with held-out filler. A length
+    too short for some of the task's prompts is refused whatever this draw's prompts (which may all have fitted),
+    giving the length that every prompt fits: measured only on the prompts that fit, a length scored names and keys
+    that tokenize short, and whether it was measured at all changed with the seed and ``n``."""
+    if task not in TASKS:
+        raise MinilmError(f"eval.tasks: unknown retrieval task {task!r}; allowed: {', '.join(TASKS)}")
+    if style not in STYLES:
+        raise DataError(f"synthetic style: must be one of {STYLES}, got {style!r}")
+    if task == "passkey" and length < (need := passkey_length_needed(tokenizer, style)):
+        raise DataError(f"a passkey sample needs at least {need} tokens, asked for {length}")
+    if task == "needle" and needles >= 1 and length < (need := needle_length_needed(tokenizer, style, needles)):
+        raise DataError(_needle_too_short(needles, need, length))
+    if task == "kv" and length < (need := kv_length_needed(tokenizer, np.random.default_rng(0), style)):
+        raise DataError(f"a key-value sample needs at least {need} tokens to hold one pair of any key and value, "
+                        f"asked for {length}")  # fmt: skip
     out = []
     for _ in range(n):
         filler = cut_filler(val_tokens, tokenizer.eos_id, length, rng)
