@@ -42,7 +42,7 @@ import torch
 from minilm.config import SYNTHETIC_LOSSES, key_as_set
 from minilm.data.prepare import Corpus, TokenStore
 from minilm.data.sources import parse_sources
-from minilm.data.synthetic import kv_length_needed, make_sample, passkey_length_needed
+from minilm.data.synthetic import filler_text, kv_length_needed, make_sample, passkey_length_needed
 from minilm.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -285,9 +285,10 @@ class Sampler:
     def _synthetic_row(self, rng: np.random.Generator, n: int, task: Optional[str] = None):
         task = task or self.synthetic_tasks[int(rng.integers(0, len(self.synthetic_tasks)))]
         pool = self._pick_source(self._short, rng)
-        filler, _, _ = _gather(self.store, pool, int(rng.integers(0, pool.total)), n)
-        filler = filler[filler != self.corpus.tokenizer.eos_id]  # one document: no EOS inside the haystack
-        if len(filler) < n:
+        # one document: no EOS inside the haystack, and text read on in their place (filler_text)
+        filler = filler_text(lambda at, m: _gather(self.store, pool, at, m)[0], int(rng.integers(0, pool.total)), n,
+                             pool.total, self.corpus.tokenizer.eos_id)  # fmt: skip
+        if len(filler) < n:  # a pool of fewer tokens than a row repeats them, as its short rows do (warned of)
             filler = np.resize(filler, n)
         prompt, answer = make_sample(task, self.corpus.tokenizer, filler, n, rng, style=self.synthetic_style)
         tokens = np.asarray(prompt + answer, dtype=np.int64)

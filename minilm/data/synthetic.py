@@ -14,7 +14,7 @@ tokens (the tokenizer splits digits), so a 5-digit key is 5 answer tokens.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Sequence, Tuple
 
 import numpy as np
 
@@ -37,6 +37,21 @@ def _digits(rng: np.random.Generator, n: int) -> str:
 
 def _hex(rng: np.random.Generator, n: int) -> str:
     return "".join("0123456789abcdef"[d] for d in rng.integers(0, 16, size=n))
+
+
+def filler_text(read: Callable[[int, int], np.ndarray], start: int, n: int, total: int, eos_id: int) -> np.ndarray:
+    """Up to ``n`` tokens of a stream of ``total`` tokens read in order from ``start`` (``read(at, m)``: the ``m``
+    tokens from ``at``, wrapping), its EOS tokens left out so the haystack reads as one document; past them it reads
+    on, as many tokens again, rather than repeat its own start: filled up with ``np.resize``, a window of short
+    documents ended with the text it began with, a copy a model can match instead of reading (one EOS in ten
+    tokens: a tenth of the haystack). Fewer than ``n`` only when the whole stream holds fewer."""
+    parts, have, done = [], 0, 0
+    while have < n and done < total:
+        m = min(n - have, total - done)
+        chunk = np.asarray(read((start + done) % total, m), dtype=np.int64)
+        parts.append(chunk[chunk != eos_id])
+        have, done = have + len(parts[-1]), done + m
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 MAX_LINE_TOKENS = 128  # farthest a needle moves to a line start (stdlib code at vocab 2048: 99.9% of lines < 70)

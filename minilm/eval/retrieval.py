@@ -29,8 +29,8 @@ from typing import List, Sequence, Tuple
 import numpy as np
 import torch
 
-from minilm.data.synthetic import (STYLES, kv_length_needed, make_kv_sample, make_passkey_sample, newline_id,
-                                   passkey_length_needed, snap_to_line)
+from minilm.data.synthetic import (STYLES, filler_text, kv_length_needed, make_kv_sample, make_passkey_sample,
+                                   newline_id, passkey_length_needed, snap_to_line)
 from minilm.errors import DataError, MinilmError
 from minilm.eval.perplexity import autocast, model_device
 
@@ -43,16 +43,19 @@ TASKS = ("passkey", "needle", "kv")
 
 def cut_filler(tokens: np.ndarray, eos_id: int, n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` tokens of held-out text from a random start (wrapping), EOS removed so the haystack reads as one
-    document — the training sampler's ``_synthetic_row`` does the same on the training split."""
+    document, and as many read on past the window in their place (``filler_text``) — the training sampler's
+    ``_synthetic_row`` does the same on the training split."""
     total = int(tokens.shape[0])
     if total < n:  # wrapping around would repeat the same text inside one haystack
         raise DataError(f"the held-out split has {total} tokens, fewer than one haystack of {n}; evaluate shorter "
                         "lengths or hold out more data (data.val_fraction)")  # fmt: skip
     start = int(rng.integers(0, total))
-    idx = (start + np.arange(n)) % total
-    filler = np.asarray(tokens[idx], dtype=np.int64)
-    filler = filler[filler != eos_id]
-    return np.resize(filler, n) if len(filler) < n else filler
+    filler = filler_text(lambda at, m: tokens[(at + np.arange(m)) % total], start, n, total, eos_id)
+    if len(filler) < n:  # (its EOS aside: one between each two documents)
+        raise DataError(f"the held-out split has {len(filler)} tokens of text (its {total - len(filler)} EOS tokens "
+                        f"aside), fewer than one haystack of {n}; evaluate shorter lengths or hold out more data "
+                        "(data.val_fraction)")  # fmt: skip
+    return filler
 
 
 # ------------------------------------------------------------------------------------------------------ needle

@@ -196,6 +196,42 @@ def test_synthetic_rows_are_mixed_in(files_cfg):
     assert any("assert pass_key ==" in t for t in texts) and any('assert kv["' in t for t in texts)
 
 
+def test_synthetic_filler_of_short_documents_is_text_read_on_not_repeated(tmp_path):
+    """A synthetic row's haystack is the packed text with its EOS tokens left out and as much text read on in their
+    place: it was filled up with its own first tokens again, so with short documents (here 40 of a row's EOS) the
+    row's last lines before the question repeated its first ones."""
+    docs = tmp_path / "short"
+    docs.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(300):
+        (docs / f"d{i:03d}.txt").write_text(f"{rng.choice(['alpha', 'beta', 'gamma'])} {i}")
+    cfg = make_data_cfg(tmp_path, {"s": {"kind": "files", "paths": [f"{docs}/*.txt"]}},
+                        **{"synthetic.fraction": 0.9, "synthetic.tasks": ["passkey"], "synthetic.style": "code",
+                           "synthetic.loss": "answer"})  # fmt: skip
+    corpus = load_corpus(cfg, progress=False)
+    tok, store = corpus.tokenizer, corpus.train
+    text = np.asarray(store.tokens)
+    stream = text[text != tok.eos_id].tolist() * 2  # the documents' text in order, EOS aside, wrapping once
+    s = make_sampler(corpus, "train", cfg, seq_len=256, batch_size=4, seed=0, phase="p")
+    checked = 0
+    for i in range(3):
+        b = s.batch(i)
+        for row, targets in zip(b["input_ids"].tolist(), b["targets"]):
+            if (targets != -100).all():
+                continue
+            prompt_len = int((targets == -100).sum()) + 1  # targets up to the answer's first are ignored
+            key = tok.decode(targets[targets != -100].tolist()).strip('"')
+            prompt = row[:prompt_len]
+            needle, question = tok.encode(f'\npass_key = "{key}"\n'), tok.encode('\nassert pass_key == "')
+            at = next(j for j in range(len(prompt)) if prompt[j : j + len(needle)] == needle)
+            filler = prompt[:at] + prompt[at + len(needle) : -len(question)]
+            assert len(filler) > 200
+            start = next(j for j in range(len(stream)) if stream[j : j + 20] == filler[:20])
+            assert stream[start : start + len(filler)] == filler  # read on in order, nothing repeated
+            checked += 1
+    assert checked >= 6
+
+
 def test_synthetic_answer_loss_keeps_only_the_answer_targets(files_cfg):
     """``data.synthetic.loss: answer``: a synthetic row's targets are IGNORE up to its answer, which is kept
     whole (5 digits and the closing quote decode to the key); other rows keep every target. Same tokens as

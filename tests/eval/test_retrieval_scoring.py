@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from minilm.errors import MinilmError
+from minilm.errors import DataError, MinilmError
 from minilm.eval import retrieval
 from minilm.eval.retrieval import cut_filler, make_needle_sample, score_samples
 
@@ -72,6 +72,21 @@ def test_filler_is_n_tokens_without_eos():
     for seed in range(5):
         f = cut_filler(tokens, eos, 30, np.random.default_rng(seed))
         assert len(f) == 30 and not (f == eos).any()
+
+
+def test_filler_of_short_documents_reads_on_instead_of_repeating_its_start():
+    """Each EOS left out is replaced by the text after the window, not by the filler's own first tokens again: with
+    documents of 9 tokens a 100-token window held 10 EOS, and the haystack ended with the 10 tokens it began with."""
+    eos = 0
+    tokens = np.arange(1, 1001)
+    tokens[9::10] = eos  # documents of 9 tokens, each followed by its EOS; every other token id appears once
+    for seed in range(5):
+        f = cut_filler(tokens, eos, 100, np.random.default_rng(seed))
+        assert len(f) == 100 and not (f == eos).any()
+        assert len(set(f.tolist())) == 100  # no text repeated within one haystack
+    with pytest.raises(DataError, match=r"has 90 tokens of text \(its 10 EOS tokens aside\), fewer than one "
+                                        r"haystack of 95"):  # fmt: skip
+        cut_filler(tokens[:100], eos, 95, np.random.default_rng(0))
 
 
 class CharTokenizer:
