@@ -94,7 +94,7 @@ def say_unfinished(run, given: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import extension_from_flag, resolve_device
-    from minilm.model.generate import TextStream, cache_blockers, check_sampling, generate
+    from minilm.model.generate import TextStream, cache_blockers, check_sampling, encode_prompt, generate
     from minilm.runs import load_run
 
     one_run(args, "checkpoint", "generate.py RUN_DIR_OR_CHECKPOINT --prompt TEXT")
@@ -123,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
             applied = applied_extension(extension, run.cfg.model, int(run.cfg.train.seq_len))
             words = [applied.pop("name")] + [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in applied.items()]
             print(f"[extension: {' '.join(words)}]", file=sys.stderr)
-    ids = run.tokenizer.encode(prompt)
+    ids = encode_prompt(run.tokenizer, prompt)  # an empty prompt: EOS, after which every training document started
     if not ids:
         raise MinilmError(f"{prompt_flag}: encodes to no tokens; give some text")
     use_cache = not args.no_cache
@@ -161,7 +161,8 @@ def parser() -> argparse.ArgumentParser:
                           "RUN_DIR_OR_CHECKPOINT)")  # fmt: skip
     add_run_args(p, "checkpoint", "RUN_DIR_OR_CHECKPOINT", "run directory, phase directory or model.safetensors")
     prompt = p.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", help="the text to continue (printed first)")
+    prompt.add_argument("--prompt", help="the text to continue (printed first); \"\" samples unconditionally, from "
+                        "EOS, the token every training document follows")
     prompt.add_argument("--prompt-file", metavar="FILE",
                         help="the same, read from FILE as UTF-8 as it is (a final newline included); - reads stdin")
     p.add_argument("--phase", help="a phase of the run (default: its final weights)")

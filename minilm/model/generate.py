@@ -90,13 +90,23 @@ def _check_room(model, prompt_len: int, max_new_tokens: int, names: Optional[dic
                       f"the {limit} this model's {model.cfg.position.name} encoding supports; {allowed}")  # fmt: skip
 
 
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """The ids ``generate`` continues for ``text``: its encoding, or for an empty text (sampling unconditionally) the
+    tokenizer's EOS alone. minilm.data.prepare writes EOS after every document and no BOS anywhere, so EOS is the
+    token every training document started after (the first token of a document is predicted from it) while BOS was
+    never seen: its embedding is the untrained initialization. A non-empty text may still encode to no ids."""
+    return tokenizer.encode(text) if text else [tokenizer.eos_id]
+
+
 def _as_batch(prompt_ids: Union[Sequence[int], Tensor], device, vocab_size: int) -> Tensor:
     idx = prompt_ids if isinstance(prompt_ids, Tensor) else torch.tensor(list(prompt_ids))
     if idx.dim() == 1:
         idx = idx.unsqueeze(0)
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise MinilmError(
-            f"prompt: need at least one token id, as a list or a (B, T) tensor; got shape {tuple(idx.shape)}"
+            f"prompt: need at least one token id, as a list or a (B, T) tensor; got shape {tuple(idx.shape)} (to "
+            "sample unconditionally, start from [tokenizer.eos_id], the token every training document follows: "
+            "encode_prompt(tokenizer, '') gives it)"
         )
     # ids are integers below the vocabulary size: 1.7 was cast to 1 without a word, and an id the embedding has no
     # row for (a prompt encoded with another run's tokenizer) was torch's "IndexError: index out of range in self"

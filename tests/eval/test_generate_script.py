@@ -2,6 +2,7 @@
 
 import sys
 
+import numpy as np
 import pytest
 
 from tests.conftest import load_script
@@ -277,10 +278,8 @@ def test_the_prompt_may_come_from_a_file_or_stdin(fake_run, tmp_path, monkeypatc
     assert run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt-file", "-", *head]) == 0
     assert capsys.readouterr() == given
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
-    (tmp_path / "empty.txt").write_bytes(b"")
     for name, said in (("none.txt", "cannot be read (No such file or directory)"),
-                       ("latin1.txt", "not UTF-8 text (byte 0xe9 at offset 3)"),
-                       ("empty.txt", "encodes to no tokens")):  # fmt: skip
+                       ("latin1.txt", "not UTF-8 text (byte 0xe9 at offset 3)")):  # fmt: skip
         assert run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt-file", str(tmp_path / name), *head]) == 2
         assert capsys.readouterr().err.startswith(f"error: --prompt-file {tmp_path / name}: {said}")
     with pytest.raises(SystemExit) as exited:  # (argparse's own error)
@@ -308,3 +307,31 @@ def test_several_samples_each_as_its_seed_alone(fake_run, capsys):
                         (["--num-samples", "2", "--temperature", "0"], "error: --num-samples 2: greedy decoding ")):
         assert run_cli(gen.main, gen.parser(), [*head, *flags]) == 2
         assert capsys.readouterr().err.startswith(said)
+
+
+def test_an_empty_prompt_samples_from_the_token_every_training_document_follows(fake_run, corpus_setup, tmp_path,
+                                                                                capsys):
+    """--prompt "" was refused ('encodes to no tokens'), so a model could not be sampled unconditionally. It starts
+    from the token that precedes every document in the prepared training data (EOS: prepare writes one after each
+    document and no BOS anywhere), printed as nothing; an empty --prompt-file alike."""
+    from minilm.cli import run_cli
+    from minilm.model.generate import generate
+    from minilm.runs import load_run
+
+    _, corpus = corpus_setup
+    store = corpus.train
+    before_documents = set(np.asarray(store.tokens)[store.doc_offsets[1:] - 1].tolist())
+    assert len(before_documents) == 1  # one separator token
+    start = before_documents.pop()
+    run = load_run(fake_run)
+    want = generate(run.model, [start], 10, temperature=1.0, seed=3, eos_id=run.tokenizer.eos_id)[0, 1:].tolist()
+    want = want[: want.index(start)] if start in want else want  # (the start token is EOS: decoding ends there)
+    assert want
+    gen = load_script("scripts/generate.py")
+    head = [str(fake_run), "--max-new-tokens", "10", "--seed", "3", "--device", "cpu"]
+    assert run_cli(gen.main, gen.parser(), [*head, "--prompt", ""]) == 0
+    captured = capsys.readouterr()
+    assert captured == (run.tokenizer.decode(want) + "\n", "")
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert run_cli(gen.main, gen.parser(), [*head, "--prompt-file", str(tmp_path / "empty.txt")]) == 0
+    assert capsys.readouterr() == captured
