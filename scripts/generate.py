@@ -3,7 +3,7 @@
 
     python scripts/generate.py RUN_DIR_OR_CHECKPOINT --prompt "def main(" [--max-new-tokens 200]
         [--temperature 0.8] [--top-k 50] [--top-p 0.95] [--seed 0] [--num-samples N] [--greedy] [--phase NAME]
-        [--extension METHOD key=value ...] [--no-cache] [--device cpu|cuda]
+        [--stop STRING ...] [--extension METHOD key=value ...] [--no-cache] [--device cpu|cuda]
     python scripts/generate.py RUN_DIR_OR_CHECKPOINT --prompt-file FILE [...]   (FILE: - reads stdin)
 
 RUN_DIR_OR_CHECKPOINT: a run directory (its final weights, or its newest finished phase, said on stderr), a phase
@@ -13,7 +13,8 @@ or a RoPE scaling rope_type (linear, ntk, dynamic, yarn, ...) with its parameter
 ``--extension self_extend group_size=4 window=256`` or ``--extension dynamic factor=4``;
 ``original_max_position_embeddings`` and logn's ``train_len`` default to the training length. The checkpoint may also
 come last, after the parameters (``--extension logn runs/tiny``): a last word that is not key=value is the checkpoint.
-Text is printed as it is generated; generation stops at the tokenizer's EOS. Bad input: one message on stderr, exit
+Text is printed as it is generated; a sample ends at the tokenizer's EOS, or where its text first contains a --stop
+string (neither is printed, nor what follows a stop string). Bad input: one message on stderr, exit
 code 2 (--debug: traceback).
 """
 
@@ -32,7 +33,7 @@ from minilm.errors import MinilmError  # noqa: E402
 
 # generate()'s arguments as this script's user gives them: its errors name the flags
 FLAGS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
-         "top_p": "--top-p"}  # fmt: skip
+         "top_p": "--top-p", "stop": "--stop"}  # fmt: skip
 
 
 def read_prompt(args: argparse.Namespace) -> tuple[str, str]:
@@ -94,7 +95,7 @@ def say_unfinished(run, given: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from minilm.eval import extension_from_flag, resolve_device
-    from minilm.model.generate import TextStream, cache_blockers, check_sampling, encode_prompt, generate
+    from minilm.model.generate import TextStream, cache_blockers, check_sampling, check_stop, encode_prompt, generate
     from minilm.runs import load_run
 
     one_run(args, "checkpoint", "generate.py RUN_DIR_OR_CHECKPOINT --prompt TEXT")
@@ -106,6 +107,9 @@ def main(args: argparse.Namespace) -> int:
     # bad flags before the run is loaded, each named as given here (generate() names its parameters: top_k)
     check_sampling(args.max_new_tokens, temperature, top_k, top_p, names=names)
     check_samples(args.num_samples, args.greedy or temperature == 0)
+    for text in args.stop or []:
+        check_text(text, "--stop")
+    stop = check_stop(args.stop, names)
     extension = extension_from_flag(args.extension)
     device = resolve_device(args.device, name="--device")
     run = load_run(args.checkpoint, phase=args.phase, map_location=device)
@@ -137,8 +141,9 @@ def main(args: argparse.Namespace) -> int:
         header = ([f"--- sample {i + 1}/{args.num_samples}" + ("" if seed is None else f" (--seed {seed})") + " ---\n"]
                   if args.num_samples > 1 else [])  # fmt: skip
         # printed as it is generated: the prompt with the first new token (after generate's checks of its arguments,
-        # so bad input prints nothing), then each token's text; EOS, which ends decoding, is not printed
-        stream = TextStream(run.tokenizer.decode, context=ids[-TextStream.CONTEXT :])  # (the space before it)
+        # so bad input prints nothing), then each token's text; EOS, which ends decoding, is not printed, nor a stop
+        # string and what follows it (the stream holds back text that may begin one); context: the space before it
+        stream = TextStream(run.tokenizer.decode, context=ids[-TextStream.CONTEXT :], stop=stop)
         pending = [*header, prompt]
 
         def show(nxt) -> None:
@@ -149,7 +154,8 @@ def main(args: argparse.Namespace) -> int:
 
         generate(
             model, ids, args.max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, greedy=args.greedy,
-            seed=seed, use_cache=use_cache, eos_id=run.tokenizer.eos_id, on_token=show, names=names,
+            seed=seed, use_cache=use_cache, eos_id=run.tokenizer.eos_id, on_token=show, names=names, stop=stop,
+            decode=run.tokenizer.decode,
         )  # fmt: skip
         print("".join(pending) + stream.flush())
     return 0
@@ -179,6 +185,9 @@ def parser() -> argparse.ArgumentParser:
                    "with --seed S, sample i draws as --seed S+i alone (default: 1, no header line)")
     p.add_argument("--greedy", action="store_true",
                    help="argmax decoding (ignores --temperature / --top-k / --top-p, unchecked, and --seed)")
+    p.add_argument("--stop", action="append", metavar="STRING",
+                   help="end a sample where its text first contains STRING, which is not printed, nor what follows it "
+                   "(repeatable: the first of them to occur; a newline as in bash: --stop $'\\n\\n')")
     p.add_argument("--extension", nargs="+", metavar="ARG",
                    help="METHOD [key=value ...]: a training-free method or a rope_type, as scripts/evaluate.py; a "
                    "last word that is not key=value is the checkpoint")

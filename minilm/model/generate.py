@@ -4,6 +4,10 @@
 greedy (argmax) or sampled with temperature, top-k and top-p (nucleus, Holtzman et al. 2020) filtering. Without
 a cache every step runs the whole sequence again — the reference the cached path is tested against.
 
+A row ends at ``eos_id``, or at the token whose text completes one of the ``stop`` strings (read with the
+tokenizer's ``decode`` as the tokens come, by ``TextStream``, which also holds back what a later token may complete
+into one, so that a stream never prints past a stop string).
+
 Encodings that declare ``supports_kv_cache = False`` (minilm/positions/base.py) are decoded without a cache,
 with a warning. A training-free extension installed on the model (minilm.positions.training_free) applies to
 the cached path unchanged: its methods work from position values, which the cache carries.
@@ -72,6 +76,40 @@ def check_sampling(max_new_tokens, temperature, top_k, top_p, names: Optional[di
         raise MinilmError(f"{name('top_p', 'top_p')}: must be in (0, 1], got {top_p}")
 
 
+def check_stop(stop, names: Optional[dict] = None) -> tuple[str, ...]:
+    """``generate``'s ``stop`` as a tuple of non-empty strings (None: none; one string: that one). ``names`` as
+    ``check_sampling``'s (scripts/generate.py: ``--stop``)."""
+    name = (names or {}).get("stop", "stop")
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else stop
+    try:
+        stops = tuple(stops)
+    except TypeError:
+        raise MinilmError(f"{name}: must be a string or a list of strings, got {stop!r}") from None
+    for s in stops:
+        if not isinstance(s, str) or not s:  # '' occurs in every text: it would stop before the first token
+            raise MinilmError(f"{name}: each stop string must be a non-empty string, got {s!r}")
+    return stops
+
+
+def first_stop(text: str, stop: Sequence[str]) -> Optional[int]:
+    """Where the first occurrence of any of the ``stop`` strings begins in ``text`` (None: none occurs), so that
+    ``text[:first_stop(text, stop)]`` is the text before it, or the whole text."""
+    found = [i for i in (text.find(s) for s in stop) if i >= 0]
+    return min(found) if found else None
+
+
+def _stop_prefix_start(text: str, stop: Sequence[str]) -> int:
+    """Where the longest end of ``text`` that begins a stop string starts (len(text): none does): text that the next
+    tokens may complete into a stop string, not to be printed yet."""
+    longest = max((len(s) for s in stop), default=1)
+    for start in range(max(0, len(text) - longest + 1), len(text)):
+        if any(s.startswith(text[start:]) for s in stop):
+            return start
+    return len(text)
+
+
 def _check_room(model, prompt_len: int, max_new_tokens: int, names: Optional[dict] = None) -> None:
     """The positions the model reads within those its encodings accept (a learned table's max_positions): the prompt
     and every new token but the last, which is chosen from the logits of the one before and never read back (a
@@ -133,19 +171,29 @@ def generate(
     eos_id: Optional[int] = None,
     on_token: Optional[Callable[[Tensor], None]] = None,
     names: Optional[dict] = None,
+    stop: Union[str, Sequence[str], None] = None,
+    decode: Optional[Callable[[Sequence[int]], str]] = None,
 ) -> Tensor:
     """Continue ``prompt_ids`` (a list of ids, a (T,) or a (B, T) tensor; rows of equal length) by up to
     ``max_new_tokens`` tokens. Returns the ids (B, T + n), prompt included; n < max_new_tokens only when every row
-    has produced ``eos_id`` (rows that finished earlier are padded with it).
+    has ended, by producing ``eos_id`` or by reaching a ``stop`` string (rows that ended earlier are padded with
+    ``eos_id``).
 
     ``greedy`` (or ``temperature == 0``) takes the argmax; otherwise samples from softmax(logits / temperature)
     restricted to ``top_k`` / ``top_p``, from a generator seeded with ``seed`` (None: torch's global RNG).
     ``on_token``, if given, is called with each step's new ids (B,) as soon as they are chosen (streaming).
-    ``names``: how the caller's user gives the arguments, which the errors name (``check_sampling``)."""
+    ``names``: how the caller's user gives the arguments, which the errors name (``check_sampling``).
+
+    ``stop`` (a string or a list of them, with ``decode``, the tokenizer's ``decode``): a row also ends at the token
+    whose text completes one of them, searched in the new tokens' text (not the prompt's); that token is the row's
+    last but EOS padding (a batch of several rows needs ``eos_id``), and its text may go on past the stop string:
+    ``text[:first_stop(text, stop)]`` is what comes before it. Each row stops on its own."""
     check_sampling(max_new_tokens, temperature, top_k, top_p, names)
+    stops = check_stop(stop, names)
     device = next(model.parameters()).device
     idx = _as_batch(prompt_ids, device, model.vocab_size)
     _check_room(model, idx.shape[1], max_new_tokens, names)
+    stopped = _stop_reader(stops, decode, idx, eos_id, names) if stops else None
     use_cache = use_cache and _cache_usable(model)
     greedy = greedy or temperature == 0
     gen = None
@@ -159,7 +207,7 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        return _decode(model, idx, max_new_tokens, choose, use_cache, eos_id, on_token)
+        return _decode(model, idx, max_new_tokens, choose, use_cache, eos_id, on_token, stopped)
     finally:
         model.train(was_training)
 
@@ -176,10 +224,34 @@ def _cache_usable(model) -> bool:
     return not blockers
 
 
+def _stop_reader(stops: tuple[str, ...], decode, idx: Tensor, eos_id: Optional[int], names: Optional[dict]):
+    """``stopped(new ids (B,), done (B,)) -> (B,) bool`` for ``_decode``: whether each row's new text (after
+    ``idx``'s prompt) has reached one of ``stops``, read by a ``TextStream`` per row fed the ids of the rows not yet
+    done."""
+    name = (names or {}).get("stop", "stop")
+    if decode is None:
+        raise MinilmError(f"{name}: stop strings are read in the decoded text; give decode= (the tokenizer's "
+                          "decode, e.g. run.tokenizer.decode)")  # fmt: skip
+    if idx.shape[0] > 1 and eos_id is None:
+        raise MinilmError(f"{name}: with {idx.shape[0]} rows, a row that stops is padded with eos_id until the "
+                          "others end; give eos_id (e.g. run.tokenizer.eos_id)")  # fmt: skip
+    streams = [TextStream(decode, context=row[-TextStream.CONTEXT :], stop=stops) for row in idx.tolist()]
+
+    def stopped(nxt: Tensor, done: Tensor) -> Tensor:
+        for stream, token, finished in zip(streams, nxt.tolist(), done.tolist()):
+            if not finished:
+                stream.push(token)
+        return torch.tensor([stream.stopped for stream in streams], device=nxt.device)
+
+    return stopped
+
+
 def _decode(model, idx: Tensor, max_new_tokens: int, choose: Callable[[Tensor], Tensor], use_cache: bool,
-            eos_id: Optional[int], on_token: Optional[Callable[[Tensor], None]]) -> Tensor:  # fmt: skip
+            eos_id: Optional[int], on_token: Optional[Callable[[Tensor], None]],
+            stopped: Optional[Callable[[Tensor, Tensor], Tensor]] = None) -> Tensor:  # fmt: skip
     """``generate``'s loop: append ``choose(last logits)`` to ``idx`` (B, T) up to ``max_new_tokens`` times, with a
-    KV cache where ``use_cache``; rows that produced ``eos_id`` go on with it until every row has."""
+    KV cache where ``use_cache``; rows that produced ``eos_id``, or whose text ``stopped(new ids, done)`` says reached a
+    stop string, go on with ``eos_id`` until every row has ended."""
     # room for the whole output at once, up to PREALLOCATE new tokens: max_new_tokens is an upper bound (EOS may
     # come first), and a large one must not allocate its whole cache up front; beyond it the cache grows
     room = idx.shape[1] + min(max_new_tokens, PREALLOCATE)
@@ -189,14 +261,18 @@ def _decode(model, idx: Tensor, max_new_tokens: int, choose: Callable[[Tensor], 
     for _ in range(max_new_tokens):
         logits = model(step_input, cache=cache)[:, -1] if cache is not None else model(idx)[:, -1]  # (B, V)
         nxt = choose(logits)  # (B,)
+        ended = torch.zeros_like(done)
         if eos_id is not None:
             nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-            done = done | (nxt == eos_id)
+            ended = nxt == eos_id
+        if stopped is not None:
+            ended = ended | stopped(nxt, done)
+        done = done | ended
         idx = torch.cat([idx, nxt.unsqueeze(1)], dim=1)
         if on_token is not None:
             on_token(nxt)
         step_input = nxt.unsqueeze(1)
-        if eos_id is not None and bool(done.all()):
+        if bool(done.all()):
             break
     return idx
 
@@ -207,16 +283,22 @@ class TextStream:
     last byte arrives, so trailing U+FFFD is held back; ``flush()`` returns whatever is still held. The pieces
     joined equal ``decode(all ids)``, or with ``context`` (the prompt's last ids) what the new ids add to
     ``decode(context)``: a sentencepiece model with a dummy prefix (its defaults) drops the space of a text's first
-    piece, so the first new word was printed glued to the prompt ('defmain' where the model wrote 'def main')."""
+    piece, so the first new word was printed glued to the prompt ('defmain' where the model wrote 'def main').
+
+    With ``stop`` strings the pieces end where the first of them begins in the new text, and ``stopped`` turns True
+    (later ids add nothing); until then the end of the text that begins a stop string is held back, since the next
+    ids may complete it (a stop string may span several tokens)."""
 
     CONTEXT = 4  # the prompt's last ids a caller passes as ``context``: one is enough for the space, a few are cheap
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], context: Sequence[int] = ()):
+    def __init__(self, decode: Callable[[Sequence[int]], str], context: Sequence[int] = (), stop: Sequence[str] = ()):
         self._decode = decode
         self._context = [int(i) for i in context]
         self._base = decode(self._context) if self._context else ""
+        self._stop = check_stop(stop)
         self._ids: list[int] = []
         self._shown = ""
+        self.stopped = False
 
     def _text(self) -> Optional[str]:
         """The new ids' text: what they add to the context's, None where decoding changed the context's own text."""
@@ -224,15 +306,25 @@ class TextStream:
         return text[len(self._base) :] if text.startswith(self._base) else None
 
     def push(self, token_id: int) -> str:
+        if self.stopped:
+            return ""
         self._ids.append(int(token_id))
         text = self._text()
-        stable = None if text is None else text.rstrip("\ufffd")
-        if stable is None or not stable.startswith(self._shown):  # decoding rewrote text already shown: hold
-            return ""  # everything to the end
+        if text is None:  # decoding rewrote the context's text: hold everything to the end
+            return ""
+        stable = text.rstrip("\ufffd")
+        if self._stop:  # what precedes a stop string, or what cannot be the start of one yet
+            cut = first_stop(stable, self._stop)
+            self.stopped = cut is not None
+            stable = stable[:cut] if self.stopped else stable[: _stop_prefix_start(stable, self._stop)]
+        if not stable.startswith(self._shown):  # decoding rewrote text already shown: hold everything to the end
+            return ""  # (whether a stop string came is still read above)
         new, self._shown = stable[len(self._shown) :], stable
         return new
 
     def flush(self) -> str:
+        if self.stopped:
+            return ""
         text = self._text()
         return text[len(self._shown) :] if text is not None and text.startswith(self._shown) else ""
 

@@ -335,3 +335,45 @@ def test_an_empty_prompt_samples_from_the_token_every_training_document_follows(
     (tmp_path / "empty.txt").write_bytes(b"")
     assert run_cli(gen.main, gen.parser(), [*head, "--prompt-file", str(tmp_path / "empty.txt")]) == 0
     assert capsys.readouterr() == captured
+
+
+def test_stop_strings_end_each_sample_before_them(fake_run, capsys):
+    """--stop STRING (repeatable) ends a sample where its text first contains one of them, a string spanning two
+    tokens here: neither it nor what follows is printed (the text before it is the unstopped output's), and with
+    --num-samples each sample stops on its own. The flag's bad values are refused before the run is read."""
+    from minilm.cli import run_cli
+    from minilm.model.generate import generate
+    from minilm.runs import load_run
+
+    gen = load_script("scripts/generate.py")
+    prompt = "def f(x):"
+    head = [str(fake_run), "--prompt", prompt, "--max-new-tokens", "30", "--device", "cpu"]
+    free = []
+    for seed in ("7", "8"):
+        assert run_cli(gen.main, gen.parser(), [*head, "--seed", seed]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(prompt) and out.endswith("\n")
+        free.append(out[len(prompt) : -1])
+    run = load_run(fake_run)
+    prompt_ids = run.tokenizer.encode(prompt)
+    new = generate(run.model, prompt_ids, 30, seed=7, eos_id=run.tokenizer.eos_id)[0, len(prompt_ids) :].tolist()
+    texts = [run.tokenizer.decode(new[:i]) for i in range(len(new) + 1)]  # the text after 0, 1, 2 ... new tokens
+    for i in range(2, len(new)):  # the last character of a token and the next one's first (neither a broken one)
+        stop = texts[i + 1][len(texts[i]) - 1 : len(texts[i]) + 1]
+        if len(texts[i - 1]) < len(texts[i]) < len(texts[i + 1]) and "\ufffd" not in stop:
+            break
+    else:
+        pytest.fail("no two tokens of whole characters in a row")
+    never = "never \u2603 here"
+    want = [text[: text.find(stop)] if stop in text else text for text in free]
+    assert len(want[0]) < len(free[0])
+    argv = [*head, "--stop", never, "--stop", stop]
+    assert run_cli(gen.main, gen.parser(), [*argv, "--seed", "7"]) == 0
+    assert capsys.readouterr().out == prompt + want[0] + "\n"
+    assert run_cli(gen.main, gen.parser(), [*argv, "--seed", "7", "--num-samples", "2"]) == 0
+    assert capsys.readouterr().out == "".join(f"--- sample {i + 1}/2 (--seed {7 + i}) ---\n{prompt}{w}\n"
+                                              for i, w in enumerate(want))  # fmt: skip
+    for flags, said in ((["--stop", ""], "error: --stop: each stop string must be a non-empty string, got ''\n"),
+                        (["--stop", "caf\udce9"], "error: --stop: not UTF-8 text (byte 0xe9 at character 4)")):
+        assert run_cli(gen.main, gen.parser(), [str(fake_run / "no_run"), "--prompt", "x", *flags]) == 2
+        assert capsys.readouterr().err.startswith(said)

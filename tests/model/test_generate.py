@@ -404,3 +404,75 @@ def test_top_k_below_one_and_a_negative_token_count_are_refused():
     assert generate(model, [1, 2], 0).tolist() == [[1, 2]]  # zero new tokens: the prompt
     with pytest.raises(MinilmError, match="^--top-p: must be in"):  # named as a caller's user gives it
         check_sampling(3, 1.0, None, 2.0, names={"top_p": "--top-p"})
+
+
+def _bytes_decode(ids):
+    """A byte-fallback-only tokenizer: one id per UTF-8 byte (the worst case for partial characters)."""
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("text,stop,before", [
+    ('x = "é€" # done\nnext', ["\n"], 'x = "é€" # done'),
+    ('x = "é€" # done\nnext', ["€"], 'x = "é'),  # a stop string of three byte tokens
+    ('x = "é€" # done\nnext', ["# do", '"é'], "x = "),  # the first occurrence in the text, not the first listed
+    ('abab abc', ["abc"], "abab "),  # a held prefix ('ab') that does not complete, then one that does
+    ('x = "é€" # done', ["none"], 'x = "é€" # done'),  # no stop string: everything, held text at the end included
+])  # fmt: skip
+def test_a_text_stream_ends_exactly_where_the_first_stop_string_begins(text, stop, before):
+    """Streamed text stops at the first occurrence of a stop string, even one spanning several tokens or split inside
+    a multi-byte character: nothing past it is ever printed, nor a broken character, and what is printed joins to the
+    text before it."""
+    from minilm.model.generate import TextStream
+
+    stream = TextStream(_bytes_decode, stop=stop)
+    pieces = []
+    for i in text.encode():
+        pieces.append(stream.push(i))
+        assert before.startswith("".join(pieces))  # never past the stop string, not even for one step
+    pieces.append(stream.flush())
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == before
+    assert stream.stopped == (before != text)
+    # a decoder that rewrites text already shown (as test_text_stream_holds_partial_characters_back's): nothing more is
+    # printed, but a stop string in the rewritten text still ends the stream
+    rewriting = TextStream(lambda ids: "".join(chr(96 + i) for i in ids).capitalize() if len(ids) > 1 else "a",
+                           stop=["bc"])  # fmt: skip
+    assert [(rewriting.push(i), rewriting.stopped) for i in (1, 2, 3)] == [("a", False), ("", False), ("", True)]
+
+
+def test_generate_ends_each_row_at_its_first_stop_string():
+    """generate(stop=..., decode=...) ends a row at the token that completes a stop string in its new text (a string
+    of two tokens here), each row on its own, the others decoding on as they would alone; rows that stopped are
+    padded with eos_id. The prompt's text is not searched."""
+    model = tiny("rope")
+    decode = lambda ids: "".join(chr(65 + i) for i in ids)  # noqa: E731  (one letter per id)
+    prompt = torch.randint(0, V, (2, 4), generator=torch.Generator().manual_seed(0))
+    free = generate(model, prompt, 12, seed=0)[:, 4:]
+    stop = decode(free[0, 2:4].tolist())  # row 0's 3rd and 4th new tokens
+    assert stop not in decode(free[1].tolist()), "pick another prompt: row 1 must not stop"
+    ends = [decode(row.tolist()).find(stop) for row in free]
+    eos = V - 1
+    out = generate(model, prompt, 12, seed=0, stop=[stop], decode=decode, eos_id=eos)[:, 4:]
+    last = ends[0] + len(stop)  # row 0 ends with the token that completes the stop string
+    assert last == 4
+    assert torch.equal(out[0, :last], free[0, :last]) and (out[0, last:] == eos).all()
+    assert torch.equal(out[1], free[1]) and out.shape[1] == 12
+    one = generate(model, prompt[:1], 12, seed=0)[0, 4:]  # one row: one string, and no eos_id needed
+    stop = decode(one[2:4].tolist())
+    alone = generate(model, prompt[:1], 12, seed=0, stop=stop, decode=decode)[0, 4:]
+    assert torch.equal(alone, one[: decode(one.tolist()).find(stop) + 2])
+    in_prompt = decode(prompt[0, -2:].tolist())
+    assert in_prompt not in decode(one.tolist())
+    assert generate(model, prompt[:1], 12, seed=0, stop=[in_prompt], decode=decode).shape[1] == 16
+
+
+@pytest.mark.parametrize("kwargs,said", [
+    ({"stop": ["x", ""]}, "stop: each stop string must be a non-empty string, got ''"),
+    ({"stop": [3]}, "stop: each stop string must be a non-empty string, got 3"),
+    ({"stop": 3}, "stop: must be a string or a list of strings, got 3"),
+    ({"stop": ["x"]}, r"stop: stop strings are read in the decoded text; give decode="),
+    ({"stop": ["x"], "decode": str, "prompt_ids": [[1, 2], [3, 4]]}, "stop: with 2 rows, a row that stops is padded"),
+])  # fmt: skip
+def test_bad_stop_strings_are_refused(kwargs, said):
+    with pytest.raises(MinilmError, match=said):
+        generate(tiny("rope"), **{"prompt_ids": [1, 2], "max_new_tokens": 3, **kwargs})
