@@ -38,8 +38,10 @@ FLAGS = {"prompt": "--prompt", "max_new_tokens": "--max-new-tokens", "temperatur
 
 def read_prompt(args: argparse.Namespace) -> tuple[str, str]:
     """(the prompt, the flag that gave it): --prompt TEXT, or --prompt-file FILE read as UTF-8 as it is (a trailing
-    newline included), ``-`` for stdin. A file takes a prompt longer than one command-line argument may be (Linux: 128
-    KiB, 'Argument list too long'), and text that the shell would have to quote."""
+    newline included) but for a leading byte order mark, ``-`` for stdin. A file takes a prompt longer than one
+    command-line argument may be (Linux: 128 KiB, 'Argument list too long'), and text that the shell would have to
+    quote. The mark (Windows editors write one) is an encoding marker, not text: the data sources drop it from every
+    training document (minilm.data.sources), so a prompt file kept it as three byte tokens no document began with."""
     if args.prompt_file is None:
         check_text(args.prompt, "--prompt")
         return args.prompt, "--prompt"
@@ -50,7 +52,7 @@ def read_prompt(args: argparse.Namespace) -> tuple[str, str]:
     except OSError as e:
         raise MinilmError(f"{flag}: cannot be read ({e.strerror or e}); give a text file, or - for stdin") from None
     try:
-        return data.decode("utf-8"), flag
+        return data.decode("utf-8").removeprefix("\ufeff"), flag
     except UnicodeDecodeError as e:
         raise MinilmError(f"{flag}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); give the text in "
                           "UTF-8 (iconv -f latin1 -t utf-8 converts a Latin-1 file)") from None
@@ -170,7 +172,8 @@ def parser() -> argparse.ArgumentParser:
     prompt.add_argument("--prompt", help="the text to continue (printed first); \"\" samples unconditionally, from "
                         "EOS, the token every training document follows")
     prompt.add_argument("--prompt-file", metavar="FILE",
-                        help="the same, read from FILE as UTF-8 as it is (a final newline included); - reads stdin")
+                        help="the same, read from FILE as UTF-8 as it is (a final newline included; a leading byte "
+                        "order mark dropped); - reads stdin")
     p.add_argument("--phase", help="a phase of the run (default: its final weights)")
     p.add_argument("--max-new-tokens", type=int, default=100, metavar="N",
                    help="tokens to generate at most; fewer when EOS comes first (default: 100)")

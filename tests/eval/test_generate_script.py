@@ -277,6 +277,10 @@ def test_the_prompt_may_come_from_a_file_or_stdin(fake_run, tmp_path, monkeypatc
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
     assert run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt-file", "-", *head]) == 0
     assert capsys.readouterr() == given
+    # a byte order mark (Windows editors write one) is no text, as the data sources read files: it was 3 byte tokens
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert run_cli(gen.main, gen.parser(), [str(fake_run), "--prompt-file", str(tmp_path / "bom.txt"), *head]) == 0
+    assert capsys.readouterr() == given
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
     for name, said in (("none.txt", "cannot be read (No such file or directory)"),
                        ("latin1.txt", "not UTF-8 text (byte 0xe9 at offset 3)")):  # fmt: skip
