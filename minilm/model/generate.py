@@ -189,6 +189,9 @@ def generate(
     last but EOS padding (a batch of several rows needs ``eos_id``), and its text may go on past the stop string:
     ``text[:first_stop(text, stop)]`` is what comes before it. Each row stops on its own."""
     check_sampling(max_new_tokens, temperature, top_k, top_p, names)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):  # int() took 0.5 as 0
+        raise MinilmError(f"{(names or {}).get('seed', 'seed')}: must be a whole number (None: torch's global RNG), "
+                          f"got {seed!r}")  # fmt: skip
     stops = check_stop(stop, names)
     device = next(model.parameters()).device
     idx = _as_batch(prompt_ids, device, model.vocab_size)

@@ -197,6 +197,14 @@ def test_any_integer_is_a_seed():
     assert generate(model, prompt, 12, seed=-(10**30)).shape == (1, 15)
 
 
+
+@pytest.mark.parametrize("seed", [0.5, "3", True])
+def test_a_seed_that_is_not_a_whole_number_is_refused(seed):
+    """seed=0.5 and seed=0.9 drew the same samples (int() truncated both to 0), and seed="3" was read as 3."""
+    with pytest.raises(MinilmError, match=f"seed: must be a whole number .*got {seed!r}"):
+        generate(tiny("rope"), [5, 7, 11], 3, seed=seed)
+
+
 def test_filter_logits():
     logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
     assert torch.isinf(filter_logits(logits, top_k=2)).tolist() == [[True, False, False, True]]
