@@ -79,7 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="appended to the result files' names and the docs table's key")  # fmt: skip
     ap.add_argument("--note", default="", help="free text stored with the results")
     ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    return ap.parse_args(argv)
+    return ap.parse_intermixed_args(argv)  # overrides may follow flags, as train.py's (minilm.cli.run_cli)
 
 
 def build_core(cfg, T: int, B: int, device, dtype, do_compile: bool):

@@ -246,7 +246,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="appended to the result files' names and the docs table's key")  # fmt: skip
     ap.add_argument("--note", default="", help="free text stored with the results (e.g. 'machine shared')")
     ap.add_argument("overrides", nargs="*", help="key.sub=value config overrides")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # overrides may follow flags, as train.py's (minilm.cli.run_cli)
     if args.peer_precision and not args.peer:
         ap.error("--peer-precision needs --peer")
     return args

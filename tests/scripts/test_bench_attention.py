@@ -153,3 +153,9 @@ def test_bad_arguments_and_misspelled_encodings_stop_before_any_measurement(attn
     assert stop.value.code == 2 and "argument --tokens: must be at least 1, got 0" in capsys.readouterr().err
     assert attn_bench.main(["--encodings", "rope,alibbi", *argv]) == 2
     assert "unknown encoding 'alibbi'" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_overrides_may_follow_flags_as_train_pys_do(attn_bench):
+    """Overrides after a flag were 'unrecognized arguments' (parse_args): train.py accepts them anywhere."""
+    args = attn_bench.parse_args(["model.n_layers=1", "--lengths", "8", "model.d_model=32", "--no-compile"])
+    assert args.overrides == ["model.n_layers=1", "model.d_model=32"] and args.lengths == "8"

@@ -391,3 +391,10 @@ def test_peer_without_a_rope_measurement_is_a_usage_error(bench, tmp_path, capsy
     assert ("--peer: the peer (LlamaForCausalLM) is compared with minilm's rope encoding only, and this run measures "
             "alibi, t5: add rope to --encodings, or drop --peer") in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_overrides_may_follow_flags_as_train_pys_do(bench):
+    """``--config X key=value --lengths 8 key2=value`` was 'unrecognized arguments: key2=value' (argparse's
+    parse_args takes one run of positionals): train.py accepts overrides anywhere, and so do the benchmarks."""
+    args = bench.parse_args(["model.n_layers=1", "--lengths", "8", "model.d_model=32", "--steps", "1", "x.y=2"])
+    assert args.overrides == ["model.n_layers=1", "model.d_model=32", "x.y=2"] and args.lengths == "8"
