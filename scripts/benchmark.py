@@ -99,6 +99,8 @@ from minilm.training.precision import cpu_bf16_unit, resolve_precision  # noqa: 
 from minilm.cli import quiet_libraries, set_up_process  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 from minilm.files import atomic_write_text  # noqa: E402
+from minilm.model.transformer import position_hooks  # noqa: E402
+from minilm.positions.base import tightest_limit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "performance.md"
@@ -784,12 +786,23 @@ def plan(args, base) -> list[tuple[str, int]]:
 
 def encoding_configs(args, base) -> dict:
     """The config of each ``--encodings`` entry (``base`` with ``model.position.name`` set), every one loaded before
-    the first measurement: a misspelled name is a usage error (exit 2) at once, not after the encodings before it
-    were measured."""
+    the first measurement: a misspelled name, or a length beyond what a bounded encoding (learned positions, xPos)
+    supports, is a usage error (exit 2) at once, not after the encodings before it were measured."""
     if not args.encodings:
-        return {base.model.position.name: base}
-    return {enc: load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
-            for enc in dict.fromkeys(args.encodings.split(","))}  # fmt: skip
+        configs = {base.model.position.name: base}
+    else:
+        configs = {enc: load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
+                   for enc in dict.fromkeys(args.encodings.split(","))}  # fmt: skip
+    longest = max(T for _, T in plan(args, base))
+    for enc, cfg in configs.items():  # a bounded encoding's too-long length was an error row, exit 1, at its turn
+        tightest = tightest_limit(position_hooks(cfg.model))
+        if tightest and longest > tightest[0]:
+            limit, keys = tightest
+            raise_key = f"raise {' or '.join([f'model.position.{keys[0]}', *keys[1:]])}, " if keys else ""
+            raise MinilmError(f"{'--lengths' if args.lengths else 'train.seq_len'}: {longest} is longer than the {enc} "
+                              f"encoding supports ({limit} positions); {raise_key}measure shorter lengths, or leave "
+                              f"{enc} out of --encodings")  # fmt: skip
+    return configs
 
 
 def measure_all(args, base, device, amps: dict, do_compile, peak_flops, report: dict, done) -> None:

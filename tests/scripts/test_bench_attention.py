@@ -159,3 +159,12 @@ def test_overrides_may_follow_flags_as_train_pys_do(attn_bench):
     """Overrides after a flag were 'unrecognized arguments' (parse_args): train.py accepts them anywhere."""
     args = attn_bench.parse_args(["model.n_layers=1", "--lengths", "8", "model.d_model=32", "--no-compile"])
     assert args.overrides == ["model.n_layers=1", "model.d_model=32"] and args.lengths == "8"
+
+
+def test_a_length_beyond_a_bounded_encoding_stops_before_any_measurement(attn_bench, tmp_path, capsys):
+    """A length beyond learned positions' table was an error row (exit 1) after the other encodings had run."""
+    argv = ["--lengths", "4096", "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu",
+            "--out", str(tmp_path), *TINY]  # fmt: skip
+    assert attn_bench.main(["--encodings", "rope,learned", *argv]) == 2
+    assert "--lengths: 4096 is longer than the learned encoding supports (2048 positions)" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -398,3 +398,14 @@ def test_overrides_may_follow_flags_as_train_pys_do(bench):
     parse_args takes one run of positionals): train.py accepts overrides anywhere, and so do the benchmarks."""
     args = bench.parse_args(["model.n_layers=1", "--lengths", "8", "model.d_model=32", "--steps", "1", "x.y=2"])
     assert args.overrides == ["model.n_layers=1", "model.d_model=32", "x.y=2"] and args.lengths == "8"
+
+
+def test_a_length_beyond_a_bounded_encoding_stops_before_any_measurement(bench, tmp_path, capsys):
+    """--lengths longer than learned positions' table measured the encodings before it, then gave an error row and
+    exit 1: a usage error, found before anything runs, with the key that raises the limit."""
+    argv = ["--lengths", "8,4096", "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu",
+            "--out", str(tmp_path), *TINY]  # fmt: skip
+    assert bench.main(["--encodings", "rope,learned", *argv]) == 2
+    err = capsys.readouterr().err
+    assert ("error: --lengths: 4096 is longer than the learned encoding supports (2048 positions); raise "
+            "model.position.max_positions") in err and "tok/s" not in err and not list(tmp_path.iterdir())
