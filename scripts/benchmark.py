@@ -58,7 +58,8 @@ and kernels that took the most time (self time on the device: CUDA kernels on a 
 the tokens/s alone do not say. The timed steps are not profiled.
 
 Writes ``<out>/<date>-<device>-<run.name>[-<tag>].json`` and ``.md``; ``--update-docs`` also replaces this device and
-config's table in docs/performance.md (between ``<!-- benchmark:KEY -->`` markers; added at the end if absent).
+config's table in docs/performance.md (between ``<!-- benchmark:KEY -->`` markers; added at the end if absent; a
+marker alone, doubled or out of order is exit 2 before the first measurement).
 All three are rewritten after every (encoding, length), so a run stopped by SIGINT keeps what it measured
 (``"complete": false``, the table marked partial; exit 130). A measurement that raises (a compiler or kernel
 failure) becomes a row with status "error" and the message, and the run goes on (exit 1 at the end) — unless the
@@ -725,14 +726,36 @@ def markdown_table(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def docs_markers(report: dict) -> tuple[str, str]:
+    """The begin and end markers of this device and config's table in docs/performance.md."""
+    key = f"{report['device_slug']}-{report['config_name']}"
+    return f"<!-- benchmark:{key}:begin -->", f"<!-- benchmark:{key}:end -->"
+
+
+def marked_span(text: str, report: dict, path: Path) -> Optional[tuple[int, int]]:
+    """(start, end) in ``text`` of this device and config's table, its markers included; None where neither marker
+    is there (the table is then added at the end). One marker alone, either twice, or the end before the begin is
+    an error naming the file and line: replacing from the first begin to the first end anywhere had cut out or
+    doubled the text between them, and appending had left the stray marker for the next run to meet."""
+    begin, end = docs_markers(report)
+    found = {m: [x.start() for x in re.finditer(re.escape(m), text)] for m in (begin, end)}
+    if not found[begin] and not found[end]:
+        return None
+    if len(found[begin]) == len(found[end]) == 1 and found[begin][0] < found[end][0]:
+        return found[begin][0], found[end][0] + len(end)
+    where = ", ".join(f"{path}:{text.count(chr(10), 0, i) + 1} {m}" for m in (begin, end) for i in found[m])
+    raise MinilmError(f"--update-docs: {path} must hold this table's markers once each, begin before end, or "
+                      f"neither; found {where}: mend or remove them by hand")  # fmt: skip
+
+
 def update_docs(report: dict, md: str, path: Path) -> None:
     """Replace (or append) the block between this device and config's markers in docs/performance.md."""
-    key = f"{report['device_slug']}-{report['config_name']}"
-    begin, end = f"<!-- benchmark:{key}:begin -->", f"<!-- benchmark:{key}:end -->"
+    begin, end = docs_markers(report)
     block = f"{begin}\n{md}{end}"
     text = path.read_text() if path.exists() else "# Performance\n"
-    if begin in text and end in text:
-        text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+    span = marked_span(text, report, path)
+    if span:
+        text = text[: span[0]] + block + text[span[1] :]
     else:
         text = text.rstrip("\n") + f"\n\n### {report['device_name']} — {report['config_name']}\n\n{block}\n"
     atomic_write_text(path, text)
@@ -917,6 +940,8 @@ def run_measurements(report: dict, measure_loop, out: Path, now, update: bool, t
     ``StoppedEarly``, saying how far the run got and where its results are."""
     table = table or markdown_table
     _check_out(out)
+    if update and DOCS.exists():  # before the first measurement, not after it (minutes of GPU time on)
+        marked_span(DOCS.read_text(), report, DOCS)
     print(setup_line(report), flush=True)
 
     def done():

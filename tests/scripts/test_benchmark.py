@@ -409,3 +409,23 @@ def test_a_length_beyond_a_bounded_encoding_stops_before_any_measurement(bench, 
     err = capsys.readouterr().err
     assert ("error: --lengths: 4096 is longer than the learned encoding supports (2048 positions); raise "
             "model.position.max_positions") in err and "tok/s" not in err and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("markers", [
+    "<!-- benchmark:cpu-run:begin -->\nold\n",  # an end marker lost: the table was appended, the stray begin left
+    "<!-- benchmark:cpu-run:end -->\nkept\n<!-- benchmark:cpu-run:begin -->\nold\n",  # reversed: 'kept' doubled
+    "<!-- benchmark:cpu-run:begin -->\na\n<!-- benchmark:cpu-run:end -->\nkept\n"
+    "<!-- benchmark:cpu-run:begin -->\nb\n<!-- benchmark:cpu-run:end -->\n",  # twice: 'kept' cut out
+])  # fmt: skip
+def test_update_docs_with_broken_markers_stops_before_any_measurement(bench, tmp_path, monkeypatch, capsys, markers):
+    """Markers of this table once each, begin before end, or none (the table is appended); anything else is exit 2
+    naming the file and line, before anything is measured, and the docs are left as they were."""
+    docs = tmp_path / "performance.md"
+    docs.write_text(f"# Performance\n\n{markers}")
+    monkeypatch.setattr(bench, "DOCS", docs)
+    argv = ["--lengths", "8", "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu", "--update-docs",
+            "--out", str(tmp_path / "out"), *TINY]  # fmt: skip
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: --update-docs: {docs} must hold this table's markers once each" in err and f"{docs}:3 " in err
+    assert docs.read_text() == f"# Performance\n\n{markers}" and not (tmp_path / "out").exists()
