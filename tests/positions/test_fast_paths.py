@@ -894,3 +894,19 @@ def test_rotary_takes_the_composition_where_the_function_does_not_apply(why, mon
             x, cos, sin = x.to("meta"), cos.to("meta"), sin.to("meta")
         y = apply_rotary(x, cos, sin, "half")
     assert not takes_the_function(y)
+
+
+@pytest.mark.parametrize("num_buckets, max_distance, bidirectional",
+                         [(32, 128, False), (32, 128, True), (2, 2, False), (4, 3, True), (64, 3224, True),
+                          (8, HUGE_T5_DISTANCE, False)])  # fmt: skip
+def test_t5_buckets_match_transformers_relative_position_bucket(num_buckets, max_distance, bidirectional):
+    """``T5Bias.buckets`` (one search of bucket_starts per distance) and the score_mod's ``kernel_buckets``
+    (a comparison per threshold) give every distance the bucket of transformers' ``_relative_position_bucket``
+    (Raffel et al. 2020; relative_position = j − i = −d), far past max_distance too, on CPU."""
+    t5_reference = pytest.importorskip("transformers.models.t5.modeling_t5").T5Attention._relative_position_bucket
+    pos = hook("t5", num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
+    d = torch.cat([torch.arange(-5000, 5000), torch.tensor([-(2**40), 2**40, 10**15, 2**62])])
+    want = t5_reference(-d, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    assert torch.equal(pos.buckets(d), want)
+    assert torch.equal(pos.buckets(d.view(2, 1, -1, 1)), want.view(2, 1, -1, 1))  # any shape, (B, 1, T, S) too
+    assert torch.equal(pos.kernel_buckets(d), want)
