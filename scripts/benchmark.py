@@ -17,12 +17,12 @@ sequences as keep the config's tokens per micro-batch (``train.micro_batch_size`
 compile setting), the same-shaped ``transformers.LlamaForCausalLM`` (attn_implementation="sdpa": RMSNorm, SwiGLU,
 RoPE, no biases, same d_model / layers / heads / kv heads / FFN width / vocab / tying / RoPE base) and reports
 minilm's tokens/s over the peer's. Only for the ``rope`` encoding (the peer has no other; --peer measuring no rope
-is an error). Needs the ``hf`` extra (transformers). With ``--repeats R`` the two alternate R times, so a shared
-machine's load falls on both alike; tokens/s always come from the median step time over all timed steps of all
-repeats. A second ratio comes from ``paired_ratio``: both models side by side, one step each in turn, median of the
-per-pair ratios. ``--peer-precision`` trains the peer in another precision than minilm: on a CPU, say, minilm at
-``auto`` (bf16-mixed where the CPU has AMX or AVX512-BF16) against the peer in fp32, its faster precision on an AMX
-Xeon.
+is an error, and so is a ``model.mlp`` other than swiglu). Needs the ``hf`` extra (transformers). With
+``--repeats R`` the two alternate R times, so a shared machine's load falls on both alike; tokens/s always come
+from the median step time over all timed steps of all repeats. A second ratio comes from ``paired_ratio``: both
+models side by side, one step each in turn, median of the per-pair ratios. ``--peer-precision`` trains the peer in
+another precision than minilm: on a CPU, say, minilm at ``auto`` (bf16-mixed where the CPU has AMX or AVX512-BF16)
+against the peer in fp32, its faster precision on an AMX Xeon.
 
 MFU (PaLM, Chowdhery et al. 2022, appendix B): model FLOPs per token = 6·N + 12·L·d·T, where
 N = the parameters that take part in a matmul — every parameter except the input embedding table, the LM head
@@ -865,6 +865,9 @@ def run(args) -> dict:
     if args.peer and "rope" not in measured:  # (measured without a word of the peer, it was silently left out)
         raise MinilmError(f"--peer: the peer (LlamaForCausalLM) is compared with minilm's rope encoding only, and this "
                           f"run measures {', '.join(measured)}: add rope to --encodings, or drop --peer")
+    if args.peer and base.model.mlp != "swiglu":  # (the peer was a SwiGLU of gelu's 4·d_model width: another model)
+        raise MinilmError(f"--peer: the peer (LlamaForCausalLM) has a SwiGLU MLP, and model.mlp is "
+                          f"{base.model.mlp!r}: set model.mlp=swiglu, or drop --peer")  # fmt: skip
     device, precisions, amps, do_compile, peak = _setup(args, base)
     now = datetime.datetime.now(datetime.timezone.utc)
     report = new_report(args, base, device, precisions["minilm"], do_compile, now, len(planned))

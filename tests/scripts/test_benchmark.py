@@ -429,3 +429,14 @@ def test_update_docs_with_broken_markers_stops_before_any_measurement(bench, tmp
     err = capsys.readouterr().err
     assert f"error: --update-docs: {docs} must hold this table's markers once each" in err and f"{docs}:3 " in err
     assert docs.read_text() == f"# Performance\n\n{markers}" and not (tmp_path / "out").exists()
+
+
+def test_peer_with_another_mlp_is_a_usage_error(bench, tmp_path, capsys):
+    """The peer is a Llama, SwiGLU MLP: with model.mlp=gelu it was a SwiGLU of gelu's 4·d_model width (half as large
+    again), and the ratio compared two different models as 'same-shaped'."""
+    argv = ["--lengths", "8", "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu", "--peer",
+            "--out", str(tmp_path), *TINY, "model.mlp=gelu"]  # fmt: skip
+    assert bench.main(argv) == 2
+    assert ("--peer: the peer (LlamaForCausalLM) has a SwiGLU MLP, and model.mlp is 'gelu': set model.mlp=swiglu, "
+            "or drop --peer") in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
