@@ -154,11 +154,12 @@ def names_list(text: str) -> str:
 
 
 def file_tag(text: str) -> str:
-    """An argparse ``type``: a tag for the result files' names: letters, digits, '.', '_', '-' (a '/' wrote into a
-    folder of that name)."""
-    if not re.fullmatch(r"[\w.-]*", text):
-        raise argparse.ArgumentTypeError(f"letters, digits, '.', '_' and '-' expected (it ends the result files' "
-                                         f"names), got {text!r}")  # fmt: skip
+    """An argparse ``type``: a tag for the result files' names: letters, digits, '.', '_', '-', beginning and ending
+    with a letter, digit or '_' (a '/' wrote into a folder of that name; '.' wrote ``...-tiny-..json``)."""
+    if not re.fullmatch(r"(\w([\w.-]*\w)?)?", text):
+        raise argparse.ArgumentTypeError(f"letters, digits, '.', '_' and '-', beginning and ending with a letter, "
+                                         f"digit or '_', expected (it ends the result files' names), got "
+                                         f"{text!r}")  # fmt: skip
     return text
 
 

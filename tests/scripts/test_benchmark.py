@@ -347,7 +347,9 @@ def test_mfu_peak_follows_the_gpu_model(bench, monkeypatch, name, peak):
     (["--peak-tflops", "0"], "argument --peak-tflops: must be a finite number > 0, got 0"),
     (["--peak-tflops", "inf"], "argument --peak-tflops: must be a finite number > 0, got inf"),  # was MFU 0.0 %
     (["--encodings", ","], "argument --encodings: comma-separated names, none of them empty"),  # 'unknown ... None'
-    (["--tag", "a/b"], "argument --tag: letters, digits, '.', '_' and '-' expected"),  # wrote into a folder a/
+    (["--tag", "a/b"], "argument --tag: letters, digits, '.', '_' and '-', beginning"),  # wrote into a folder a/
+    (["--tag", "."], "argument --tag: letters, digits, '.', '_' and '-', beginning"),  # wrote ...-tiny-..json
+    (["--tag", "v1."], "and ending with a letter, digit or '_', expected (it ends the result files' names), got 'v1.'"),
     (["--device", "gpu"], "argument --device: must be cpu, cuda or cuda:N, got 'gpu'"),  # was a RuntimeError
     (["--peer-precision", "32"], "--peer-precision needs --peer"),
 ])  # fmt: skip
