@@ -168,3 +168,18 @@ def test_a_length_beyond_a_bounded_encoding_stops_before_any_measurement(attn_be
     assert attn_bench.main(["--encodings", "rope,learned", *argv]) == 2
     assert "--lengths: 4096 is longer than the learned encoding supports (2048 positions)" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_no_cpu_fp32_backward_holds_for_its_run_only(attn_bench, tmp_path, monkeypatch):
+    """--no-cpu-fp32-backward set CPU_FP32_BACKWARD_BELOW to 0 for good: a later run in the same process measured
+    bf16 backward everywhere while its report said cpu_fp32_backward True."""
+    from minilm.model import attention
+
+    seen, measure = [], attn_bench.measure
+    monkeypatch.setattr(attn_bench, "measure", lambda *a: seen.append(attention.CPU_FP32_BACKWARD_BELOW) or measure(*a))
+    argv = ["--lengths", "8", "--encodings", "rope", "--tokens", "16", "--steps", "1", "--warmup", "0", "--threads",
+            "1", "--device", "cpu", "--out", str(tmp_path), *TINY]  # fmt: skip
+    default = attention.CPU_FP32_BACKWARD_BELOW
+    assert attn_bench.main([*argv, "--no-cpu-fp32-backward"]) == 0 and seen == [0]
+    assert attention.CPU_FP32_BACKWARD_BELOW == default > 0
+    assert attn_bench.main(argv) == 0 and seen == [0, default]
