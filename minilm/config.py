@@ -112,7 +112,7 @@ class DataConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     cache_dir: str = "data/cache"
     val_fraction: float = 0.02  # share of documents held out (by a hash of the document's name)
-    num_proc: int = 2  # processes for tokenization
+    num_proc: int = 2  # sentencepiece threads encoding the documents (minilm/data/prepare.py: _tokenize)
     # sampling (a phase may override these under its own ``data:``)
     long_fraction: float = 0.0  # share of sequences drawn as windows of long documents
     long_min_tokens: Optional[int] = None  # a "long" document has at least this many tokens; None = seq_len

@@ -333,9 +333,9 @@ class T5Bias(PositionEncoding):
             return None
         m = self.params.max_distance
         n = self.reach(m, q_pos.shape[0] * q_pos.shape[-1] * k_pos.shape[-1])
-        # (H,): the bias of every d >= m, whose bucket is past every threshold (all <= m): a Python int, for
-        # dynamo's graph (a bucketize of a 0-dim tensor there is a data-dependent index)
-        far = self.table[self.params.num_buckets // 2 + len(self.thresholds)].float()
+        # (H,): the bias of every d >= m, in the last bucket (every threshold is <= m): a Python int, for dynamo's
+        # graph (a bucketize of a 0-dim tensor there is a data-dependent index)
+        far = self.table[self.params.num_buckets - 1].float()
 
         def is_near(b, h, i, j):
             return q_pos[b, i] - k_pos[b, j] < m
