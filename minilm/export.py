@@ -519,11 +519,33 @@ def _remove_created(created: list[Path]) -> None:
             break
 
 
+def check_run_finished(path: str | Path, phase: Optional[str] = None) -> None:
+    """Refuse a run directory given without a phase whose last phase has not finished. Its export is the run's final
+    weights (docs/export.md), which it does not have yet: minilm.runs.load_run reads its newest finished phase instead,
+    maybe the pretraining without the extension's RoPE scaling, and that was exported under the run's name without a
+    word. A phase asked for (``phase``, a phase directory, a weights file) names its weights itself."""
+    from minilm.runs import finish_command, resolve_run, run_phase_names
+
+    if phase is not None:
+        return
+    run_dir, newest, _ = resolve_run(path, None)
+    if newest is None or Path(path).resolve() != run_dir.resolve():
+        return
+    names = run_phase_names(run_dir)
+    to_come = names[names.index(newest) + 1 :]
+    if to_come:
+        raise MinilmError(f"{run_dir} has not finished ({', '.join(to_come)} to come), so it has no final weights to "
+                          f"export; give --phase {newest} to export its newest finished phase, or "
+                          f"{finish_command(run_dir, 'finish the run')}")  # fmt: skip
+
+
 def export_run(path: str | Path, out_dir: str | Path, phase: Optional[str] = None,
                verify: Optional[Callable[[Path], None]] = None) -> Path:
-    """Export a run directory, phase directory or weights file (minilm.runs.load_run) to ``out_dir``."""
+    """Export a run directory (its final weights: a run whose last phase has not finished is refused), phase directory
+    or weights file (minilm.runs.load_run) to ``out_dir``."""
     from minilm.runs import load_run
 
+    check_run_finished(path, phase)
     run = load_run(path, phase=phase)
     return export_model(run.model, run.cfg, run.tokenizer, out_dir, verify=verify)
 

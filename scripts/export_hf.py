@@ -10,7 +10,8 @@ them back and prints the largest fp32 logit difference from minilm on random tok
 4x it; above 1e-4 it fails and OUT_DIR is left as it was. RoPE models only (any scaling transformers can express:
 default, linear, dynamic, yarn, llama3, longrope; ntk and ntk_by_parts are rewritten exactly); anything else is
 refused with a message naming it (exit code 2), as is an OUT_DIR that is a minilm run or phase directory, or any
-other non-empty directory that is not an earlier export. Needs
+other non-empty directory that is not an earlier export, and a run directory whose last phase has not
+finished (it has no final weights: --phase NAME exports a finished phase). Needs
 transformers (pip install -e ".[hf]"). See docs/export.md.
 """
 
@@ -29,11 +30,12 @@ TOLERANCE = 1e-4
 
 
 def main(args: argparse.Namespace) -> int:
-    from minilm.export import check_out_dir, export_model, max_logit_difference
+    from minilm.export import check_out_dir, check_run_finished, export_model, max_logit_difference
     from minilm.runs import load_run
 
     check_home_expanded(args.out_dir, "OUT_DIR")
     check_out_dir(Path(args.out_dir))  # a refused OUT_DIR before the run loads (export_model checks it again)
+    check_run_finished(args.checkpoint, args.phase)  # an unfinished run has no final weights: --phase picks one
     run = load_run(args.checkpoint, phase=args.phase)
     L = int(run.cfg.train.seq_len)
 

@@ -690,3 +690,36 @@ def test_a_model_file_of_another_sentencepiece_type_is_refused_by_its_name(tiny_
     with pytest.raises(MinilmError, match=r"word\.model: sentencepiece model type 'word' is not exportable "
                                           r"\(bpe, unigram\)"):  # fmt: skip
         hf_tokenizer(tmp_path / "word.model")
+
+
+def test_an_unfinished_run_is_refused_naming_its_newest_finished_phase(tiny_text_dir, tmp_path, capsys):
+    """A run directory whose last phase has not finished has no final weights: the export took its newest finished
+    phase's (the pretraining, without the extension's RoPE scaling) and wrote it under the run's name without a word.
+    It is refused, naming that phase for --phase; a phase asked for by name or by its directory is exported."""
+    from minilm.cli import run_cli
+    from minilm.data.tokenizer import train_tokenizer
+    from minilm.export import export_run
+    from minilm.training.checkpoint import save_weights
+    from tests.conftest import load_script
+
+    run = tmp_path / "run"
+    tok = train_tokenizer([p.read_text() for p in sorted(tiny_text_dir.glob("*.py"))], run / "tokenizer.model",
+                          load_config(overrides=["data.tokenizer.vocab_size=300"]).data.tokenizer)  # fmt: skip
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2", f"run.dir={run}",
+                                 f"phases={{pretrain: {{steps: 3}}, extend: {{steps: 3, seq_len: {2 * L}}}}}"])
+    save_config(cfg, run / "config.yaml")
+    save_weights(GPT(cfg.model, tok.vocab_size), run / "pretrain" / "model.safetensors")
+    (run / "pretrain" / "complete.json").write_text("{}")  # 'pretrain' has finished, 'extend' has not
+    out = tmp_path / "hf"
+    script = load_script("scripts/export_hf.py")
+    assert run_cli(script.main, script.parser(), [str(run), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {run} has not finished (extend to come), so it has no final weights to export; "
+                          "give --phase pretrain to export its newest finished phase, or finish the run with: ")
+    assert err.count("\n") == 1 and not out.exists()
+    with pytest.raises(MinilmError, match="has not finished"):
+        export_run(run, out)
+    assert not out.exists()
+    for path, phase in ((run, "pretrain"), (run / "pretrain", None)):  # a phase asked for: exported
+        assert export_run(path, out, phase=phase) == out
+        assert json.loads((out / "minilm_export.json").read_text())["train_seq_len"] == cfg.train.seq_len
