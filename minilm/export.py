@@ -75,7 +75,7 @@ def _plain(x: Any) -> Any:
 
 # what a refusal says can be exported (the error named what cannot, not what to train instead)
 EXPORTABLE = ("exportable: model.position.name: rope (layout half or interleaved, fraction 1, nope_every 0) with "
-              f"scaling rope_type {', '.join(HF_ROPE_TYPES)} or none, and model.mlp: swiglu")
+              f"scaling rope_type {', '.join(HF_ROPE_TYPES)} or none (partial_rotary_factor 1), and model.mlp: swiglu")
 
 
 def check_exportable(model_cfg, model=None) -> None:
@@ -99,8 +99,9 @@ def check_exportable(model_cfg, model=None) -> None:
         if rope_type not in HF_ROPE_TYPES:
             problems.append(f"model.position.scaling.rope_type: {rope_type!r} — transformers has no such rope_type")
         if scaling.get("partial_rotary_factor", 1.0) != 1.0:
-            problems.append("model.position.scaling.partial_rotary_factor: partial rotary; transformers' Llama "
-                            "rotates every head dimension")  # fmt: skip
+            problems.append(f"model.position.scaling.partial_rotary_factor: {scaling['partial_rotary_factor']} — "
+                            "partial rotary; transformers' Llama rotates every head dimension (it ignores "
+                            "partial_rotary_factor)")  # fmt: skip
     if model_cfg.mlp != "swiglu":
         problems.append(f"model.mlp: {model_cfg.mlp!r} — a Llama MLP is SwiGLU (gate/up/down with SiLU)")
     if model is not None:

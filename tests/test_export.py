@@ -208,7 +208,7 @@ REFUSED = {
     "partial": (["model.position.fraction=0.5"], "partial rotary"),
     "nope_layers": (["model.position.nope_every=2"], "nope_every"),
     "partial_scaling": ([scaling("{rope_type: linear, factor: 2.0, partial_rotary_factor: 0.5}")],
-                        "scaling.partial_rotary_factor"),
+                        "model.position.scaling.partial_rotary_factor: 0.5 — partial rotary"),
     "dynamic_yarn": ([scaling(f"{{rope_type: dynamic_yarn, original_max_position_embeddings: {L}}}")], "dynamic_yarn"),
 }
 
@@ -225,6 +225,7 @@ def test_refuses_what_llama_cannot_express(case, tmp_path):
     # and what can be exported instead: the refusal named only what cannot
     assert "exportable: model.position.name: rope (layout half or interleaved" in str(err.value)
     assert "rope_type default, linear, dynamic, yarn, llama3, longrope, ntk, ntk_by_parts" in str(err.value)
+    assert "or none (partial_rotary_factor 1), and model.mlp: swiglu" in str(err.value)
     assert not (tmp_path / "model.safetensors").exists()
 
 
