@@ -325,7 +325,10 @@ def hf_tokenizer(model_file: str | Path):
     # run of spaces stays with the word after it; a trailing run is a word of its own.
     if t.split_by_whitespace:
         tok.pre_tokenizer = pre_tokenizers.Split(Regex("▁*[^▁]+|▁+"), behavior="isolated")
-    steps = [decoders.Replace("▁", " ")] + ([decoders.ByteFallback()] if t.byte_fallback else []) + [decoders.Fuse()]
+    # the unknown piece decodes to sentencepiece's unk_surface (" ⁇ "), not to its own text "<unk>" (only a model
+    # without byte_fallback emits it: one with it spells unknown characters in bytes)
+    steps = [decoders.Replace(unk, t.unk_surface)] if t.unk_surface else []
+    steps += [decoders.Replace("▁", " ")] + ([decoders.ByteFallback()] if t.byte_fallback else []) + [decoders.Fuse()]
     tok.decoder = decoders.Sequence(steps)
     tok.add_tokens([AddedToken(p.piece, normalized=False, special=False) for p in proto.pieces if p.type == USER])
     tok.add_special_tokens([AddedToken(p.piece, normalized=False, special=True) for p in proto.pieces

@@ -724,3 +724,20 @@ def test_an_unfinished_run_is_refused_naming_its_newest_finished_phase(tiny_text
     for path, phase in ((run, "pretrain"), (run / "pretrain", None)):  # a phase asked for: exported
         assert export_run(path, out, phase=phase) == out
         assert json.loads((out / "minilm_export.json").read_text())["train_seq_len"] == cfg.train.seq_len
+
+
+def test_the_unknown_piece_decodes_as_sentencepiece_does(tiny_text_dir, tmp_path):
+    """A tokenizer without byte_fallback (data.tokenizer.byte_fallback: false) encodes an unknown character as <unk>,
+    which sentencepiece (minilm's decode, generate.py) shows as ' ⁇ '; the export decoded it to '<unk>'."""
+    from minilm.data.tokenizer import UNK_ID, train_tokenizer
+    from minilm.export import hf_tokenizer
+
+    docs = [p.read_text() for p in sorted(tiny_text_dir.glob("*.py"))]
+    tok_cfg = load_config(overrides=["data.tokenizer.vocab_size=300", "data.tokenizer.byte_fallback=false"])
+    ours = train_tokenizer(docs, tmp_path / "tok.model", tok_cfg.data.tokenizer)
+    hf_tokenizer(ours.model_file).save_pretrained(tmp_path / "hf")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    text = "def f(é):\n    return 'ü' + x\n"
+    ids = ours.encode(text)
+    assert UNK_ID in ids and theirs(text)["input_ids"] == ids
+    assert theirs.decode(ids) == ours.decode(ids) == "def f( ⁇ ):\n    return ' ⁇ ' + x\n"
