@@ -264,6 +264,16 @@ def hf_config(cfg, vocab_size: int, tokenizer=None):
     return LlamaConfig(**kwargs)
 
 
+def hf_generation_config(tokenizer):
+    """``generation_config.json``: ``generate()``'s defaults, start token included. minilm's data puts EOS after every
+    document and BOS nowhere (minilm/data/prepare.py), so a document's first token follows EOS and BOS's embedding
+    never trained: transformers' ``generate()`` without ``input_ids`` starts from ``bos_token_id``, here EOS, as
+    scripts/generate.py's empty prompt does. (config.json keeps the tokenizer's own BOS id.)"""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(bos_token_id=tokenizer.eos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+
+
 # ------------------------------------------------------------------------------------------------ weights
 
 
@@ -393,8 +403,8 @@ def _hf_tokenizer_model(proto, model_file):
 
 
 EXPORT_MARKER = "minilm_export.json"  # written last: a directory with it is a whole minilm export
-EXPORT_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
-                EXPORT_MARKER}  # fmt: skip
+EXPORT_FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json", "tokenizer.model", EXPORT_MARKER}  # fmt: skip
 
 
 def check_out_dir(out: Path) -> None:
@@ -446,6 +456,8 @@ def _write_export(model, cfg, tokenizer, out: Path) -> None:
     from safetensors.torch import save
 
     hf_config(cfg, model.vocab_size, tokenizer).save_pretrained(out)
+    if tokenizer is not None:
+        hf_generation_config(tokenizer).save_pretrained(out)
     (out / "model.safetensors").write_bytes(save(hf_state_dict(model), metadata={"format": "pt"}))
     if tokenizer is not None:
         hf_tokenizer(tokenizer.model_file).save_pretrained(out)

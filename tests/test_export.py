@@ -644,6 +644,23 @@ def test_export_script_on_a_run_dir(tiny_text_dir, tmp_path):
     assert proc.returncode == 2 and "alibi" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_generate_without_a_prompt_starts_from_the_token_documents_follow(tiny_text_dir, tmp_path):
+    """minilm's data has EOS after every document and no BOS: transformers' generate() without input_ids started
+    from config.json's bos_token_id, an embedding no step trained, where scripts/generate.py's empty prompt starts
+    from EOS. generation_config.json now starts there; config.json keeps the tokenizer's BOS."""
+    from minilm.data.tokenizer import train_tokenizer
+
+    tok = train_tokenizer([p.read_text() for p in sorted(tiny_text_dir.glob("*.py"))], tmp_path / "tok.model",
+                          load_config(overrides=["data.tokenizer.vocab_size=300"]).data.tokenizer)  # fmt: skip
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2", f"train.seq_len={L}"])
+    torch.manual_seed(0)
+    export_model(GPT(cfg.model, tok.vocab_size), cfg, tok, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float().eval()
+    assert hf.config.bos_token_id == tok.bos_id != tok.eos_id
+    out = hf.generate(max_new_tokens=3, do_sample=False)
+    assert out[0, 0].item() == tok.eos_id
+
+
 def export_script(run: Path, out: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = [sys.executable, str(REPO / "scripts" / "export_hf.py"), str(run), str(out)]
