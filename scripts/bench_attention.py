@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/benchmark.py
 import benchmark as bench  # noqa: E402
 import torch  # noqa: E402
 
-from minilm.config import load_config, micro_batch_size  # noqa: E402
+from minilm.config import micro_batch_size  # noqa: E402
 import minilm.model.attention as attention  # noqa: E402
 from minilm.model.attention import AttentionMask  # noqa: E402
 from minilm.model.transformer import Block  # noqa: E402
@@ -143,7 +143,7 @@ def markdown_table(report: dict) -> str:
         f"{bench.flex_forms_text(report)}"
         f"{'' if report.get('cpu_fp32_backward', True) else ' · no fp32 backward on CPU'} · "
         f"{report['date']} · config `{report['config']}` "
-        f"{' '.join(report['overrides'])} · attention core (rotate + kernel), forward + backward, median of "
+        f"{' '.join(report['overrides'])}{bench.position_overrides_text(report)} · attention core (rotate + kernel), forward + backward, median of "
         f"{report['steps']} after {report['warmup']} warm-up · memory: {report['memory_kind']}"
     )
     if report.get("note"):
@@ -174,7 +174,7 @@ def _print_row(r: dict) -> None:
 
 
 def run(args) -> dict:
-    base = load_config(args.config, args.overrides)
+    base = bench.base_config(args)
     device, precision = bench.device_and_precision(args, base)
     dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
     tokens = args.tokens or micro_batch_size(base.train) * base.train.seq_len

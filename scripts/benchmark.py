@@ -10,8 +10,10 @@
 One step = forward + backward + gradient clipping + AdamW step on random tokens (B, T) — the work of one
 optimizer step of ``train.py`` without Lightning, the data loader and logging. The model is ``GPT(cfg.model, V)``
 with V = ``data.tokenizer.vocab_size`` and, per ``--encodings`` entry, ``model.position.name`` set to it (the
-encoding's default parameters). Per sequence length T the batch is ``--batch-size`` or, by default, as many
-sequences as keep the config's tokens per micro-batch (``train.micro_batch_size`` · ``train.seq_len``), at least 1.
+encoding's default parameters, and the ``model.position.*`` overrides it takes: ``model.position.num_buckets=64``
+reaches T5 and not RoPE; one that no listed encoding takes is exit 2). Per sequence length T the batch is
+``--batch-size`` or, by default, as many sequences as keep the config's tokens per micro-batch
+(``train.micro_batch_size`` · ``train.seq_len``), at least 1.
 
 ``--peer`` trains, in the same process, on the same device and the same way (same batch, optimizer, precision,
 compile setting), the same-shaped ``transformers.LlamaForCausalLM`` (attn_implementation="sdpa": RMSNorm, SwiGLU,
@@ -85,6 +87,7 @@ import threading
 import time
 import traceback
 import warnings
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -101,6 +104,7 @@ from minilm.cli import quiet_libraries, set_up_process  # noqa: E402
 from minilm.errors import MinilmError  # noqa: E402
 from minilm.files import atomic_write_text  # noqa: E402
 from minilm.model.transformer import position_hooks  # noqa: E402
+from minilm.positions import REGISTRY, validate_position  # noqa: E402
 from minilm.positions.base import tightest_limit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -680,7 +684,8 @@ def markdown_table(report: dict) -> str:
         f"Device: {report['device_name']} · torch {report['torch']} · threads {report['threads']} · "
         f"precision {report['precision']}{_peer_precision(report)} · compile {compile_text(report)}"
         f"{flex_forms_text(report)} · "
-        f"{report['date']} · config `{report['config']}` {' '.join(report['overrides'])} · {report['steps']} steps "
+        f"{report['date']} · config `{report['config']}` {' '.join(report['overrides'])}"
+        f"{position_overrides_text(report)} · {report['steps']} steps "
         f"after {report['warmup']} warm-up, × {report['repeats']} alternating repeats, median step · "
         f"memory: {report['memory_kind']}"
     )
@@ -808,15 +813,80 @@ def plan(args, base) -> list[tuple[str, int]]:
     return [(enc, T) for enc in encodings for T in lengths]
 
 
+def position_parameter(item: str) -> Optional[str]:
+    """The ``model.position`` key an override sets (``model.position.num_buckets=64``: ``num_buckets``; a whole
+    ``model.position={...}`` block: the empty string); None for an override of any other key."""
+    parts = [part.strip() for part in item.partition("=")[0].split(".")]
+    return (".".join(parts[2:]).partition(".")[0] if parts[:2] == ["model", "position"] else None)
+
+
+def split_overrides(args) -> tuple[list[str], dict[str, list[str]]]:
+    """(the overrides every config of the run takes, the ``model.position.*`` ones of each ``--encodings`` entry).
+
+    Without ``--encodings`` every override is of the first kind. With it, a position parameter belongs to the
+    encodings that take it: each entry's config sets ``model.position.name`` and then the parameters its encoding
+    takes (``model.position.num_buckets=64`` reaches t5, not rope), and the base config, the config's own encoding,
+    gets none (RoPE refused T5's ``num_buckets``). A parameter no listed encoding takes, ``model.position.name``
+    (--encodings sets it) and a whole ``model.position`` block are usage errors, before anything is measured."""
+    if not args.encodings:
+        return list(args.overrides), {}
+    encodings = list(dict.fromkeys(args.encodings.split(",")))
+    for enc in encodings:  # a misspelled name: the registry's message, before any parameter is blamed
+        if enc not in REGISTRY:
+            validate_position({"name": enc})
+    takes = {enc: [f.name for f in fields(REGISTRY[enc].params)] for enc in encodings}
+    common, per_encoding = [], {enc: [] for enc in encodings}
+    for item in args.overrides:
+        key = position_parameter(item)
+        if key is None:
+            common.append(item)
+        elif key in ("", "name"):
+            raise MinilmError(f"{item.partition('=')[0].strip()}: --encodings sets model.position.name for each of its "
+                              f"encodings; give their parameters one by one (model.position.KEY=VALUE, each reaching "
+                              f"the encodings that take it), or drop --encodings")  # fmt: skip
+        elif not (takers := [enc for enc in encodings if key in takes[enc]]):
+            listing = "; ".join(f"{enc} takes: {', '.join(takes[enc]) or '(none)'}" for enc in encodings)
+            raise MinilmError(f"model.position.{key}: no encoding of --encodings {','.join(encodings)} takes this "
+                              f"parameter ({listing}); add one that does to --encodings, or drop the override")
+        else:
+            for enc in takers:
+                per_encoding[enc].append(item)
+    return common, per_encoding
+
+
+def base_config(args):
+    """The run's config without the ``--encodings`` entries' own position parameters (``split_overrides``)."""
+    return load_config(args.config, split_overrides(args)[0])
+
+
+def position_override_notes(report: dict) -> list[str]:
+    """Which encodings each position override reached, for those that not all of the run's encodings take."""
+    per_encoding = report.get("position_overrides") or {}
+    notes = []
+    for item in dict.fromkeys(i for items in per_encoding.values() for i in items):
+        takers = [enc for enc, items in per_encoding.items() if item in items]
+        if len(takers) < len(per_encoding):
+            notes.append(f"{item} reached {', '.join(takers)} only")
+    return notes
+
+
+def position_overrides_text(report: dict) -> str:
+    """The table head's word on the position overrides that reached only some encodings (empty: none)."""
+    notes = position_override_notes(report)
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def encoding_configs(args, base) -> dict:
-    """The config of each ``--encodings`` entry (``base`` with ``model.position.name`` set), every one loaded before
-    the first measurement: a misspelled name, or a length beyond what a bounded encoding (learned positions, xPos)
-    supports, is a usage error (exit 2) at once, not after the encodings before it were measured."""
+    """The config of each ``--encodings`` entry (``base``'s overrides, ``model.position.name`` set, then the position
+    parameters that encoding takes: ``split_overrides``), every one loaded before the first measurement: a
+    misspelled name, or a length beyond what a bounded encoding (learned positions, xPos) supports, is a usage
+    error (exit 2) at once, not after the encodings before it were measured."""
     if not args.encodings:
         configs = {base.model.position.name: base}
     else:
-        configs = {enc: load_config(args.config, [*args.overrides, f"model.position.name={enc}"])
-                   for enc in dict.fromkeys(args.encodings.split(","))}  # fmt: skip
+        common, per_encoding = split_overrides(args)
+        configs = {enc: load_config(args.config, [*common, f"model.position.name={enc}", *own])
+                   for enc, own in per_encoding.items()}  # fmt: skip
     longest = max(T for _, T in plan(args, base))
     for enc, cfg in configs.items():  # a bounded encoding's too-long length was an error row, exit 1, at its turn
         tightest = tightest_limit(position_hooks(cfg.model))
@@ -860,7 +930,7 @@ def measure_all(args, base, device, amps: dict, do_compile, peak_flops, report: 
 
 def run(args) -> dict:
     """Measure, writing the report after every (encoding, length); ``report["complete"]`` is True at the end."""
-    base = load_config(args.config, args.overrides)
+    base = base_config(args)
     planned = plan(args, base)
     measured = list(dict.fromkeys(enc for enc, _ in planned))
     if args.peer and "rope" not in measured:  # (measured without a word of the peer, it was silently left out)
@@ -923,6 +993,7 @@ def new_report(args, base, device, precision: str, do_compile: bool, now, planne
         "config": args.config or "(defaults)",
         "config_name": "-".join(x for x in (base.run.name, kind, args.tag) if x),
         "overrides": list(args.overrides),
+        "position_overrides": split_overrides(args)[1],  # each --encodings entry's model.position.* overrides
         "precision": precision,
         "compile": do_compile,
         "compile_mode": base.train.compile_mode,
@@ -947,6 +1018,8 @@ def run_measurements(report: dict, measure_loop, out: Path, now, update: bool, t
     if update and DOCS.exists():  # before the first measurement, not after it (minutes of GPU time on)
         marked_span(DOCS.read_text(), report, DOCS)
     print(setup_line(report), flush=True)
+    for note in position_override_notes(report):  # not silently: the other encodings do not take it
+        print(f"{note}: the other encodings do not take it", flush=True)
 
     def done():
         report["measured"] += 1

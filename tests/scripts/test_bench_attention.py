@@ -183,3 +183,22 @@ def test_no_cpu_fp32_backward_holds_for_its_run_only(attn_bench, tmp_path, monke
     assert attn_bench.main([*argv, "--no-cpu-fp32-backward"]) == 0 and seen == [0]
     assert attention.CPU_FP32_BACKWARD_BELOW == default > 0
     assert attn_bench.main(argv) == 0 and seen == [0, default]
+
+
+def test_a_position_override_reaches_the_encodings_that_take_it(attn_bench, tmp_path):
+    """``--encodings rope,kerple model.position.eps=0.05`` was exit 2 (RoPE, the config's encoding, refused KERPLE's
+    parameter before the encodings were swapped in): KERPLE's core is built with it, RoPE's without."""
+    built = []
+    real = attn_bench.build_core
+
+    def recording(cfg, *a, **kw):
+        built.append(dict(cfg.model.position))
+        return real(cfg, *a, **kw)
+
+    argv = ["--lengths", "8", "--encodings", "rope,kerple", "--tokens", "8", "--steps", "1", "--warmup", "0",
+            "--threads", "1", "--device", "cpu", "--out", str(tmp_path), "model.position.eps=0.05", *TINY]  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(attn_bench, "build_core", recording)
+        assert attn_bench.main(argv) == 0
+    assert [b["name"] for b in built] == ["rope", "kerple"] and "eps" not in built[0] and built[1]["eps"] == 0.05
+    assert "(model.position.eps=0.05 reached kerple only)" in next(tmp_path.glob("*.md")).read_text()

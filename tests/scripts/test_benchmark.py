@@ -442,3 +442,34 @@ def test_peer_with_another_mlp_is_a_usage_error(bench, tmp_path, capsys):
     assert ("--peer: the peer (LlamaForCausalLM) has a SwiGLU MLP, and model.mlp is 'gelu': set model.mlp=swiglu, "
             "or drop --peer") in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_a_position_override_reaches_the_encodings_that_take_it(bench, tmp_path, capsys):
+    """``--encodings rope,t5 model.position.num_buckets=64`` was exit 2 ("num_buckets: unknown parameter; this
+    encoding takes: base, ...": the overrides went to the config's RoPE before the encoding was swapped): T5 gets
+    it, RoPE does not, and the output and the table say so."""
+    argv = ["--lengths", "8", "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu",
+            "--encodings", "rope,t5", "--out", str(tmp_path), "model.position.num_buckets=64", *TINY]  # fmt: skip
+    args = bench.parse_args(argv)
+    base = bench.base_config(args)
+    configs = bench.encoding_configs(args, base)
+    assert configs["t5"].model.position.num_buckets == 64 and "num_buckets" not in configs["rope"].model.position
+    assert base.model.n_layers == configs["rope"].model.n_layers == configs["t5"].model.n_layers == 1
+    assert bench.main(argv) == 0
+    assert "model.position.num_buckets=64 reached t5 only" in capsys.readouterr().out
+    saved = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert saved["position_overrides"] == {"rope": [], "t5": ["model.position.num_buckets=64"]}
+    assert "(model.position.num_buckets=64 reached t5 only)" in next(tmp_path.glob("*.md")).read_text()
+
+
+@pytest.mark.parametrize("override, says", [
+    ("model.position.num_buckets=64", ["model.position.num_buckets: no encoding of --encodings rope,alibi takes this "
+                                       "parameter (rope takes: base, ", "alibi takes: max_bias"]),
+    ("model.position.name=t5", ["model.position.name: --encodings sets model.position.name for each of its"]),
+])  # fmt: skip
+def test_a_position_override_no_listed_encoding_takes_is_a_usage_error(bench, tmp_path, capsys, override, says):
+    argv = ["--lengths", "8", "--steps", "1", "--warmup", "0", "--threads", "1", "--device", "cpu",
+            "--encodings", "rope,alibi", "--out", str(tmp_path), override, *TINY]  # fmt: skip
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert all(part in err for part in says) and "Traceback" not in err and not list(tmp_path.iterdir())
