@@ -56,7 +56,7 @@ class RunConfig:
 @dataclass
 class ModelConfig:
     n_layers: int = 4  # transformer blocks (pre-norm attention + MLP: minilm/model/transformer.py)
-    d_model: int = 256  # residual stream width; head_dim = d_model / n_heads, an even number (rotary pairs)
+    d_model: int = 256  # residual stream width; head_dim = d_model / n_heads (even for rope / xpos: pairs rotate)
     n_heads: int = 4  # query heads; must divide d_model
     n_kv_heads: Optional[int] = None  # grouped-query attention; None = n_heads (plain multi-head)
     d_ff: Optional[int] = None  # None: 8/3·d_model rounded up to 64 for swiglu, 4·d_model for gelu (ffn_dim)
@@ -1504,7 +1504,7 @@ def _validate_model(m: DictConfig) -> None:
     _check(0 < m.init_std < math.inf, "model.init_std", f"must be > 0 and finite, got {m.init_std}")
     _check(m.d_model % m.n_heads == 0, "model.d_model",
            f"must be divisible by model.n_heads ({m.n_heads}), got {m.d_model}")  # fmt: skip
-    _check(head_dim(m) % 2 == 0, "model.d_model", f"d_model / n_heads must be even, got {head_dim(m)}")
+    # (an odd head width is the rotary family's concern alone, checked with its block: RopeParams.check_dims)
     kv = m.n_kv_heads or m.n_heads
     _check(kv >= 1 and m.n_heads % kv == 0, "model.n_kv_heads",
            f"must divide model.n_heads ({m.n_heads}), got {m.n_kv_heads}")  # fmt: skip

@@ -953,9 +953,21 @@ def test_micro_batch_size_null_means_the_whole_batch():
     assert micro_batch_size(load_config(overrides=["train.batch_size=8", "train.micro_batch_size=2"]).train) == 2
 
 
-def test_an_odd_head_size_is_refused_for_every_encoding():
-    with pytest.raises(ConfigError, match=r"model\.d_model: d_model / n_heads must be even, got 3"):
-        load_config(overrides=["model.d_model=6", "model.n_heads=2", "model.position={name: alibi}"])
+def test_an_odd_head_size_is_refused_only_where_every_dimension_rotates_in_pairs():
+    """d_model / n_heads odd was refused for every encoding ("must be even, got 3", without a reason): only RoPE and
+    xPos rotating every dimension (fraction 1) need it even, in the run's block and in a phase's that sets fraction 1
+    (a partial fraction rotates ⌊fraction · head_dim⌋ rounded down to even)."""
+    odd = ["model.d_model=10", "model.n_heads=2"]
+    assert load_config(overrides=[*odd, "model.position={name: alibi}"]).model.d_model == 10
+    assert load_config(overrides=[*odd, "model.position={name: rope, fraction: 0.5}"]).model.position.fraction == 0.5
+    for name in ("rope", "xpos"):
+        with pytest.raises(ConfigError, match=rf"^model\.position\.fraction: 1 rotates every dimension of a head, "
+                                              rf"and '{name}' rotates them in pairs .* model\.d_model / model\.n_heads "
+                                              rf"must be even, got 5; give an even head width, or a fraction below 1"):
+            load_config(overrides=[*odd, f"model.position={{name: {name}}}"])
+    with pytest.raises(ConfigError, match=r"^phases\.long\.position\.fraction: 1 rotates every dimension .* got 5"):
+        load_config(overrides=[*odd, "model.position={name: rope, fraction: 0.5}", "phases.short.steps=1",
+                               "phases.long={steps: 1, position: {fraction: 1.0}}"])  # fmt: skip
 
 
 @pytest.mark.parametrize("fraction", [0, 1])

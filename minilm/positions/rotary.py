@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, ClassVar, Dict, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -49,6 +49,7 @@ LAYOUTS = ("half", "interleaved")
 
 @dataclass
 class RopeParams:
+    encoding: ClassVar[str] = "rope"  # the registry name, for messages (not a parameter)
     base: float = 10000.0
     fraction: float = 1.0  # share of each head's dimensions that rotate
     layout: str = "half"  # half | interleaved
@@ -78,7 +79,8 @@ class RopeParams:
 
     def check_dims(self, head_dim: int, where: str, n_layers: Optional[int] = None) -> int:
         """The checks that need the model's size (the config validates every phase's block with it; the module
-        again when built, with the head size): at least 2 rotating dimensions, a scaling block that fits them
+        again when built, with the head size): an even head width where every dimension rotates (fraction 1; the
+        pairs rotate together), at least 2 rotating dimensions, a scaling block that fits them
         (longrope's lists have one entry per frequency), and with ``n_layers`` a ``nope_every`` that unrotates a
         layer (past n_layers it unrotated none, a pattern that silently did nothing). Returns the number of rotary
         dimensions."""
@@ -87,6 +89,14 @@ class RopeParams:
             raise ConfigError(f"{where}.nope_every: {n} leaves no layer of the {n_layers} (model.n_layers) unrotated "
                               f"(it unrotates layers {n - 1}, {2 * n - 1}, ... counting from 0); give 2 to "
                               f"{n_layers}, or 0 for none")  # fmt: skip
+        if head_dim % 2 and self.fraction == 1:  # (fraction < 1 rotates ⌊fraction · head_dim⌋ rounded down to even)
+            raise ConfigError(
+                f"{where}.fraction: 1 rotates every dimension of a head, and '{self.encoding}' rotates them in pairs "
+                f"(dimension i with i + head_dim/2 in layout half, 2i with 2i + 1 in interleaved), so the head width "
+                f"model.d_model / model.n_heads must be even, got {head_dim}; give an even head width, or a "
+                f"fraction below 1 (partial rotary: the first ⌊fraction · {head_dim}⌋ dimensions, rounded down to "
+                f"even, rotate), or an encoding without rotation"
+            )
         rot_dim = rotary_dim(head_dim, self.fraction)
         if rot_dim < 2:  # checked before the scaling block: else its check names the wrong key
             raise ConfigError(
@@ -285,6 +295,7 @@ def _round_up(x: float, digits: int = 3) -> float:
 
 @dataclass
 class XposParams(RopeParams):
+    encoding: ClassVar[str] = "xpos"
     gamma: float = 0.4  # ζ_i = (2i/d + γ) / (1 + γ): per-dimension decay base, in (0, 1)
     scale_base: float = 512.0  # the exponent is position / scale_base
 

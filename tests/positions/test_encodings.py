@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from minilm.errors import ConfigError
-from minilm.model.attention import AttentionMask, reference_attention, sdpa_attention
-from minilm.positions import PositionDims, build_position, validate_position
+from minilm.model.attention import Attention, AttentionMask, reference_attention, sdpa_attention
+from minilm.positions import REGISTRY, PositionDims, build_position, validate_position
 from minilm.positions.absolute import sinusoid
 from minilm.positions.bias import alibi_slopes, t5_bucket
 from minilm.positions.rotary import apply_rotary
@@ -216,6 +216,37 @@ def test_fraction_that_rotates_nothing_names_fraction(name):
     with pytest.raises(ConfigError, match=r"model\.position\.fraction: 0\.1 of head_dim 8 rotates 0") as e:
         hook(name, fraction=0.1)
     assert "partial_rotary_factor" not in str(e.value)
+
+
+# every encoding but rope and xpos with fraction 1 (which rotate every dimension of a head in pairs), and those two
+# with a partial fraction (⌊0.6 · 5⌋ = 3, rounded down to 2 rotated dimensions)
+ODD_HEAD_WIDTH = [(n, []) for n in REGISTRY if n not in ("rope", "xpos")] + [
+    (n, ["model.position.fraction=0.6"]) for n in ("rope", "xpos")
+]
+
+
+@pytest.mark.parametrize("name, overrides", ODD_HEAD_WIDTH, ids=[n for n, _ in ODD_HEAD_WIDTH])
+def test_an_odd_head_width_trains_where_no_pair_of_dimensions_rotates_together(name, overrides, monkeypatch):
+    """Head width 5 (d_model 15, 3 heads): refused for every encoding once, although only a rotation of every
+    dimension in pairs needs it even. Each other one runs forward and backward, and its fast path equals the
+    reference; the sinusoidal tables (of d_model, here odd too) and complex order's (B, T, D/2) parts fit."""
+    model = tiny_model(name, "model.d_model=15", "model.n_heads=3", "model.n_kv_heads=1", *overrides)
+    assert model.blocks[0].attn.head_dim == 5
+    x = torch.randint(0, V, (2, 12), generator=torch.Generator().manual_seed(0))
+    logits = model(x)
+    logits.square().mean().backward()
+    assert torch.isfinite(logits).all()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+    monkeypatch.setattr(Attention, "kernel", lambda self, device, documents=False: "reference")
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos"])
+def test_an_odd_head_width_is_refused_where_every_dimension_rotates_in_pairs(name):
+    with pytest.raises(ConfigError, match=rf"model\.position\.fraction: 1 rotates every dimension of a head, and "
+                                          rf"'{name}' rotates them in pairs .* must be even, got 5"):  # fmt: skip
+        tiny_model(name, "model.d_model=10", "model.n_heads=2")
 
 
 def test_nope_every_leaves_every_nth_layer_unrotated():
