@@ -198,7 +198,7 @@ def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=Non
         f"{plural(pcfg.train.batch_size, 'sequence')}"
         + (f" per process ({pcfg.train.batch_size * world_size} in all)" if world_size > 1 else "")
         + f", lr {pcfg.optim.lr} ({pcfg.optim.decay}), "
-        f"long_fraction {pcfg.data.long_fraction}, position {pos_desc}"
+        f"long_fraction {pcfg.data.long_fraction}{_sampling_desc(pcfg.data)}, position {pos_desc}"
         + (f" (reconfigured {plural(len(changed), 'layer')})" if changed else "")
         + (f"; starts from {started_from}" if started_from else "")
         + (f"; resumes at step {checkpoint_step(resumes)} of {phase_steps(pcfg)} from {resumes}" if resumes else "")
@@ -207,6 +207,19 @@ def apply_phase(model: GPT, pcfg, phase: str, log: Callable[[str], None], tb=Non
     if tb is not None:
         tb.add_text("phases", msg, global_step=step)
     return msg
+
+
+def _sampling_desc(data) -> str:
+    """What else the phase's rows are, for its first line, said only where it is on (to keep the line short): each
+    changes what the phase trains on, and a log without them did not say it (a phase's own data section may turn
+    them on or off)."""
+    syn = data.synthetic
+    tasks = ", ".join(syn.tasks)
+    return (
+        (", document_mask" if data.document_mask else "")
+        + (", restart_positions" if data.restart_positions else "")
+        + (f", synthetic fraction {syn.fraction} (tasks {tasks}; loss {syn.loss})" if syn.fraction else "")
+    )
 
 
 def _verify_rotary(model: GPT, params, phase: str) -> None:

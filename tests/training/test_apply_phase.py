@@ -89,3 +89,19 @@ def test_xpos_limit_is_checked_with_the_phase_s_own_scale_base(tmp_path):
     with pytest.raises(MinilmError, match=r"phases\.long\.seq_len: 200 .*xpos"):
         check_phase_fits(model, phase_config(lowered, "long"), "long", lowered.phases.long)
     assert model.blocks[0].attn.pos.params.scale_base == 4.0  # checking configured a copy, not the model
+
+
+def test_the_phase_line_says_document_masking_restarted_positions_and_the_synthetic_mix(tmp_path):
+    """The line said long_fraction alone of what a phase trains on: data.document_mask, restart_positions and the
+    synthetic mix (its fraction, tasks and loss) changed the rows and the loss without a word in the log. Each is
+    said where it is on, from the phase's own data section, and not where it is off."""
+    cfg = _cfg(tmp_path, "phases:\n  a: {seq_len: 32, steps: 1}\n"
+                         "  b: {seq_len: 32, steps: 1, data: {document_mask: true, restart_positions: true,\n"
+                         "      synthetic: {fraction: 0.25, tasks: [kv], loss: answer}}}\n")  # fmt: skip
+    model = GPT(cfg.model, 64)
+    plain = apply_phase(model, phase_config(cfg, "a"), "a", lambda m: None)
+    assert "long_fraction 0.0, position {" in plain, plain
+    assert not any(word in plain for word in ("document_mask", "restart_positions", "synthetic")), plain
+    message = apply_phase(model, phase_config(cfg, "b"), "b", lambda m: None)
+    assert ("long_fraction 0.0, document_mask, restart_positions, synthetic fraction 0.25 (tasks kv; loss answer), "
+            "position {") in message, message
