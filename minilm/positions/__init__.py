@@ -112,8 +112,9 @@ def validate_position(
 ) -> Any:
     """Check a position block; returns its parameter object. With ``head_dim`` (and ``n_layers``) also what depends
     on the model's size (the parameters' ``check_dims``, where they have one: RoPE's rotary dimensions, scaling lists
-    and NoPE pattern), and with ``d_model`` their ``check_width`` (the sinusoidal table's scale: checked when the
-    config loads, so the message says where the value was set, not only when the model is built). With
+    and NoPE pattern), and with ``d_model`` their ``check_width`` (the sinusoidal table's scale, complex order's
+    pairs: checked when the config loads, so the message says where the value was set, not only when the model is
+    built). With
     ``base`` (the run's ``model.position``, when ``cfg`` is a phase's) also that the phase changes only what its
     encoding can change between phases: only modules with ``configure`` (the rotary family) take new parameters
     (minilm.training.phases.apply_phase), so a phase that changes another encoding's is refused when the config

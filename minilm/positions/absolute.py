@@ -305,6 +305,14 @@ class ComplexOrderParams:
         if self.base <= 1:
             raise ValueError(f"base: must be > 1, got {self.base}")
 
+    def check_width(self, d_model: int, where: str) -> None:
+        """The output replaces x with ⌊d_model/2⌋ (real, imaginary) pairs, an odd d_model's last dimension zero: at
+        d_model 1 there is no pair, and every token's embedding was 0 (the model saw no input at all)."""
+        if d_model < 2:
+            raise ConfigError(f"{where}.name: complex_order replaces each embedding with ⌊d_model/2⌋ complex "
+                              f"dimensions (a cos and a sin each), so it needs model.d_model >= 2, got {d_model} "
+                              "(every embedding would be zero)")  # fmt: skip
+
 
 class ComplexOrder(PositionEncoding):
     """Word-order complex embeddings (Wang et al. 2020, "Encoding Word Order in Complex Embeddings", ICLR):
@@ -317,6 +325,7 @@ class ComplexOrder(PositionEncoding):
 
     def __init__(self, params: ComplexOrderParams, dims: PositionDims):
         super().__init__()
+        params.check_width(dims.d_model, "model.position")
         d = dims.d_model
         self.half = d // 2
         self.base = params.base

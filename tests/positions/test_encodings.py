@@ -249,6 +249,14 @@ def test_an_odd_head_width_is_refused_where_every_dimension_rotates_in_pairs(nam
         tiny_model(name, "model.d_model=10", "model.n_heads=2")
 
 
+def test_complex_order_needs_a_pair_of_dimensions():
+    """At d_model 1 complex order has no (cos, sin) pair to give, and replaced every embedding with 0: the model saw
+    no input (refused by the even head width rule before, which no longer applies to it)."""
+    with pytest.raises(ConfigError, match=r"^model\.position\.name: complex_order .* needs model\.d_model >= 2, got 1"):
+        tiny_model("complex_order", "model.d_model=1", "model.n_heads=1", "model.n_kv_heads=1")
+    assert tiny_model("complex_order", "model.d_model=3", "model.n_heads=1", "model.n_kv_heads=1") is not None
+
+
 def test_nope_every_leaves_every_nth_layer_unrotated():
     model = tiny_model("rope", "model.position.nope_every=2")
     q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8)
