@@ -139,3 +139,54 @@ def test_every_python_snippet_in_the_docs_imports_what_it_names():
                 if home:
                     wrong.append(f"{where}: {node.id} is used but not imported (it is in {home[0]})")
     assert not wrong, "\n".join(wrong)
+
+
+class _Parsed(Exception):
+    """Raised in place of parsing, carrying the parser a script built (scripts that build theirs inside main)."""
+
+
+def _options(script: Path) -> set:
+    """Every option string ``script``'s argument parser takes, read off the parser itself."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_docs_{script.stem}", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if hasattr(module, "parser"):
+        ap = module.parser()
+    else:  # parse_args(argv) / main(argv) build it and parse at once: stop them at the parse
+        original = argparse.ArgumentParser.parse_known_args
+
+        def stop(self, *args, **kwargs):
+            raise _Parsed(self)
+
+        argparse.ArgumentParser.parse_known_args = stop
+        try:
+            (getattr(module, "parse_args", None) or module.main)([])
+        except _Parsed as parsed:
+            ap = parsed.args[0]
+        finally:
+            argparse.ArgumentParser.parse_known_args = original
+    return {option for action in ap._actions for option in action.option_strings}
+
+
+def test_every_flag_the_docs_give_a_command_is_one_its_parser_takes():
+    """``python train.py ...`` and ``python scripts/X.py ...`` in README.md, docs/ and the scripts' own docstrings
+    name only flags the script accepts (a renamed ``--max-tokens`` left in the docs is an argparse error for whoever
+    copies the command). A command continued on the next line with ``\\`` is read whole."""
+    cache, wrong = {}, []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted((REPO / "scripts").glob("*.py"))]:
+        lines = doc.read_text().splitlines()
+        for i, line in enumerate(lines, 1):
+            for following in lines[i:]:  # a command continued with a backslash
+                if not line.endswith("\\"):
+                    break
+                line = line[:-1] + " " + following.strip()
+            for m in re.finditer(r"python (scripts/\w+\.py|train\.py)([^`|#;]*)", line):
+                script, rest = m.groups()
+                if script not in cache:
+                    cache[script] = _options(REPO / script)
+                flags = re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest)
+                wrong += [f"{doc.relative_to(REPO)}:{i}: {script} has no {f}" for f in flags if f not in cache[script]]
+    assert len(cache) >= 5 and not wrong, "\n".join(wrong)
