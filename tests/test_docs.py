@@ -190,3 +190,50 @@ def test_every_flag_the_docs_give_a_command_is_one_its_parser_takes():
                 flags = re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", rest)
                 wrong += [f"{doc.relative_to(REPO)}:{i}: {script} has no {f}" for f in flags if f not in cache[script]]
     assert len(cache) >= 5 and not wrong, "\n".join(wrong)
+
+
+# written like config keys, but a file and the GPT object's attributes (docs/architecture.md)
+NOT_KEYS = {"train.py", "model.safetensors", "model.cfg", "model.loss"}
+KEY = re.compile(r"`((?:run|model|data|train|optim|eval|trainer)(?:\.[a-z_][a-z0-9_]*)+)(?=[`=: \[])")
+
+
+def test_every_config_key_the_docs_name_is_one_the_schema_has():
+    """A key in backticks (`train.ckpt_every`, `model.loss_chunk_size=4096`, `eval.lengths: [...]`) is one of
+    minilm/config.py's, down to the open mappings whose keys their owners check (model.position, data.sources,
+    eval.extension): a renamed key left in the docs sends a reader to an 'unknown key' error."""
+    from omegaconf import OmegaConf
+
+    from minilm.config import Config
+
+    schema, open_maps = OmegaConf.structured(Config), {"model.position", "data.sources", "eval.extension"}
+    wrong = []
+    for where, line in _lines():
+        if ".md:" not in where:  # README.md and docs/, not the scripts' docstrings
+            continue
+        for m in re.finditer(KEY, line):
+            key = m.group(1)
+            node, parts = schema, key.split(".")
+            for i, part in enumerate(parts):
+                if key in NOT_KEYS or ".".join(parts[:i]) in open_maps:
+                    break
+                if not OmegaConf.is_dict(node) or part not in node:
+                    wrong.append(f"{where}: {key}")
+                    break
+                node = node[part]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_eval_settings_table_of_docs_evaluation_md_gives_the_schema_defaults():
+    """docs/evaluation.md's "Settings (`eval:`)" table states each key's default; each is EvalConfig's."""
+    import yaml
+
+    from minilm.config import EvalConfig
+
+    text = (REPO / "docs" / "evaluation.md").read_text().split("## Settings (`eval:`)")[1]
+    rows = re.findall(r"^\| `(\w+)` \| (.+?) \|", text, re.M)
+    defaults = EvalConfig()
+    assert {key for key, _ in rows} == {f for f in vars(defaults)}, "a key missing from the table, or one too many"
+    for key, default in rows:
+        stated = yaml.safe_load(default.strip("`"))
+        actual = getattr(defaults, key)
+        assert stated == actual, f"eval.{key}: the table says {default}, EvalConfig {actual}"
