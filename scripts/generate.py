@@ -7,7 +7,7 @@
     python scripts/generate.py RUN_DIR_OR_CHECKPOINT --prompt-file FILE [...]   (FILE: - reads stdin)
 
 RUN_DIR_OR_CHECKPOINT: a run directory (its final weights, or its newest finished phase, said on stderr), a phase
-directory, or a ``model.safetensors`` inside either. ``--extension`` takes what scripts/evaluate.py's does: a
+directory, a ``model.safetensors`` inside either, or a step checkpoint (``RUN/PHASE/checkpoints/step-N.ckpt``). ``--extension`` takes what scripts/evaluate.py's does: a
 training-free context-extension method (minilm.positions.training_free: logn, rerope, self_extend, dca, rope_scaling)
 or a RoPE scaling rope_type (linear, ntk, dynamic, yarn, ...) with its parameters, e.g.
 ``--extension self_extend group_size=4 window=256`` or ``--extension dynamic factor=4``;
