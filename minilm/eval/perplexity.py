@@ -15,6 +15,10 @@ Two ways to cut a document into length-L inputs (Press et al. 2022, "Train Short
 Documents: held-out (validation) documents of at least L + 1 tokens (L inputs and L shifted targets). When no
 held-out document is that long, the packed held-out stream (documents back to back, EOS between them) is used
 and the result says so (``source: packed``) — at such lengths the number measures cross-document context only.
+For a run trained with ``data.document_mask`` (and ``data.restart_positions``) the packed windows are scored as its
+packed training rows were (minilm.data.sampler): each token attends within its own document only, and positions
+restart at each document start; the result says so (``document_mask`` / ``restart_positions``). A model that never
+attended across documents would otherwise be scored on what it never saw.
 
 Everything here takes plain token arrays and any module whose ``forward(idx) -> logits (B, T, V)``, so the
 tests can feed a stub model and hand-made documents.
@@ -47,12 +51,17 @@ class PplResult:
     windows: int  # inputs of `length` tokens run
     source: str  # documents | packed
     stride: Optional[int] = None  # sliding mode only
+    document_mask: bool = False  # packed windows scored within documents (doc_ids), as trained
+    restart_positions: bool = False  # ... and with positions restarting at each document start
     per_position: Optional[np.ndarray] = field(default=None, repr=False)  # (L,) mean loss at position t (windows)
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in ("length", "mode", "loss", "ppl", "tokens", "windows", "source")}
         if self.stride is not None:
             out["stride"] = self.stride
+        if self.document_mask:  # (only then: the results of runs trained without it are as they were)
+            out["document_mask"] = True
+            out["restart_positions"] = self.restart_positions
         return out
 
 
@@ -73,6 +82,27 @@ def eval_documents(store, length: int) -> tuple[List[np.ndarray], str]:
             "evaluate shorter lengths or hold out more data (data.val_fraction)"
         )
     return [store.tokens], "packed"
+
+
+def packed_doc_ids(store) -> np.ndarray:
+    """(N,) the document index of every token of the packed stream ``store.tokens`` (each document's trailing EOS
+    is its own, as in the training sampler)."""
+    lengths = np.asarray(store.doc_lengths, dtype=np.int64)
+    return np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+
+
+def window_pieces(doc_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(doc_ids, positions), each (N, L+1), of windows whose tokens have the document indices ``doc_index``
+    (N, L+1), made as the training sampler makes a packed row's (minilm.data.sampler._gather): the documents of a
+    window numbered 0, 1, 2, ... from its first token, positions restarting at 0 at each document start and at the
+    window start."""
+    n = doc_index.shape[1]
+    new = np.zeros(doc_index.shape, dtype=bool)
+    new[:, 1:] = doc_index[:, 1:] != doc_index[:, :-1]  # (N, L+1) a document starts here
+    seg = np.cumsum(new, axis=1)
+    cols = np.broadcast_to(np.arange(n, dtype=np.int64), doc_index.shape)
+    starts = np.maximum.accumulate(np.where(new, cols, 0), axis=1)  # where each token's piece starts
+    return seg.astype(np.int64), cols - starts
 
 
 def window_starts(docs: Sequence[np.ndarray], length: int, stride: int) -> List[tuple[int, int]]:
@@ -97,11 +127,14 @@ def autocast(device: torch.device):
     return torch.autocast(device.type, enabled=False)
 
 
-def token_losses(model: torch.nn.Module, tokens: Tensor) -> Tensor:
-    """tokens (B, T+1) -> next-token cross-entropy (B, T) in fp32 nats."""
+def token_losses(model: torch.nn.Module, tokens: Tensor, doc_ids: Optional[Tensor] = None,
+                 positions: Optional[Tensor] = None) -> Tensor:
+    """tokens (B, T+1) -> next-token cross-entropy (B, T) in fp32 nats; ``doc_ids`` / ``positions`` (B, T): the
+    model's (GPT.forward's), given only when not None."""
     x, y = tokens[:, :-1], tokens[:, 1:]
+    extra = {k: v for k, v in (("doc_ids", doc_ids), ("positions", positions)) if v is not None}
     with autocast(x.device):
-        logits = model(x)  # (B, T, V)
+        logits = model(x, **extra)  # (B, T, V)
     loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
     return loss.view_as(y)
 
@@ -112,13 +145,21 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 @torch.inference_mode()
-def score_windows(model, windows: np.ndarray, batch_size: int) -> np.ndarray:
-    """Loss (N, L) of every window (N, L+1), run ``batch_size`` windows at a time."""
+def score_windows(model, windows: np.ndarray, batch_size: int, doc_index: Optional[np.ndarray] = None,
+                  restart_positions: bool = False) -> np.ndarray:
+    """Loss (N, L) of every window (N, L+1), run ``batch_size`` windows at a time. ``doc_index`` (N, L+1): each
+    token's document, to attend within documents (and, with ``restart_positions``, to restart positions) as the
+    training sampler's packed rows did (``window_pieces``)."""
     device = model_device(model)
     out = []
     for i in range(0, len(windows), batch_size):
         chunk = torch.from_numpy(windows[i : i + batch_size]).to(device)
-        out.append(token_losses(model, chunk).cpu().numpy())
+        doc_ids = positions = None
+        if doc_index is not None:
+            seg, pos = window_pieces(doc_index[i : i + batch_size])
+            doc_ids = torch.from_numpy(seg[:, :-1]).to(device)  # (B, L): the inputs' own, as the sampler's
+            positions = torch.from_numpy(pos[:, :-1]).to(device) if restart_positions else None
+        out.append(token_losses(model, chunk, doc_ids, positions).cpu().numpy())
     return np.concatenate(out, axis=0)
 
 
@@ -145,25 +186,36 @@ def perplexity(
     stride: Optional[int] = None,
     seed: int | Sequence[int] = 0,
     source: str = "documents",
+    doc_index: Optional[Sequence[np.ndarray]] = None,
+    restart_positions: bool = False,
 ) -> PplResult:
     """Perplexity of ``model`` at context ``length`` over ``docs`` (token arrays), from at most ``n_windows``
     inputs of ``length`` tokens. ``windows``: a seeded random choice among all non-overlapping windows.
     ``sliding``: a seeded random choice among all windows ``stride`` apart (default L/2) in every document; each
     scores the targets no earlier window of its document would (a document's first window: all of them), so a
     choice of all the windows is the recipe — but for each document's last < stride targets, which its shorter last
-    step scores and no window here does — and every scored target has at least L − stride of context."""
+    step scores and no window here does — and every scored target has at least L − stride of context.
+    ``doc_index``: for each of ``docs``, its tokens' document indices (``packed_doc_ids`` of the packed stream): the
+    windows are then scored within documents, as a run trained with ``data.document_mask`` was, with positions
+    restarting at each document start when ``restart_positions`` (``data.restart_positions``)."""
     if mode not in MODES:
         raise MinilmError(f"eval.ppl_modes: unknown mode {mode!r}; allowed: {', '.join(MODES)}")
     rng = np.random.default_rng(seed)
+    flags = {"document_mask": doc_index is not None, "restart_positions": doc_index is not None and restart_positions}
+
+    def masking(chosen):  # score_windows' doc_index and restart_positions for the windows chosen
+        return (None, False) if doc_index is None else (_stack(doc_index, chosen, length), restart_positions)
+
     if mode == "windows":
         starts = window_starts(docs, length, length)
         if not starts:
             raise MinilmError(f"no document holds a window of {length + 1} tokens")
-        windows = _stack(docs, [starts[i] for i in _pick(rng, len(starts), n_windows)], length)
-        losses = score_windows(model, windows, batch_size)  # (N, L)
+        chosen = [starts[i] for i in _pick(rng, len(starts), n_windows)]
+        windows = _stack(docs, chosen, length)
+        losses = score_windows(model, windows, batch_size, *masking(chosen))  # (N, L)
         loss = float(losses.mean())
         return PplResult(length, mode, loss, _exp(loss), int(losses.size), len(windows), source,
-                         per_position=losses.mean(axis=0))  # fmt: skip
+                         per_position=losses.mean(axis=0), **flags)  # fmt: skip
     stride = stride or max(1, length // 2)
     if not 0 < stride <= length:
         raise MinilmError(f"eval.stride: must be in [1, length={length}], got {stride}")
@@ -176,12 +228,12 @@ def perplexity(
         raise MinilmError(f"no document holds a window of {length + 1} tokens")
     starts = [every[i] for i in _pick(rng, len(every), n_windows)]
     windows = _stack(docs, starts, length)
-    losses = score_windows(model, windows, batch_size)  # (N, L)
+    losses = score_windows(model, windows, batch_size, *masking(starts))  # (N, L)
     # a document's first window scores every target; later ones only the S targets no earlier window scored
     first = np.array([s == 0 for _, s in starts])
     scored = np.concatenate([losses[i] if first[i] else losses[i, length - stride :] for i in range(len(starts))])
     loss = float(scored.mean())
-    return PplResult(length, mode, loss, _exp(loss), int(scored.size), len(windows), source, stride=stride)
+    return PplResult(length, mode, loss, _exp(loss), int(scored.size), len(windows), source, stride=stride, **flags)
 
 
 def _pick(rng: np.random.Generator, count: int, n: int) -> np.ndarray:

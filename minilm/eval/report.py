@@ -470,19 +470,31 @@ def _summary_lines(results: dict) -> list[str]:
                  f" over n prompts per length ({counts}), in brackets its 95 % Wilson interval" if counts else "")}
     shown = [key for key in notes if key in cols or (key == "retrieval" and set(cols) & set(RETRIEVAL))]
     lines += ["", "; ".join(notes[key] for key in shown) + ".", ""] if shown else [""]  # fmt: skip
-    packed = _packed_lengths(results)
+    packed, masked = _packed_lengths(results), _packed_lengths(results, masked=True)
     if packed:  # (results.json said so in details only: the table showed them as any other length's)
         lines += [f"Perplexity at {', '.join(map(str, packed))}: no held-out document holds L + 1 tokens, so it was "
                   "measured on the packed held-out stream (documents back to back): its windows cross document "
                   "boundaries, and the context they add is other documents' text.", ""]  # fmt: skip
+    if masked:  # (a run trained with data.document_mask: scored as its packed rows were trained)
+        restart = _packed_lengths(results, masked=True, restart=True)
+        how = " and positions restarting at each document start" if restart else ""
+        lines += [f"Perplexity at {', '.join(map(str, masked))}: no held-out document holds L + 1 tokens, so it was "
+                  "measured on the packed held-out stream (documents back to back), with attention masked within "
+                  f"each document{how}, as the run's packed rows were trained (data.document_mask): no target has "
+                  "more context than its own document.", ""]  # fmt: skip
     return lines
 
 
-def _packed_lengths(results: dict) -> List[int]:
-    """The lengths whose perplexity read the packed held-out stream (``details.ppl.L.<mode>.source``)."""
+def _packed_lengths(results: dict, masked: bool = False, restart: bool = False) -> List[int]:
+    """The lengths whose perplexity read the packed held-out stream (``details.ppl.L.<mode>.source``): without
+    document masks, or (``masked``) with them (``document_mask``; ``restart``: and ``restart_positions``)."""
     per_length = (results.get("details") or {}).get("ppl") or {}
-    return sorted(int(L) for L, modes in per_length.items()
-                  if any(isinstance(m, dict) and m.get("source") == "packed" for m in (modes or {}).values()))
+
+    def read(m) -> bool:
+        return (isinstance(m, dict) and m.get("source") == "packed" and bool(m.get("document_mask")) == masked
+                and (not restart or bool(m.get("restart_positions"))))  # fmt: skip
+
+    return sorted(int(L) for L, modes in per_length.items() if any(read(m) for m in (modes or {}).values()))
 
 
 def _grid_lines(results: dict) -> list[str]:

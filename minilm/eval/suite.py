@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from minilm.errors import ConfigError, MinilmError
 from minilm.files import atomic_write_text, same_bytes
-from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, perplexity
+from minilm.eval.perplexity import bucket_curve, eval_documents, model_device, packed_doc_ids, perplexity
 from minilm.eval.report import (
     SETTINGS_READ_BY,
     depth_key,
@@ -422,11 +422,15 @@ def _limit_keys(model) -> str:
 
 @dataclass
 class EvalData:
-    """What the tasks read: the tokenizer, the held-out split (a ``minilm.data.TokenStore``), the prompt style."""
+    """What the tasks read: the tokenizer, the held-out split (a ``minilm.data.TokenStore``), the prompt style, and
+    how the evaluated phase's packed rows were trained (``data.document_mask`` / ``data.restart_positions``): the
+    perplexity of the packed held-out stream is measured so too."""
 
     tokenizer: Any
     val: Any
     style: str = "code"
+    document_mask: bool = False
+    restart_positions: bool = False
 
 
 def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
@@ -469,7 +473,8 @@ def eval_data(cfg, run_dir: Optional[Path] = None) -> EvalData:
             "by a hash of their names, data.val_fraction of them and at least one per source of two or more "
             "documents; a source of one document has none"
         )
-    return EvalData(corpus.tokenizer, val, synthetic_style(cfg.data))
+    return EvalData(corpus.tokenizer, val, synthetic_style(cfg.data), bool(cfg.data.document_mask),
+                    bool(cfg.data.document_mask and cfg.data.restart_positions))  # (cfg: the phase's)
 
 
 def _check_held_out(corpus, run_dir: Path) -> None:
@@ -651,11 +656,16 @@ def _ppl(model, data: EvalData, s: EvalSettings, L: int, res: dict, chunk: int) 
     n = s.batches * _batch_size(s, L)  # windows measured: the settings' (chunk only splits them into forwards)
     bs = chunk
     seed = [_rng_seed(s.seed), _TASK_SEED["ppl"], L]
-    r = _finite(perplexity(model, docs, L, mode="windows", n_windows=n, batch_size=bs, seed=seed, source=source))
+    # the packed stream of a run trained with document masks is scored with them, as its packed rows were trained:
+    # without them the model met attention across documents (and positions running on) it never saw in training
+    masked = source == "packed" and data.document_mask
+    mask = dict(doc_index=[packed_doc_ids(data.val)], restart_positions=data.restart_positions) if masked else {}
+    r = _finite(perplexity(model, docs, L, mode="windows", n_windows=n, batch_size=bs, seed=seed, source=source,
+                           **mask))  # fmt: skip
     rs = None
     if s.sliding:  # both modes measured before either is recorded: a failure leaves the length unmeasured, whole
         rs = _finite(perplexity(model, docs, L, mode="sliding", n_windows=n, batch_size=bs, stride=s.stride,
-                                seed=seed, source=source))  # fmt: skip
+                                seed=seed, source=source, **mask))  # fmt: skip
     res["ppl"][key], res["loss"][key] = r.ppl, r.loss
     pos, val = bucket_curve(r.per_position)
     res["per_position_loss"][key] = {"positions": pos, "loss": val}

@@ -281,3 +281,47 @@ def test_perplexity_axes_are_labelled_with_plain_numbers(tmp_path, monkeypatch):
         ax.figure.canvas.draw()
         labels = [t.get_text() for t in ax.get_yticklabels(minor=True) + ax.get_yticklabels() if t.get_text()]
         assert "60" in labels and not any("times" in t or "^" in t for t in labels), labels
+
+
+def test_a_document_masked_run_s_packed_perplexity_is_measured_within_documents(corpus_setup, eval_data):
+    """A run trained with data.document_mask scored the packed held-out stream without masks, meeting attention across
+    documents it never saw in training; it is now scored as its packed rows were trained, and results.json and
+    report.md say so. A run trained without masks measures what it did."""
+    from dataclasses import replace
+
+    from minilm.eval import EvalSettings, evaluate
+    from minilm.eval.report import markdown
+
+    from .conftest import tiny_gpt
+
+    cfg, corpus = corpus_setup
+    L = int(max(eval_data.val.doc_lengths)) + 8  # longer than any held-out document: the packed stream
+    settings = EvalSettings(lengths=[L], tasks=["ppl"], batches=1, batch_tokens=2 * L, sliding=True)
+    model = tiny_gpt(cfg, corpus.tokenizer.vocab_size, name="sinusoidal")  # (absolute: restarted positions tell)
+    plain = evaluate(model, eval_data, settings, log=lambda *_: None)
+    masked = evaluate(model, replace(eval_data, document_mask=True), settings, log=lambda *_: None)
+    restarted = evaluate(model, replace(eval_data, document_mask=True, restart_positions=True), settings,
+                         log=lambda *_: None)  # fmt: skip
+    key = str(L)
+    for mode in ("windows", "sliding"):
+        assert "document_mask" not in plain["details"]["ppl"][key][mode]
+        assert masked["details"]["ppl"][key][mode]["document_mask"] is True
+        assert restarted["details"]["ppl"][key][mode]["restart_positions"] is True
+    assert len({plain["ppl"][key], masked["ppl"][key], restarted["ppl"][key]}) == 3
+    report = markdown(masked, {})
+    assert f"Perplexity at {L}: no held-out document holds L + 1 tokens" in report
+    assert "with attention masked within each document" in report and "cross document" not in report
+    assert "positions restarting" in markdown(restarted, {})
+
+
+def test_evaluate_run_reads_the_phase_s_document_mask(fake_run, tmp_path, corpus_setup):
+    """scripts/evaluate.py on a run trained with data.document_mask: results.json says its packed perplexity was
+    measured within documents."""
+    cfg, corpus = corpus_setup
+    from .conftest import configure_run
+
+    configure_run(fake_run, **{"data.document_mask": True, "data.restart_positions": True})
+    L = int(max(corpus.val.only(["tiny"]).doc_lengths)) + 8
+    res, _ = evaluate_run(fake_run, out=tmp_path / "ev", **{**QUICK, "lengths": [L], "batch_tokens": L})
+    assert res["details"]["ppl"][str(L)]["windows"]["document_mask"] is True
+    assert res["details"]["ppl"][str(L)]["windows"]["restart_positions"] is True

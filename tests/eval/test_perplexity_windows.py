@@ -121,3 +121,42 @@ def test_more_windows_measure_the_fewer_ones_and_more(mode):
 
     fewer, more = rows(4), rows(8)
     assert len(fewer) == 4 and len(more) == 8 and fewer <= more
+
+
+class MaskRecorder(Recorder):
+    """Uniform logits; remembers every row with the doc_ids and positions it was given (None: not given)."""
+
+    def forward(self, idx, doc_ids=None, positions=None):
+        for i, r in enumerate(idx.tolist()):
+            self.rows.append((tuple(r), None if doc_ids is None else tuple(doc_ids[i].tolist()),
+                              None if positions is None else tuple(positions[i].tolist())))  # fmt: skip
+        return torch.zeros(*idx.shape, V) + self.p
+
+
+@pytest.mark.parametrize("mode", ["windows", "sliding"])
+def test_packed_windows_of_a_document_masked_run_get_the_training_sampler_s_doc_ids_and_positions(mode):
+    """A run trained with data.document_mask (and restart_positions) never attended across documents: its packed
+    held-out windows are scored with the doc_ids and positions its training sampler gives a packed row of the same
+    tokens (minilm.data.sampler._gather), not as one document; without masking, the model gets neither."""
+    from minilm.data.sampler import _gather, _Pool
+    from minilm.eval.perplexity import packed_doc_ids
+
+    store = _store(_docs(5, 3, 7, 4, 6))  # 25 tokens, token i at stream position i
+    docs, source = eval_documents(store, 8)
+    assert source == "packed"
+    pool = _Pool.of(store, np.arange(5))
+    for restart in (True, False):
+        model = MaskRecorder()
+        r = perplexity(model, docs, 8, mode=mode, n_windows=100, batch_size=3, stride=4,
+                       doc_index=[packed_doc_ids(store)], restart_positions=restart)  # fmt: skip
+        assert r.to_dict()["document_mask"] is True and r.to_dict()["restart_positions"] is restart
+        assert len(model.rows) == r.windows > 1
+        for row, doc_ids, positions in model.rows:
+            tokens, seg, pos = _gather(store, pool, row[0], 9)
+            assert row == tuple(tokens[:-1]) and doc_ids == tuple(seg[:-1])
+            assert positions == (tuple(pos[:-1]) if restart else None)
+        assert any(len(set(d)) > 1 for _, d, _ in model.rows)  # windows that do cross documents
+    model = MaskRecorder()
+    r = perplexity(model, docs, 8, mode=mode, n_windows=100, batch_size=3, stride=4)
+    assert all(d is None and p is None for _, d, p in model.rows)
+    assert "document_mask" not in r.to_dict()  # results of runs trained without masks are as they were
