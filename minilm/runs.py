@@ -171,6 +171,15 @@ def resolve_run(path: str | Path, phase: Optional[str] = None) -> tuple[Path, Op
     if not weights.is_file():  # (a phase asked for by name, or its directory: it said only "has it finished?")
         raise MinilmError(f"{weights}: not found: phase '{phase}' has not finished; "
                           f"{finish_command(run_dir, 'finish it')}" + _step_checkpoint_hint(run_dir, [phase]))
+    if not path.is_file() and phase is not None and not phase_finished(run_dir, phase):
+        # a phase asked for by name or by its directory, with weights but no complete.json: killed during its
+        # end-of-phase evaluation (its weights are written before it), or being trained again (its old weights,
+        # perhaps of another config). It loaded as if finished, though --resume trains it again and a run directory
+        # alone skips it; the weights file itself, given as such, is taken as it is
+        raise MinilmError(f"phase '{phase}' of {run_dir} has not finished (no {COMPLETE} beside {weights}): its "
+                          "weights are written before its end-of-phase evaluation, and it was stopped after them, or "
+                          f"is being trained again; {finish_command(run_dir, 'finish it')}; or, to use those weights "
+                          f"as they are, give the file {weights}")  # fmt: skip
     return run_dir, phase, weights
 
 

@@ -204,3 +204,21 @@ def test_an_unfinished_phase_asked_for_says_how_to_finish_it_and_names_its_newes
     said = str(err.value)
     assert "phase 'extend_2k' has not finished; finish it with: python train.py --config" in said and "--resume" in said
     assert f"the newest: {run_dir / 'extend_2k' / 'checkpoints' / 'step-20.ckpt'} (phase 'extend_2k', step 20)" in said
+
+
+@pytest.mark.parametrize("by", ["name", "directory"])
+def test_a_phase_asked_for_with_weights_but_no_complete_json_is_refused_unless_its_file_is_given(run_dir, by):
+    """A phase killed during its end-of-phase evaluation keeps the weights written before it, but no complete.json:
+    phase_finished (--resume, a run directory alone) counts it unfinished, yet --phase NAME or its directory loaded
+    it in evaluate.py, generate.py and export_hf.py as if finished. It is refused with how to finish it, and the
+    weights file itself, named as such, is still taken."""
+    (run_dir / "model.safetensors").unlink()
+    (run_dir / "extend_2k" / "complete.json").unlink()
+    weights = run_dir / "extend_2k" / "model.safetensors"
+    with pytest.raises(MinilmError) as err:
+        resolve_run(run_dir, "extend_2k") if by == "name" else resolve_run(run_dir / "extend_2k")
+    said = str(err.value)
+    assert said.startswith(f"phase 'extend_2k' of {run_dir} has not finished (no complete.json beside {weights})")
+    assert "--resume" in said and said.endswith(f"to use those weights as they are, give the file {weights}")
+    assert resolve_run(weights) == (run_dir, "extend_2k", weights)
+    assert resolve_run(run_dir, "extend_512")[2] == run_dir / "extend_512" / "model.safetensors"  # finished: loads

@@ -79,6 +79,7 @@ def fake_run(tmp_path, corpus_setup):
     save_weights(model, run / "train" / "model.safetensors")
     save_weights(model, run / "model.safetensors")
     save_config(cfg, run / "train" / "config.yaml")
+    (run / "train" / "complete.json").write_text("{}")  # written last: the phase has finished
     return run
 
 
