@@ -758,3 +758,35 @@ def test_the_unknown_piece_decodes_as_sentencepiece_does(tiny_text_dir, tmp_path
     ids = ours.encode(text)
     assert UNK_ID in ids and theirs(text)["input_ids"] == ids
     assert theirs.decode(ids) == ours.decode(ids) == "def f( ⁇ ):\n    return ' ⁇ ' + x\n"
+
+
+def test_logit_check_never_holds_a_whole_sequence_s_logits(tmp_path):
+    """export_hf.py checks at 4x the training length, and the check held the batch's (2, T, V) fp32 logits in both
+    frameworks plus their difference: 4.7 GB at configs/rope_yarn.yaml's 16384 tokens for a tiny model. No tensor it
+    makes may now be as large as one sequence's logits, and the difference it reports is the whole-logits one."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    big_v = 2**16  # one sequence's logits at 4L: 8.4M values (32 MiB), the batch's whole 4x that with the difference
+    cfg = load_config(overrides=["model.n_layers=1", "model.d_model=32", "model.n_heads=2", f"train.seq_len={L}"])
+    torch.manual_seed(0)
+    model = GPT(cfg.model, big_v).eval()
+    export_model(model, cfg, None, tmp_path)
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    Largest.numel = max(Largest.numel, t.numel())
+            return out
+
+    with Largest():
+        diffs = max_logit_difference(model, tmp_path, [4 * L])
+    assert Largest.numel < 4 * L * big_v, Largest.numel
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).float().eval()
+    x = torch.randint(0, big_v, (2, 4 * L), generator=torch.Generator().manual_seed(0))  # the check's tokens
+    with torch.no_grad():
+        whole = float((model(x) - hf(input_ids=x).logits).abs().max())
+    assert diffs[4 * L] == pytest.approx(whole, rel=1e-6, abs=1e-9)
