@@ -961,7 +961,8 @@ def init_weights(given: Optional[str], begun: Optional[dict],
 
 def _init_weights_path(init: str) -> Path:
     """The weights file ``--init`` names: a weights file (from anywhere), or the weights of a run or phase directory
-    as evaluate.py finds them (``resolve_run``: a run's final weights, else its newest finished phase). Another file
+    as evaluate.py finds them (``resolve_run``: a run's final weights, else its newest finished phase; a phase that
+    has not finished is refused), or of another folder holding a model.safetensors. Another file
     (a run's config.yaml) was read as a checkpoint: 'checkpoint ... is unreadable (IndexError: ...)'."""
     path = Path(init)
     if not path.exists():  # (was 'no weights at PATH', the flag unnamed)
@@ -971,7 +972,9 @@ def _init_weights_path(init: str) -> Path:
         check_weights_file(path)
     except MinilmError as e:
         raise MinilmError(f"--init {e}") from None
-    if path.is_dir() and not (path / "model.safetensors").is_file():  # an unfinished run, tb/, a folder of runs
+    # an unfinished run, tb/, a folder of runs; and a run's or phase's directory, by the rule evaluate.py reads it
+    # with (a phase without complete.json is refused: its weights file, given as such, is taken as it is)
+    if path.is_dir() and (not (path / "model.safetensors").is_file() or is_run_dir(path) or is_run_dir(path.parent)):
         try:
             return resolve_run(path)[2]
         except MinilmError as e:

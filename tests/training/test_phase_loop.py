@@ -731,6 +731,23 @@ def test_init_takes_what_evaluate_takes_and_names_a_file_that_is_no_weights(conf
     assert not any("another tokenizer" in line for line in said), said
 
 
+def test_init_of_a_phase_directory_takes_it_only_when_the_phase_has_finished(config, tmp_path):
+    """--init RUN/PHASE took the phase's model.safetensors whenever it existed, where evaluate.py refuses a phase
+    without complete.json (stopped during its end-of-phase evaluation, or being trained again); the weights file
+    given as such is still taken."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    run_phases(load_config(config, [f"run.dir={run}", "phases.a={seq_len: 32, steps: 1}",
+                                    "phases.b={seq_len: 32, steps: 1}"]), log=lambda m: None)  # fmt: skip
+    (run / "a" / "complete.json").unlink()
+    cfg = load_config(config, [f"run.dir={other}"])
+    with pytest.raises(MinilmError, match=r"^--init: phase 'a' of .* has not finished \(no complete\.json"):
+        run_phases(cfg, init=str(run / "a"), log=lambda m: None)
+    assert not other.exists()
+    said = []
+    run_phases(cfg, init=str(run / "a" / "model.safetensors"), log=said.append)
+    assert any("initial weights from" in line for line in said), said
+
+
 def test_init_weights_of_another_tokenizer_are_warned_of(config, tmp_path):
     """--init weights of a run whose tokenizer is another (a corpus of other files, another vocab_size setting that
     gave the same size) loaded without a word, each embedding row standing for another token. Simulated: the
