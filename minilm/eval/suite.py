@@ -775,8 +775,9 @@ def _tb_prefix(extension: Mapping[str, Any]) -> str:
 def evaluate_phase(model, pcfg, phase_name: str, phase_dir, global_step: int, logger=None,
                    log: Callable[[str], None] = print, record: Optional[Mapping[str, Any]] = None) -> dict:  # fmt: skip
     """End-of-phase evaluation (minilm/training/phases.py): ``pcfg.eval`` at ``pcfg.eval.lengths``; writes
-    ``phase_dir/eval/`` and logs to ``logger.experiment`` (a SummaryWriter) at ``global_step``. ``record``: where the
-    phase's weights started, for results.json (``_meta``).
+    ``phase_dir/eval/`` and logs to TensorBoard at ``global_step``, in ``logger.log_dir`` (the run's ``tb/``), in an
+    events file of its own that a later evaluation into the same folder replaces (``_to_tensorboard``). ``record``:
+    where the phase's weights started, for results.json (``_meta``).
 
     Bad input found only now (an ``eval`` setting, a held-out split too small) is logged and written to
     ``phase_dir/eval/error.txt`` instead of raised: the phase's weights are already saved and the phase still
@@ -808,9 +809,9 @@ def _evaluate_phase(model, pcfg, phase_name: str, phase_dir: Path, global_step: 
         undo()
     figures = write_report(results, phase_dir / "eval")
     _clear_phase_error(phase_dir / "eval", phase_dir)
-    writer = getattr(logger, "experiment", None) if logger is not None else None
-    if writer is not None:
-        log_tensorboard(writer, results, figures, global_step, prefix=_tb_prefix(settings.extension))
+    if logger is not None:  # (the run's TensorBoard logger: its folder, tb/; a file of the evaluation's own there)
+        _to_tensorboard(Path(logger.log_dir), results, figures, global_step, _tb_prefix(settings.extension),
+                        f"{phase_name}.eval")  # fmt: skip
     log(f"phase '{phase_name}': evaluation written to {phase_dir / 'eval'}")
     return results
 
@@ -944,7 +945,8 @@ def evaluate_run(
         # --out: a side evaluation (other lengths, samples, settings). In the run's tb/ its scalars would sit at
         # the same step and under the same tags as the phase's own evaluation, one curve of two measurements.
         prefix = f"eval-{NO_EXTENSION}" if plain else _tb_prefix(settings.extension)
-        _to_tensorboard(out_dir / "tb" if out else loaded.run_dir / "tb", results, figures, step, prefix)
+        _to_tensorboard(out_dir / "tb" if out else loaded.run_dir / "tb", results, figures, step, prefix,
+                        f"{phase}.{out_dir.name}")  # fmt: skip
     log(f"written: {out_dir / 'results.json'}, {out_dir / 'report.md'}, {plural(len(figures), 'figure')}")
     return results, out_dir
 
@@ -1003,10 +1005,23 @@ def _evaluate_into(out_dir: Path, model, data, settings: EvalSettings, meta: dic
     return results
 
 
-def _to_tensorboard(tb_dir: Path, results: dict, figures, step: int, prefix: str) -> None:
+# marks the events file of an evaluation: events.out.tfevents.<time>.<host>.<pid>.<n>.minilm-eval.<phase>.<folder>
+EVAL_EVENTS = ".minilm-eval."
+
+
+def _to_tensorboard(tb_dir: Path, results: dict, figures, step: int, prefix: str, key: str) -> None:
+    """Log an evaluation to ``tb_dir`` in an events file of its own, named by ``key`` (``PHASE.FOLDER``: the phase
+    and the folder it was written to), replacing the file an earlier evaluation into that folder wrote. Appended to
+    the same tags at the same step, a second evaluation (other settings, or the same one again after a kill) gave
+    TensorBoard two values for one step, and its curves zig-zagged between them; the folder's results.json is
+    replaced, and its events are now too. (A TensorBoard already running keeps what it has read until restarted.)"""
     from torch.utils.tensorboard import SummaryWriter
 
-    writer = SummaryWriter(str(tb_dir))
+    suffix = EVAL_EVENTS + key
+    for old in tb_dir.glob("events.out.tfevents.*"):
+        if old.name.endswith(suffix):
+            old.unlink(missing_ok=True)
+    writer = SummaryWriter(str(tb_dir), filename_suffix=suffix)
     try:
         log_tensorboard(writer, results, figures, step, prefix=prefix)
     finally:

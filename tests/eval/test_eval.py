@@ -207,13 +207,9 @@ def test_results_json_figures_and_tensorboard(tmp_path, corpus_setup):
                                  "eval": {"lengths": [64, 160], "tasks": ["ppl", "passkey", "needle", "kv"],
                                           "batches": 1, "batch_tokens": 256, "samples": 2, "depths": [0.0, 0.5, 1.0],
                                           "needles": 2}})  # fmt: skip
-    calls = []
-    writer = SimpleNamespace(add_scalar=lambda tag, v, global_step: calls.append(("s", tag, global_step)),
-                             add_image=lambda tag, img, global_step, dataformats: calls.append(("i", tag, img.shape)),
-                             add_text=lambda *a, **k: None, flush=lambda: None)  # fmt: skip
     model = tiny_gpt(cfg, corpus.tokenizer.vocab_size)
     model.train()
-    res = evaluate_phase(model, pcfg, "train", tmp_path / "train", 123, SimpleNamespace(experiment=writer),
+    res = evaluate_phase(model, pcfg, "train", tmp_path / "train", 123, SimpleNamespace(log_dir=str(tmp_path / "tb")),
                          lambda *_: None)  # fmt: skip
     assert model.training  # restored
     out = tmp_path / "train" / "eval"
@@ -225,10 +221,37 @@ def test_results_json_figures_and_tensorboard(tmp_path, corpus_setup):
         assert (out / f"{name}.png").stat().st_size > 1000
     report = (out / "report.md").read_text()
     assert "| 64 |" in report and "passkey_heatmap.png" in report
-    tags = {c[1] for c in calls if c[0] == "s"}
+    acc = _tensorboard(tmp_path / "tb")
+    tags = set(acc.Tags()["scalars"])
     assert {"eval/ppl@160", "eval/ppl@64", "eval/passkey@64", "eval/ppl_sliding@64", "eval/needle@160"} <= tags
-    assert all(c[2] == 123 for c in calls if c[0] == "s")
-    assert any(c[1] == "eval/passkey_heatmap" and c[2][-1] == 3 for c in calls if c[0] == "i")
+    assert all(e.step == 123 for tag in tags for e in acc.Scalars(tag))
+    assert "eval/passkey_heatmap" in acc.Tags()["images"]
+
+
+def _tensorboard(tb_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    return acc
+
+
+def test_evaluate_again_replaces_the_folders_tensorboard_points(tmp_path, fake_run):
+    """An evaluation into a folder that holds one (other settings, or the same after a kill) replaces its points in
+    TensorBoard as it replaces results.json: appended, the step had two values and the curves zig-zagged between
+    them. An evaluation into another folder keeps its own."""
+    from minilm.cli import run_cli
+
+    ev = _script("evaluate")
+    argv = ["--run", str(fake_run), "--lengths", "32", "--tasks", "ppl", "--no-sliding", "--batch-tokens", "64",
+            "--device", "cpu"]  # fmt: skip
+    for batches in ("1", "2"):  # other settings: other numbers at the same step
+        assert run_cli(ev.main, ev.parser(), argv + ["--batches", batches]) == 0
+    assert run_cli(ev.main, ev.parser(), argv + ["--batches", "1", "--extension", "dynamic", "factor=2"]) == 0
+    acc = _tensorboard(fake_run / "tb")
+    ppl = json.loads((fake_run / "train" / "eval" / "results.json").read_text())["ppl"]["32"]
+    assert [e.value for e in acc.Scalars("eval/ppl@32")] == [pytest.approx(ppl)]
+    assert len(acc.Scalars("eval-dynamic/ppl@32")) == 1
 
 
 def test_learned_table_reports_longer_lengths_as_unsupported(corpus_setup, eval_data):
