@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -36,6 +37,7 @@ from minilm.files import TEMPORARY, same_bytes
 from minilm.model.transformer import position_hooks
 from minilm.positions import validate_position
 from minilm.positions.base import tightest_limit
+from minilm.positions.rotary import Xpos
 from minilm.runs import (
     COMPLETE,
     HELD_OUT,
@@ -260,6 +262,31 @@ def check_fits(hooks: list, pcfg, phase: str, set_in=None) -> None:
             f"supports ({limit} positions); shorten the phase, {raise_keys}or use an encoding that extrapolates "
             "(rope with scaling, alibi, ...)"
         )
+    if pcfg.train.precision == "16-mixed":
+        _check_xpos_fp16(configured, pcfg, phase, set_in)
+
+
+FP16_MAX = 65504.0  # fp16's largest number, e^11.09
+
+
+def _check_xpos_fp16(hooks: list, pcfg, phase: str, set_in) -> None:
+    """xPos scales queries and keys by ζ^(±(n − center)/scale_base), up to e^(ln(1/ζ_0) · (seq_len − 1)/2 /
+    scale_base) at a sequence's ends: under 16-mixed the scaled q and k are fp16, and a scale past fp16's largest
+    number makes them inf (the loss NaN) whatever the values it multiplies. docs/positions.md said so, and nothing
+    refused it."""
+    for m in hooks:
+        if not isinstance(m, Xpos) or m.decay_rate.numel() == 0:
+            continue
+        exponent = float(m.decay_rate.abs().max()) * (pcfg.train.seq_len - 1) / 2
+        if exponent > math.log(FP16_MAX):
+            key = key_as_set("train.seq_len", phase, set_in)
+            base = key_as_set("model.position.scale_base", phase, set_in)
+            raise MinilmError(
+                f"{key}: {pcfg.train.seq_len} with xpos under train.precision=16-mixed: xPos scales queries and keys "
+                f"by up to e^{exponent:.1f} at this length, past fp16's largest number {FP16_MAX:g} (e^11.1), so "
+                f"they overflow to inf and the loss is NaN; train with train.precision=bf16-mixed or 32, shorten the "
+                f"phase, or raise {base} (now {m.params.scale_base:g})"
+            )
 
 
 # -------------------------------------------------------------------- what a command may do with run.dir

@@ -632,6 +632,26 @@ def test_a_failed_write_of_the_runs_tokenizer_leaves_the_previous_one_whole(conf
     assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_xpos_under_fp16_is_refused_where_its_scale_overflows_fp16(config, tmp_path):
+    """xPos's scale e^(ln(1/ζ_0)·(L−1)/2/scale_base) past fp16's 65504 makes 16-mixed q and k inf (a NaN loss):
+    refused with the phase's length, the precision and what to change (checked on the encoding's hooks, as a CUDA
+    run checks them before training: on this CPU 16-mixed itself is refused first)."""
+    from minilm.config import phase_config
+    from minilm.model.transformer import position_hooks
+    from minilm.training.run_checks import check_fits
+
+    cfg = load_config(config, ["model.position={name: xpos, scale_base: 2.0}", "train.precision=16-mixed",
+                               "phases.a={seq_len: 16, steps: 1}", "phases.b={seq_len: 64, steps: 1}"])  # fmt: skip
+    hooks = position_hooks(cfg.model)
+    check_fits(hooks, phase_config(cfg, "a"), "a", cfg.phases.a)  # e^4.7 fits
+    with pytest.raises(MinilmError, match=r"phases\.b\.seq_len: 64 with xpos under train\.precision=16-mixed: .*"
+                                          r"e\^19\.7.*bf16-mixed or 32.*model\.position\.scale_base \(now 2\)"):
+        check_fits(hooks, phase_config(cfg, "b"), "b", cfg.phases.b)
+    fp32 = load_config(config, ["model.position={name: xpos, scale_base: 2.0}", "train.precision=32",
+                                "phases.b={seq_len: 64, steps: 1}"])  # fmt: skip
+    check_fits(hooks, phase_config(fp32, "b"), "b", fp32.phases.b)  # fp32's range: up to 128 positions
+
+
 def test_a_phase_its_encoding_cannot_reach_is_refused_before_run_dir_or_the_corpus_is_made(config, tmp_path):
     """The check of every phase against its encoding's limits ran after config.yaml and tokenizer.model were written
     into run.dir; then after the corpus was prepared (a tokenizer trained for nothing) and an empty run.dir made."""
