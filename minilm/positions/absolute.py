@@ -217,8 +217,9 @@ class Floater(PositionEncoding):
         """p(0), p(Δ), ..., p((n-1)Δ): (n, D), by classic RK4 with ``substeps`` steps per position."""
         if n > self.limit:
             raise SequenceTooLong(f"floater: position {n - 1} is beyond model.position.cache_size={self.limit}, the "
-                                  f"last position the ODE is integrated to; raise cache_size (the ODE is defined at "
-                                  f"any position: weights trained with a smaller one load with a larger one)")
+                                  f"number of positions the ODE is integrated over (0..{self.limit - 1}); raise "
+                                  f"cache_size (the ODE is defined at any position: weights trained with a smaller "
+                                  f"one load with a larger one)")
         if torch.is_grad_enabled():
             # a forward with gradients is training: its optimizer step will change the parameters, and the fused
             # AdamW (minilm.training.optim) updates them without bumping their _version, which the key reads; a

@@ -166,6 +166,15 @@ def test_bounded_encodings_report_their_limit(name, params):
             model(torch.zeros(1, limit + 1, dtype=torch.long))
 
 
+def test_floaters_limit_message_names_the_positions_it_integrates():
+    """cache_size=50 integrates positions 0..49: the message called 50 "the last position the ODE is integrated to"."""
+    model = tiny_model("floater", "model.position.cache_size=50")
+    with torch.no_grad(), pytest.raises(Exception, match=r"position 50 is beyond model\.position\.cache_size=50, "
+                                                          r"the number of positions the ODE is integrated over "
+                                                          r"\(0\.\.49\)"):  # fmt: skip
+        model(torch.zeros(1, 51, dtype=torch.long))
+
+
 @pytest.mark.parametrize("fraction", [1.0, 0.5])
 def test_interleaved_is_half_up_to_a_fixed_permutation(fraction):
     """Interleaved pairs (2i, 2i+1) are half's pairs (i, i + d/2): permuting dims maps one rotation onto the
