@@ -260,9 +260,11 @@ def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argpars
     except MinilmError as e:
         if getattr(args, "debug", False):
             traceback.print_exc()
-        print(f"error: {e}", file=sys.stderr)
+        _report(f"error: {e}")
         return 2
     except KeyboardInterrupt:  # the --resume hint only where there is one (train.py, study.py; not generate.py)
+        if _sigterm.is_set() and _failed_rank(None) is not None:  # torchrun stopping this rank: another one failed,
+            return 2  # and said why (not "terminated; continue with --resume")
         what = "terminated (SIGTERM)" if _sigterm.is_set() else "interrupted"
         if _primary_process():
             # (the same command: a phase begun with --phase NAME --init PATH resumes with them)
@@ -271,10 +273,14 @@ def run_cli(main: Callable[[argparse.Namespace], Optional[int]], parser: argpars
         return 143 if _sigterm.is_set() else 130
     except Exception as e:  # a full disk or a read-only file system: the user's to fix, not a bug (a traceback)
         if (failed := cannot_write(e)) is None:
-            raise
+            if _failed_rank(f"{type(e).__name__}: {e}") is None:
+                raise  # (a bug, or the first rank's: its traceback)
+            if getattr(args, "debug", False):  # another rank failed first, said why, and left this one's
+                traceback.print_exc()  # collective with it (gloo: "Connection closed by peer")
+            return 2
         if getattr(args, "debug", False):
             traceback.print_exc()
-        print(f"error: {cannot_write_message(failed, resumable)}", file=sys.stderr)
+        _report(f"error: {cannot_write_message(failed, resumable)}")
         return 2
 
 
@@ -290,6 +296,67 @@ def cannot_write_message(e: OSError, resumable: bool) -> str:
         fix = "free some space"
     then = ", then continue with the same command plus --resume" if resumable else " and run the command again"
     return f"{what}: {why}; {fix}{then}"
+
+
+FIRST_FAILURE = "minilm_first_failure"  # the key of the run's store that the first rank to fail sets
+
+
+def _report(message: str) -> None:
+    """Print an error's ``message`` on stderr, but once for the processes of a run: every rank of a torchrun or
+    DDP run meets the same bad config value or missing file and printed the same line, once per process. A rank
+    whose message another rank already printed stays quiet (its exit code is 2 all the same)."""
+    first = _failed_rank(message)
+    if first is None or first[1] != message:
+        print(message, file=sys.stderr)
+
+
+def _failed_rank(message: Optional[str]) -> Optional[tuple[int, str]]:
+    """(the rank, the message) of the first failure recorded in the run's store by another process of the run, or
+    None: where this process fails first (it records ``message``, for the others to compare theirs with), where
+    ``message`` is None and none failed, and where there is no store to share (one process; Lightning's launcher
+    or SLURM before the process group exists). The store is torchrun's (its agent's, which outlives the ranks)
+    or the process group's; one that cannot be reached is as none."""
+    store, rank = _run_store()
+    if store is None:
+        return None
+    mine = f"{rank}\n{message}"
+    # torchrun stops the other ranks with SIGTERM once one has ended: arriving after the command's own handler is gone
+    # (stop_on_signals), during this exchange or the interpreter's exit, it killed a rank that was ending with exit 2
+    # (-15). The command has ended in an error: a SIGTERM now is ignored
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        if message is not None and store.compare_set(FIRST_FAILURE, "", mine) == mine.encode():  # (set if unset)
+            return None
+        if message is None and not store.check([FIRST_FAILURE]):
+            return None
+        first, _, text = store.get(FIRST_FAILURE).decode().partition("\n")
+    except Exception:  # (its host is gone, a timeout: nothing known)
+        return None
+    return (int(first), text) if first != str(rank) else None
+
+
+def _run_store():
+    """(the key-value store the processes of a multi-process run share, this process's rank), or (None, 0)."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun: its agent hosts one
+    if not agent and "torch.distributed" not in sys.modules:  # (no process group without it: torch not imported)
+        return None, 0
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        if agent and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                  timeout=timedelta(seconds=10))  # fmt: skip
+            return store, int(os.environ["RANK"])
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            store = dist.distributed_c10d._get_default_store()
+            store.set_timeout(timedelta(seconds=10))
+            return store, dist.get_rank()
+    except Exception:  # (an unreachable store, a malformed variable: as none)
+        return None, 0
+    return None, 0
 
 
 def _primary_process() -> bool:

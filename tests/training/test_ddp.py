@@ -260,3 +260,52 @@ def test_an_error_on_one_rank_ends_every_rank_with_exit_2(ddp_config, tmp_path, 
     if rank:  # rank 0 says why it stopped
         assert "error: the process of local rank 1 (pid" in proc.stderr
         assert "stopped with the error printed above" in proc.stderr
+
+
+def torchrun(log_dir: Path, script: Path, *args) -> tuple[subprocess.CompletedProcess, dict]:
+    """``torchrun --nproc_per_node=2 SCRIPT ARGS`` with each rank's stdout and stderr in files of its own: returns
+    torchrun's CompletedProcess and each rank's stderr, by rank."""
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                             "MASTER_PORT", "NODE_RANK", "SLURM_PROCID")}  # fmt: skip
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--log-dir", str(log_dir),
+               "--redirects", "3", str(script), *map(str, args)]  # fmt: skip
+    proc = subprocess.run(command, cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    stderr = {int(p.parent.name): p.read_text() for p in log_dir.glob("*/attempt_0/*/stderr.log")}
+    assert sorted(stderr) == [0, 1], (proc.stderr[-3000:], list(log_dir.rglob("*")))
+    return proc, stderr
+
+
+@pytest.mark.slow
+def test_an_error_before_training_under_torchrun_is_printed_once(ddp_config, tmp_path, repo):
+    """Every rank torchrun starts meets a bad value found only once they run (a sharded strategy on a CPU): each
+    printed the same message, once per process. Now the first rank to fail prints it and every rank exits 2."""
+    proc, stderr = torchrun(tmp_path / "logs", repo / "train.py", "--config", ddp_config, f"run.dir={tmp_path / 'run'}",
+                            "trainer.devices=2", "trainer.strategy=fsdp", "train.batch_size=2")  # fmt: skip
+    said = [r for r, text in stderr.items() if "error: trainer: Lightning cannot run with" in text]
+    assert len(said) == 1 and "".join(stderr.values()).count("error: ") == 1, stderr
+    assert "Traceback" not in "".join(stderr.values()), stderr
+    codes = [line.split(":")[1].split()[0] for line in proc.stderr.splitlines() if line.strip().startswith("exitcode")]
+    assert codes == ["2", "2"], proc.stderr[-3000:]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_an_error_on_one_rank_under_torchrun_is_not_followed_by_a_traceback(ddp_config, tmp_path, repo):
+    """Rank 1 fails in a step under torchrun: it says why, and rank 0, whose collective with it ended with gloo's
+    "Connection closed by peer", printed that RuntimeError's traceback too (torchrun ends the ranks itself, so no
+    rank 0 of minilm's stops them and says which failed): now it stops without a word, the failing rank's message
+    the only one."""
+    script = tmp_path / "failing_rank.py"
+    script.write_text(FAILING_RANK.format(repo=str(repo), train=str(repo / "train.py"), rank=1, where="step"))
+    proc, stderr = torchrun(tmp_path / "logs", script, "--config", ddp_config, f"run.dir={tmp_path / 'run'}",
+                            "trainer.devices=2", "trainer.strategy=ddp", "train.batch_size=2")  # fmt: skip
+    assert proc.returncode != 0
+    assert "error: rank 1 cannot go on" in stderr[1], stderr
+    for text in stderr.values():
+        assert "Traceback" not in text and "Connection closed" not in text, stderr
+    assert "".join(stderr.values()).count("error: ") == 1, stderr
