@@ -10,10 +10,10 @@
 One step = forward + backward + gradient clipping + AdamW step on random tokens (B, T) — the work of one
 optimizer step of ``train.py`` without Lightning, the data loader and logging. The model is ``GPT(cfg.model, V)``
 with V = ``data.tokenizer.vocab_size`` and, per ``--encodings`` entry, ``model.position.name`` set to it (the
-encoding's default parameters, and the ``model.position.*`` overrides it takes: ``model.position.num_buckets=64``
-reaches T5 and not RoPE; one that no listed encoding takes is exit 2). Per sequence length T the batch is
-``--batch-size`` or, by default, as many sequences as keep the config's tokens per micro-batch
-(``train.micro_batch_size`` · ``train.seq_len``), at least 1.
+encoding's default parameters, and the ``model.position.*`` and ``phases.P.position.*`` overrides it takes:
+``model.position.num_buckets=64`` reaches T5 and not RoPE; one that no listed encoding takes is exit 2). Per
+sequence length T the batch is ``--batch-size`` or, by default, as many sequences as keep the config's tokens per
+micro-batch (``train.micro_batch_size`` · ``train.seq_len``), at least 1.
 
 ``--peer`` trains, in the same process, on the same device and the same way (same batch, optimizer, precision,
 compile setting), the same-shaped ``transformers.LlamaForCausalLM`` (attn_implementation="sdpa": RMSNorm, SwiGLU,
@@ -814,20 +814,34 @@ def plan(args, base) -> list[tuple[str, int]]:
 
 
 def position_parameter(item: str) -> Optional[str]:
-    """The ``model.position`` key an override sets (``model.position.num_buckets=64``: ``num_buckets``; a whole
-    ``model.position={...}`` block: the empty string); None for an override of any other key."""
+    """The position parameter an override sets, in the run's block or a phase's (``model.position.num_buckets=64``:
+    ``num_buckets``; ``phases.extend.position.scaling.factor=4``: ``scaling``; a whole ``model.position={...}`` or
+    ``phases.P.position={...}`` block: the empty string); None for an override of any other key."""
     parts = [part.strip() for part in item.partition("=")[0].split(".")]
-    return (".".join(parts[2:]).partition(".")[0] if parts[:2] == ["model", "position"] else None)
+    if parts[:2] == ["model", "position"]:
+        return ".".join(parts[2:]).partition(".")[0]
+    if parts[0] == "phases" and parts[2:3] == ["position"]:
+        return ".".join(parts[3:]).partition(".")[0]
+    return None
+
+
+def _parameter_key(item: str, key: str) -> str:
+    """The override's key up to the parameter it sets (``phases.P.position.scaling.factor=4``:
+    ``phases.P.position.scaling``), to name it in a message."""
+    parts = [part.strip() for part in item.partition("=")[0].split(".")]
+    return ".".join(parts[:3 if parts[0] == "model" else 4])
 
 
 def split_overrides(args) -> tuple[list[str], dict[str, list[str]]]:
-    """(the overrides every config of the run takes, the ``model.position.*`` ones of each ``--encodings`` entry).
+    """(the overrides every config of the run takes, the position ones of each ``--encodings`` entry).
 
-    Without ``--encodings`` every override is of the first kind. With it, a position parameter belongs to the
-    encodings that take it: each entry's config sets ``model.position.name`` and then the parameters its encoding
-    takes (``model.position.num_buckets=64`` reaches t5, not rope), and the base config, the config's own encoding,
-    gets none (RoPE refused T5's ``num_buckets``). A parameter no listed encoding takes, ``model.position.name``
-    (--encodings sets it) and a whole ``model.position`` block are usage errors, before anything is measured."""
+    Without ``--encodings`` every override is of the first kind. With it, a position parameter, of the run's block
+    (``model.position.*``) or a phase's (``phases.P.position.*``), belongs to the encodings that take it: each entry's
+    config sets ``model.position.name`` and then the parameters its encoding takes (``model.position.num_buckets=64``
+    reaches t5, not rope; ``phases.P.position.scaling.factor=4`` reaches rope, not alibi), and the base config, the
+    config's own encoding, gets none (RoPE refused T5's ``num_buckets``). A parameter no listed encoding takes,
+    ``model.position.name`` (--encodings sets it) and a whole position block are usage errors, before anything is
+    measured."""
     if not args.encodings:
         return list(args.overrides), {}
     encodings = list(dict.fromkeys(args.encodings.split(",")))
@@ -842,12 +856,13 @@ def split_overrides(args) -> tuple[list[str], dict[str, list[str]]]:
             common.append(item)
         elif key in ("", "name"):
             raise MinilmError(f"{item.partition('=')[0].strip()}: --encodings sets model.position.name for each of its "
-                              f"encodings; give their parameters one by one (model.position.KEY=VALUE, each reaching "
-                              f"the encodings that take it), or drop --encodings")  # fmt: skip
+                              f"encodings; give their parameters one by one (model.position.KEY=VALUE or "
+                              f"phases.PHASE.position.KEY=VALUE, each reaching the encodings that take it), or drop "
+                              f"--encodings")  # fmt: skip
         elif not (takers := [enc for enc in encodings if key in takes[enc]]):
             listing = "; ".join(f"{enc} takes: {', '.join(takes[enc]) or '(none)'}" for enc in encodings)
-            raise MinilmError(f"model.position.{key}: no encoding of --encodings {','.join(encodings)} takes this "
-                              f"parameter ({listing}); add one that does to --encodings, or drop the override")
+            raise MinilmError(f"{_parameter_key(item, key)}: no encoding of --encodings {','.join(encodings)} takes "
+                              f"this parameter ({listing}); add one that does to --encodings, or drop the override")
         else:
             for enc in takers:
                 per_encoding[enc].append(item)
@@ -993,7 +1008,7 @@ def new_report(args, base, device, precision: str, do_compile: bool, now, planne
         "config": args.config or "(defaults)",
         "config_name": "-".join(x for x in (base.run.name, kind, args.tag) if x),
         "overrides": list(args.overrides),
-        "position_overrides": split_overrides(args)[1],  # each --encodings entry's model.position.* overrides
+        "position_overrides": split_overrides(args)[1],  # each --encodings entry's position overrides
         "precision": precision,
         "compile": do_compile,
         "compile_mode": base.train.compile_mode,

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import load_script
+from tests.conftest import REPO, load_script
 
 TINY = ["model.n_layers=1", "model.d_model=32", "model.n_heads=2", "data.tokenizer.vocab_size=64"]
 
@@ -473,3 +473,26 @@ def test_a_position_override_no_listed_encoding_takes_is_a_usage_error(bench, tm
     assert bench.main(argv) == 2
     err = capsys.readouterr().err
     assert all(part in err for part in says) and "Traceback" not in err and not list(tmp_path.iterdir())
+
+
+def test_a_phase_position_override_reaches_the_encodings_that_take_it(bench, tmp_path):
+    """``--config configs/rope_yarn_tiny.yaml --encodings rope,alibi phases.extend_512.position.scaling.factor=8``
+    was exit 2 ("phases.extend_512.position.scaling: unknown parameter; this encoding takes: max_bias"): a phase's
+    position overrides went to every encoding. RoPE's phase gets it, ALiBi's does not."""
+    argv = ["--config", str(REPO / "configs/rope_yarn_tiny.yaml"), "--lengths", "8", "--encodings", "rope,alibi",
+            "--out", str(tmp_path), "phases.extend_512.position.scaling.factor=8", *TINY]  # fmt: skip
+    args = bench.parse_args(argv)
+    configs = bench.encoding_configs(args, bench.base_config(args))
+    assert configs["rope"].phases.extend_512.position.scaling.factor == 8
+    assert "scaling" not in configs["alibi"].phases.extend_512.position
+    assert bench.split_overrides(args)[1] == {"rope": ["phases.extend_512.position.scaling.factor=8"], "alibi": []}
+
+
+def test_a_phase_position_override_no_listed_encoding_takes_is_a_usage_error(bench, tmp_path, capsys):
+    argv = ["--config", str(REPO / "configs/rope_yarn_tiny.yaml"), "--lengths", "8", "--steps", "1", "--warmup", "0",
+            "--threads", "1", "--device", "cpu", "--encodings", "t5,alibi", "--out", str(tmp_path),
+            "phases.extend_512.position.scaling.factor=8", *TINY]  # fmt: skip
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert ("phases.extend_512.position.scaling: no encoding of --encodings t5,alibi takes this parameter (t5 takes: "
+            in err) and "Traceback" not in err and not list(tmp_path.iterdir())
