@@ -775,8 +775,10 @@ def _set_where(message: str, layers: List[tuple[str, DictConfig]],
     no layer gives it (a schema default, or a key no config has). With ``cfg`` (the
     loaded config), a layer whose value is not the one ``cfg`` holds is not named: a scaling block of another
     rope_type replaces the earlier one (``_fresh_scaling``), so the YAML's dropped ``factor`` did not set the
-    ``factor: required`` that the new block lacks: that value is said to be dropped instead; a key no layer gave
-    that ``cfg`` lacks (``original_max_position_embeddings: required``) names the block given without it."""
+    ``factor: required`` that the new block lacks: that value is said to be dropped instead; a required key no layer
+    gave that ``cfg`` lacks (``original_max_position_embeddings: required``) names the block given without it. A key
+    that has a default gets nothing: RoPE's ``fraction: 1 rotates every dimension ...`` said the position block set
+    on the command line "lacks it", as if the user should have given it."""
     key = KEY_PREFIX.match(message)
     if not key:
         return ""
@@ -794,8 +796,8 @@ def _set_where(message: str, layers: List[tuple[str, DictConfig]],
         if final is absent and not dropped and not OmegaConf.is_config(given):  # why a value given is missing
             why = _name_change(key.group(1), layers, i, len(layers)) or _replaced_by(key.group(1), layers[i + 1:])
             dropped = f" (the {given!r} set {label} was dropped: {why})"
-    if dropped or cfg is None or final is not absent:
-        return dropped
+    if dropped or cfg is None or final is not absent or not re.match(r"(required|missing)\b", message[key.end():]):
+        return dropped  # (a parameter's default that no layer gives: no block "lacks" it, nothing to name)
     return _lacking_block(key.group(1), layers)
 
 

@@ -1065,6 +1065,17 @@ def test_a_required_key_no_layer_gives_names_the_block_that_lacks_it(tmp_path):
         load_config(None, ["eval.extension={name: rerope}"])
 
 
+@pytest.mark.parametrize("overrides", [["model.position.name=rope"], ["model.position={name: rope, base: 500.0}"], []])
+def test_a_defaulted_key_no_layer_gives_is_not_said_to_be_lacking(tmp_path, overrides):
+    """``model.d_model=6 model.n_heads=2 model.position.name=rope`` ended its error about RoPE's ``fraction`` (a
+    default the user never set) with "(the model.position block set on the command line lacks it)", as if the block
+    should have given it; the YAML's block was blamed the same way. A default is no block's omission."""
+    (tmp_path / "a.yaml").write_text("model:\n  d_model: 6\n  n_heads: 2\n  position:\n    name: rope\n")
+    with pytest.raises(ConfigError, match=r"^model\.position\.fraction: 1 rotates every dimension") as e:
+        load_config(tmp_path / "a.yaml", overrides)
+    assert "lacks it" not in str(e.value) and str(e.value).endswith("or an encoding without rotation")
+
+
 def test_a_missing_original_length_names_the_length_the_unscaled_model_trained_at(tmp_path):
     """A staged extension's scaling block without original_max_position_embeddings said only that it is required;
     the value it means is the length the last phase before it trained at without scaling (both extensions of
