@@ -765,7 +765,7 @@ def _averaged(results: list[dict], entry: dict, out_dir: Path) -> dict:
                              for L in out.get(task, {})}
                       for task in RETRIEVAL if task in out}  # fmt: skip
     if len(results) > 1:
-        out["run"] = f"{out_dir / entry['variant']} (mean of {len(results)} seeds)"
+        out["run"] = f"{out_dir.resolve() / entry['variant']} (mean of {len(results)} seeds)"  # as results.json's
         # the text of every seed averaged, not the first's alone: compare() warns when two means are of other seeds
         seeds = [r.get("seed") for r in results]
         if None in seeds:  # (an older results.json): not known

@@ -287,6 +287,28 @@ def test_seeds_give_one_run_per_variant_and_seed_and_mean_sd_tables(tmp_path, st
     assert "| b | -0.1000 (n=1) | -1.00 (n=1) |" in paired
 
 
+def test_a_variants_mean_names_its_folder_by_its_absolute_path(study_file, tmp_path, monkeypatch):
+    """A variant's mean over seeds named its folder as --out was typed (``runs/studies/x/a (mean of 2 seeds)`` in
+    compare.md), where each run's results.json names its run by its absolute path."""
+    from minilm.config import save_config
+    from minilm.files import atomic_write_text
+
+    study_file.write_text("config: base.yaml\nseeds: [1, 2]\nvariants: {a: []}\n")
+    study = load_study(study_file)
+    monkeypatch.chdir(tmp_path)
+    out = Path("out")
+    cfgs = {r.label: run_config(study, r, out, []) for r in study_runs(study)}
+    for label, ppl in (("a/seed1", 10.0), ("a/seed2", 12.0)):
+        save_config(cfgs[label], out / label / "config.yaml")
+        for phase in ("short", "long"):
+            atomic_write_text(out / label / phase / "complete.json", json.dumps({"val_loss": 4.0}))
+        results = {"lengths": [32], "ppl": {"32": ppl}, "train_seq_len": 64, "phase": "long",
+                   "run": str((out / label).resolve())}  # fmt: skip
+        atomic_write_text(out / label / "long" / "eval" / "results.json", json.dumps(results))
+    write_summary(study, out, cfgs, log=lambda msg: None)
+    assert f"`{tmp_path.resolve() / 'out' / 'a'} (mean of 2 seeds)`" in (out / "compare.md").read_text()
+
+
 def test_the_paired_table_without_an_evaluation_has_as_many_cells_as_its_header():
     """With no phase evaluated (no ppl column) the header had a trailing empty cell over a two-cell separator, which
     markdown does not render as a table."""

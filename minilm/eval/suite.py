@@ -746,11 +746,13 @@ def _meta(cfg, run_dir, phase, step, extension, weights: Optional[Path] = None,
     # labelled by run.name, not the folder's name: a study's runs with seeds all sit in folders named seed<S>, and
     # their reports and figures were titled 'seed1/extend' alike; a study names each run '<variant>-seed<S>'
     name = str(cfg.run.name)
+    # absolute paths: as typed (run.dir=runs/x, --run ../runs/x) a results.json read from elsewhere, or compared with
+    # scripts/compare_runs.py from another folder, did not say which run it measured
     return {
-        "run": str(run_dir), "name": name, "phase": phase, "step": int(step),
+        "run": str(Path(run_dir).resolve()), "name": name, "phase": phase, "step": int(step),
         **({"phase_step": int(phase_step)} if phase_step is not None else {}),
         "label": f"{name}/{phase}{at}" + (f" + {extension['name']}" if extension else ""),
-        **({"weights": str(weights)} if weights is not None else {}),
+        **({"weights": str(Path(weights).resolve())} if weights is not None else {}),
         **(record or {}),
         "extension": extension or None,
         "position": OmegaConf.to_container(cfg.model.position, resolve=True),

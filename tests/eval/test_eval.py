@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -828,3 +829,23 @@ def test_a_setting_no_chosen_task_reads_is_noted(fake_run, capsys):
     assert "note: --stride 8 has no effect: it is read by ppl_sliding, and the tasks measured are passkey" in out
     assert "note: --needles 3 has no effect: it is read by needle" in out
     assert "--samples" not in out.split("note:", 1)[-1] and "--depths" not in out.split("note:", 1)[-1]
+
+
+def test_results_name_the_run_by_its_absolute_path(fake_run, tmp_path, monkeypatch):
+    """``scripts/evaluate.py --run runs/x`` recorded ``"run": "runs/x"`` (and the weights file) as typed: a
+    results.json or compare.md read from another folder did not say which run it measured. Both are absolute, and
+    the report and compare_runs.py's table say the same path."""
+    from minilm.cli import run_cli
+
+    monkeypatch.chdir(fake_run.parent)
+    res, out = evaluate_run(Path(fake_run.name) / "train" / "model.safetensors", lengths=[32], tasks=["ppl"],
+                            batches=1, batch_tokens=64, sliding=False, tensorboard=False, device="cpu",
+                            log=lambda *_: None)  # fmt: skip
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["run"] == res["run"] == str(fake_run.resolve())
+    assert saved["weights"] == str((fake_run / "train" / "model.safetensors").resolve())
+    assert f"- run: `{fake_run.resolve()}`" in (out / "report.md").read_text()
+    monkeypatch.chdir(tmp_path)
+    cmp = _script("compare_runs")
+    assert run_cli(cmp.main, cmp.parser(), [str(fake_run), "--out", "cmp"]) == 0
+    assert f"`{fake_run.resolve()}`" in (tmp_path / "cmp" / "compare.md").read_text()
