@@ -103,12 +103,19 @@ def moved_run(results: dict, found: Path) -> dict:
     """``results`` (read from ``found``) with its ``run`` the run directory it now lies in, where the one it records
     holds no run any more (runs moved, or copied from the machine that trained them): compare.md named paths that
     were gone, and a study's runs, not found in their study, lost their labels (``yarn-seed1/ext``, not
-    ``yarn/seed1/ext``)."""
+    ``yarn/seed1/ext``). A relative ``run`` (a results.json of an older minilm recorded it as typed, relative to
+    wherever that command ran) is the run directory it lies in too, else the recorded one resolved here: every run
+    compare.md lists is an absolute path, as a results.json written now records it."""
     from minilm.runs import run_dir_of
 
     recorded = results.get("run")
-    if recorded and not (Path(str(recorded)) / "config.yaml").is_file() and (here := run_dir_of(found)) is not None:
-        return {**results, "run": str(here)}
+    if not recorded:
+        return results
+    recorded, here = Path(str(recorded)), run_dir_of(found)
+    if here is not None and (not recorded.is_absolute() or not (recorded / "config.yaml").is_file()):
+        return {**results, "run": str(here.resolve())}
+    if not recorded.is_absolute() and (recorded / "config.yaml").is_file():
+        return {**results, "run": str(recorded.resolve())}
     return results
 
 

@@ -500,3 +500,22 @@ def test_a_moved_studys_runs_keep_their_labels_and_are_listed_where_they_are(tmp
     assert "| yarn/seed1/extend_2k | 50.00 |" in table and "| alibi/seed2/extend_2k | 40.00 |" in table
     assert f"`{study / 'yarn' / 'seed1'}` phase" in table and "/gone/" not in table
 
+
+
+def test_every_run_compare_md_lists_is_an_absolute_path(tmp_path, monkeypatch):
+    """A results.json of an older minilm records its run as typed (``runs/a``), and a moved run's was replaced by
+    the run directory as compare_runs.py's argument gave it (``b``): compare.md listed relative paths beside the
+    absolute ones a results.json records now, which, read from elsewhere, named no run."""
+    runs = tmp_path.resolve() / "runs"
+    for name in ("a", "b"):
+        _evaluation(runs / name, "p", 5.0, name=name)
+        (runs / name / "config.yaml").write_text("")
+        (runs / name / "tokenizer.model").write_text("")
+    for name, recorded in (("a", "runs/a"), ("b", "/gone/b")):
+        path = runs / name / "p" / "eval" / "results.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "run": recorded}))
+    monkeypatch.chdir(runs)
+    cmp = load_script("scripts/compare_runs.py")
+    assert cmp.main(cmp.parser().parse_args(["a/p/eval", "b/p/eval", "--out", str(tmp_path / "cmp")])) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert f"- **a/p**: `{runs / 'a'}` phase" in table and f"- **b/p**: `{runs / 'b'}` phase" in table
