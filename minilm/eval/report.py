@@ -648,22 +648,18 @@ def _data_differences(runs: Sequence[dict], labels: Sequence[str]) -> list[str]:
     corpus or split): their numbers are not comparable either. From the digests results.json records
     (``tokenizer_sha256``, ``val_sha256``); an evaluation without them is not compared."""
     measured = [(r, label) for r, label in zip(runs, labels) if any(_lengths(r, m) for m in ("ppl", "ppl_sliding"))]
-    toks: Dict[str, List[str]] = {}
-    for r, label in measured:
-        if r.get("tokenizer_sha256"):
-            toks.setdefault(r["tokenizer_sha256"], []).append(label)
-    if len(toks) > 1:
-        values = "; ".join(f"sha256 {digest[:12]} ({', '.join(who)})" for digest, who in toks.items())
-        return [f"different tokenizers (of one vocabulary size): {values}. Perplexity is per token, and their tokens "
-                "are different units of text: compare the perplexities of runs that share a tokenizer"]
-    vals: Dict[str, List[str]] = {}
-    for r, label in measured:
-        if r.get("val_sha256"):
-            vals.setdefault(r["val_sha256"], []).append(label)
-    if len(vals) > 1:
-        values = "; ".join(f"sha256 {digest[:12]} ({', '.join(who)})" for digest, who in vals.items())
-        return [f"evaluated on different held-out documents: {values}. Their perplexities measure other text (another "
-                "corpus, sources or data.val_fraction): compare runs trained on the same data"]
+    for key, what in (("tokenizer_sha256", "different tokenizers (of one vocabulary size): {}. Perplexity is per "
+                                           "token, and their tokens are different units of text: compare the "
+                                           "perplexities of runs that share a tokenizer"),
+                      ("val_sha256", "evaluated on different held-out documents: {}. Their perplexities measure "
+                                     "other text (another corpus, sources or data.val_fraction): compare runs "
+                                     "trained on the same data")):  # fmt: skip
+        by_digest: Dict[str, List[str]] = {}
+        for r, label in measured:
+            if r.get(key):
+                by_digest.setdefault(r[key], []).append(label)
+        if len(by_digest) > 1:  # (the tokenizers first: with other ones, other held-out tokens follow)
+            return [what.format("; ".join(f"sha256 {d[:12]} ({', '.join(who)})" for d, who in by_digest.items()))]
     return []
 
 
