@@ -347,6 +347,8 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
     for what, items in (("the study file's", study.overrides), ("the command line's", list(extra))):
         if items:  # once here: each run's line names its variant's own
             log(f"study {study.name}: every variant with {what} overrides: {' '.join(items)}")
+    if is_primary_process():  # (under DDP the other ranks come here once rank 0 holds the first run's lock)
+        _check_not_in_use(todo, out_dir)
     cfgs, keys = _checked_configs(study, runs, out_dir, list(extra), again)
 
     # (under DDP the other ranks start this study anew once rank 0 has begun the first run: not their refusal)
@@ -372,6 +374,21 @@ def run_study(study: Study, out_dir: Path, *, extra: tuple[str, ...] = (), resum
         if is_primary_process() and out_dir.is_dir():
             write_summary(study, out_dir, cfgs, log, extra=list(extra))
     return out_dir
+
+
+def _check_not_in_use(runs, out_dir: Path) -> None:
+    """A run of the study that another live process trains (its ``.lock`` held: another ``study.py`` into the same
+    --out, or a ``train.py`` there) is refused before anything is checked: the refusal said "already holds this
+    study's runs; continue it (--resume)", and --resume first noted that the run "starts from step 0" before
+    refusing it as in use."""
+    from minilm.files import is_locked
+
+    for run in runs:
+        lock = out_dir / run.label / ".lock"
+        if is_locked(lock):
+            raise MinilmError(f"{out_dir / run.label} is in use by another process (lock file {lock}): another study "
+                              f"or train.py is training into {out_dir}; wait for it, stop it, or give this study "
+                              "another --out")  # fmt: skip
 
 
 def _open_out_dir(out_dir: Path) -> None:

@@ -1146,6 +1146,28 @@ def test_a_warning_on_every_runs_phases_is_said_once_before_the_first_run_not_on
     assert [line for line in logged if "is longer than" in line] == [long[0][: -len(" (every run)")] + " (runs b)"]
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_run_whose_lock_a_live_process_holds_is_refused_first_as_in_use(tmp_path, study_file, resume):
+    """--out/RUN holding only the .lock of a study training there now was refused as "already holds this study's
+    runs; continue it (--resume)", and with --resume noted that the run "starts from step 0" before refusing it as
+    in use. It is refused as in use, before any run is checked, naming --out."""
+    import fcntl
+
+    from minilm.errors import MinilmError
+    from minilm.study import run_study, study_runs
+
+    study = load_study(study_file)
+    run_dir = tmp_path / "out" / study_runs(study)[0].label
+    run_dir.mkdir(parents=True)
+    said = []
+    with open(run_dir / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # (this process: as another one's, the flock is what is_locked reads)
+        with pytest.raises(MinilmError, match=r"is in use by another process \(lock file .*\.lock\): another "
+                                              r"study or train\.py .*give this study another --out"):  # fmt: skip
+            run_study(study, tmp_path / "out", resume=resume, share=False, log=said.append)
+    assert not any("starts from step 0" in line for line in said), said
+
+
 def test_a_run_another_process_trains_names_out_not_run_dir(tmp_path, study_file, monkeypatch):
     """A study's run locked by another process (a second study.py on the same --out) was refused with train.py's
     remedy, 'choose another run.dir', where a study's runs are placed by its --out."""
