@@ -298,7 +298,13 @@ def cannot_write_message(e: OSError, resumable: bool) -> str:
     return f"{what}: {why}; {fix}{then}"
 
 
-FIRST_FAILURE = "minilm_first_failure"  # the key of the run's store that the first rank to fail sets
+FIRST_FAILURE = "minilm_first_failure"  # the key of the run's store that the first rank to fail sets (per attempt)
+
+
+def _first_failure_key() -> str:
+    """FIRST_FAILURE of this attempt: torchrun --max-restarts reuses its agent's store for every attempt, where a
+    failure of an earlier one would otherwise read as this one's (a bug's traceback swallowed, a message unsaid)."""
+    return f"{FIRST_FAILURE}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 def _report(message: str) -> None:
@@ -316,47 +322,54 @@ def _failed_rank(message: Optional[str]) -> Optional[tuple[int, str]]:
     ``message`` is None and none failed, and where there is no store to share (one process; Lightning's launcher
     or SLURM before the process group exists). The store is torchrun's (its agent's, which outlives the ranks)
     or the process group's; one that cannot be reached is as none."""
-    store, rank = _run_store()
+    store, rank, restore = _run_store()
     if store is None:
         return None
-    mine = f"{rank}\n{message}"
+    mine, key = f"{rank}\n{message}", _first_failure_key()
     # torchrun stops the other ranks with SIGTERM once one has ended: arriving after the command's own handler is gone
     # (stop_on_signals), during this exchange or the interpreter's exit, it killed a rank that was ending with exit 2
     # (-15). The command has ended in an error: a SIGTERM now is ignored
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        if message is not None and store.compare_set(FIRST_FAILURE, "", mine) == mine.encode():  # (set if unset)
+        if message is not None and store.compare_set(key, "", mine) == mine.encode():  # (set if unset)
             return None
-        if message is None and not store.check([FIRST_FAILURE]):
+        if message is None and not store.check([key]):
             return None
-        first, _, text = store.get(FIRST_FAILURE).decode().partition("\n")
+        first, _, text = store.get(key).decode().partition("\n")
     except Exception:  # (its host is gone, a timeout: nothing known)
         return None
+    finally:
+        restore()
     return (int(first), text) if first != str(rank) else None
 
 
 def _run_store():
-    """(the key-value store the processes of a multi-process run share, this process's rank), or (None, 0)."""
+    """(the key-value store the processes of a multi-process run share, this process's rank, a function that puts
+    back the store's own timeout), or (None, 0, None). Its calls wait 10 s at most: a store whose host is gone
+    must not hold an ending process for the process group's 30 minutes; the process group's store gets its own
+    timeout back after (NCCL's watchdog reads it too)."""
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun: its agent hosts one
     if not agent and "torch.distributed" not in sys.modules:  # (no process group without it: torch not imported)
-        return None, 0
+        return None, 0, None
     from datetime import timedelta
 
     import torch.distributed as dist
 
+    short = timedelta(seconds=10)
     try:
         if agent and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                  timeout=timedelta(seconds=10))  # fmt: skip
-            return store, int(os.environ["RANK"])
+                                  timeout=short)  # fmt: skip
+            return store, int(os.environ["RANK"]), lambda: None
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             store = dist.distributed_c10d._get_default_store()
-            store.set_timeout(timedelta(seconds=10))
-            return store, dist.get_rank()
+            own = store.timeout
+            store.set_timeout(short)
+            return store, dist.get_rank(), lambda: store.set_timeout(own)
     except Exception:  # (an unreachable store, a malformed variable: as none)
-        return None, 0
-    return None, 0
+        return None, 0, None
+    return None, 0, None
 
 
 def _primary_process() -> bool:

@@ -131,3 +131,22 @@ def test_a_config_file_given_without_config_says_how_to_give_it():
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "override 'configs/tiny.yaml' must look like key.sub=value" in proc.stderr
     assert "(a config file is given with --config FILE)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_failure_recorded_by_an_earlier_torchrun_attempt_is_not_this_ones(monkeypatch):
+    """torchrun --max-restarts keeps its agent's store across attempts: the first failure of attempt 0 read as attempt
+    1's, so a new bug lost its traceback (another rank 'had failed first') and a message went unsaid. The key is the
+    attempt's (TORCHELASTIC_RESTART_COUNT); within an attempt another rank's failure is still found."""
+    import torch.distributed as dist
+
+    import minilm.cli as cli
+
+    store = dist.HashStore()
+    monkeypatch.setattr(cli, "_run_store", lambda: (store, 0, lambda: None))
+    monkeypatch.setattr(cli.signal, "signal", lambda *a: None)  # (the ending process's SIGTERM: not this test's)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    store.compare_set(cli._first_failure_key(), "", "1\nerror: rank 1's")
+    assert cli._failed_rank(None) == (1, "error: rank 1's")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert cli._failed_rank(None) is None
+    assert cli._failed_rank("error: mine") is None  # this attempt's first failure: this rank's, to print
