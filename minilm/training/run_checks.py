@@ -270,14 +270,15 @@ FP16_MAX = 65504.0  # fp16's largest number, e^11.09
 
 
 def _check_xpos_fp16(hooks: list, pcfg, phase: str, set_in) -> None:
-    """xPos scales queries and keys by ζ^(±(n − center)/scale_base), up to e^(ln(1/ζ_0) · (seq_len − 1)/2 /
-    scale_base) at a sequence's ends: under 16-mixed the scaled q and k are fp16, and a scale past fp16's largest
-    number makes them inf (the loss NaN) whatever the values it multiplies. docs/positions.md said so, and nothing
-    refused it."""
+    """xPos scales queries and keys by ζ^(±(n − center)/scale_base), center = (first + last position) // 2, so up to
+    e^(ln(1/ζ_0) · ⌈(seq_len − 1)/2⌉ / scale_base) at a sequence's ends: under 16-mixed the scaled q and k are fp16,
+    and a scale past fp16's largest number makes them inf (the loss NaN). docs/positions.md said so, and nothing
+    refused it. (Only the scale alone is bounded here: large q or k overflow at shorter lengths, as the docs say.)"""
     for m in hooks:
         if not isinstance(m, Xpos) or m.decay_rate.numel() == 0:
             continue
-        exponent = float(m.decay_rate.abs().max()) * (pcfg.train.seq_len - 1) / 2
+        last = pcfg.train.seq_len - 1
+        exponent = float(m.decay_rate.abs().max()) * (last - last // 2)  # the farthest position from the center
         if exponent > math.log(FP16_MAX):
             key = key_as_set("train.seq_len", phase, set_in)
             base = key_as_set("model.position.scale_base", phase, set_in)

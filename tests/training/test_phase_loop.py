@@ -633,7 +633,7 @@ def test_a_failed_write_of_the_runs_tokenizer_leaves_the_previous_one_whole(conf
 
 
 def test_xpos_under_fp16_is_refused_where_its_scale_overflows_fp16(config, tmp_path):
-    """xPos's scale e^(ln(1/ζ_0)·(L−1)/2/scale_base) past fp16's 65504 makes 16-mixed q and k inf (a NaN loss):
+    """xPos's scale e^(ln(1/ζ_0)·⌈(L−1)/2⌉/scale_base) past fp16's 65504 makes 16-mixed q and k inf (a NaN loss):
     refused with the phase's length, the precision and what to change (checked on the encoding's hooks, as a CUDA
     run checks them before training: on this CPU 16-mixed itself is refused first)."""
     from minilm.config import phase_config
@@ -643,10 +643,16 @@ def test_xpos_under_fp16_is_refused_where_its_scale_overflows_fp16(config, tmp_p
     cfg = load_config(config, ["model.position={name: xpos, scale_base: 2.0}", "train.precision=16-mixed",
                                "phases.a={seq_len: 16, steps: 1}", "phases.b={seq_len: 64, steps: 1}"])  # fmt: skip
     hooks = position_hooks(cfg.model)
-    check_fits(hooks, phase_config(cfg, "a"), "a", cfg.phases.a)  # e^4.7 fits
+    check_fits(hooks, phase_config(cfg, "a"), "a", cfg.phases.a)  # e^5.0 fits
     with pytest.raises(MinilmError, match=r"phases\.b\.seq_len: 64 with xpos under train\.precision=16-mixed: .*"
-                                          r"e\^19\.7.*bf16-mixed or 32.*model\.position\.scale_base \(now 2\)"):
+                                          r"e\^20\.0.*bf16-mixed or 32.*model\.position\.scale_base \(now 2\)"):
         check_fits(hooks, phase_config(cfg, "b"), "b", cfg.phases.b)
+    # an even length: its farthest position is L/2 from the center ((L - 1) // 2), not (L - 1)/2: 36 overflows
+    # (e^11.3), where (36 - 1)/2 gave e^11.0 and passed
+    at36 = load_config(config, ["model.position={name: xpos, scale_base: 2.0}", "train.precision=16-mixed",
+                                "phases.c={seq_len: 36, steps: 1}"])  # fmt: skip
+    with pytest.raises(MinilmError, match=r"phases\.c\.seq_len: 36 .* by up to e\^11\.3"):
+        check_fits(hooks, phase_config(at36, "c"), "c", at36.phases.c)
     fp32 = load_config(config, ["model.position={name: xpos, scale_base: 2.0}", "train.precision=32",
                                 "phases.b={seq_len: 64, steps: 1}"])  # fmt: skip
     check_fits(hooks, phase_config(fp32, "b"), "b", fp32.phases.b)  # fp32's range: up to 128 positions
