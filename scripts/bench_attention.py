@@ -143,7 +143,8 @@ def markdown_table(report: dict) -> str:
         f"{bench.flex_forms_text(report)}"
         f"{'' if report.get('cpu_fp32_backward', True) else ' · no fp32 backward on CPU'} · "
         f"{report['date']} · config `{report['config']}` "
-        f"{' '.join(report['overrides'])}{bench.position_overrides_text(report)} · attention core (rotate + kernel), forward + backward, median of "
+        f"{' '.join(report['overrides'])}{bench.position_overrides_text(report)} · attention core (rotate + kernel), "
+        f"forward + backward, median of "
         f"{report['steps']} after {report['warmup']} warm-up · memory: {report['memory_kind']}"
     )
     if report.get("note"):

@@ -825,7 +825,7 @@ def position_parameter(item: str) -> Optional[str]:
     return None
 
 
-def _parameter_key(item: str, key: str) -> str:
+def _parameter_key(item: str) -> str:
     """The override's key up to the parameter it sets (``phases.P.position.scaling.factor=4``:
     ``phases.P.position.scaling``), to name it in a message."""
     parts = [part.strip() for part in item.partition("=")[0].split(".")]
@@ -861,7 +861,7 @@ def split_overrides(args) -> tuple[list[str], dict[str, list[str]]]:
                               f"--encodings")  # fmt: skip
         elif not (takers := [enc for enc in encodings if key in takes[enc]]):
             listing = "; ".join(f"{enc} takes: {', '.join(takes[enc]) or '(none)'}" for enc in encodings)
-            raise MinilmError(f"{_parameter_key(item, key)}: no encoding of --encodings {','.join(encodings)} takes "
+            raise MinilmError(f"{_parameter_key(item)}: no encoding of --encodings {','.join(encodings)} takes "
                               f"this parameter ({listing}); add one that does to --encodings, or drop the override")
         else:
             for enc in takers:

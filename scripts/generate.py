@@ -7,9 +7,10 @@
     python scripts/generate.py RUN_DIR_OR_CHECKPOINT --prompt-file FILE [...]   (FILE: - reads stdin)
 
 RUN_DIR_OR_CHECKPOINT: a run directory (its final weights, or its newest finished phase, said on stderr), a phase
-directory, a ``model.safetensors`` inside either, or a step checkpoint (``RUN/PHASE/checkpoints/step-N.ckpt``). ``--extension`` takes what scripts/evaluate.py's does: a
-training-free context-extension method (minilm.positions.training_free: logn, rerope, self_extend, dca, rope_scaling)
-or a RoPE scaling rope_type (linear, ntk, dynamic, yarn, ...) with its parameters, e.g.
+directory, a ``model.safetensors`` inside either, or a step checkpoint (``RUN/PHASE/checkpoints/step-N.ckpt``).
+``--extension`` takes what scripts/evaluate.py's does: a training-free context-extension method
+(minilm.positions.training_free: logn, rerope, self_extend, dca, rope_scaling) or a RoPE scaling rope_type (linear,
+ntk, dynamic, yarn, ...) with its parameters, e.g.
 ``--extension self_extend group_size=4 window=256`` or ``--extension dynamic factor=4``;
 ``original_max_position_embeddings`` and logn's ``train_len`` default to the training length. The checkpoint may also
 come last, after the parameters (``--extension logn runs/tiny``): a last word that is not key=value is the checkpoint.
