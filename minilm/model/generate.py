@@ -313,7 +313,9 @@ class TextStream:
             return ""
         self._ids.append(int(token_id))
         text = self._text()
-        if text is None:  # decoding rewrote the context's text: hold everything to the end
+        if text is None:  # decoding rewrote the context's text: hold everything to the end, but a stop string in
+            # the new ids' own text still ends the stream (it ran to max_new_tokens)
+            self.stopped = bool(self._stop) and first_stop(self._decode(self._ids), self._stop) is not None
             return ""
         stable = text.rstrip("\ufffd")
         if self._stop:  # what precedes a stop string, or what cannot be the start of one yet

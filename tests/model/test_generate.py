@@ -446,6 +446,10 @@ def test_a_text_stream_ends_exactly_where_the_first_stop_string_begins(text, sto
     rewriting = TextStream(lambda ids: "".join(chr(96 + i) for i in ids).capitalize() if len(ids) > 1 else "a",
                            stop=["bc"])  # fmt: skip
     assert [(rewriting.push(i), rewriting.stopped) for i in (1, 2, 3)] == [("a", False), ("", False), ("", True)]
+    # one that rewrites the context's own text once new ids follow: the stop string is read in the new ids' text
+    context = TextStream(lambda ids: "".join(chr(96 + i) for i in ids).upper() if len(ids) > 1 else "a",
+                         context=[1], stop=["BC"])  # fmt: skip
+    assert [(context.push(i), context.stopped) for i in (2, 3)] == [("", False), ("", True)]
 
 
 def test_generate_ends_each_row_at_its_first_stop_string():
