@@ -84,14 +84,8 @@ def _per_s(n: float, seconds: float, spec: str = ",.0f") -> str:
 
 def bench(config: str | None, overrides: list[str], num_proc: int | None, out: Path, tag: str = "") -> dict:
     """Measure, print and write the report (``<out>/<date>-cpu-<run.name>-data[-<tag>].{json,md}``); returns it."""
-    import torch
-    from omegaconf import OmegaConf
-
-    from benchmark import device_info, package_version, result_stem
     from minilm.config import load_config
-    from minilm.data import load_corpus, make_sampler
-    from minilm.errors import MinilmError
-    from minilm.files import atomic_write_text
+    from minilm.data import load_corpus
     from minilm.training.run_checks import check_writable_dir
 
     check_writable_dir(out, "--out")  # before minutes of measuring, not after them
@@ -102,85 +96,111 @@ def bench(config: str | None, overrides: list[str], num_proc: int | None, out: P
             overrides.append(f"data.num_proc={num_proc}")
         cfg = load_config(config, overrides)
         now = datetime.datetime.now(datetime.timezone.utc)
-        device_name, slug = device_info(torch.device("cpu"))
         t0 = time.time()
         corpus = load_corpus(cfg.data, progress=False)
-        wall = time.time() - t0
-        st = corpus.stats
-        docs = st["train"]["docs"] + st["val"]["docs"]
-        tokens = st["train"]["tokens"] + st["val"]["tokens"]
-        tok_s = st["tokenize_seconds"]
-        print(f"machine: {cpus_visible()} CPUs visible (nproc), {cpu_name()}, Python {platform.python_version()}")
-        print(f"corpus: {docs} docs, {st['chars'] / 1e6:.1f} M chars, {tokens / 1e6:.2f} M tokens, "
-              f"vocab {corpus.tokenizer.vocab_size}, num_proc {cfg.data.num_proc}")  # fmt: skip
-        sample = min(cfg.data.tokenizer.sample_chars, st["chars"])  # the setting is an upper bound
-        print(f"prepare (wall): {wall:.1f} s = read {st['read_seconds']} s + tokenizer training "
-              f"{st['tokenizer_seconds']} s ({sample / 1e6:.1f} M chars sample) + tokenize "
-              f"{tok_s} s + write")  # fmt: skip
-        print(f"tokenize: {_per_s(docs, tok_s)} docs/s, {_per_s(tokens, tok_s)} tokens/s, "
-              f"{_per_s(st['chars'] / 1e6, tok_s, '.2f')} M chars/s")  # fmt: skip
-        cpu = st["tokenize_cpu_seconds"]
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-        print(f"tokenize CPU time: {cpu} s over all threads ({_per_s(tokens, cpu)} tokens per CPU-second; on an idle "
-              f"machine with {cfg.data.num_proc} free cores expect about {cpu / cfg.data.num_proc:.1f} s wall); "
-              f"load average now {load:.1f}")  # fmt: skip
-        report = {
-            "date": now.strftime("%Y-%m-%d %H:%M UTC"),
-            "device": "cpu",
-            "device_name": device_name,
-            "device_slug": slug,
-            "cpus_visible": cpus_visible(),
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "load_average": None if load != load else round(load, 2),  # (NaN: no load average on this platform)
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "sentencepiece": package_version("sentencepiece"),
-            "datasets": package_version("datasets"),
-            "config": config or "(defaults)",
-            "config_name": "-".join(x for x in (cfg.run.name, "data", tag) if x),
-            "overrides": given,
-            "num_proc": cfg.data.num_proc,
-            "vocab_size": corpus.tokenizer.vocab_size,
-            "docs": docs,
-            "chars": st["chars"],
-            "tokens": tokens,
-            "tokenizer_sample_chars": sample,
-            "prepare_wall_s": round(wall, 2),
-            "read_s": st["read_seconds"],
-            "tokenizer_s": st["tokenizer_seconds"],
-            "tokenize_s": tok_s,
-            "tokenize_cpu_s": cpu,
-            "tokenize_docs_per_s": _rounded(_rate(docs, tok_s)),
-            "tokenize_tokens_per_s": _rounded(_rate(tokens, tok_s)),
-            "tokenize_tokens_per_cpu_s": _rounded(_rate(tokens, cpu)),
-            "sampler": [],
-        }
-        for seq_len, long_fraction in ((256, 0.0), (4096, 0.0), (4096, 0.5)):
-            data = cfg.data.copy()
-            OmegaConf.set_readonly(data, False)
-            data.long_fraction, data.document_mask, data.restart_positions = long_fraction, True, True
-            label = f"sampler seq_len {seq_len} long_fraction {long_fraction} batch 16 (doc mask)"
-            row = {"seq_len": seq_len, "long_fraction": long_fraction, "batch_size": 16}
-            report["sampler"].append(row)
-            try:
-                s = make_sampler(corpus, "train", data, seq_len, 16, 0, "bench")
-            except MinilmError as e:  # a small corpus has no batch of 16 x 4096 or no 4096-token document
-                print(f"{label}: skipped, the corpus does not fit it ({e})")
-                row.update(status="skipped", reason=str(e))
-                continue
-            n, t1 = 50, time.time()
-            for i in range(n):
-                s.batch(i)
-            dt = time.time() - t1
-            print(f"{label}: {n / dt:,.0f} batches/s, {n * 16 * seq_len / dt / 1e6:.2f} M tokens/s")
-            row.update(status="ok", batches_per_s=round(n / dt, 1), tokens_per_s=round(n * 16 * seq_len / dt))
+        report = _preparation(cfg, corpus, time.time() - t0, now)
+        report.update(config=config or "(defaults)", config_name="-".join(x for x in (cfg.run.name, "data", tag) if x),
+                      overrides=given)  # fmt: skip
+        report["sampler"] = _sampler_rows(cfg, corpus)
+    _write(report, out, now)
+    return report
+
+
+def _preparation(cfg, corpus, wall: float, now: datetime.datetime) -> dict:
+    """The machine and the corpus preparation's measurements (printed, and as the report's fields)."""
+    import torch
+
+    from benchmark import device_info, package_version
+
+    device_name, slug = device_info(torch.device("cpu"))
+    st = corpus.stats
+    docs = st["train"]["docs"] + st["val"]["docs"]
+    tokens = st["train"]["tokens"] + st["val"]["tokens"]
+    tok_s = st["tokenize_seconds"]
+    print(f"machine: {cpus_visible()} CPUs visible (nproc), {cpu_name()}, Python {platform.python_version()}")
+    print(f"corpus: {docs} docs, {st['chars'] / 1e6:.1f} M chars, {tokens / 1e6:.2f} M tokens, "
+          f"vocab {corpus.tokenizer.vocab_size}, num_proc {cfg.data.num_proc}")  # fmt: skip
+    sample = min(cfg.data.tokenizer.sample_chars, st["chars"])  # the setting is an upper bound
+    print(f"prepare (wall): {wall:.1f} s = read {st['read_seconds']} s + tokenizer training "
+          f"{st['tokenizer_seconds']} s ({sample / 1e6:.1f} M chars sample) + tokenize "
+          f"{tok_s} s + write")  # fmt: skip
+    print(f"tokenize: {_per_s(docs, tok_s)} docs/s, {_per_s(tokens, tok_s)} tokens/s, "
+          f"{_per_s(st['chars'] / 1e6, tok_s, '.2f')} M chars/s")  # fmt: skip
+    cpu = st["tokenize_cpu_seconds"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"tokenize CPU time: {cpu} s over all threads ({_per_s(tokens, cpu)} tokens per CPU-second; on an idle "
+          f"machine with {cfg.data.num_proc} free cores expect about {cpu / cfg.data.num_proc:.1f} s wall); "
+          f"load average now {load:.1f}")  # fmt: skip
+    return {
+        "date": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "device": "cpu",
+        "device_name": device_name,
+        "device_slug": slug,
+        "cpus_visible": cpus_visible(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "load_average": None if load != load else round(load, 2),  # (NaN: no load average on this platform)
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "sentencepiece": package_version("sentencepiece"),
+        "datasets": package_version("datasets"),
+        "num_proc": cfg.data.num_proc,
+        "vocab_size": corpus.tokenizer.vocab_size,
+        "docs": docs,
+        "chars": st["chars"],
+        "tokens": tokens,
+        "tokenizer_sample_chars": sample,
+        "prepare_wall_s": round(wall, 2),
+        "read_s": st["read_seconds"],
+        "tokenizer_s": st["tokenizer_seconds"],
+        "tokenize_s": tok_s,
+        "tokenize_cpu_s": cpu,
+        "tokenize_docs_per_s": _rounded(_rate(docs, tok_s)),
+        "tokenize_tokens_per_s": _rounded(_rate(tokens, tok_s)),
+        "tokenize_tokens_per_cpu_s": _rounded(_rate(tokens, cpu)),
+    }
+
+
+def _sampler_rows(cfg, corpus) -> list[dict]:
+    """The sampler's batches per second at 256 and 4096 tokens (batch 16, document masks), printed and as rows; a
+    setting the corpus cannot fill is a skipped row."""
+    from omegaconf import OmegaConf
+
+    from minilm.data import make_sampler
+    from minilm.errors import MinilmError
+
+    rows = []
+    for seq_len, long_fraction in ((256, 0.0), (4096, 0.0), (4096, 0.5)):
+        data = cfg.data.copy()
+        OmegaConf.set_readonly(data, False)
+        data.long_fraction, data.document_mask, data.restart_positions = long_fraction, True, True
+        label = f"sampler seq_len {seq_len} long_fraction {long_fraction} batch 16 (doc mask)"
+        row = {"seq_len": seq_len, "long_fraction": long_fraction, "batch_size": 16}
+        rows.append(row)
+        try:
+            s = make_sampler(corpus, "train", data, seq_len, 16, 0, "bench")
+        except MinilmError as e:  # a small corpus has no batch of 16 x 4096 or no 4096-token document
+            print(f"{label}: skipped, the corpus does not fit it ({e})")
+            row.update(status="skipped", reason=str(e))
+            continue
+        n, t1 = 50, time.time()
+        for i in range(n):
+            s.batch(i)
+        dt = time.time() - t1
+        print(f"{label}: {n / dt:,.0f} batches/s, {n * 16 * seq_len / dt / 1e6:.2f} M tokens/s")
+        row.update(status="ok", batches_per_s=round(n / dt, 1), tokens_per_s=round(n * 16 * seq_len / dt))
+    return rows
+
+
+def _write(report: dict, out: Path, now: datetime.datetime) -> None:
+    from benchmark import result_stem
+    from minilm.files import atomic_write_text
+
     stem = result_stem(report, out, now)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(f"{stem}.json"), json.dumps(report, indent=2) + "\n")  # (with_suffix cut a tag "v1.5")
-    atomic_write_text(Path(f"{stem}.md"), f"# Data preparation: {report['config_name']} on {device_name}\n\n"
+    atomic_write_text(Path(f"{stem}.md"), f"# Data preparation: {report['config_name']} on {report['device_name']}\n\n"
                                           f"{markdown_table(report)}")  # fmt: skip
     print(f"wrote {stem}.json and .md")
-    return report
 
 
 def _rounded(rate: float | None) -> float | None:
