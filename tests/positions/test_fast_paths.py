@@ -793,6 +793,29 @@ def test_the_cuda_kernel_compiles_at_the_benchmarks_shape_in_bf16(name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["alibi", "t5", "fire"])
+def test_the_cuda_kernel_takes_an_odd_head_width(name):
+    """An odd head width is allowed since a9c7c43 for every encoding that rotates no pair of dimensions (head width 17:
+    model.d_model=68 model.n_heads=4): FlexAttention's CUDA kernel, forward and backward, with document masks, against
+    the reference. (torch's kernel rounds a head width up to its blocks; not run on a GPU when the rule changed.)"""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    heads, head_dim, T = 4, 17, 256
+    attn = Attention(heads * head_dim, heads, heads, {"name": name},
+                     PositionDims(heads * head_dim, heads, heads, head_dim, 1, 0)).cuda()  # fmt: skip
+    assert attn.kernel(torch.device("cuda"), documents=True) == "flex"
+    q, k, v = (torch.randn(2, heads, T, head_dim, device="cuda", requires_grad=True) for _ in range(3))
+    positions = torch.arange(T, device="cuda").unsqueeze(0)
+    docs = (torch.arange(T, device="cuda") >= 100).long().unsqueeze(0).expand(2, -1)  # two documents a row
+    mask = AttentionMask(q_doc=docs, k_doc=docs)
+    got = attn.attend(q, k, v, positions, positions, mask)
+    want = reference_attention(q, k, v, attn.pos, positions, positions, mask)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    got.square().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.gpu
 def test_document_masked_rope_on_cuda_equals_reference():
     """The CUDA kernel with the document BlockMask and no score_mod (RoPE with packed documents), forward and
     backward, against the reference's dense mask: partial blocks, boundaries inside blocks."""
