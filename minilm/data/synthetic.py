@@ -86,8 +86,7 @@ def make_passkey_sample(tokenizer, filler_tokens: Sequence[int], length: int, de
     needle_ids, q_ids, a_ids = tokenizer.encode(needle), tokenizer.encode(question), tokenizer.encode(answer)
     n_fill = length - len(needle_ids) - len(q_ids) - len(a_ids)
     if n_fill < 0:  # (the length any key needs, not this one's: a length this key fits may not fit the next)
-        need = max(length - n_fill, passkey_length_needed(tokenizer, style, digits))
-        raise DataError(f"a passkey sample needs at least {need} tokens, asked for {length}")
+        raise too_short("passkey", max(length - n_fill, passkey_length_needed(tokenizer, style, digits)), length)
     if len(filler_tokens) < n_fill:
         raise DataError(f"passkey filler too short: need {n_fill} tokens, got {len(filler_tokens)}")
     filler = [int(t) for t in filler_tokens[:n_fill]]
@@ -101,6 +100,14 @@ def _passkey_texts(key: str, style: str) -> Tuple[str, str, str]:
         return f'\npass_key = "{key}"\n', '\nassert pass_key == "', f'{key}"'
     return (f"\nThe pass key is {key}. Remember it. {key} is the pass key.\n",
             "\nWhat is the pass key? The pass key is ", key)  # fmt: skip
+
+
+def too_short(task: str, need: int, length: int) -> DataError:
+    """The refusal of a ``length`` below ``need``, the length every ``task`` (passkey, kv) sample fits: one message
+    where a sample is made and where minilm.eval.retrieval.make_samples checks a length first."""
+    what = "a passkey sample" if task == "passkey" else "a key-value sample"
+    hold = " to hold one pair of any key and value" if task == "kv" else ""
+    return DataError(f"{what} needs at least {need} tokens{hold}, asked for {length}")
 
 
 def passkey_length_needed(tokenizer, style: str = "code", digits: int = 5, draws: int = 64) -> int:
@@ -132,8 +139,7 @@ def make_kv_sample(tokenizer, filler_tokens: Sequence[int], length: int, rng: np
         used += len(line)
     if not pairs:  # (the length any pair needs, not this one's: a length this pair fits may not fit the next)
         need = max(used + need, kv_length_needed(tokenizer, np.random.default_rng(0), style, key_chars=key_chars))
-        raise DataError(f"a key-value sample needs at least {need} tokens to hold one pair of any key and value, "
-                        f"asked for {length}")
+        raise too_short("kv", need, length)
     k, v, _ = pairs[int(rng.integers(0, len(pairs)))]
     q_ids, a_ids = _kv_query(tokenizer, k, v, style)
     body = head_ids + [t for _, _, line in pairs for t in line] + close_ids + q_ids

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from minilm.data.synthetic import (STYLES, filler_text, kv_length_needed, make_kv_sample, make_passkey_sample,
-                                   newline_id, passkey_length_needed, snap_to_line)
+                                   newline_id, passkey_length_needed, snap_to_line, too_short)
 from minilm.errors import DataError, MinilmError
 from minilm.eval.perplexity import autocast, model_device
 
@@ -152,12 +152,11 @@ def make_samples(task: str, tokenizer, val_tokens: np.ndarray, length: int, n: i
     if style not in STYLES:
         raise DataError(f"synthetic style: must be one of {STYLES}, got {style!r}")
     if task == "passkey" and length < (need := passkey_length_needed(tokenizer, style)):
-        raise DataError(f"a passkey sample needs at least {need} tokens, asked for {length}")
+        raise too_short(task, need, length)
     if task == "needle" and needles >= 1 and length < (need := needle_length_needed(tokenizer, style, needles)):
         raise DataError(_needle_too_short(needles, need, length))
     if task == "kv" and length < (need := kv_length_needed(tokenizer, np.random.default_rng(0), style)):
-        raise DataError(f"a key-value sample needs at least {need} tokens to hold one pair of any key and value, "
-                        f"asked for {length}")  # fmt: skip
+        raise too_short(task, need, length)
     out = []
     for _ in range(n):
         filler = cut_filler(val_tokens, tokenizer.eos_id, length, rng)
