@@ -74,12 +74,20 @@ def _gather(store: TokenStore, pool: _Pool, start: int, n: int):
     d = np.searchsorted(pool.cum, p, side="right") - 1  # (n,) pool-local doc index
     within = p - pool.cum[d]
     tokens = np.asarray(store.tokens[store.doc_offsets[pool.docs[d]] + within], dtype=np.int64)
-    new = within == 0
+    seg, pos = document_pieces(within == 0)  # (n,) 0, 0, 1, 1, 1, 2, ... and 0, 1, 0, 1, 2, 0, ...
+    return tokens, seg, pos
+
+
+def document_pieces(new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(piece ids, positions within each piece), int64, of a row of tokens (n,) where ``new`` marks the tokens that
+    begin a document: ids 0, 1, 2, ... from the row's first token (which begins the row's first piece, whatever
+    ``new`` says there), positions restarting at 0 at each piece's start. A packed row's doc_ids and positions
+    (``_gather``), and the evaluation's packed windows' (minilm.eval.perplexity.window_pieces): one rule for both."""
+    new = new.copy()
     new[0] = False
-    seg = np.cumsum(new)  # (n,) 0, 0, 1, 1, 1, 2, ...
+    seg = np.cumsum(new)  # (n,)
     seg_start = np.flatnonzero(np.concatenate([[True], new[1:]]))  # index where each piece starts in the row
-    pos = np.arange(n, dtype=np.int64) - seg_start[seg]
-    return tokens, seg.astype(np.int64), pos
+    return seg.astype(np.int64), np.arange(len(new), dtype=np.int64) - seg_start[seg]
 
 
 def _phase_key(phase: str) -> int:

@@ -93,16 +93,15 @@ def packed_doc_ids(store) -> np.ndarray:
 
 def window_pieces(doc_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(doc_ids, positions), each (N, L+1), of windows whose tokens have the document indices ``doc_index``
-    (N, L+1), made as the training sampler makes a packed row's (minilm.data.sampler._gather): the documents of a
-    window numbered 0, 1, 2, ... from its first token, positions restarting at 0 at each document start and at the
+    (N, L+1), by the training sampler's rule for a packed row (minilm.data.sampler.document_pieces): the documents of
+    a window numbered 0, 1, 2, ... from its first token, positions restarting at 0 at each document start and at the
     window start."""
-    n = doc_index.shape[1]
+    from minilm.data.sampler import document_pieces
+
     new = np.zeros(doc_index.shape, dtype=bool)
     new[:, 1:] = doc_index[:, 1:] != doc_index[:, :-1]  # (N, L+1) a document starts here
-    seg = np.cumsum(new, axis=1)
-    cols = np.broadcast_to(np.arange(n, dtype=np.int64), doc_index.shape)
-    starts = np.maximum.accumulate(np.where(new, cols, 0), axis=1)  # where each token's piece starts
-    return seg.astype(np.int64), cols - starts
+    pieces = [document_pieces(row) for row in new]  # each window numbered as the sampler numbers a row (N >= 1)
+    return np.stack([seg for seg, _ in pieces]), np.stack([pos for _, pos in pieces])
 
 
 def window_starts(docs: Sequence[np.ndarray], length: int, stride: int) -> List[tuple[int, int]]:
