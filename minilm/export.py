@@ -456,10 +456,9 @@ def _write_export(model, cfg, tokenizer, out: Path) -> None:
     from safetensors.torch import save
 
     hf_config(cfg, model.vocab_size, tokenizer).save_pretrained(out)
-    if tokenizer is not None:
-        hf_generation_config(tokenizer).save_pretrained(out)
     (out / "model.safetensors").write_bytes(save(hf_state_dict(model), metadata={"format": "pt"}))
-    if tokenizer is not None:
+    if tokenizer is not None:  # (the start token generate() takes is the tokenizer's EOS)
+        hf_generation_config(tokenizer).save_pretrained(out)
         hf_tokenizer(tokenizer.model_file).save_pretrained(out)
         shutil.copyfile(tokenizer.model_file, out / "tokenizer.model")
     origin = {"position": _plain(cfg.model.position), "train_seq_len": int(cfg.train.seq_len)}
